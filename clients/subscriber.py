@@ -1,0 +1,320 @@
+"""Subscriber: durable subscriptions, resume after failover, exactly-once hand-over to the application.
+
+A message is *handed over* when its global id is committed to the deduplication store (and the
+`handed` line is in the settlement log); only then is it accepted at the router and returned to the
+application. A process killed before the commit gets it again (it was never handed over); one
+killed after the commit presents the id when it resumes (`oncemesh.resume`), so the routers count
+it as accepted and never redeliver it. Anything that arrives again anyway (a resend racing a
+failover, a foreign router) is found in the store and accepted without being handed over twice.
+
+An id leaves the "accepted, not settled" set when the router settles the delivery or reports it
+final (`$final` control transfers, for ids accepted on an earlier link).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from proton import Message, symbol
+
+from clients.runtime import Client, ClientError, LinkRefused
+from router.engine import amqp
+from router.engine import ffi as F
+from router.engine.amqp import AmqpConnection, Link
+from router.ids import is_control_tag, subscription_id
+
+log = logging.getLogger("oncemesh.subscriber")
+
+FINAL_SUBJECT = "oncemesh.final"
+
+
+class Delivered:
+    """One message handed to the application."""
+
+    __slots__ = ("gid", "payload", "topic", "_message")
+
+    def __init__(self, gid: str, payload: bytes, topic: str) -> None:
+        self.gid = gid
+        self.payload = payload
+        self.topic = topic
+        self._message: Message | None = None
+
+    @property
+    def message(self) -> Message:
+        if self._message is None:
+            m = Message()
+            m.decode(self.payload)
+            self._message = m
+        return self._message
+
+    @property
+    def body(self) -> Any:
+        return self.message.body
+
+    def __repr__(self) -> str:
+        return f"<Delivered {self.gid}>"
+
+
+class Subscriber:
+    """A durable subscription to one topic. Create with `Client.subscriber(topic, name)`."""
+
+    def __init__(self, client: Client, topic: str, name: str, *, expiry: float = 3600.0,
+                 credit: int = 1000, on_message: Callable[[Delivered], Any] | None = None) -> None:
+        self.client = client
+        self.topic = topic
+        self.name = name
+        self.expiry = expiry
+        self.window = credit
+        self.sid = subscription_id(client.container_id, name, topic)
+        self.on_message_cb = on_message
+        self.link: Link | None = None
+        self.resumed: bool | None = None
+        self._incoming: list[tuple[str, Any, bytes]] = []
+        self._buffer: deque[tuple[str, Any, bytes]] = deque()
+        self._settled: list[str] = []
+        self._deliveries: dict[Any, str] = {}  # accepted, unsettled delivery -> gid
+        self._buffered: set[Any] = set()  # deliveries received, not yet handed over
+        self._scheduled = False
+        self._arrived = asyncio.Event()
+        self._attached = asyncio.Event()
+        self._detached = asyncio.Event()
+        self._refused: LinkRefused | None = None
+        self._closing = False
+        self._slog = client.settlement_log("subscriber")
+        self.handed_count = 0
+        self.duplicates = 0
+        self._failed: BaseException | None = None
+        client.state.remember_subscription(self.sid, topic, name, None if math.isinf(expiry) else expiry)
+        client.add_owner(self)
+
+    # ------------------------------------------------------------------ public API
+    async def wait_attached(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self._attached.wait(), timeout)
+        if self._refused is not None:
+            raise self._refused
+
+    async def get(self, timeout: float | None = None) -> Delivered | None:
+        got = await self.get_many(1, timeout)
+        return got[0] if got else None
+
+    async def get_many(self, n: int, timeout: float | None = None) -> list[Delivered]:
+        """Up to n messages, waiting at most `timeout` seconds (None: until n arrived)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        out: list[Delivered] = []
+        while len(out) < n:
+            if self._failed is not None and not out:
+                raise self._failed
+            if self._buffer:
+                out.extend(self._hand_over(n - len(out)))
+                continue
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                break
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                break
+        return out
+
+    def __aiter__(self) -> Subscriber:
+        return self
+
+    async def __anext__(self) -> Delivered:
+        m = await self.get()
+        assert m is not None
+        return m
+
+    async def run(self, handler: Callable[[Delivered], Awaitable[Any] | Any]) -> None:
+        """Hand every message to `handler` until cancelled."""
+        while True:
+            for m in await self.get_many(self.window, timeout=None if not self._buffer else 0):
+                r = handler(m)
+                if asyncio.iscoroutine(r):
+                    await r
+
+    async def detach(self) -> None:
+        """Leave without ending the subscription (it stays durable until its expiry)."""
+        await self._leave(closed=False)
+
+    async def unsubscribe(self, timeout: float = 10.0) -> None:
+        """End the subscription at the routers (UNSUBSCRIBE) and forget its state here."""
+        if self.link is None or not self.link.active:
+            await self.wait_attached(timeout)
+        await self._leave(closed=True, timeout=timeout)
+        self.client.state.forget_subscription(self.sid)
+
+    def fail(self, exc: BaseException) -> None:
+        self._failed = exc
+        self._arrived.set()
+
+    # ------------------------------------------------------------------ internals
+    async def _leave(self, closed: bool, timeout: float = 5.0) -> None:
+        self._closing = True
+        self._flush_now()
+        link = self.link
+        if link is not None and link.local_active:
+            self._detached.clear()
+            link.close(detach=not closed)
+            try:
+                await asyncio.wait_for(self._detached.wait(), timeout)
+            except TimeoutError:
+                if closed:
+                    raise ClientError(f"router did not confirm the unsubscribe of {self.topic!r} "
+                                      f"within {timeout}s") from None
+        self.client.remove_owner(self)
+
+    def _hand_over(self, n: int) -> list[Delivered]:
+        batch = [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
+        if not batch:
+            return []
+        self._buffered.difference_update(d for _, d, _ in batch)
+        gids = [g for g, _, _ in batch]
+        self.client.state.hand_over(self.sid, gids)  # durable from here on: handed over
+        now = time.time()
+        slog = self._slog
+        for g in gids:
+            slog.write("handed", now, g, self.topic, self.sid, link=self.name)
+        slog.flush()
+        link = self.link
+        for g, d, _ in batch:
+            amqp.update(d, F.ACCEPTED)
+            self._deliveries[d] = g
+        if link is not None:
+            link.flow(len(batch))
+            link.conn.touch()
+        self.handed_count += len(batch)
+        return [Delivered(g, p, self.topic) for g, _, p in batch]
+
+    def _schedule(self) -> None:
+        if not self._scheduled and self.client.engine is not None:
+            self._scheduled = True
+            self.client.engine.call_after_pass(self._after_pass)
+
+    def _after_pass(self) -> None:
+        self._scheduled = False
+        self._flush_now()
+
+    def _flush_now(self) -> None:
+        state = self.client.state
+        if self._settled:
+            done, self._settled = self._settled, []
+            state.mark_settled(self.sid, done)
+        if not self._incoming:
+            return
+        batch, self._incoming = self._incoming, []
+        seen = state.seen(self.sid, [g for g, _, _ in batch])
+        fresh = []
+        dups = 0
+        now = time.time()
+        in_buffer = {g for g, _, _ in self._buffer} if seen or len(batch) > 1 else set()
+        for g, d, p in batch:
+            if g in seen or g in in_buffer:
+                dups += 1
+                amqp.update(d, F.ACCEPTED)  # already handed over: accept, never hand twice
+                self._deliveries[d] = g
+                self._slog.write("duplicate", now, g, self.topic, self.sid, link=self.name)
+            else:
+                in_buffer.add(g)
+                fresh.append((g, d, p))
+        if dups:
+            self.duplicates += dups
+            if self.link is not None:
+                self.link.flow(dups)
+                self.link.conn.touch()
+            self._slog.flush()
+        if fresh:
+            self._buffer.extend(fresh)
+            self._buffered.update(d for _, d, _ in fresh)
+            self._arrived.set()
+            if self.on_message_cb is not None:
+                for m in self._hand_over(len(self._buffer)):
+                    try:
+                        self.on_message_cb(m)
+                    except Exception:
+                        log.exception("subscriber.callback_failed gid=%s", m.gid)
+
+    # ------------------------------------------------------------------ link owner
+    def attach(self, conn: AmqpConnection, session: Any) -> None:
+        if self._closing:
+            return
+        self._attached.clear()
+        link = conn.receiver(session, self.name)
+        link.ctx = self
+        if math.isinf(self.expiry):
+            link.set_source(self.topic, 0, F.EXPIRE_NEVER)
+        else:
+            link.set_source(self.topic, int(self.expiry), F.EXPIRE_WITH_LINK)
+        link.set_target(None)
+        link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND)
+        presented = self.client.state.unsettled(self.sid)
+        link.set_properties({symbol("oncemesh.client"): 1, symbol("oncemesh.resume"): presented})
+        link.open()
+        link.flow(self.window)
+        self.link = link
+
+    def connection_lost(self) -> None:
+        self._flush_now()
+        self.link = None
+        self._buffer.clear()  # not handed over: the routers redeliver them after resume
+        self._buffered.clear()
+        self._deliveries.clear()
+        self._attached.clear()
+
+    def on_link_open(self, link: Link) -> None:
+        if link is not self.link:
+            return
+        props = link.remote_properties
+        self.resumed = bool(props.get(symbol("oncemesh.resumed"), False))
+        self._refused = None
+        self._attached.set()
+
+    def on_credit(self, link: Link) -> None:
+        pass
+
+    def on_message(self, link: Link, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None:
+        if link is not self.link:
+            return
+        if is_control_tag(tag):
+            m = Message()
+            m.decode(payload)
+            if m.subject == FINAL_SUBJECT and isinstance(m.body, list):
+                self._settled.extend(str(g) for g in m.body)
+            link.flow(1)
+            self._schedule()
+            return
+        self._incoming.append((tag.decode("ascii", "replace"), delivery, payload))
+        self._schedule()
+
+    def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:
+        if not settled or delivery in self._buffered:
+            return  # a buffered delivery is settled when handed over (never free it under our feet)
+        gid = self._deliveries.pop(delivery, None)
+        if gid is not None:
+            self._settled.append(gid)
+            self._schedule()
+        amqp.settle(delivery)
+
+    def on_link_closed(self, link: Link, closed: bool, condition: tuple[str, str] | None) -> None:
+        if link is not self.link:
+            return
+        self._flush_now()
+        self.link = None
+        self._buffer.clear()
+        self._buffered.clear()
+        self._deliveries.clear()
+        self._detached.set()
+        if condition is not None:
+            self._refused = LinkRefused(*condition)
+            log.warning("subscriber.link_closed topic=%s link=%s condition=%s", self.topic, self.name,
+                        condition)
+            self._attached.set()
+            if condition[0] != "amqp:link:stolen":
+                self.fail(self._refused)

@@ -1,0 +1,138 @@
+"""`oncemesh`: the one command-line entry point. Each subcommand lives next to what it runs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+from pathlib import Path
+
+from router.config import RouterConfig, parse_hostport
+
+DESCRIPTION = """\
+oncemesh: a federated network of AMQP 1.0 routers with exactly-once publish/subscribe.
+
+Any AMQP 1.0 client can connect to any router. A publisher is told ACCEPTED only after every
+subscription in force for its message accepted it; subscribers get each message exactly once,
+across router crashes, failover and their own restarts (with a state directory).
+
+Start here:   oncemesh demo          (a demo mesh on loopback, publishes and checks delivery)
+"""
+
+# subcommand -> module with register(subparsers)
+SUBCOMMANDS = [
+    ("router", "router.cli"),
+    ("demo", "router.demo"),
+    ("put", "clients.cli"),
+    ("up", "topology.launcher"),
+    ("reconcile", "spark.job"),
+    ("chaos", "tests.chaos.runner"),
+    ("bench", "router.bench"),
+]
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "router", help="run one router",
+        description="Run one oncemesh router in the foreground until SIGTERM/SIGINT.\n\n"
+                    "Standalone:  oncemesh router --id A --listen 127.0.0.1:5672 --state-dir ./state\n"
+                    "In a mesh:   oncemesh router --topology mesh.toml --id A\n\n"
+                    "Port 0 picks a free port; --ready-file receives JSON {id, pid, listen, url, ...} once "
+                    "the router accepts connections.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--id", required=True, help="router id (unique in the mesh)")
+    p.add_argument("--listen", default=None, help="client listener HOST:PORT (default 127.0.0.1:5672; "
+                                                   "from the topology file in a mesh)")
+    p.add_argument("--topology", type=Path, default=None, help="topology file (TOML): run as part of a mesh")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="where the subscription table is persisted (without it, a restart forgets "
+                        "subscriptions: use one in production)")
+    p.add_argument("--log-dir", type=Path, default=None,
+                   help="where the settlement log and the router log are written")
+    p.add_argument("--ready-file", type=Path, default=None, help="write JSON readiness info here")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a setting, e.g. --set max_inflight_messages=50000 (repeatable); "
+                        "see docs/operations.md for the list")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.set_defaults(func=cmd_router)
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    from router.server import configure_logging, run_router
+
+    cfg = RouterConfig(id=args.id)
+    if args.topology is not None:
+        from topology.load import TopologyError, load_topology
+
+        try:
+            topo = load_topology(args.topology)
+        except TopologyError as exc:
+            print(f"oncemesh router: {exc}", file=sys.stderr)
+            return 2
+        if args.id not in topo.routers:
+            print(f"oncemesh router: router {args.id!r} is not in {args.topology} "
+                  f"(routers: {', '.join(sorted(topo.routers))})", file=sys.stderr)
+            return 2
+        r = topo.routers[args.id]
+        cfg.topology = topo
+        cfg.listen = (r.host, r.port)
+        try:
+            cfg.apply(topo.router_settings(args.id))
+        except ValueError as exc:
+            print(f"oncemesh router: {args.topology}: {exc}", file=sys.stderr)
+            return 2
+    if args.listen:
+        try:
+            cfg.listen = parse_hostport(args.listen)
+        except ValueError as exc:
+            print(f"oncemesh router: --listen: {exc}", file=sys.stderr)
+            return 2
+    cfg.state_dir = args.state_dir
+    cfg.log_dir = args.log_dir
+    cfg.ready_file = args.ready_file
+    try:
+        cfg.apply(dict(kv.split("=", 1) for kv in args.set))
+    except ValueError as exc:
+        print(f"oncemesh router: --set: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(cfg.log_dir, cfg.id, args.log_level)
+    try:
+        asyncio.run(run_router(cfg))
+    except OSError as exc:
+        print(f"oncemesh router: cannot listen on {cfg.listen[0]}:{cfg.listen[1]}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oncemesh", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    seen: set[str] = set()
+    for _, module in SUBCOMMANDS:
+        if module in seen:
+            continue
+        seen.add(module)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith(module.split(".")[0]):
+                continue  # a subcommand not built yet
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Router settings: defaults a demanding user would expect, all overridable from the command line
+or (for a mesh) the topology file's per-router settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from router.core import CoreConfig
+
+
+def parse_hostport(text: str) -> tuple[str, int]:
+    """'HOST:PORT' (or ':PORT', or 'PORT') -> (host, port). Raises ValueError with a clear message."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", text
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        p = int(port)
+    except ValueError:
+        raise ValueError(f"bad address {text!r}: port {port!r} is not a number") from None
+    if not 0 <= p <= 65535:
+        raise ValueError(f"bad address {text!r}: port {p} out of range 0..65535")
+    return host, p
+
+
+@dataclass(slots=True)
+class RouterConfig:
+    id: str
+    listen: tuple[str, int] = ("127.0.0.1", 5672)
+    state_dir: Path | None = None
+    log_dir: Path | None = None
+    ready_file: Path | None = None
+    idle_timeout: float = 2.0  # seconds; heartbeats at half of it
+    max_message_size: int = 16 * 1024 * 1024
+    max_frame: int = 1024 * 1024
+    max_expiry: float = 7 * 24 * 3600.0  # cap on a subscription's requested timeout
+    max_connections: int = 20_000
+    log_flush_interval: float = 0.2
+    tick_interval: float = 0.5
+    core: CoreConfig = field(default_factory=CoreConfig)
+    # mesh (set when started from a topology)
+    topology: Any = None
+
+    def apply(self, settings: dict[str, Any]) -> None:
+        """Apply a mapping of setting names (router or core) to values; unknown names raise."""
+        router_names = {f.name for f in fields(RouterConfig)}
+        core_names = {f.name for f in fields(CoreConfig)}
+        for k, v in settings.items():
+            key = k.replace("-", "_")
+            if key in core_names:
+                setattr(self.core, key, type(getattr(self.core, key))(v))
+            elif key in router_names and key not in ("id", "core", "topology"):
+                cur = getattr(self, key)
+                setattr(self, key, type(cur)(v) if cur is not None and not isinstance(cur, tuple) else v)
+            else:
+                raise ValueError(f"unknown router setting {k!r}; known: "
+                                 f"{', '.join(sorted((router_names | core_names) - {'id', 'core', 'topology'}))}")

@@ -1,0 +1,604 @@
+"""asyncio <-> Proton engine: one `AmqpConnection` (an asyncio Protocol) per TCP connection.
+
+Theory of operation
+-------------------
+Each connection owns a Proton connection, transport and collector. Bytes from the socket are
+pushed into the transport; the collector's events are translated into calls on a
+`ConnectionHandler` (the router or a client), which act on `Link` objects. Output is never written
+from inside a handler: a connection that has something to say marks itself dirty, and the `Engine`
+flushes every dirty connection once per event-loop pass (one `call_soon`), so that a burst of
+messages from one publisher becomes one write per subscriber connection.
+
+Handlers see our own `Link` objects and raw delivery pointers; nothing above this module touches
+cffi. A handler exception is contained here (the one supervision point of a connection): the
+connection is closed with `amqp:internal-error` and the process carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from router.engine import ffi as F
+from router.engine.ffi import ffi, lib
+
+log = logging.getLogger("oncemesh.engine")
+
+DEFAULT_IDLE_TIMEOUT = 2.0
+DEFAULT_MAX_FRAME = 1024 * 1024
+_READ_CHUNK = 64 * 1024
+
+
+class ConnectionHandler(Protocol):
+    """What an application of the engine implements. All methods are called on the loop thread."""
+
+    def on_connection_open(self, conn: AmqpConnection) -> None: ...
+
+    def on_link_open(self, link: Link) -> None:
+        """The peer attached `link` (remote-initiated when `link.local_uninit`)."""
+
+    def on_credit(self, link: Link) -> None: ...
+
+    def on_message(self, link: Link, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None: ...
+
+    def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None: ...
+
+    def on_link_closed(self, link: Link, closed: bool, condition: tuple[str, str] | None) -> None: ...
+
+    def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None: ...
+
+
+class Engine:
+    """Per-loop state shared by all connections: the dirty set flushed once per loop pass."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop or asyncio.get_event_loop()
+        self._dirty: set[AmqpConnection] = set()
+        self._scheduled = False
+        self._after_pass: list[Callable[[], None]] = []
+
+    def mark_dirty(self, conn: AmqpConnection) -> None:
+        self._dirty.add(conn)
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._flush_all)
+
+    def call_after_pass(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once at the end of this loop pass, before output is flushed."""
+        self._after_pass.append(fn)
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._flush_all)
+
+    def _flush_all(self) -> None:
+        self._scheduled = False
+        while self._after_pass:
+            fns, self._after_pass = self._after_pass, []
+            for fn in fns:
+                try:
+                    fn()
+                except Exception:  # supervision point for deferred work
+                    log.exception("engine.after_pass_failed")
+        dirty, self._dirty = self._dirty, set()
+        for conn in dirty:
+            conn.flush()
+
+
+class Link:
+    """Our view of one Proton link. `ctx` belongs to the handler."""
+
+    __slots__ = ("conn", "ptr", "name", "is_sender", "ctx", "key", "freed", "__weakref__")
+
+    def __init__(self, conn: AmqpConnection, ptr: Any) -> None:
+        self.conn = conn
+        self.ptr = ptr
+        self.name: str = F.cstr(lib.pn_link_name(ptr)) or ""
+        self.is_sender: bool = bool(lib.pn_link_is_sender(ptr))
+        self.ctx: Any = None
+        self.key = F.ptr_key(ptr)
+        self.freed = False
+
+    # -- what the peer asked for -------------------------------------------------------------
+    @property
+    def remote_source_address(self) -> str | None:
+        return F.terminus_address(lib.pn_link_remote_source(self.ptr))
+
+    @property
+    def remote_target_address(self) -> str | None:
+        return F.terminus_address(lib.pn_link_remote_target(self.ptr))
+
+    @property
+    def remote_source_timeout(self) -> int:
+        return int(lib.pn_terminus_get_timeout(lib.pn_link_remote_source(self.ptr)))
+
+    @property
+    def remote_source_expiry_policy(self) -> int:
+        return int(lib.pn_terminus_get_expiry_policy(lib.pn_link_remote_source(self.ptr)))
+
+    @property
+    def remote_source_dynamic(self) -> bool:
+        return bool(lib.pn_terminus_is_dynamic(lib.pn_link_remote_source(self.ptr)))
+
+    @property
+    def remote_target_dynamic(self) -> bool:
+        return bool(lib.pn_terminus_is_dynamic(lib.pn_link_remote_target(self.ptr)))
+
+    @property
+    def remote_snd_settle_mode(self) -> int:
+        return int(lib.pn_link_remote_snd_settle_mode(self.ptr))
+
+    @property
+    def remote_rcv_settle_mode(self) -> int:
+        return int(lib.pn_link_remote_rcv_settle_mode(self.ptr))
+
+    @property
+    def remote_properties(self) -> dict[Any, Any]:
+        obj = F.data_to_obj(lib.pn_link_remote_properties(self.ptr))
+        return obj if isinstance(obj, dict) else {}
+
+    @property
+    def remote_max_message_size(self) -> int:
+        return int(lib.pn_link_remote_max_message_size(self.ptr))
+
+    @property
+    def local_uninit(self) -> bool:
+        return bool(lib.pn_link_state(self.ptr) & F.LOCAL_UNINIT)
+
+    @property
+    def active(self) -> bool:
+        st = lib.pn_link_state(self.ptr)
+        return bool(st & F.LOCAL_ACTIVE) and bool(st & F.REMOTE_ACTIVE)
+
+    @property
+    def local_active(self) -> bool:
+        return (not self.freed) and bool(lib.pn_link_state(self.ptr) & F.LOCAL_ACTIVE)
+
+    # -- local settings (before open) ----------------------------------------------------------
+    def set_source(self, address: str | None, timeout: int = 0, expiry_policy: int | None = None) -> None:
+        term = lib.pn_link_source(self.ptr)
+        F.set_terminus_address(term, address)
+        lib.pn_terminus_set_timeout(term, timeout)
+        if expiry_policy is not None:
+            lib.pn_terminus_set_expiry_policy(term, expiry_policy)
+
+    def set_target(self, address: str | None) -> None:
+        F.set_terminus_address(lib.pn_link_target(self.ptr), address)
+
+    def set_settle_modes(self, snd: int, rcv: int) -> None:
+        lib.pn_link_set_snd_settle_mode(self.ptr, snd)
+        lib.pn_link_set_rcv_settle_mode(self.ptr, rcv)
+
+    def set_properties(self, props: dict[Any, Any]) -> None:
+        F.obj_to_data(props, lib.pn_link_properties(self.ptr))
+
+    def set_max_message_size(self, size: int) -> None:
+        lib.pn_link_set_max_message_size(self.ptr, size)
+
+    def open(self) -> None:
+        lib.pn_link_open(self.ptr)
+        self.conn.touch()
+
+    # -- traffic -------------------------------------------------------------------------------
+    @property
+    def credit(self) -> int:
+        return int(lib.pn_link_credit(self.ptr))
+
+    @property
+    def queued(self) -> int:
+        return int(lib.pn_link_queued(self.ptr))
+
+    @property
+    def unsettled(self) -> int:
+        return int(lib.pn_link_unsettled(self.ptr))
+
+    def flow(self, n: int) -> None:
+        if n > 0:
+            lib.pn_link_flow(self.ptr, n)
+            self.conn.touch()
+
+    def send(self, tag: bytes, payload: bytes | bytearray | memoryview, settled: bool = False) -> Any:
+        """Send one complete message; returns the delivery pointer (None when pre-settled)."""
+        d = lib.pn_delivery(self.ptr, (len(tag), ffi.from_buffer(tag)))
+        lib.pn_link_send(self.ptr, ffi.from_buffer(payload), len(payload))
+        lib.pn_link_advance(self.ptr)
+        self.conn.touch()
+        if settled:
+            lib.pn_delivery_settle(d)
+            return None
+        return d
+
+    def drained(self) -> None:
+        lib.pn_link_drained(self.ptr)
+        self.conn.touch()
+
+    @property
+    def draining(self) -> bool:
+        return bool(lib.pn_link_get_drain(self.ptr))
+
+    def close(self, condition: str | None = None, description: str | None = None, detach: bool = False,
+              info: dict[Any, Any] | None = None) -> None:
+        if self.freed:
+            return
+        if condition:
+            F.set_condition(lib.pn_link_condition(self.ptr), condition, description, info)
+        st = lib.pn_link_state(self.ptr)
+        if st & F.LOCAL_UNINIT:
+            # refusing an attach: AMQP wants an attach before the detach
+            lib.pn_link_open(self.ptr)
+        if not (st & F.LOCAL_CLOSED):
+            if detach:
+                lib.pn_link_detach(self.ptr)
+            else:
+                lib.pn_link_close(self.ptr)
+        self.conn.touch()
+        self.conn._maybe_free_link(self)
+
+    def __repr__(self) -> str:
+        return f"<Link {'snd' if self.is_sender else 'rcv'} {self.name!r}>"
+
+
+# delivery-level helpers (deliveries stay raw pointers: one object per message is too costly)
+
+def settle(delivery: Any) -> None:
+    lib.pn_delivery_settle(delivery)
+
+
+def update(delivery: Any, state: int, condition: tuple[str, str] | None = None,
+           undeliverable: bool = False, info: dict[Any, Any] | None = None) -> None:
+    if condition is not None:
+        F.set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(delivery)), condition[0],
+                        condition[1], info)
+    if undeliverable:
+        lib.pn_disposition_set_undeliverable(lib.pn_delivery_local(delivery), True)
+    lib.pn_delivery_update(delivery, state)
+
+
+def remote_condition(delivery: Any) -> tuple[str, str] | None:
+    return F.get_condition(lib.pn_disposition_condition(lib.pn_delivery_remote(delivery)))
+
+
+def remote_undeliverable(delivery: Any) -> bool:
+    return bool(lib.pn_disposition_is_undeliverable(lib.pn_delivery_remote(delivery)))
+
+
+def remote_settled(delivery: Any) -> bool:
+    return bool(lib.pn_delivery_settled(delivery))
+
+
+def delivery_key(delivery: Any) -> int:
+    return F.ptr_key(delivery)
+
+
+class AmqpConnection(asyncio.Protocol):
+    """One AMQP connection over one TCP connection, driven by the engine directly."""
+
+    def __init__(self, engine: Engine, handler: ConnectionHandler, *, server: bool, container_id: str,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_frame: int = DEFAULT_MAX_FRAME,
+                 hostname: str | None = None, properties: dict[Any, Any] | None = None,
+                 offered_capabilities: list[Any] | None = None) -> None:
+        self.engine = engine
+        self.handler = handler
+        self.server = server
+        self.ctx: Any = None  # handler-owned
+        self.sock: asyncio.Transport | None = None
+        self.peer: str = "?"
+        self.links: dict[int, Link] = {}
+        self.closed = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline = 0
+        self._close_reported = False
+        self._out_buf, self._out_cbuf = F.new_buffer(_READ_CHUNK)
+
+        self.pn_conn = lib.pn_connection()
+        self.pn_transport = lib.pn_transport()
+        self.pn_collector = lib.pn_collector()
+        lib.pn_connection_collect(self.pn_conn, self.pn_collector)
+        lib.pn_connection_set_container(self.pn_conn, container_id.encode())
+        if hostname:
+            lib.pn_connection_set_hostname(self.pn_conn, hostname.encode())
+        if properties:
+            F.obj_to_data(properties, lib.pn_connection_properties(self.pn_conn))
+        if offered_capabilities:
+            F.obj_to_data(offered_capabilities, lib.pn_connection_offered_capabilities(self.pn_conn))
+        if server:
+            lib.pn_transport_set_server(self.pn_transport)
+        sasl = lib.pn_sasl(self.pn_transport)
+        lib.pn_sasl_allowed_mechs(sasl, b"ANONYMOUS")
+        lib.pn_transport_set_idle_timeout(self.pn_transport, int(idle_timeout * 1000))
+        lib.pn_transport_set_max_frame(self.pn_transport, max_frame)
+        lib.pn_transport_bind(self.pn_transport, self.pn_conn)
+        if not server:
+            lib.pn_connection_open(self.pn_conn)
+
+    # -- identity --------------------------------------------------------------------------------
+    @property
+    def remote_container(self) -> str | None:
+        return F.cstr(lib.pn_connection_remote_container(self.pn_conn))
+
+    @property
+    def remote_properties(self) -> dict[Any, Any]:
+        obj = F.data_to_obj(lib.pn_connection_remote_properties(self.pn_conn))
+        return obj if isinstance(obj, dict) else {}
+
+    @property
+    def remote_offered_capabilities(self) -> list[Any]:
+        obj = F.data_to_obj(lib.pn_connection_remote_offered_capabilities(self.pn_conn))
+        if obj is None:
+            return []
+        return list(obj) if isinstance(obj, list | tuple) else [obj]
+
+    # -- asyncio Protocol ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.sock = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._process()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        view = memoryview(data)
+        while view:
+            n = lib.pn_transport_push(self.pn_transport, ffi.from_buffer(view), len(view))
+            if n < 0:
+                break  # tail closed (error already set); drop the rest
+            view = view[n:]
+            self._process()
+            if n == 0:
+                break
+        self._process()
+
+    def eof_received(self) -> bool:
+        lib.pn_transport_close_tail(self.pn_transport)
+        self._process()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._timer:
+            self._timer.cancel()
+            self._timer = None
+        try:
+            self._report_closed(("amqp:connection:forced", f"connection lost: {exc}" if exc else "connection lost"))
+        finally:
+            self._release()
+
+    # -- operations for handlers -----------------------------------------------------------------
+    def touch(self) -> None:
+        if not self.closed:
+            self.engine.mark_dirty(self)
+
+    def open_session(self) -> Any:
+        ssn = lib.pn_session(self.pn_conn)
+        lib.pn_session_open(ssn)
+        self.touch()
+        return ssn
+
+    def sender(self, session: Any, name: str) -> Link:
+        return self._add_link(lib.pn_sender(session, name.encode()))
+
+    def receiver(self, session: Any, name: str) -> Link:
+        return self._add_link(lib.pn_receiver(session, name.encode()))
+
+    def close(self, condition: str | None = None, description: str | None = None) -> None:
+        if self.closed:
+            return
+        if condition:
+            F.set_condition(lib.pn_connection_condition(self.pn_conn), condition, description)
+        lib.pn_connection_close(self.pn_conn)
+        self.touch()
+
+    def abort(self) -> None:
+        """Drop the TCP connection at once (tests and chaos use it)."""
+        if self.sock is not None:
+            self.sock.abort()
+
+    # -- internals -------------------------------------------------------------------------------
+    def _add_link(self, ptr: Any) -> Link:
+        link = Link(self, ptr)
+        self.links[link.key] = link
+        return link
+
+    def _link_of(self, ptr: Any) -> Link:
+        key = F.ptr_key(ptr)
+        link = self.links.get(key)
+        if link is None:
+            link = self._add_link(ptr)
+        return link
+
+    def _maybe_free_link(self, link: Link) -> None:
+        st = lib.pn_link_state(link.ptr)
+        if (st & F.LOCAL_CLOSED) and (st & F.REMOTE_CLOSED) and not link.freed:
+            link.freed = True
+            self.links.pop(link.key, None)
+            lib.pn_link_free(link.ptr)
+
+    def _process(self) -> None:
+        try:
+            self._dispatch_events()
+        except Exception as exc:  # supervision point: a faulty connection must not take the process down
+            log.exception("connection.handler_failed peer=%s", self.peer)
+            try:
+                self.close("amqp:internal-error", f"internal error: {type(exc).__name__}: {exc}")
+            except Exception:
+                log.exception("connection.close_failed peer=%s", self.peer)
+                self.abort()
+        self._tick()
+        self.touch()
+
+    def _dispatch_events(self) -> None:
+        coll = self.pn_collector
+        handler = self.handler
+        while True:
+            ev = lib.pn_collector_peek(coll)
+            if ev == F.NULL:
+                break
+            etype = lib.pn_event_type(ev)
+            if etype == F.E_DELIVERY:
+                self._on_delivery(lib.pn_event_delivery(ev))
+            elif etype == F.E_LINK_FLOW:
+                lptr = lib.pn_event_link(ev)
+                if lib.pn_link_is_sender(lptr):
+                    link = self.links.get(F.ptr_key(lptr))
+                    if link is not None and not link.freed:
+                        handler.on_credit(link)
+            elif etype == F.E_LINK_REMOTE_OPEN:
+                link = self._link_of(lib.pn_event_link(ev))
+                handler.on_link_open(link)
+            elif etype in (F.E_LINK_REMOTE_CLOSE, F.E_LINK_REMOTE_DETACH):
+                lptr = lib.pn_event_link(ev)
+                link = self.links.get(F.ptr_key(lptr))
+                if link is not None and not link.freed:
+                    cond = F.get_condition(lib.pn_link_remote_condition(lptr))
+                    st = lib.pn_link_state(lptr)
+                    was_open = not (st & F.LOCAL_CLOSED)
+                    if was_open:
+                        if etype == F.E_LINK_REMOTE_CLOSE:
+                            lib.pn_link_close(lptr)
+                        else:
+                            lib.pn_link_detach(lptr)
+                    try:
+                        if was_open:
+                            handler.on_link_closed(link, etype == F.E_LINK_REMOTE_CLOSE, cond)
+                    finally:
+                        self._maybe_free_link(link)
+            elif etype == F.E_SESSION_REMOTE_OPEN:
+                ssn = lib.pn_event_session(ev)
+                if lib.pn_session_state(ssn) & F.LOCAL_UNINIT:
+                    lib.pn_session_open(ssn)
+            elif etype == F.E_SESSION_REMOTE_CLOSE:
+                ssn = lib.pn_event_session(ev)
+                if not (lib.pn_session_state(ssn) & F.LOCAL_CLOSED):
+                    lib.pn_session_close(ssn)
+            elif etype == F.E_CONNECTION_REMOTE_OPEN:
+                if lib.pn_connection_state(self.pn_conn) & F.LOCAL_UNINIT:
+                    lib.pn_connection_open(self.pn_conn)
+                handler.on_connection_open(self)
+            elif etype == F.E_CONNECTION_REMOTE_CLOSE:
+                cond = F.get_condition(lib.pn_connection_remote_condition(self.pn_conn))
+                if not (lib.pn_connection_state(self.pn_conn) & F.LOCAL_CLOSED):
+                    lib.pn_connection_close(self.pn_conn)
+                self._report_closed(cond)
+            elif etype == F.E_TRANSPORT_ERROR:
+                cond = F.get_condition(lib.pn_transport_condition(self.pn_transport))
+                log.warning("connection.transport_error peer=%s condition=%s", self.peer, cond)
+                self._report_closed(cond)
+            elif etype == F.E_TRANSPORT_CLOSED:
+                self._report_closed(None)
+            lib.pn_collector_pop(coll)
+
+    def _on_delivery(self, d: Any) -> None:
+        lptr = lib.pn_delivery_link(d)
+        link = self.links.get(F.ptr_key(lptr))
+        if link is None or link.freed:
+            return
+        if link.is_sender:
+            if lib.pn_delivery_updated(d):
+                self.handler.on_delivery_update(link, d, int(lib.pn_delivery_remote_state(d)),
+                                                bool(lib.pn_delivery_settled(d)))
+            return
+        if lib.pn_delivery_aborted(d):
+            if lib.pn_link_current(lptr) == d:
+                lib.pn_link_advance(lptr)
+            lib.pn_delivery_settle(d)
+            lib.pn_link_flow(lptr, 1)  # an aborted transfer consumed credit
+            return
+        if lib.pn_link_current(lptr) == d:
+            if lib.pn_delivery_partial(d) or not lib.pn_delivery_readable(d):
+                self.handler_partial(link, d)
+                return
+            n = lib.pn_delivery_pending(d)
+            buf = bytearray(n)
+            got = lib.pn_link_recv(lptr, ffi.from_buffer(buf), n) if n else 0
+            lib.pn_link_advance(lptr)
+            payload = bytes(buf) if got == n else bytes(buf[: max(got, 0)])
+            settled = bool(lib.pn_delivery_settled(d))
+            self.handler.on_message(link, d, F.delivery_tag(d), payload, settled)
+            if settled:  # pre-settled: nothing more will happen to it
+                lib.pn_delivery_settle(d)
+        elif lib.pn_delivery_updated(d):
+            self.handler.on_delivery_update(link, d, int(lib.pn_delivery_remote_state(d)),
+                                            bool(lib.pn_delivery_settled(d)))
+
+    def handler_partial(self, link: Link, d: Any) -> None:
+        """A transfer still arriving: enforce the link's max message size while it grows."""
+        limit = int(lib.pn_link_max_message_size(link.ptr))
+        if limit and lib.pn_delivery_pending(d) > limit:
+            link.close("amqp:link:message-size-exceeded",
+                       f"message larger than the link's max-message-size of {limit} bytes")
+
+    def _report_closed(self, cond: tuple[str, str] | None) -> None:
+        if self._close_reported:
+            return
+        self._close_reported = True
+        try:
+            self.handler.on_connection_closed(self, cond)
+        except Exception:
+            log.exception("connection.close_handler_failed peer=%s", self.peer)
+
+    def _tick(self) -> None:
+        if self.closed:
+            return
+        now = int(time.monotonic() * 1000)
+        deadline = int(lib.pn_transport_tick(self.pn_transport, now))
+        if deadline and (self._timer is None or deadline < self._timer_deadline):
+            if self._timer:
+                self._timer.cancel()
+            self._timer_deadline = deadline
+            self._timer = self.engine.loop.call_later(max(0.0, (deadline - now) / 1000.0), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if not self.closed:
+            self._process()
+
+    def flush(self) -> None:
+        sock = self.sock
+        if sock is None or self.closed:
+            return
+        t = self.pn_transport
+        out = self._out_cbuf
+        buf = self._out_buf
+        while True:
+            pending = lib.pn_transport_pending(t)
+            if pending < 0:  # head closed: everything we had to say is written
+                if not sock.is_closing():
+                    sock.close()
+                break
+            if pending == 0:
+                break
+            n = lib.pn_transport_peek(t, out, min(pending, len(buf)))
+            if n <= 0:
+                break
+            sock.write(bytes(buf[:n]))
+            lib.pn_transport_pop(t, n)
+
+    def _release(self) -> None:
+        if self.pn_conn == F.NULL:
+            return
+        self.links.clear()
+        # the same sequence as Proton's own wrappers: release the endpoints, then drop our references
+        lib.pn_transport_unbind(self.pn_transport)
+        lib.pn_connection_release(self.pn_conn)
+        lib.pn_collector_free(self.pn_collector)
+        lib.pn_decref(self.pn_conn)
+        lib.pn_decref(self.pn_transport)
+        self.pn_conn = F.NULL
+        self.pn_transport = F.NULL
+        self.pn_collector = F.NULL
+
+
+async def listen(engine: Engine, factory: Callable[[], AmqpConnection], host: str, port: int,
+                 backlog: int = 1024) -> asyncio.Server:
+    return await engine.loop.create_server(factory, host, port, backlog=backlog, reuse_address=True)
+
+
+async def connect(engine: Engine, factory: Callable[[], AmqpConnection], host: str, port: int,
+                  timeout: float = 5.0) -> AmqpConnection:
+    _, proto = await asyncio.wait_for(engine.loop.create_connection(factory, host, port), timeout)
+    assert isinstance(proto, AmqpConnection)
+    return proto

@@ -1,0 +1,67 @@
+"""Identities on the wire: publisher links, subscriptions and global message ids.
+
+A message's global id (gid) must fit an AMQP delivery tag (<= 32 bytes) and stay ASCII (Proton 0.40
+raises on reading a non-UTF-8 tag, PROTON-2531), so that transit hops and foreign subscribers can use
+it as a tag without decoding anything. It is derived only from what the publisher controls:
+(container-id, link name, delivery tag); a resend with the same tag on the same link name yields the
+same gid at any router.
+
+    gid = plid ":" tag                 when the tag is short printable ASCII (readable logs)
+    gid = plid "#" base32(hash(tag))   otherwise
+
+where plid is a 12-character hash of (container-id, link name). Control tags sent by routers start
+with "$" and can never collide with a gid (base32 never produces "$").
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+GID_MAX = 32
+PLID_LEN = 12
+_TAG_MAX_PLAIN = GID_MAX - PLID_LEN - 1
+_PRINTABLE = frozenset(range(0x21, 0x7F)) - {ord('"'), ord("\\")}
+
+
+def _b32(data: bytes) -> str:
+    return base64.b32encode(data).decode("ascii").rstrip("=").lower()
+
+
+def publisher_link_id(container_id: str, link_name: str) -> str:
+    h = hashlib.blake2b(f"{container_id}\0{link_name}".encode(), digest_size=8).digest()
+    return _b32(h)[:PLID_LEN]
+
+
+def subscription_id(container_id: str, link_name: str, topic: str) -> str:
+    h = hashlib.blake2b(f"{container_id}\0{link_name}\0{topic}".encode(), digest_size=10).digest()
+    return _b32(h)[:16]
+
+
+def global_id(plid: str, tag: bytes) -> str:
+    if 0 < len(tag) <= _TAG_MAX_PLAIN and all(b in _PRINTABLE for b in tag):
+        return f"{plid}:{tag.decode('ascii')}"
+    h = hashlib.blake2b(tag, digest_size=12).digest()
+    return f"{plid}#{_b32(h)[: GID_MAX - PLID_LEN - 1]}"
+
+
+def plid_of(gid: str) -> str:
+    return gid[:PLID_LEN]
+
+
+def is_control_tag(tag: bytes) -> bool:
+    return tag[:1] == b"$"
+
+
+_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def counter_tag(n: int) -> bytes:
+    """Compact ASCII delivery tags for our publishers (base36 counter)."""
+    if n == 0:
+        return b"0"
+    out = []
+    while n:
+        n, r = divmod(n, 36)
+        out.append(_ALPHABET[r])
+    return "".join(reversed(out)).encode("ascii")

@@ -1,0 +1,569 @@
+"""The router process: the client listener and the adapter between the engine and the delivery core.
+
+The adapter owns everything keyed by Proton objects (links, delivery pointers) and nothing else;
+what happens to a message is decided by `DeliveryCore`. After each batch of engine events it drains
+the core's actions and settlement-log events. Bad input from a peer becomes an AMQP error condition
+on that link or connection and a log line; the router and all other traffic carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from proton import Message, symbol
+
+from router import errors
+from router.actions import (
+    Deliver,
+    GrantCredit,
+    NotifyFinal,
+    Outcome,
+    SendOutcome,
+    SettleDelivery,
+    SettlePublisher,
+)
+from router.config import RouterConfig
+from router.core import DeliveryCore
+from router.engine import amqp
+from router.engine import ffi as F
+from router.engine.amqp import AmqpConnection, Engine, Link
+from router.ids import publisher_link_id, subscription_id
+from router.settlement_log import SettlementLog
+from router.subscriptions import SubscriptionStore, SubscriptionTable
+
+log = logging.getLogger("oncemesh.router")
+
+PROP_CLIENT = symbol("oncemesh.client")  # our client library (understands final notifications)
+PROP_RESUME = symbol("oncemesh.resume")  # subscriber: ids accepted but not seen settled
+PROP_IN_DOUBT = symbol("oncemesh.in-doubt")  # publisher: tags it still holds in doubt
+PROP_RESUMED = symbol("oncemesh.resumed")  # router -> subscriber: the subscription resumed
+PROP_RECEIVED = symbol("oncemesh.received")  # publisher: send RECEIVED once a router holds a message
+PROP_ROUTER = symbol("oncemesh.router")
+FINAL_SUBJECT = "oncemesh.final"
+
+_OUTCOME_OF_STATE = {F.ACCEPTED: Outcome.ACCEPTED, F.REJECTED: Outcome.REJECTED,
+                     F.RELEASED: Outcome.RELEASED, F.MODIFIED: Outcome.MODIFIED}
+_STATE_OF_OUTCOME = {v: k for k, v in _OUTCOME_OF_STATE.items()}
+
+
+def validate_address(address: str | None, what: str) -> str:
+    if address is None or address == "":
+        raise errors.InvalidAddress(f"{what} address is missing: attach with a topic name as the {what} "
+                                    f"address (anonymous and dynamic links are not supported)")
+    if address[0] in "$_":
+        raise errors.ReservedAddress(f"address {address!r} is reserved for the routers "
+                                     f"(addresses starting with '$' or '_')")
+    if len(address) > 1024 or any(ord(c) < 0x20 for c in address):
+        raise errors.InvalidAddress(f"address {address[:64]!r}... is invalid: at most 1024 printable "
+                                    f"characters")
+    return address
+
+
+class SubLinkCtx:
+    __slots__ = ("sid", "topic", "deliveries", "gid_of", "final_seq")
+
+    def __init__(self, sid: str, topic: str) -> None:
+        self.sid = sid
+        self.topic = topic
+        self.deliveries: dict[str, Any] = {}  # gid -> unsettled delivery pointer
+        self.gid_of: dict[Any, str] = {}  # delivery pointer -> gid
+        self.final_seq = 0
+
+
+class PubLinkCtx:
+    __slots__ = ("topic", "plid", "deliveries", "want_received")
+
+    def __init__(self, topic: str, plid: str, want_received: bool) -> None:
+        self.topic = topic
+        self.plid = plid
+        self.want_received = want_received
+        self.deliveries: set[Any] = set()  # unsettled publisher deliveries on this link
+
+
+class ConnCtx:
+    __slots__ = ("container", "peer_kind")
+
+    def __init__(self) -> None:
+        self.container: str | None = None
+        self.peer_kind = "client"
+
+
+class Router:
+    """One router. `start()` binds and loads state; `stop()` shuts down cleanly."""
+
+    def __init__(self, cfg: RouterConfig) -> None:
+        self.cfg = cfg
+        self.id = cfg.id
+        self.incarnation = str(time.time_ns() // 1000)
+        self.table = SubscriptionTable()
+        self.store = SubscriptionStore(cfg.state_dir / f"{cfg.id}.subscriptions.json") if cfg.state_dir else None
+        self.core = DeliveryCore(cfg.id, self.table, cfg.core)
+        self.slog = SettlementLog(
+            (cfg.log_dir / f"{cfg.id}.settlement.jsonl") if cfg.log_dir else None,
+            src="router", node=cfg.id, inc=self.incarnation, flush_interval=cfg.log_flush_interval)
+        self.engine: Engine | None = None
+        self.server: asyncio.Server | None = None
+        self.connections: set[AmqpConnection] = set()
+        self.sub_links: dict[str, Link] = {}
+        self.pub_deliveries: dict[Any, Link] = {}  # unsettled publisher delivery pointer -> its link
+        self.bound: tuple[str, int] | None = None
+        self._saved_version = -1
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._stopped = asyncio.Event()
+        self._pending_opens: list[Link] = []
+        self.extensions: list[Any] = []  # mesh layer hooks (interrouter)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.engine = Engine(loop)
+        now = time.time()
+        if self.store is not None:
+            snap = self.store.load()
+            if snap is not None:
+                self.table.restore(snap, now)
+                self.core = DeliveryCore(self.id, self.table, self.cfg.core)
+                log.info("router.table_loaded subscriptions=%d", sum(1 for _ in self.table.live()))
+        self._saved_version = self.table.version
+        host, port = self.cfg.listen
+        engine = self.engine
+        self.server = await amqp.listen(engine, self._make_connection, host, port)
+        sock = self.server.sockets[0].getsockname()
+        self.bound = (sock[0], sock[1])
+        self.slog.write("router_started", now, info=f"listen={sock[0]}:{sock[1]} pid={os.getpid()}")
+        for ext in self.extensions:
+            await ext.start(self)
+        self._schedule_tick()
+        self.write_ready_file()
+        log.info("router.started id=%s incarnation=%s listen=%s:%d", self.id, self.incarnation, *self.bound)
+
+    def ready_info(self) -> dict[str, Any]:
+        assert self.bound is not None
+        info: dict[str, Any] = {"id": self.id, "pid": os.getpid(), "incarnation": self.incarnation,
+                                "listen": f"{self.bound[0]}:{self.bound[1]}",
+                                "url": f"amqp://{self.bound[0]}:{self.bound[1]}"}
+        for ext in self.extensions:
+            info.update(ext.ready_info())
+        return info
+
+    def write_ready_file(self) -> None:
+        if self.cfg.ready_file is None:
+            return
+        path = self.cfg.ready_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.ready_info()))
+        os.replace(tmp, path)
+
+    async def serve_forever(self) -> None:
+        await self._stopped.wait()
+
+    def request_stop(self) -> None:
+        if not self._stopped.is_set():
+            asyncio.get_running_loop().create_task(self.stop())
+
+    async def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        log.info("router.stopping id=%s", self.id)
+        for ext in self.extensions:
+            await ext.stop()
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.connections):
+            conn.close("amqp:connection:forced", "router shutting down")
+        if self.engine is not None:
+            self.engine._flush_all()
+        await asyncio.sleep(0)  # let the close frames go out
+        for conn in list(self.connections):
+            if conn.sock is not None:
+                conn.sock.close()
+        if self._tick_handle:
+            self._tick_handle.cancel()
+        self._save_table(force=True)
+        self.slog.write("router_stopped", time.time())
+        self.slog.close()
+        if self.cfg.ready_file is not None:
+            self.cfg.ready_file.unlink(missing_ok=True)
+        self._stopped.set()
+
+    def _make_connection(self) -> AmqpConnection:
+        assert self.engine is not None
+        conn = AmqpConnection(self.engine, self, server=True, container_id=f"oncemesh-router-{self.id}",
+                              idle_timeout=self.cfg.idle_timeout, max_frame=self.cfg.max_frame,
+                              properties={PROP_ROUTER: self.id})
+        conn.ctx = ConnCtx()
+        if len(self.connections) >= self.cfg.max_connections:
+            log.warning("connection.refused reason=max_connections limit=%d", self.cfg.max_connections)
+            conn.close("amqp:resource-limit-exceeded",
+                       f"router {self.id} holds its maximum of {self.cfg.max_connections} connections")
+        self.connections.add(conn)
+        return conn
+
+    # ------------------------------------------------------------------ time
+    def _schedule_tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tick_handle = loop.call_later(self.cfg.tick_interval, self._on_tick)
+
+    def _on_tick(self) -> None:
+        try:
+            self.core.tick(time.time())
+            for ext in self.extensions:
+                ext.tick(time.time())
+            self.drain()
+            self.slog.flush()
+        except Exception:  # supervision point for timers
+            log.exception("router.tick_failed")
+        self._schedule_tick()
+
+    # ------------------------------------------------------------------ engine events
+    def on_connection_open(self, conn: AmqpConnection) -> None:
+        conn.ctx.container = conn.remote_container
+        for ext in self.extensions:
+            ext.on_connection_open(conn)
+
+    def on_link_open(self, link: Link) -> None:
+        for ext in self.extensions:
+            if ext.on_link_open(link):
+                return
+        if not link.local_uninit:
+            return
+        try:
+            if link.is_sender:
+                self._open_subscriber(link)
+            else:
+                self._open_publisher(link)
+        except errors.RemoteProtocolError as exc:
+            log.warning("link.refused peer=%s container=%s link=%s condition=%s reason=%s", link.conn.peer,
+                        link.conn.ctx.container, link.name, exc.condition, exc)
+            link.close(exc.condition, str(exc))
+        self.drain()
+
+    def _open_subscriber(self, link: Link) -> None:
+        topic = validate_address(link.remote_source_address, "source")
+        if link.remote_snd_settle_mode == F.SND_SETTLED:
+            raise errors.NotImplementedMode(
+                "pre-settled delivery (snd-settle-mode settled) is at-most-once; oncemesh delivers "
+                "unsettled so that every message is acknowledged exactly once")
+        if link.remote_source_dynamic:
+            raise errors.NotImplementedMode("dynamic sources are not supported; name a topic")
+        container = link.conn.ctx.container or ""
+        policy = link.remote_source_expiry_policy
+        timeout = float(link.remote_source_timeout)
+        expiry = math.inf if policy == F.EXPIRE_NEVER else min(timeout, self.cfg.max_expiry)
+        props = link.remote_properties
+        capable = bool(props.get(PROP_CLIENT))
+        presented = props.get(PROP_RESUME)
+        if presented is not None and not isinstance(presented, list | tuple):
+            raise errors.RemoteProtocolError(f"link property {PROP_RESUME} must be a list of ids")
+        sid = subscription_id(container, link.name, topic)
+        old = self.sub_links.get(sid)
+        if old is not None and old is not link:
+            log.info("link.stolen sid=%s old_peer=%s new_peer=%s", sid, old.conn.peer, link.conn.peer)
+            self._forget_sub_link(old)
+            old.close(errors.LinkStolen.condition, "the same subscription attached on another link")
+        link.ctx = SubLinkCtx(sid, topic)
+        self.sub_links[sid] = link
+        resumed = self.core.attach_subscriber(link, sid, topic, container, link.name, expiry, capable,
+                                              [str(g) for g in presented] if presented else None,
+                                              time.time())
+        link.set_source(topic, 0 if math.isinf(expiry) else int(expiry),
+                        F.EXPIRE_NEVER if math.isinf(expiry) else F.EXPIRE_WITH_LINK)
+        link.set_target(link.remote_target_address)
+        link.set_settle_modes(F.SND_UNSETTLED, link.remote_rcv_settle_mode)
+        link.set_properties({PROP_RESUMED: resumed, PROP_ROUTER: self.id})
+        # the attach is answered once the table holding the subscription is on disk
+        self._pending_opens.append(link)
+
+    def _open_publisher(self, link: Link) -> None:
+        topic = validate_address(link.remote_target_address, "target")
+        if link.remote_snd_settle_mode == F.SND_SETTLED:
+            raise errors.NotImplementedMode(
+                "pre-settled publishing (snd-settle-mode settled) gives no outcome; publish unsettled "
+                "(receiver-settle-mode second for exactly-once)")
+        if link.remote_target_dynamic:
+            raise errors.NotImplementedMode("dynamic targets are not supported; name a topic")
+        container = link.conn.ctx.container or ""
+        plid = publisher_link_id(container, link.name)
+        props = link.remote_properties
+        in_doubt = props.get(PROP_IN_DOUBT)
+        if in_doubt is not None and not isinstance(in_doubt, list | tuple):
+            raise errors.RemoteProtocolError(f"link property {PROP_IN_DOUBT} must be a list of tags")
+        second = link.remote_rcv_settle_mode == F.RCV_SECOND
+        link.ctx = PubLinkCtx(topic, plid, bool(props.get(PROP_RECEIVED)))
+        link.set_target(topic)
+        link.set_source(link.remote_source_address)
+        link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND if second else F.RCV_FIRST)
+        link.set_max_message_size(self.cfg.max_message_size)
+        link.set_properties({PROP_ROUTER: self.id})
+        link.open()
+        tags = [t if isinstance(t, bytes) else str(t).encode() for t in in_doubt] if in_doubt else None
+        self.core.attach_publisher(link, plid, topic, second, tags, time.time())
+
+    def on_credit(self, link: Link) -> None:
+        ctx = link.ctx
+        if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link and not link.local_uninit:
+            self.core.subscriber_credit(ctx.sid, link.credit)
+            self.drain()
+            if link.draining and self.core.queued(ctx.sid) == 0:
+                link.drained()
+        else:
+            for ext in self.extensions:
+                ext.on_credit(link)
+
+    def on_message(self, link: Link, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None:
+        ctx = link.ctx
+        if not isinstance(ctx, PubLinkCtx):
+            for ext in self.extensions:
+                if ext.on_message(link, delivery, tag, payload, settled):
+                    return
+            if not settled:
+                amqp.update(delivery, F.REJECTED, ("amqp:not-allowed", "this link does not accept transfers"))
+                amqp.settle(delivery)
+            return
+        if len(payload) > self.cfg.max_message_size:
+            log.warning("link.message_too_large peer=%s link=%s size=%d", link.conn.peer, link.name, len(payload))
+            amqp.update(delivery, F.REJECTED, (errors.MessageTooLarge.condition,
+                                                f"{len(payload)} bytes > max {self.cfg.max_message_size}"))
+            amqp.settle(delivery)
+            link.close(errors.MessageTooLarge.condition,
+                       f"message of {len(payload)} bytes exceeds max-message-size {self.cfg.max_message_size}")
+            return
+        try:
+            if settled:
+                # pre-settled on a mixed link: the publisher wants no outcome; deliver it all the same
+                token = object()
+                self.core.publish(link, token, tag, payload, time.time())
+                self.core.publisher_settled(token, time.time())
+            else:
+                self.pub_deliveries[delivery] = link
+                ctx.deliveries.add(delivery)
+                self.core.publish(link, delivery, tag, payload, time.time())
+                if ctx.want_received:
+                    amqp.update(delivery, F.RECEIVED)
+        except errors.RemoteProtocolError as exc:
+            log.warning("link.closed_on_error peer=%s link=%s condition=%s reason=%s", link.conn.peer,
+                        link.name, exc.condition, exc)
+            self.pub_deliveries.pop(delivery, None)
+            ctx.deliveries.discard(delivery)
+            if not settled:
+                amqp.update(delivery, F.RELEASED)
+                amqp.settle(delivery)
+            self._close_publisher(link, exc.condition, str(exc))
+        self.drain()
+
+    def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:
+        ctx = link.ctx
+        if isinstance(ctx, SubLinkCtx):
+            gid = ctx.gid_of.get(delivery)
+            if gid is None:
+                if settled:
+                    amqp.settle(delivery)
+                return
+            outcome = _OUTCOME_OF_STATE.get(state)
+            if outcome is None:
+                if not settled:
+                    return  # RECEIVED or no state yet: not an outcome
+                outcome = Outcome.RELEASED  # settled without an outcome: try again
+            error = amqp.remote_condition(delivery) if outcome is Outcome.REJECTED else None
+            undeliverable = outcome is Outcome.MODIFIED and amqp.remote_undeliverable(delivery)
+            if settled or outcome in (Outcome.RELEASED, Outcome.MODIFIED):
+                del ctx.gid_of[delivery]
+                ctx.deliveries.pop(gid, None)
+                amqp.settle(delivery)
+                settled = True
+            if self.sub_links.get(ctx.sid) is link:
+                self.core.subscriber_outcome(ctx.sid, gid, outcome, settled, error, undeliverable, time.time())
+                self.drain()
+        elif isinstance(ctx, PubLinkCtx):
+            if settled and delivery in self.pub_deliveries:
+                self.core.publisher_settled(delivery, time.time())  # -> SettlePublisher
+                self.drain()
+        else:
+            for ext in self.extensions:
+                ext.on_delivery_update(link, delivery, state, settled)
+
+    def on_link_closed(self, link: Link, closed: bool, condition: tuple[str, str] | None) -> None:
+        ctx = link.ctx
+        if isinstance(ctx, SubLinkCtx):
+            if condition:
+                log.info("link.detached sid=%s closed=%s condition=%s", ctx.sid, closed, condition)
+            if self.sub_links.get(ctx.sid) is link:
+                self._forget_sub_link(link)
+                self.core.detach_subscriber(link, ctx.sid, closed, time.time())
+        elif isinstance(ctx, PubLinkCtx):
+            self._close_publisher(link, None, None)
+        else:
+            for ext in self.extensions:
+                ext.on_link_closed(link, closed, condition)
+        self.drain()
+
+    def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
+        self.connections.discard(conn)
+        now = time.time()
+        for link in list(conn.links.values()):
+            ctx = link.ctx
+            if isinstance(ctx, SubLinkCtx):
+                if self.sub_links.get(ctx.sid) is link:
+                    self._forget_sub_link(link)
+                    self.core.detach_subscriber(link, ctx.sid, False, now)
+            elif isinstance(ctx, PubLinkCtx):
+                self._close_publisher(link, None, None)
+        for ext in self.extensions:
+            ext.on_connection_closed(conn, condition)
+        if condition and condition[0] not in ("amqp:connection:forced",):
+            log.info("connection.closed peer=%s container=%s condition=%s", conn.peer,
+                     conn.ctx.container if conn.ctx else None, condition)
+        self.drain()
+
+    def _forget_sub_link(self, link: Link) -> None:
+        ctx = link.ctx
+        if self.sub_links.get(ctx.sid) is link:
+            del self.sub_links[ctx.sid]
+        ctx.deliveries.clear()
+        ctx.gid_of.clear()
+
+    def _close_publisher(self, link: Link, condition: str | None, description: str | None) -> None:
+        if link.ctx is None:
+            return
+        self.core.detach_publisher(link)
+        # deliveries of a dead link cannot be answered: forget them (the publisher resends)
+        for d in link.ctx.deliveries:
+            self.pub_deliveries.pop(d, None)
+        link.ctx = None
+        if condition:
+            link.close(condition, description)
+
+    # ------------------------------------------------------------------ actions
+    def drain(self) -> None:
+        """Perform the core's actions and write its log events. Called after each input batch."""
+        core = self.core
+        out = core.out
+        if out:
+            core.out = []
+            for act in out:
+                self._perform(act)
+        if core.log:
+            entries, core.log = core.log, []
+            ts = time.time()
+            slog = self.slog
+            for entry in entries:
+                slog.write_core_event(ts, entry)
+        if self._pending_opens or self.table.version != self._saved_version:
+            assert self.engine is not None
+            self.engine.call_after_pass(self._after_pass)
+
+    def _after_pass(self) -> None:
+        self._save_table()
+        opens, self._pending_opens = self._pending_opens, []
+        for link in opens:
+            if link.local_uninit and self.sub_links.get(link.ctx.sid) is link:
+                link.open()
+                self.core.subscriber_credit(link.ctx.sid, link.credit)
+        if opens:
+            self.drain()
+
+    def _settle_publisher_delivery(self, d: Any) -> None:
+        link = self.pub_deliveries.pop(d)
+        if isinstance(link.ctx, PubLinkCtx):
+            link.ctx.deliveries.discard(d)
+        amqp.settle(d)
+        link.conn.touch()
+
+    def _save_table(self, force: bool = False) -> None:
+        if self.store is None or (self.table.version == self._saved_version and not force):
+            return
+        self.store.save(self.table.snapshot())
+        self._saved_version = self.table.version
+
+    def _perform(self, act: Any) -> None:
+        t = type(act)
+        if t is Deliver:
+            link = self.sub_links.get(act.sid)
+            if link is None:
+                return
+            d = link.send(act.gid.encode("ascii"), act.payload)
+            ctx = link.ctx
+            ctx.deliveries[act.gid] = d
+            ctx.gid_of[d] = act.gid
+        elif t is SendOutcome:
+            d = act.pub
+            if d not in self.pub_deliveries:
+                return
+            amqp.update(d, _STATE_OF_OUTCOME[act.outcome], act.error)
+            self.pub_deliveries[d].conn.touch()
+            if act.settle:
+                self._settle_publisher_delivery(d)
+        elif t is SettleDelivery:
+            link = self.sub_links.get(act.sid)
+            if link is None:
+                return
+            ctx = link.ctx
+            d = ctx.deliveries.pop(act.gid, None)
+            if d is not None:
+                del ctx.gid_of[d]
+                amqp.settle(d)
+                link.conn.touch()
+        elif t is SettlePublisher:
+            if act.pub in self.pub_deliveries:
+                self._settle_publisher_delivery(act.pub)
+        elif t is GrantCredit:
+            link = act.link
+            if link.ctx is not None and link.local_active:
+                link.flow(act.credit)
+        elif t is NotifyFinal:
+            link = self.sub_links.get(act.sid)
+            if link is None:
+                return
+            ctx = link.ctx
+            ctx.final_seq += 1
+            body = Message(subject=FINAL_SUBJECT, body=list(act.gids)).encode()
+            link.send(f"$final:{ctx.final_seq}".encode(), body, settled=True)
+        else:  # pragma: no cover
+            raise TypeError(f"unknown action {act!r}")
+
+
+async def run_router(cfg: RouterConfig) -> None:
+    router = Router(cfg)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, router.request_stop)
+    if cfg.topology is not None:
+        from interrouter.mesh import attach_mesh  # noqa: PLC0415 (the mesh layer is optional)
+
+        attach_mesh(router, cfg)
+    await router.start()
+    await router.serve_forever()
+
+
+def configure_logging(log_dir: Path | None, router_id: str, level: str = "INFO") -> None:
+    """Operational log: one JSON object per line (stderr, and router.log in the log directory)."""
+
+    class JsonFormatter(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            d = {"ts": round(record.created, 6), "level": record.levelname, "router": router_id,
+                 "event": record.getMessage()}
+            if record.exc_info:
+                d["exc"] = self.formatException(record.exc_info)
+            return json.dumps(d)
+
+    root = logging.getLogger()
+    root.setLevel(level)
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    sh = logging.StreamHandler()
+    sh.setFormatter(JsonFormatter())
+    root.addHandler(sh)
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(log_dir / f"{router_id}.router.log")
+        fh.setFormatter(JsonFormatter())
+        root.addHandler(fh)

@@ -1,0 +1,208 @@
+"""The subscription table: who is subscribed to what, where, and until when.
+
+Theory of operation
+-------------------
+A subscription is identified by (container-id, link name, topic), hashed into a `sid`. It is ACTIVE
+while its link is attached to some router (`home`), SUSPENDED when the link detached without close
+or its connection dropped, ENDED when the link was closed (unsubscribe) or it stayed suspended
+longer than its expiry (the source terminus timeout; 0 = not durable, ends at once).
+
+Every attach or resume bumps the subscription's `epoch`; in a mesh, the update with the higher
+epoch wins (ties: the lexically larger home router), and ENDED is final for its epoch. A new
+subscription with the identity of an ended one starts a new life at a higher epoch.
+
+This table is what a router persists (never messages): it is written, fsynced, whenever it changes
+in a way that matters after a restart (a subscription begins or ends). A restarted router loads it
+and treats every subscription as suspended from the moment it started, so that it knows whom each
+message is owed to before it grants publishers credit.
+
+Pure: no I/O here except `SubscriptionStore`, which only serialises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+
+
+class SubState(Enum):
+    ACTIVE = "active"
+    SUSPENDED = "suspended"
+    ENDED = "ended"
+
+
+@dataclass(slots=True)
+class Subscription:
+    sid: str
+    topic: str
+    container: str
+    link: str
+    expiry: float  # seconds a suspension may last; math.inf = never expires
+    state: SubState
+    home: str  # router where it is (or was last) attached
+    epoch: int
+    since: float  # time of the last state change (router clock)
+    created: float
+    end_reason: str | None = None
+    # soft state, not persisted: the router-local link binding is kept by the delivery core
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        return self.state is not SubState.ENDED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sid": self.sid, "topic": self.topic, "container": self.container, "link": self.link,
+            "expiry": None if math.isinf(self.expiry) else self.expiry, "state": self.state.value,
+            "home": self.home, "epoch": self.epoch, "since": self.since, "created": self.created,
+            "end_reason": self.end_reason,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Subscription:
+        exp = d.get("expiry")
+        return cls(sid=d["sid"], topic=d["topic"], container=d["container"], link=d["link"],
+                   expiry=math.inf if exp is None else float(exp), state=SubState(d["state"]),
+                   home=d["home"], epoch=int(d["epoch"]), since=float(d["since"]),
+                   created=float(d["created"]), end_reason=d.get("end_reason"))
+
+
+class SubscriptionTable:
+    def __init__(self) -> None:
+        self._subs: dict[str, Subscription] = {}
+        self._by_topic: dict[str, dict[str, Subscription]] = {}
+        self.version = 0  # bumped on every change that must be persisted
+
+    # -- queries ---------------------------------------------------------------------------------
+    def get(self, sid: str) -> Subscription | None:
+        return self._subs.get(sid)
+
+    def live_for_topic(self, topic: str) -> Iterable[Subscription]:
+        d = self._by_topic.get(topic)
+        return d.values() if d else ()
+
+    def __iter__(self) -> Iterator[Subscription]:
+        return iter(self._subs.values())
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def live(self) -> Iterator[Subscription]:
+        return (s for s in self._subs.values() if s.live)
+
+    # -- changes ---------------------------------------------------------------------------------
+    def attach(self, sid: str, topic: str, container: str, link: str, expiry: float, home: str,
+               now: float) -> tuple[Subscription, bool]:
+        """Attach or resume. Returns (subscription, resumed) where resumed means it existed."""
+        sub = self._subs.get(sid)
+        if sub is not None and sub.live:
+            sub.state = SubState.ACTIVE
+            sub.home = home
+            sub.epoch += 1
+            sub.since = now
+            sub.expiry = expiry
+            self.version += 1
+            return sub, True
+        epoch = sub.epoch + 1 if sub is not None else 1
+        sub = Subscription(sid=sid, topic=topic, container=container, link=link, expiry=expiry,
+                           state=SubState.ACTIVE, home=home, epoch=epoch, since=now, created=now)
+        self._subs[sid] = sub
+        self._by_topic.setdefault(topic, {})[sid] = sub
+        self.version += 1
+        return sub, False
+
+    def suspend(self, sid: str, now: float) -> Subscription | None:
+        sub = self._subs.get(sid)
+        if sub is None or sub.state is not SubState.ACTIVE:
+            return None
+        sub.state = SubState.SUSPENDED
+        sub.since = now
+        self.version += 1
+        return sub
+
+    def end(self, sid: str, now: float, reason: str) -> Subscription | None:
+        sub = self._subs.get(sid)
+        if sub is None or not sub.live:
+            return None
+        sub.state = SubState.ENDED
+        sub.since = now
+        sub.end_reason = reason
+        topic_subs = self._by_topic.get(sub.topic)
+        if topic_subs is not None:
+            topic_subs.pop(sid, None)
+            if not topic_subs:
+                del self._by_topic[sub.topic]
+        self.version += 1
+        return sub
+
+    def expired(self, now: float) -> list[Subscription]:
+        return [s for s in self._subs.values()
+                if s.state is SubState.SUSPENDED and now - s.since >= s.expiry]
+
+    def forget_ended(self, before: float) -> int:
+        """Drop tombstones of subscriptions that ended before `before`."""
+        old = [sid for sid, s in self._subs.items() if s.state is SubState.ENDED and s.since < before]
+        for sid in old:
+            del self._subs[sid]
+        if old:
+            self.version += 1
+        return len(old)
+
+    # -- persistence -----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "subscriptions": [s.to_json() for s in self._subs.values()]}
+
+    def restore(self, snap: dict[str, Any], now: float) -> None:
+        """Load a snapshot after a restart: every live subscription is suspended as of `now`."""
+        if snap.get("schema") != SCHEMA:
+            raise ValueError(f"subscription table schema {snap.get('schema')!r}, expected {SCHEMA}")
+        self._subs.clear()
+        self._by_topic.clear()
+        for d in snap.get("subscriptions", []):
+            sub = Subscription.from_json(d)
+            if sub.live:
+                # nobody could resume while we were down: the suspension clock restarts now
+                sub.state = SubState.SUSPENDED
+                sub.since = now
+            self._subs[sub.sid] = sub
+            if sub.live:
+                self._by_topic.setdefault(sub.topic, {})[sub.sid] = sub
+        self.version += 1
+
+
+class SubscriptionStore:
+    """Atomic, fsynced JSON file holding a table snapshot."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data: dict[str, Any] = json.load(f)
+                return data
+        except FileNotFoundError:
+            return None
+
+    def save(self, snap: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(snap, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        dfd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
