@@ -150,6 +150,9 @@ class Subscriber:
             await self.wait_attached(timeout)
         await self._leave(closed=True, timeout=timeout)
         self.client.state.forget_subscription(self.sid)
+        self._slog.write("unsubscribed", time.time(), None, self.topic, self.sid,
+                         container=self.client.container_id, link=self.name)
+        self._slog.flush()
 
     def fail(self, exc: BaseException) -> None:
         self._failed = exc
@@ -274,6 +277,10 @@ class Subscriber:
         props = link.remote_properties
         self.resumed = bool(props.get(symbol("oncemesh.resumed"), False))
         self._refused = None
+        self._slog.write("resumed" if self.resumed else "subscribed", time.time(), None, self.topic, self.sid,
+                         container=self.client.container_id, link=self.name,
+                         info=f"router={self.client.router_id}")
+        self._slog.flush()
         self._attached.set()
 
     def on_credit(self, link: Link) -> None:

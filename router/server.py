@@ -149,7 +149,8 @@ class Router:
         assert self.bound is not None
         info: dict[str, Any] = {"id": self.id, "pid": os.getpid(), "incarnation": self.incarnation,
                                 "listen": f"{self.bound[0]}:{self.bound[1]}",
-                                "url": f"amqp://{self.bound[0]}:{self.bound[1]}"}
+                                "url": f"amqp://{self.bound[0]}:{self.bound[1]}",
+                                "peers": [], "converged": True, "updated": time.time()}
         for ext in self.extensions:
             info.update(ext.ready_info())
         return info

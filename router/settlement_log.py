@@ -53,7 +53,7 @@ ROUTER_EVENTS = {
     "forwarded", "forward_received", "remote_ack", "peer_up", "peer_down",
 }
 PUBLISHER_EVENTS = {"published", "outcome"}
-SUBSCRIBER_EVENTS = {"handed", "duplicate", "final"}
+SUBSCRIBER_EVENTS = {"subscribed", "resumed", "unsubscribed", "handed", "duplicate"}
 EVENTS = ROUTER_EVENTS | PUBLISHER_EVENTS | SUBSCRIBER_EVENTS
 
 _enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
