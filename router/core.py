@@ -188,6 +188,7 @@ class DeliveryCore:
         self.pub_of[pub] = (pl, gid)
         if rec.outcome is not None:
             self._tell_publisher(rec, pub, pl)
+            self._maybe_final(rec, now)
         if pl.outstanding <= self.cfg.link_credit // 2:
             self._grant(pl)
         return gid
@@ -240,8 +241,10 @@ class DeliveryCore:
             rec.outcome = Outcome.REJECTED
             names = ", ".join(sid for sid, _ in rec.rejected_by)
             first = rec.rejected_by[0][1]
-            detail = f": {first[0]}: {first[1]}" if first else ""
-            rec.error = (errors.SUBSCRIBER_REJECTED, f"rejected by subscription(s) {names}{detail}")
+            # the first subscriber's condition travels on; the description names every rejecter
+            detail = f": {first[1]}" if first and first[1] else ""
+            rec.error = (first[0] if first else errors.SUBSCRIBER_REJECTED,
+                         f"rejected by subscription(s) {names}{detail}")
         else:
             rec.outcome = Outcome.ACCEPTED
         rec.decided = now

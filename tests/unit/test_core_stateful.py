@@ -266,7 +266,8 @@ class CoreMachine(RuleBasedStateMachine):
         p.credit = 0
         p.token_of.clear()
         p.to_settle.clear()
-        self.core.attach_publisher(p.link, p.plid, TOPIC, True, list(p.in_doubt.values()), self.now)
+        second = j == 0  # p0 runs receiver-settle-mode second (exactly-once), p1 mode first
+        self.core.attach_publisher(p.link, p.plid, TOPIC, second, list(p.in_doubt.values()), self.now)
         self._process()
         for gid, tag in list(p.in_doubt.items()):  # resend everything in doubt, same tags
             if p.credit <= 0:

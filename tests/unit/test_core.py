@@ -1,0 +1,347 @@
+"""Delivery core: one behaviour per test (the stateful model covers the interleavings)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from router import errors
+from router.actions import Deliver, GrantCredit, NotifyFinal, Outcome, SendOutcome, SettleDelivery
+from router.core import CoreConfig, DeliveryCore
+from router.ids import global_id, publisher_link_id, subscription_id
+from router.subscriptions import SubscriptionTable, SubState
+
+PL = publisher_link_id("pub", "p")
+
+
+class Harness:
+    """A core plus what its adapter would remember."""
+
+    def __init__(self, **cfg: object) -> None:
+        self.core = DeliveryCore("R", SubscriptionTable(), CoreConfig(**cfg))  # type: ignore[arg-type]
+        self.now = 0.0
+        self.pub_link = object()
+        self.credit = 0
+
+    def take(self) -> list[object]:
+        out, self.core.out = self.core.out, []
+        for a in out:
+            if isinstance(a, GrantCredit):
+                self.credit += a.credit
+        return out
+
+    def attach_pub(self, second: bool = True, in_doubt: list[bytes] | None = None) -> None:
+        self.core.attach_publisher(self.pub_link, PL, "t", second, in_doubt, self.now)
+        self.take()
+
+    def publish(self, tag: bytes) -> tuple[object, str, list[object]]:
+        tok = object()
+        gid = self.core.publish(self.pub_link, tok, tag, b"body-" + tag, self.now)
+        return tok, gid, self.take()
+
+    def sub(self, name: str, credit: int = 10, expiry: float = 60.0, presented: list[str] | None = None,
+            link: object | None = None) -> tuple[str, object, list[object]]:
+        sid = subscription_id("c", name, "t")
+        link = link or object()
+        self.core.attach_subscriber(link, sid, "t", "c", name, expiry, True, presented, self.now)
+        self.core.subscriber_credit(sid, credit)
+        return sid, link, self.take()
+
+    def outcome(self, sid: str, gid: str, o: Outcome, settled: bool = False,
+                error: tuple[str, str] | None = None, undeliverable: bool = False) -> list[object]:
+        self.core.subscriber_outcome(sid, gid, o, settled, error, undeliverable, self.now)
+        return self.take()
+
+
+def outcomes(acts: list[object]) -> list[SendOutcome]:
+    return [a for a in acts if isinstance(a, SendOutcome)]
+
+
+def delivered(acts: list[object]) -> list[tuple[str, str]]:
+    return [(a.sid, a.gid) for a in acts if isinstance(a, Deliver)]
+
+
+def test_no_subscription_in_force_is_accepted_for_nobody() -> None:
+    h = Harness()
+    h.attach_pub()
+    tok, gid, acts = h.publish(b"1")
+    [o] = outcomes(acts)
+    assert o.outcome is Outcome.ACCEPTED and o.pub is tok and not o.settle
+    assert any(e[0] == "outcome" and e[4]["count"] == 0 for e in h.core.log)
+    h.core.publisher_settled(tok, h.now)
+    assert not h.core.records
+
+
+def test_accepted_only_when_every_subscription_accepted() -> None:
+    h = Harness()
+    s1, _, _ = h.sub("a")
+    s2, _, _ = h.sub("b")
+    h.attach_pub()
+    tok, gid, acts = h.publish(b"1")
+    assert sorted(delivered(acts)) == sorted([(s1, gid), (s2, gid)])
+    assert not outcomes(h.outcome(s1, gid, Outcome.ACCEPTED))
+    [o] = outcomes(h.outcome(s2, gid, Outcome.ACCEPTED))
+    assert o.outcome is Outcome.ACCEPTED
+
+
+def test_rejection_is_reported_after_all_resolved_and_names_the_subscription() -> None:
+    h = Harness()
+    s1, _, _ = h.sub("a")
+    s2, _, _ = h.sub("b")
+    h.attach_pub()
+    _, gid, _ = h.publish(b"1")
+    assert not outcomes(h.outcome(s1, gid, Outcome.REJECTED, error=("app:bad", "cannot parse")))
+    [o] = outcomes(h.outcome(s2, gid, Outcome.ACCEPTED))
+    assert o.outcome is Outcome.REJECTED
+    assert o.error is not None and o.error[0] == "app:bad"  # the subscriber's own condition
+    assert s1 in o.error[1] and "cannot parse" in o.error[1] and s2 not in o.error[1]
+
+
+def test_release_redelivers_until_the_limit_then_rejects() -> None:
+    h = Harness(max_redeliveries=2)
+    s1, _, _ = h.sub("a")
+    h.attach_pub()
+    _, gid, _ = h.publish(b"1")
+    for _ in range(2):
+        acts = h.outcome(s1, gid, Outcome.RELEASED, settled=True)
+        assert delivered(acts) == [(s1, gid)]
+        assert any(isinstance(a, Deliver) and a.redelivery for a in acts)
+    acts = h.outcome(s1, gid, Outcome.MODIFIED, settled=True)
+    [o] = outcomes(acts)
+    assert o.outcome is Outcome.REJECTED and o.error and o.error[0] == errors.DELIVERY_LIMIT
+
+
+def test_modified_undeliverable_here_is_a_rejection_by_that_subscription() -> None:
+    h = Harness()
+    s1, _, _ = h.sub("a")
+    h.attach_pub()
+    _, gid, _ = h.publish(b"1")
+    [o] = outcomes(h.outcome(s1, gid, Outcome.MODIFIED, settled=True, undeliverable=True))
+    assert o.outcome is Outcome.REJECTED and o.error and errors.UNDELIVERABLE in o.error[0]
+
+
+def test_final_settles_subscriber_deliveries_and_frees_the_record() -> None:
+    h = Harness()
+    s1, _, _ = h.sub("a")
+    h.attach_pub()
+    tok, gid, _ = h.publish(b"1")
+    h.outcome(s1, gid, Outcome.ACCEPTED)
+    assert gid in h.core.records  # the publisher has not settled: the message may still be resent
+    h.core.publisher_settled(tok, h.now)
+    acts = h.take()
+    assert any(isinstance(a, SettleDelivery) and a.gid == gid and a.sid == s1 for a in acts)
+    assert not h.core.records and h.core.inflight_bytes == 0
+
+
+def test_receiver_settle_mode_first_publisher_is_settled_with_its_outcome() -> None:
+    h = Harness()
+    h.attach_pub(second=False)
+    tok, gid, acts = h.publish(b"1")
+    [o] = outcomes(acts)
+    assert o.settle and not h.core.records
+
+
+def test_resend_of_a_known_message_merges_and_gets_the_outcome() -> None:
+    h = Harness()
+    s1, _, _ = h.sub("a")
+    h.attach_pub()
+    _, gid, _ = h.publish(b"7")
+    h.outcome(s1, gid, Outcome.ACCEPTED)
+    h.core.detach_publisher(h.pub_link)  # the publisher lost its link before the outcome
+    h.pub_link = object()
+    h.attach_pub(in_doubt=[b"7"])
+    tok2, gid2, acts = h.publish(b"7")
+    assert gid2 == gid and not delivered(acts)
+    [o] = outcomes(acts)
+    assert o.pub is tok2 and o.outcome is Outcome.ACCEPTED
+
+
+def test_backpressure_stops_credit_and_resumes_when_records_are_freed() -> None:
+    h = Harness(max_inflight_messages=5, link_credit=10)
+    s1, _, _ = h.sub("a", credit=100)
+    h.attach_pub()
+    assert h.credit == 5  # no more credit than the budget has room for
+    toks = []
+    for i in range(5):
+        tok, gid, _ = h.publish(str(i).encode())
+        h.credit -= 1
+        toks.append((tok, gid))
+    assert h.core.reserved_credit == 0 and len(h.core.records) == 5
+    with pytest.raises(errors.TransferLimitExceeded):
+        h.core.publish(h.pub_link, object(), b"x", b"x", h.now)
+    tok, gid = toks[0]
+    h.outcome(s1, gid, Outcome.ACCEPTED)
+    h.core.publisher_settled(tok, h.now)
+    acts = h.take()
+    assert any(isinstance(a, GrantCredit) and a.credit == 1 for a in acts)
+
+
+def test_byte_budget_blocks_credit() -> None:
+    h = Harness(max_inflight_bytes=10, link_credit=4)
+    h.sub("a")
+    h.attach_pub()
+    start = h.credit
+    h.publish(b"0123456789")  # 16 bytes of payload: over the byte budget
+    h.credit -= 1
+    h.core._grant(h.core.pub_links[h.pub_link])
+    acts = h.take()
+    assert not any(isinstance(a, GrantCredit) for a in acts)
+    assert start == 4
+
+
+def test_not_ready_router_grants_no_credit_until_ready() -> None:
+    h = Harness()
+    h.core.set_ready(False)
+    h.attach_pub()
+    assert h.credit == 0
+    h.core.set_ready(True)
+    h.take()
+    assert h.credit == h.core.cfg.link_credit
+
+
+def test_suspended_subscription_holds_messages_and_gets_them_on_resume() -> None:
+    h = Harness()
+    s1, link, _ = h.sub("a")
+    h.core.detach_subscriber(link, s1, False, h.now)
+    h.attach_pub()
+    tok, gid, acts = h.publish(b"1")
+    assert not delivered(acts) and not outcomes(acts)
+    _, _, acts = h.sub("a")
+    assert delivered(acts) == [(s1, gid)]
+
+
+def test_resume_presenting_an_accepted_id_is_not_redelivered() -> None:
+    h = Harness()
+    s1, link, _ = h.sub("a")
+    h.attach_pub()
+    _, g1, _ = h.publish(b"1")
+    _, g2, _ = h.publish(b"2")
+    h.core.detach_subscriber(link, s1, False, h.now)  # g1 handed over, its ACCEPTED lost with the link
+    _, _, acts = h.sub("a", presented=[g1])
+    assert delivered(acts) == [(s1, g2)]
+    [o] = outcomes(h.outcome(s1, g2, Outcome.ACCEPTED))
+    assert o.outcome is Outcome.ACCEPTED
+
+
+def test_ids_accepted_on_an_earlier_link_are_reported_final_after_resume() -> None:
+    h = Harness()
+    s1, link, _ = h.sub("a")
+    h.attach_pub()
+    tok, g1, _ = h.publish(b"1")
+    h.outcome(s1, g1, Outcome.ACCEPTED)
+    h.core.detach_subscriber(link, s1, False, h.now)
+    h.core.publisher_settled(tok, h.now)  # final while the subscriber is away
+    h.take()
+    _, _, acts = h.sub("a", presented=[g1])
+    assert [a.gids for a in acts if isinstance(a, NotifyFinal)] == [(g1,)]
+
+
+def test_unsubscribe_ends_what_was_owed() -> None:
+    h = Harness()
+    s1, link, _ = h.sub("a")
+    h.core.detach_subscriber(link, s1, False, h.now)
+    h.attach_pub()
+    _, gid, _ = h.publish(b"1")
+    _, link2, _ = h.sub("a")
+    h.core.detach_subscriber(link2, s1, True, h.now)
+    [o] = outcomes(h.take())
+    assert o.outcome is Outcome.ACCEPTED
+    assert h.core.table.get(s1).state is SubState.ENDED  # type: ignore[union-attr]
+
+
+def test_expiry_ends_a_suspended_subscription() -> None:
+    h = Harness()
+    s1, link, _ = h.sub("a", expiry=30.0)
+    h.core.detach_subscriber(link, s1, False, h.now)
+    h.attach_pub()
+    _, gid, _ = h.publish(b"1")
+    h.now += 29.0
+    h.core.tick(h.now)
+    assert not outcomes(h.take())
+    h.now += 2.0
+    h.core.tick(h.now)
+    [o] = outcomes(h.take())
+    assert o.outcome is Outcome.ACCEPTED
+    assert ("expired", None, "t", s1, "expired") in h.core.log
+
+
+def test_not_durable_subscription_ends_when_it_detaches() -> None:
+    h = Harness()
+    s1, link, _ = h.sub("a", expiry=0.0)
+    h.core.detach_subscriber(link, s1, False, h.now)
+    assert h.core.table.get(s1).state is SubState.ENDED  # type: ignore[union-attr]
+
+
+def test_stolen_link_detach_does_not_suspend_the_new_link() -> None:
+    h = Harness()
+    s1, old, _ = h.sub("a")
+    _, new, _ = h.sub("a")
+    h.core.detach_subscriber(old, s1, False, h.now)  # the old link's detach arrives late
+    assert h.core.table.get(s1).state is SubState.ACTIVE  # type: ignore[union-attr]
+    assert h.core.subs[s1].link is new
+
+
+def test_placeholder_is_matched_by_a_resend_after_restart() -> None:
+    h = Harness()
+    gid = global_id(PL, b"1")
+    s1, _, _ = h.sub("a", presented=[gid])  # resumed (after a restart) before the publisher resent
+    assert h.core.placeholders == {}  # a new subscription: nothing to match
+    h2 = Harness()
+    h2.core.table.attach(s1, "t", "c", "a", 60.0, "R", 0.0)
+    h2.core.table.suspend(s1, 0.0)
+    h2.core.subs[s1] = type(h.core.subs[s1])(s1)
+    _, _, acts = h2.sub("a", presented=[gid])
+    assert gid in h2.core.placeholders
+    h2.attach_pub(in_doubt=[b"1"])
+    tok, gid2, acts = h2.publish(b"1")
+    assert gid2 == gid and not delivered(acts)
+    [o] = outcomes(acts)
+    assert o.outcome is Outcome.ACCEPTED
+
+
+def test_publisher_declaration_finalises_what_it_no_longer_holds() -> None:
+    h = Harness()
+    s1, link, _ = h.sub("a")
+    h.attach_pub()
+    tok, gid, _ = h.publish(b"1")
+    h.outcome(s1, gid, Outcome.ACCEPTED)
+    h.core.detach_publisher(h.pub_link)  # settled on its side, the settlement lost with the link
+    h.pub_link = object()
+    h.attach_pub(in_doubt=[])
+    assert gid not in h.core.records
+
+
+def test_orphan_horizon_finalises_records_whose_publisher_never_returns() -> None:
+    h = Harness(orphan_horizon=100.0)
+    s1, _, _ = h.sub("a")
+    h.attach_pub()
+    _, gid, _ = h.publish(b"1")
+    h.outcome(s1, gid, Outcome.ACCEPTED)
+    h.core.detach_publisher(h.pub_link)
+    h.now += 50
+    h.core.tick(h.now)
+    assert gid in h.core.records
+    h.now += 60
+    h.core.tick(h.now)
+    assert gid not in h.core.records
+
+
+def test_subscription_table_survives_a_restart_suspended(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from router.subscriptions import SubscriptionStore
+
+    t = SubscriptionTable()
+    t.attach("s1", "t", "c", "a", 60.0, "R", 1.0)
+    t.attach("s2", "t", "c", "b", math.inf, "R", 1.0)
+    t.attach("s3", "t", "c", "x", 60.0, "R", 1.0)
+    t.end("s3", 2.0, "unsubscribed")
+    store = SubscriptionStore(Path(str(tmp_path)) / "subs.json")
+    store.save(t.snapshot())
+    t2 = SubscriptionTable()
+    t2.restore(store.load() or {}, 100.0)
+    assert {s.sid for s in t2.live()} == {"s1", "s2"}
+    assert all(s.state is SubState.SUSPENDED and s.since == 100.0 for s in t2.live())
+    assert math.isinf(t2.get("s2").expiry)  # type: ignore[union-attr]
+    assert [s.sid for s in t2.live_for_topic("t")] == ["s1", "s2"]
