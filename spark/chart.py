@@ -1,0 +1,89 @@
+"""The reconciliation chart (PNG): latency distribution per hop, and a timeline of anomalies.
+
+Takes small, already aggregated data (quantile curves and per-second counts, computed in Spark), so
+that it costs the same for ten lines or ten billion. matplotlib is optional (`pip install
+oncemesh[chart]`): `available()` says whether it can be drawn.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from spark.schema import CLASSES
+
+# Quantiles drawn for each hop's distribution (a CDF): dense enough to show the tail.
+CDF_POINTS: tuple[float, ...] = tuple(
+    [i / 100 for i in range(1, 100)] + [0.995, 0.999, 0.9999])
+
+_COLOURS = {"lost": "#d62728", "duplicated": "#9467bd", "unexpected": "#8c564b",
+            "false_accept": "#e377c2", "in_doubt": "#ff7f0e", "recovered": "#2ca02c",
+            "ended_before_delivery": "#7f7f7f", "ok": "#1f77b4"}
+
+
+@dataclass(frozen=True, slots=True)
+class HopCurve:
+    """One hop's latency distribution: (quantile, seconds) points, n samples."""
+
+    kind: str
+    hop: str
+    n: int
+    points: tuple[tuple[float, float], ...]
+
+
+def available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def render(curves: Sequence[HopCurve], timeline: Mapping[str, Sequence[tuple[float, int]]],
+           path: Path, title: str = "oncemesh reconciliation") -> Path:
+    """Draw the chart to `path` (PNG). `timeline`: class -> [(t, n)] anomalous pairs per time bucket."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    fig.suptitle(title)
+    drawn = 0
+    for c in curves:
+        pts = [(q, lat * 1000.0) for q, lat in c.points if lat is not None and lat > 0]
+        if not pts:
+            continue
+        style = "-" if c.kind == "end_to_end" else ("--" if c.kind == "mesh" else "-.")
+        ax1.plot([p[1] for p in pts], [p[0] for p in pts], style, label=f"{c.hop} (n={c.n})")
+        drawn += 1
+    ax1.set_xscale("log")
+    ax1.set_xlabel("latency (ms, log scale)")
+    ax1.set_ylabel("fraction of messages")
+    ax1.set_title("latency distribution per hop")
+    ax1.grid(True, which="both", alpha=0.3)
+    if drawn:
+        ax1.legend(fontsize=7, loc="lower right")
+    else:
+        ax1.text(0.5, 0.5, "no latency samples", ha="center", va="center", transform=ax1.transAxes)
+
+    t0 = min((t for rows in timeline.values() for t, _ in rows), default=0.0)
+    any_anomaly = False
+    for cls in CLASSES:
+        rows = sorted(timeline.get(cls, ()))
+        if not rows:
+            continue
+        any_anomaly = True
+        ax2.scatter([t - t0 for t, _ in rows], [n for _, n in rows], s=12, label=cls,
+                    color=_COLOURS.get(cls))
+    ax2.set_xlabel("seconds since the first anomaly (by first send)")
+    ax2.set_ylabel("anomalous pairs per second")
+    ax2.set_title("timeline of anomalies")
+    ax2.grid(True, alpha=0.3)
+    if any_anomaly:
+        ax2.legend(fontsize=8)
+    else:
+        ax2.text(0.5, 0.5, "no anomalies", ha="center", va="center", transform=ax2.transAxes)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

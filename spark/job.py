@@ -1,0 +1,396 @@
+"""`oncemesh reconcile`: read every settlement log, judge the run, write the results.
+
+The I/O edge around `spark/reconcile.py`: finds the logs, starts (or reuses) a quiet Spark session,
+writes Parquet/JSON/PNG under --out, prints the summary and turns the verdict into an exit code
+(0 pass, 1 something lost/duplicated/unexpected/falsely accepted, 2 usage). The same file runs on a
+cluster: `spark-submit --py-files oncemesh-spark.zip spark/job.py LOGDIR... --master yarn`
+(docs/reconcile.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from spark.reconcile import Reconciliation, Summary
+
+DEFAULT_OUT = Path("reconcile-out")
+DEFAULT_MASTER = "local[*]"
+LOG_SUFFIX = ".jsonl"
+# Characters a Hadoop path cannot carry in a file name (':' breaks its URI parsing) or that it
+# would take for a glob pattern.
+_HADOOP_UNSAFE = set(':*?[]{}\\')
+
+_LOG4J = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+logger.spark.name = org.apache.spark
+logger.spark.level = error
+"""
+
+
+class UsageError(Exception):
+    """The command line or the inputs make no sense (exit code 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outputs:
+    """Where the results were written."""
+
+    out: Path
+    summary_json: Path
+    summary_parquet: Path
+    subscriptions_parquet: Path
+    anomalies_parquet: Path
+    anomalies_json: Path
+    chart: Path | None
+
+
+# ================================================================ inputs
+def find_logs(paths: Iterable[Path | str]) -> list[Path]:
+    """Every *.jsonl file under the given directories (recursively) and every file given by name.
+    Raises UsageError for a path that does not exist or when nothing is found."""
+    found: list[Path] = []
+    missing: list[str] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found.extend(sorted(f for f in p.rglob(f"*{LOG_SUFFIX}") if f.is_file()))
+        elif p.is_file():
+            found.append(p)
+        else:
+            missing.append(str(p))
+    if missing:
+        raise UsageError(f"no such file or directory: {', '.join(missing)}")
+    unique = list(dict.fromkeys(f.resolve() for f in found))
+    if not unique:
+        raise UsageError(f"no settlement logs (*{LOG_SUFFIX} files) found under "
+                         f"{', '.join(str(p) for p in paths) or '(no paths given)'}")
+    return unique
+
+
+def parse_since(text: str | None) -> float | None:
+    """Unix seconds, or an ISO 8601 date/time (without a zone: local time)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise UsageError(f"--since: {text!r} is neither unix seconds nor an ISO 8601 date") from None
+
+
+@contextmanager
+def hadoop_safe(files: Sequence[Path]) -> Iterator[list[str]]:
+    """Path strings Spark can read: a local file whose name Hadoop cannot parse (a ':' or a glob
+    character) is read through a symlink with a plain name in a temporary directory."""
+    tmp: str | None = None
+    out: list[str] = []
+    try:
+        for i, f in enumerate(files):
+            if _HADOOP_UNSAFE.isdisjoint(str(f)):
+                out.append(str(f))
+                continue
+            if tmp is None:
+                tmp = tempfile.mkdtemp(prefix="oncemesh-reconcile-")
+            link = Path(tmp) / f"log{i:06d}{LOG_SUFFIX}"
+            link.symlink_to(f)
+            out.append(str(link))
+        yield out
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ================================================================ Spark
+def is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[")
+
+
+def spark_session(master: str = DEFAULT_MASTER, driver_memory: str | None = None,
+                  shuffle_partitions: int | None = None, app_name: str = "oncemesh-reconcile",
+                  ) -> tuple[SparkSession, bool]:
+    """The active session if there is one (then `master` is not applied), else a new quiet one.
+    Returns (session, created). Local masters bind to loopback and need no network."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    conf_dir = Path(tempfile.gettempdir()) / "oncemesh-spark"
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    log4j = conf_dir / "log4j2.properties"
+    if not log4j.exists() or log4j.read_text() != _LOG4J:
+        log4j.write_text(_LOG4J)
+    b = (SparkSession.builder.appName(app_name).master(master)
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
+         .config("spark.sql.session.timeZone", "UTC"))
+    if is_local(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        cores = os.cpu_count() or 2
+        b = (b.config("spark.ui.enabled", "false")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 4 * cores)))
+    elif shuffle_partitions:
+        b = b.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    if driver_memory:
+        b = b.config("spark.driver.memory", driver_memory)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark, True
+
+
+# ================================================================ the run
+def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = None,
+                    master: str = DEFAULT_MASTER, since: float | str | None = None,
+                    skew: float = 0.0, chart: bool = True, driver_memory: str | None = None,
+                    spark: SparkSession | None = None, keep_session: bool = False,
+                    warn_to: TextIO | None = None) -> Summary:
+    """Reconcile the settlement logs under `paths` and return the verdict (`Summary.passed`).
+
+    The chaos runner calls this in-process. With `out`, the anomalous pairs, the summary and the
+    chart are written there. A session this call starts is stopped at the end unless
+    `keep_session`; a given or already active session is left running. Raises UsageError when no
+    log is found."""
+    files = find_logs(paths)
+    since_ts = parse_since(since) if isinstance(since, str) else since
+    created = False
+    if spark is None:
+        spark, created = spark_session(master, driver_memory)
+    try:
+        with hadoop_safe(files) as readable:
+            summary, _ = run(spark, readable, out=Path(out) if out is not None else None,
+                             since=since_ts, skew=skew, chart=chart, warn_to=warn_to,
+                             n_files=len(files))
+        return summary
+    finally:
+        if created and not keep_session:
+            spark.stop()
+
+
+def run(spark: SparkSession, files: Sequence[str], *, out: Path | None, since: float | None,
+        skew: float, chart: bool, warn_to: TextIO | None = None, n_files: int | None = None,
+        ) -> tuple[Summary, Outputs | None]:
+    from dataclasses import replace
+
+    from pyspark import StorageLevel
+
+    from spark import reconcile as R
+
+    say = warn_to or sys.stderr
+    started = time.monotonic()
+    parsed = R.parse(spark.read.text(list(files))).persist(StorageLevel.MEMORY_AND_DISK)
+    rec: Reconciliation | None = None
+    try:
+        rec = R.reconcile(parsed, since=since, skew=skew, persist=True)
+        summary = R.summarize(rec)
+        summary = replace(summary, extra={"files": n_files if n_files is not None else len(files),
+                                          "seconds": round(time.monotonic() - started, 3)})
+        if summary.newer_version_lines:
+            print(f"oncemesh reconcile: warning: {summary.newer_version_lines} line(s) of a newer "
+                  f"schema version than {R.S.SCHEMA_VERSION} were skipped: upgrade the reconciliation",
+                  file=say)
+        if summary.malformed_lines:
+            print(f"oncemesh reconcile: warning: {summary.malformed_lines} malformed line(s) skipped",
+                  file=say)
+        outputs = write_outputs(spark, rec, summary, out, chart, say) if out is not None else None
+        return summary, outputs
+    finally:
+        parsed.unpersist()
+        if rec is not None:
+            rec.events.unpersist()
+            rec.pairs.unpersist()
+
+
+def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, out: Path, chart: bool,
+                  say: TextIO) -> Outputs:
+    from spark import chart as C
+    from spark import reconcile as R
+
+    out.mkdir(parents=True, exist_ok=True)
+    target = out.resolve()
+    anomalies = R.anomalies(rec.pairs).orderBy("class", "t_pub", "gid", "sub")
+    a_parquet, a_json = target / "anomalies.parquet", target / "anomalies.json"
+    anomalies.coalesce(1).write.mode("overwrite").parquet(str(a_parquet))
+    spark.read.parquet(str(a_parquet)).coalesce(1).write.mode("overwrite").json(str(a_json))
+    d = summary.to_dict()
+    s_parquet, subs_parquet = target / "summary.parquet", target / "subscriptions.parquet"
+    summary_frame(spark, d).coalesce(1).write.mode("overwrite").parquet(str(s_parquet))
+    R.subscription_counts(rec.pairs).coalesce(1).write.mode("overwrite").parquet(str(subs_parquet))
+    s_json = target / "summary.json"
+    s_json.write_text(json.dumps(d, indent=2, sort_keys=False) + "\n")
+    png: Path | None = None
+    if chart:
+        if C.available():
+            curves = [C.HopCurve(row["kind"], row["hop"], int(row["n"]),
+                                 tuple(zip(C.CDF_POINTS, row["q"], strict=True)))
+                      for row in R.latency_quantiles(rec.hops, C.CDF_POINTS).collect()]
+            timeline: dict[str, list[tuple[float, int]]] = {}
+            for row in R.anomaly_timeline(rec.pairs).collect():
+                timeline.setdefault(row["class"], []).append((float(row["t"]), int(row["n"])))
+            png = C.render(curves, timeline, target / "reconcile.png",
+                           title=f"oncemesh reconciliation: {'PASS' if summary.passed else 'FAIL'}")
+        else:
+            print("oncemesh reconcile: matplotlib is not installed: no chart "
+                  "(pip install 'oncemesh[chart]')", file=say)
+    return Outputs(target, s_json, s_parquet, subs_parquet, a_parquet, a_json, png)
+
+
+def summary_frame(spark: SparkSession, d: dict[str, Any]) -> DataFrame:
+    """The scalar entries of a summary dict as a one-row frame (ints as long, floats as double)."""
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+
+    scalars = {k: v for k, v in d.items() if not isinstance(v, list | dict)}
+    types = {bool: StringType(), int: LongType(), float: DoubleType(), str: StringType()}
+    fields = [StructField(k, DoubleType() if k in ("since", "seconds") else types.get(type(v), StringType()))
+              for k, v in scalars.items()]
+    row = tuple(float(v) if isinstance(f.dataType, DoubleType) and v is not None
+                else (str(v) if isinstance(f.dataType, StringType) and v is not None else v)
+                for f, v in zip(fields, scalars.values(), strict=True))
+    return spark.createDataFrame([row], StructType(fields))
+
+
+# ================================================================ presentation
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.1f}"
+
+
+def format_summary(s: Summary) -> str:
+    """A table a person reads."""
+    from spark.schema import CLASSES, FAILURES
+
+    lines = [
+        f"logs: {s.extra.get('files', '?')} file(s), {s.log_lines} line(s): {s.malformed_lines} malformed, "
+        f"{s.newer_version_lines} of a newer schema, {s.unknown_event_lines} unknown event(s)"
+        + (f", {s.ignored_lines} before --since" if s.since is not None else ""),
+        f"messages: {s.messages} published, {s.messages_in_doubt} without a final outcome; "
+        f"pairs: {s.pairs} ({s.owed_pairs} owed); subscriptions: {s.subscriptions}"
+        + (f" (+{s.unobserved_subscriptions} without a subscriber log, not judged)"
+           if s.unobserved_subscriptions else ""),
+        "",
+        f"  {'class':<24}{'pairs':>10}",
+    ]
+    for c in CLASSES:
+        n = getattr(s, c)
+        flag = "  <-- FAIL" if c in FAILURES and n else ""
+        lines.append(f"  {c:<24}{n:>10}{flag}")
+    if s.per_subscription:
+        lines += ["", "per subscription:",
+                  f"  {'sub':<20}{'topic':<16}{'pairs':>8}{'ok':>8}  anomalies"]
+        for sc in s.per_subscription:
+            counts = dict(sc.counts)
+            bad = ", ".join(f"{c}={counts[c]}" for c in CLASSES if c != "ok" and counts[c])
+            lines.append(f"  {sc.sub:<20}{(sc.topic or '-'):<16}{sc.pairs:>8}{counts['ok']:>8}  {bad or '-'}")
+    if s.routers:
+        lines += ["", "routers (settle latency received -> settled, ms):",
+                  f"  {'router':<12}{'incs':>5}{'records':>10}{'unsettled live':>16}{'dead':>7}"
+                  f"{'p50':>9}{'p99':>9}{'p99.9':>9}"]
+        for r in s.routers:
+            lines.append(f"  {r.node:<12}{r.incarnations:>5}{r.records:>10}{r.unsettled_live:>16}"
+                         f"{r.unsettled_dead:>7}{_ms(r.settle.p50):>9}{_ms(r.settle.p99):>9}"
+                         f"{_ms(r.settle.p999):>9}")
+    if s.latencies:
+        lines += ["", "latency (ms):",
+                  f"  {'hop':<32}{'n':>10}{'p50':>9}{'p99':>9}{'p99.9':>9}{'max':>9}"]
+        for q in s.latencies:
+            lines.append(f"  {q.name:<32}{q.n:>10}{_ms(q.p50):>9}{_ms(q.p99):>9}{_ms(q.p999):>9}"
+                         f"{_ms(q.max):>9}")
+    verdict = "PASS" if s.passed else "FAIL: " + ", ".join(
+        f"{getattr(s, c)} {c}" for c in FAILURES if getattr(s, c))
+    lines += ["", f"verdict: {verdict}"]
+    return "\n".join(lines)
+
+
+# ================================================================ command line
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("logdirs", nargs="+", metavar="LOGDIR",
+                   help="directories searched recursively for *.jsonl settlement logs (or log files)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"where results are written (default ./{DEFAULT_OUT})")
+    p.add_argument("--master", default=DEFAULT_MASTER, help=f"Spark master URL (default {DEFAULT_MASTER})")
+    p.add_argument("--since", default=None, metavar="T",
+                   help="judge only messages first seen at or after T (unix seconds or ISO 8601 date)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    p.add_argument("--skew", type=float, default=0.0, metavar="S",
+                   help="clock difference tolerated between hosts when comparing hand-over and "
+                        "outcome times (seconds, default 0)")
+    p.add_argument("--driver-memory", default=None, metavar="SIZE",
+                   help="Spark driver memory, e.g. 4g (local masters: the whole job runs in it)")
+    p.add_argument("--no-chart", action="store_true", help="do not draw reconcile.png")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "reconcile", help="judge a run: reconcile all settlement logs with Spark",
+        description="Read every settlement log (*.jsonl) under LOGDIR..., rebuild every "
+                    "(message, subscription) pair and classify it: ok, lost, duplicated, unexpected, "
+                    "in_doubt, recovered, ended_before_delivery, false_accept (docs/settlement-log.md). "
+                    "Writes the anomalous pairs and the summary (Parquet and JSON) and a chart under "
+                    "--out.\n\nExit status: 0 nothing lost, duplicated, unexpected or falsely accepted; "
+                    "1 otherwise; 2 usage error (e.g. no logs found).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=cmd_reconcile)
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    try:
+        files = find_logs(args.logdirs)
+        since = parse_since(args.since)
+    except UsageError as exc:
+        print(f"oncemesh reconcile: {exc}", file=sys.stderr)
+        return 2
+    human = sys.stderr if args.json else sys.stdout
+    spark, created = spark_session(args.master, args.driver_memory)
+    try:
+        with hadoop_safe(files) as readable:
+            summary, outputs = run(spark, readable, out=args.out, since=since, skew=args.skew,
+                                   chart=not args.no_chart, n_files=len(files))
+    finally:
+        if created:
+            spark.stop()
+    if args.json:
+        print(json.dumps(summary.to_dict(), separators=(",", ":")))
+    else:
+        print(format_summary(summary), file=human)
+    if outputs is not None:
+        print(f"results: {outputs.out}" + (f" (chart {outputs.chart.name})" if outputs.chart else ""),
+              file=human)
+    return 0 if summary.passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `python -m spark.job` and `spark-submit spark/job.py`."""
+    parser = argparse.ArgumentParser(prog="oncemesh reconcile")
+    add_arguments(parser)
+    return cmd_reconcile(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):  # spark-submit spark/job.py: make `spark.*` importable
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.exit(main())

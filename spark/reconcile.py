@@ -1,0 +1,555 @@
+"""Network-wide reconciliation of settlement logs: pure DataFrame -> DataFrame functions, no I/O.
+
+Theory of operation. The verdict comes from the client logs, which are exact: publishers say what they
+sent first (`published`) and what they were told (`outcome`), subscribers what they handed to the
+application (`handed`). Router logs may lose their last lines on SIGKILL, so they only add
+subscription lifecycle (which can only make a life start earlier or end, never invent one), explicit
+rejections, per-hop latency and records left unsettled.
+
+1. `parse` turns text lines into typed columns plus a `status` (ok, malformed, newer, unknown_event,
+   blank); only `ok` lines are used, the others are counted.
+2. `lives` rebuilds each subscription's lives from its lifecycle lines (router and subscriber).
+3. `messages` folds the publisher lines per global id (first send, final outcome, first ACCEPTED).
+4. `pairs` builds every (message, subscription) pair that was owed (the subscription's life had
+   begun at or before the first send and had not ended) or handed, and `classify` gives each pair
+   exactly one class (precedence in `classify`; docs/settlement-log.md says why).
+5. `router_records`, `router_stats`, `hop_latencies`, `latency_quantiles` measure the routers.
+6. `summarize` collects the counts into a `Summary` (the one step that brings data to the driver).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from spark import schema as S
+
+# Line statuses.
+OK, MALFORMED, NEWER, UNKNOWN_EVENT, BLANK = "ok", "malformed", "newer", "unknown_event", "blank"
+
+QUANTILES = (0.5, 0.99, 0.999)
+PERCENTILE_ACCURACY = 10_000
+
+
+def _c(name: str) -> Column:
+    return F.col(name)
+
+
+# ================================================================ 1. lines
+def parse(text: DataFrame) -> DataFrame:
+    """Lines (a `value` string column, as from `spark.read.text`) -> one column per schema field and
+    `status`. Unknown extra fields are ignored; a line of a newer schema version is `newer` even if
+    its fields no longer fit v1's types."""
+    j = F.from_json(_c("value"), S.PARSE_SCHEMA,
+                    {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": S.CORRUPT})
+    rows = text.select(_c("value"), j.alias("j"))
+    missing = F.lit(False)
+    for name in S.REQUIRED:
+        missing = missing | F.col(f"j.{name}").isNull()
+    known = F.lit(False)
+    for src, evs in S.EVENTS_BY_SOURCE.items():
+        known = known | ((F.col("j.src") == src) & F.col("j.ev").isin(*sorted(evs)))
+    status = (F.when(F.trim(_c("value")) == "", BLANK)
+              .when(F.col("j.v") > S.SCHEMA_VERSION, NEWER)
+              .when(F.col(f"j.{S.CORRUPT}").isNotNull() | missing | (F.col("j.v") != S.SCHEMA_VERSION),
+                    MALFORMED)
+              .when(~known, UNKNOWN_EVENT)
+              .otherwise(OK))
+    return rows.select(*[F.col(f"j.{f.name}").alias(f.name) for f in S.LOG_SCHEMA.fields],
+                       status.alias("status"))
+
+
+def line_counts(parsed: DataFrame) -> DataFrame:
+    """One row per status: status, n."""
+    return parsed.groupBy("status").agg(F.count(F.lit(1)).alias("n"))
+
+
+def valid_events(parsed: DataFrame) -> DataFrame:
+    """The `ok` lines, schema columns only."""
+    return parsed.where(_c("status") == OK).select(*S.LOG_SCHEMA.fieldNames())
+
+
+def restrict_since(events: DataFrame, since: float) -> DataFrame:
+    """Judge only messages first seen at or after `since`: drop every line of a message that has a
+    line older than `since`, and other lines older than `since`. Subscription lifecycle and router
+    start/stop lines are kept whatever their age: they say what was in force."""
+    state = events.where(_c("ev").isin(*sorted(S.STATE_EVENTS)))
+    rest = events.where(~_c("ev").isin(*sorted(S.STATE_EVENTS)))
+    old = rest.where((_c("ts") < since) & _c("gid").isNotNull()).select("gid").distinct()
+    kept = rest.where(_c("ts") >= since).join(old, "gid", "left_anti")
+    return state.unionByName(kept)
+
+
+# ================================================================ 2. subscriptions
+def lives(events: DataFrame) -> DataFrame:
+    """Each life of each subscription: sub, life (1, 2, ...), topic, start, end (null while it lives),
+    end_ev. A `subscribed` or `resumed` (router or subscriber) opens a life when none is open; later
+    starts belong to the same life; `unsubscribed` or `expired` closes it; an end with no life open
+    is ignored. At equal timestamps starts sort before ends."""
+    lc = (events
+          .where(_c("sub").isNotNull() & _c("src").isin(S.ROUTER, S.SUBSCRIBER)
+                 & _c("ev").isin(*sorted(S.LIFE_STARTS | S.LIFE_ENDS)))
+          .select("sub", "topic", "ts", "ev", _c("ev").isin(*sorted(S.LIFE_STARTS)).alias("is_start")))
+    w = Window.partitionBy("sub").orderBy(_c("ts"), _c("is_start").desc())
+    prev = F.lag("is_start").over(w)
+    opens = _c("is_start") & (prev.isNull() | ~prev)
+    numbered = lc.withColumn("life", F.sum(opens.cast("int")).over(
+        w.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+    end_ts = F.when(~_c("is_start"), _c("ts"))
+    return (numbered.where(_c("life") > 0)
+            .groupBy("sub", "life")
+            .agg(F.first("topic", ignorenulls=True).alias("topic"),
+                 F.min(F.when(_c("is_start"), _c("ts"))).alias("start"),
+                 F.min(end_ts).alias("end"),
+                 F.min_by(F.when(~_c("is_start"), _c("ev")), F.coalesce(end_ts, F.lit(float("inf"))))
+                 .alias("end_ev")))
+
+
+def observed_subscriptions(events: DataFrame) -> DataFrame:
+    """Subscriptions with at least one subscriber-side line (sub): only these are judged."""
+    return events.where((_c("src") == S.SUBSCRIBER) & _c("sub").isNotNull()).select("sub").distinct()
+
+
+# ================================================================ 3. messages
+def messages(events: DataFrame) -> DataFrame:
+    """One row per published global id: gid, topic, pub, t_pub (first send, any run), sends,
+    outcome (the last final outcome line, any run; null when none or not final), t_outcome (its ts),
+    t_accepted (the first ACCEPTED told), error."""
+    pubs = events.where(_c("src") == S.PUBLISHER)
+    published = (pubs.where(_c("ev") == "published")
+                 .groupBy("gid")
+                 .agg(F.min("ts").alias("t_pub"),
+                      F.min_by("topic", "ts").alias("topic"),
+                      F.min_by("pub", "ts").alias("pub"),
+                      F.count(F.lit(1)).alias("sends")))
+    outcomes = (pubs.where(_c("ev") == "outcome")
+                .groupBy("gid")
+                .agg(F.max_by("outcome", "ts").alias("last_outcome"),
+                     F.max("ts").alias("t_outcome"),
+                     F.min(F.when(_c("outcome") == "ACCEPTED", _c("ts"))).alias("t_accepted"),
+                     F.max_by("error", "ts").alias("error")))
+    final = F.when(_c("last_outcome").isin(*S.FINAL_OUTCOMES), _c("last_outcome"))
+    return (published.join(outcomes, "gid", "left")
+            .select("gid", "topic", "pub", "t_pub", "sends", final.alias("outcome"),
+                    F.when(final.isNotNull(), _c("t_outcome")).alias("t_outcome"),
+                    "t_accepted", "error"))
+
+
+# ================================================================ 4. pairs
+def owed_pairs(msgs: DataFrame, subs_lives: DataFrame) -> DataFrame:
+    """(gid, sub) for each message and each life on its topic that had begun at or before the first
+    send and had not ended by then: gid, sub, life, life_start, life_end, life_end_ev."""
+    lv = subs_lives.select("sub", "topic", "life", _c("start").alias("life_start"),
+                           _c("end").alias("life_end"), _c("end_ev").alias("life_end_ev"))
+    return (msgs.select("gid", "topic", "t_pub")
+            .join(lv, "topic")
+            .where((_c("life_start") <= _c("t_pub"))
+                   & (_c("life_end").isNull() | (_c("life_end") > _c("t_pub"))))
+            .select("gid", "sub", "life", "life_start", "life_end", "life_end_ev"))
+
+
+def hand_overs(events: DataFrame) -> DataFrame:
+    """Per (gid, sub) seen by a subscriber: handed (count), t_handed (first), suppressed (count of
+    `duplicate` lines), h_topic."""
+    return (events
+            .where((_c("src") == S.SUBSCRIBER) & _c("ev").isin("handed", "duplicate")
+                   & _c("gid").isNotNull() & _c("sub").isNotNull())
+            .groupBy("gid", "sub")
+            .agg(F.sum((_c("ev") == "handed").cast("long")).alias("handed"),
+                 F.min(F.when(_c("ev") == "handed", _c("ts"))).alias("t_handed"),
+                 F.sum((_c("ev") == "duplicate").cast("long")).alias("suppressed"),
+                 F.first("topic", ignorenulls=True).alias("h_topic")))
+
+
+def router_rejections(events: DataFrame) -> DataFrame:
+    """(gid, sub) a router logged as rejected by that subscription."""
+    return (events.where((_c("src") == S.ROUTER) & (_c("ev") == "rejected")
+                         & _c("gid").isNotNull() & _c("sub").isNotNull())
+            .select("gid", "sub").distinct().withColumn("rejected_at_router", F.lit(True)))
+
+
+def classify(skew: float = 0.0) -> Column:
+    """The class of a pair, first match wins:
+
+    1. unexpected    handed, and no `published` line anywhere for the gid
+    2. duplicated    handed more than once
+    3. false_accept  owed, publisher told ACCEPTED (first time t_acc), and either handed once after
+                     t_acc, or never handed and the life ended after t_acc (it was alive and had not
+                     accepted when the publisher was told)
+    4. recovered     handed once, the publisher has no final outcome (in doubt, yet delivered)
+    5. ok            handed once (owed or not; not owed = attached after the first send), or
+                     outcome REJECTED and this subscription rejected it
+    6. ended_before_delivery  never handed, the life ended (at or before t_acc if ACCEPTED)
+    7. in_doubt      never handed, the life goes on, the publisher has no final outcome
+    8. lost          never handed, the life goes on, the publisher has a final outcome (ACCEPTED, or
+                     REJECTED because of another subscription)
+
+    Reads the columns of the joined pair (see `pairs`), including `rejected_here`: the outcome is
+    REJECTED and this subscription rejected it (a router `rejected` line for the pair, or the sub id
+    named in the publisher's error). `skew` (seconds) is the clock difference tolerated between the
+    subscriber's or router's clock and the publisher's in the comparisons with t_acc.
+    """
+    handed = F.coalesce(_c("handed"), F.lit(0))
+    owed = F.coalesce(_c("owed"), F.lit(False))
+    accepted = F.coalesce(_c("outcome") == "ACCEPTED", F.lit(False))
+    limit = _c("t_accepted") + F.lit(skew)
+    return (F.when((handed > 0) & _c("t_pub").isNull(), "unexpected")
+            .when(handed > 1, "duplicated")
+            .when(owed & accepted & (handed == 1) & (_c("t_handed") > limit), "false_accept")
+            .when(owed & accepted & (handed == 0) & (_c("life_end") > limit), "false_accept")
+            .when((handed == 1) & _c("outcome").isNull(), "recovered")
+            .when(handed == 1, "ok")
+            .when(_c("rejected_here"), "ok")
+            .when(_c("life_end").isNotNull(), "ended_before_delivery")
+            .when(_c("outcome").isNull(), "in_doubt")
+            .otherwise("lost"))
+
+
+PAIR_COLUMNS = ("gid", "sub", "topic", "class", "owed", "handed", "suppressed", "pub", "t_pub",
+                "t_handed", "latency", "outcome", "t_outcome", "t_accepted", "rejected_here",
+                "life", "life_start", "life_end", "life_end_ev", "error")
+
+
+def pairs(events: DataFrame, msgs: DataFrame, subs_lives: DataFrame, skew: float = 0.0) -> DataFrame:
+    """Every judged (message, subscription) pair with its class (see `classify`). Pairs are those owed
+    to an observed subscription, and those handed to any subscription. Columns: PAIR_COLUMNS."""
+    observed = observed_subscriptions(events)
+    judged_lives = subs_lives.join(observed, "sub", "left_semi")
+    owed = owed_pairs(msgs, judged_lives).withColumn("owed", F.lit(True))
+    hs = hand_overs(events)
+    joined = (owed.join(hs, ["gid", "sub"], "full")
+              .where(_c("owed").isNotNull() | (_c("handed") > 0))
+              .join(msgs, "gid", "left")
+              .join(router_rejections(events), ["gid", "sub"], "left"))
+    rejected_here = F.coalesce(
+        (_c("outcome") == "REJECTED") & (F.coalesce(_c("rejected_at_router"), F.lit(False))
+                                         | F.coalesce(F.instr(_c("error"), _c("sub")) > 0, F.lit(False))),
+        F.lit(False))
+    return joined.withColumn("rejected_here", rejected_here).select(
+        "gid", "sub", F.coalesce(_c("topic"), _c("h_topic")).alias("topic"),
+        classify(skew).alias("class"),
+        F.coalesce(_c("owed"), F.lit(False)).alias("owed"),
+        F.coalesce(_c("handed"), F.lit(0)).alias("handed"),
+        F.coalesce(_c("suppressed"), F.lit(0)).alias("suppressed"),
+        "pub", "t_pub", "t_handed", (_c("t_handed") - _c("t_pub")).alias("latency"),
+        "outcome", "t_outcome", "t_accepted", "rejected_here",
+        "life", "life_start", "life_end", "life_end_ev", "error")
+
+
+def anomalies(classified: DataFrame) -> DataFrame:
+    """The pairs that are not `ok`."""
+    return classified.where(_c("class") != "ok")
+
+
+def subscription_counts(classified: DataFrame) -> DataFrame:
+    """One row per subscription: sub, topic, pairs, owed, and one count column per class."""
+    return (classified.groupBy("sub")
+            .agg(F.first("topic", ignorenulls=True).alias("topic"),
+                 F.count(F.lit(1)).alias("pairs"),
+                 F.sum(_c("owed").cast("long")).alias("owed"),
+                 *[F.sum((_c("class") == c).cast("long")).alias(c) for c in S.CLASSES]))
+
+
+def anomaly_timeline(classified: DataFrame, bucket: float = 1.0) -> DataFrame:
+    """Anomalous pairs per class and time bucket (of the first send, or of the hand-over when the
+    message was never published): class, t (bucket start), n."""
+    t = F.coalesce(_c("t_pub"), _c("t_handed"))
+    return (anomalies(classified).where(t.isNotNull())
+            .groupBy("class", (F.floor(t / bucket) * bucket).alias("t"))
+            .agg(F.count(F.lit(1)).alias("n")))
+
+
+# ================================================================ 5. routers and hops
+def incarnations(events: DataFrame) -> DataFrame:
+    """node, inc, first_ts, last_ts, state: `live` unless a later incarnation of the same router
+    started or this one logged `router_stopped` (then `dead`: what it held is gone)."""
+    r = events.where(_c("src") == S.ROUTER)
+    inc = (r.groupBy("node", "inc")
+           .agg(F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"),
+                F.max((_c("ev") == "router_stopped").cast("int")).alias("stopped"),
+                F.min(F.when(_c("ev") == "router_started", _c("ts"))).alias("started")))
+    w = Window.partitionBy("node").orderBy(F.coalesce(_c("started"), _c("first_ts")), _c("inc"))
+    later = F.lead("inc").over(w).isNotNull()
+    return inc.select("node", "inc", "first_ts", "last_ts",
+                      F.when(later | (_c("stopped") == 1), "dead").otherwise("live").alias("state"))
+
+
+def router_records(events: DataFrame) -> DataFrame:
+    """One row per delivery record (router, incarnation, gid): t_received (first non-merged
+    `received`), t_settled (null when unsettled at the end), state of the incarnation, settle_latency."""
+    r = events.where((_c("src") == S.ROUTER) & _c("gid").isNotNull())
+    received = (r.where((_c("ev") == "received") & (_c("info").isNull() | (_c("info") != "merged")))
+                .groupBy("node", "inc", "gid").agg(F.min("ts").alias("t_received")))
+    settled = (r.where(_c("ev") == "settled")
+               .groupBy("node", "inc", "gid").agg(F.min("ts").alias("t_settled")))
+    return (received.join(settled, ["node", "inc", "gid"], "left")
+            .join(incarnations(events).select("node", "inc", "state"), ["node", "inc"], "left")
+            .withColumn("settle_latency", _c("t_settled") - _c("t_received")))
+
+
+def router_stats(records: DataFrame, incs: DataFrame) -> DataFrame:
+    """One row per router: node, incarnations, records, settled, unsettled_live, unsettled_dead,
+    settle_q (array of p50, p99, p999), settle_max."""
+    unsettled = _c("t_settled").isNull()
+    per = (records.groupBy("node")
+           .agg(F.count(F.lit(1)).alias("records"),
+                F.count("t_settled").alias("settled"),
+                F.sum((unsettled & (_c("state") == "live")).cast("long")).alias("unsettled_live"),
+                F.sum((unsettled & (_c("state") != "live")).cast("long")).alias("unsettled_dead"),
+                F.percentile_approx("settle_latency", list(QUANTILES), PERCENTILE_ACCURACY).alias("settle_q"),
+                F.max("settle_latency").alias("settle_max")))
+    n_inc = incs.groupBy("node").agg(F.count(F.lit(1)).alias("incarnations"))
+    return n_inc.join(per, "node", "left").na.fill(0, ["records", "settled", "unsettled_live",
+                                                       "unsettled_dead"])
+
+
+def hop_latencies(events: DataFrame, msgs: DataFrame, classified: DataFrame) -> DataFrame:
+    """Latency samples: kind, hop, latency (seconds). Kinds: `end_to_end` (publisher -> subscriber,
+    first send to first hand-over), `publish` (publisher -> router X: first send to X's first
+    `received`), `mesh` (X -> Y: `forwarded` on X to `forward_received` on Y), `deliver` (router X ->
+    subscriber: X's last `delivered` at or before the hand-over, to the hand-over). Clocks of
+    different machines are compared: these are as good as their synchronisation."""
+    handed = classified.where(_c("t_handed").isNotNull())
+    e2e = handed.where(_c("t_pub").isNotNull()).select(
+        F.lit("end_to_end").alias("kind"), F.lit("publisher->subscriber").alias("hop"),
+        _c("latency"))
+    r = events.where((_c("src") == S.ROUTER) & _c("gid").isNotNull())
+    first_recv = (r.where((_c("ev") == "received") & (_c("info").isNull() | (_c("info") != "merged")))
+                  .groupBy("gid", "node").agg(F.min("ts").alias("t")))
+    publish = first_recv.join(msgs.select("gid", "t_pub"), "gid").select(
+        F.lit("publish").alias("kind"), F.concat(F.lit("publisher->"), _c("node")).alias("hop"),
+        (_c("t") - _c("t_pub")).alias("latency"))
+    fw = (r.where((_c("ev") == "forwarded") & _c("peer").isNotNull())
+          .groupBy("gid", "node", "peer").agg(F.min("ts").alias("t_fw")))
+    fr = (r.where(_c("ev") == "forward_received")
+          .groupBy("gid", _c("node").alias("to"), _c("peer").alias("from_"))
+          .agg(F.min("ts").alias("t_fr")))
+    mesh = (fw.join(fr, "gid")
+            .where((_c("peer") == _c("to")) & (_c("from_").isNull() | (_c("from_") == _c("node"))))
+            .select(F.lit("mesh").alias("kind"), F.concat(_c("node"), F.lit("->"), _c("to")).alias("hop"),
+                    (_c("t_fr") - _c("t_fw")).alias("latency")))
+    dl = r.where((_c("ev") == "delivered") & _c("sub").isNotNull()).select(
+        "gid", "sub", "node", _c("ts").alias("t_dl"))
+    deliver = (dl.join(handed.select("gid", "sub", "t_handed"), ["gid", "sub"])
+               .where(_c("t_dl") <= _c("t_handed"))
+               .groupBy("gid", "sub")
+               .agg(F.max_by("node", "t_dl").alias("node"), F.max("t_dl").alias("t_dl"),
+                    F.first("t_handed").alias("t_handed"))
+               .select(F.lit("deliver").alias("kind"),
+                       F.concat(_c("node"), F.lit("->subscriber")).alias("hop"),
+                       (_c("t_handed") - _c("t_dl")).alias("latency")))
+    return e2e.unionByName(publish).unionByName(mesh).unionByName(deliver)
+
+
+def latency_quantiles(samples: DataFrame, quantiles: Iterable[float] = QUANTILES) -> DataFrame:
+    """kind, hop, n, q (array, one per quantile), max."""
+    return (samples.groupBy("kind", "hop")
+            .agg(F.count(F.lit(1)).alias("n"),
+                 F.percentile_approx("latency", list(quantiles), PERCENTILE_ACCURACY).alias("q"),
+                 F.max("latency").alias("max")))
+
+
+# ================================================================ all of it
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """The lazy frames of one reconciliation (nothing is computed until an action runs)."""
+
+    parsed: DataFrame
+    events: DataFrame
+    lives: DataFrame
+    messages: DataFrame
+    pairs: DataFrame
+    records: DataFrame
+    incarnations: DataFrame
+    hops: DataFrame
+    since: float | None = None
+    skew: float = 0.0
+
+
+def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
+              persist: bool = False) -> Reconciliation:
+    """Build every frame from parsed lines (`parse`). `persist` keeps the frames that several
+    results reuse (events, pairs) in memory/disk: worth it when the summary, the anomalies and the
+    chart are all computed."""
+    ev = valid_events(parsed)
+    if since is not None:
+        ev = restrict_since(ev, since)
+    if persist:
+        ev = ev.persist(StorageLevel.MEMORY_AND_DISK)
+    lv = lives(ev)
+    msgs = messages(ev)
+    classified = pairs(ev, msgs, lv, skew)
+    if persist:
+        classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+    incs = incarnations(ev)
+    return Reconciliation(parsed=parsed, events=ev, lives=lv, messages=msgs, pairs=classified,
+                          records=router_records(ev), incarnations=incs,
+                          hops=hop_latencies(ev, msgs, classified), since=since, skew=skew)
+
+
+# ================================================================ 6. summary
+@dataclass(frozen=True, slots=True)
+class Quantiles:
+    kind: str
+    name: str
+    n: int
+    p50: float | None
+    p99: float | None
+    p999: float | None
+    max: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "n": self.n, "p50": self.p50, "p99": self.p99,
+                "p999": self.p999, "max": self.max}
+
+
+@dataclass(frozen=True, slots=True)
+class RouterStats:
+    node: str
+    incarnations: int
+    records: int
+    settled: int
+    unsettled_live: int
+    unsettled_dead: int
+    settle: Quantiles
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "incarnations": self.incarnations, "records": self.records,
+                "settled": self.settled, "unsettled_live": self.unsettled_live,
+                "unsettled_dead": self.unsettled_dead, "settle_latency": self.settle.to_dict()}
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionCounts:
+    sub: str
+    topic: str | None
+    pairs: int
+    owed: int
+    counts: tuple[tuple[str, int], ...]  # (class, n) in S.CLASSES order
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sub": self.sub, "topic": self.topic, "pairs": self.pairs, "owed": self.owed,
+                **dict(self.counts)}
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The verdict of one reconciliation. The class counts are named as in docs/settlement-log.md."""
+
+    ok: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    unexpected: int = 0
+    in_doubt: int = 0
+    recovered: int = 0
+    ended_before_delivery: int = 0
+    false_accept: int = 0
+    messages: int = 0  # distinct published global ids
+    messages_in_doubt: int = 0  # published, no final outcome told to the publisher
+    pairs: int = 0
+    owed_pairs: int = 0
+    subscriptions: int = 0  # judged subscriptions: those with a subscriber-side line
+    unobserved_subscriptions: int = 0  # known only from router lines: not judged
+    log_lines: int = 0  # every non-blank line read
+    valid_lines: int = 0
+    malformed_lines: int = 0
+    newer_version_lines: int = 0
+    unknown_event_lines: int = 0
+    ignored_lines: int = 0  # valid lines left out by --since
+    unsettled_live: int = 0
+    unsettled_dead: int = 0
+    per_subscription: tuple[SubscriptionCounts, ...] = ()
+    routers: tuple[RouterStats, ...] = ()
+    latencies: tuple[Quantiles, ...] = ()
+    since: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> int:
+        return sum(getattr(self, c) for c in S.FAILURES)
+
+    @property
+    def passed(self) -> bool:
+        return self.failures == 0
+
+    def class_counts(self) -> dict[str, int]:
+        return {c: getattr(self, c) for c in S.CLASSES}
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = self.class_counts()
+        for name in ("messages", "messages_in_doubt", "pairs", "owed_pairs", "subscriptions",
+                     "unobserved_subscriptions", "log_lines", "valid_lines", "malformed_lines",
+                     "newer_version_lines", "unknown_event_lines", "ignored_lines", "unsettled_live",
+                     "unsettled_dead", "since"):
+            d[name] = getattr(self, name)
+        d["failures"] = self.failures
+        d["verdict"] = "pass" if self.passed else "fail"
+        d["per_subscription"] = [s.to_dict() for s in self.per_subscription]
+        d["routers"] = [r.to_dict() for r in self.routers]
+        d["latency"] = [q.to_dict() for q in self.latencies]
+        d.update(self.extra)
+        return d
+
+
+def _quantiles(kind: str, name: str, n: int, q: list[float] | None, mx: float | None) -> Quantiles:
+    qs = list(q) if q else [None, None, None]
+    return Quantiles(kind, name, int(n), qs[0], qs[1], qs[2], mx)
+
+
+def summarize(r: Reconciliation) -> Summary:
+    """Run the actions and collect the verdict (small results only: one row per status, subscription,
+    router and hop)."""
+    status = {row["status"]: int(row["n"]) for row in line_counts(r.parsed).collect()}
+    valid = status.get(OK, 0)
+    used = r.events.count() if r.since is not None else valid
+    subs = sorted(subscription_counts(r.pairs).collect(), key=lambda row: row["sub"])
+    per_sub = tuple(
+        SubscriptionCounts(row["sub"], row["topic"], int(row["pairs"]), int(row["owed"] or 0),
+                           tuple((c, int(row[c] or 0)) for c in S.CLASSES))
+        for row in subs)
+    totals = {c: sum(dict(s.counts)[c] for s in per_sub) for c in S.CLASSES}
+    m = r.messages.agg(F.count(F.lit(1)).alias("n"),
+                       F.sum(_c("outcome").isNull().cast("long")).alias("in_doubt")).first()
+    known = r.lives.select("sub").distinct().join(
+        observed_subscriptions(r.events).withColumn("observed", F.lit(True)), "sub", "full")
+    srow = known.agg(F.count("observed").alias("obs"),
+                     F.sum(_c("observed").isNull().cast("long")).alias("unobs")).first()
+    routers = tuple(
+        RouterStats(row["node"], int(row["incarnations"]), int(row["records"]), int(row["settled"]),
+                    int(row["unsettled_live"]), int(row["unsettled_dead"]),
+                    _quantiles("settle", row["node"], int(row["settled"]), row["settle_q"],
+                               row["settle_max"]))
+        for row in sorted(router_stats(r.records, r.incarnations).collect(), key=lambda x: x["node"]))
+    order = {"end_to_end": 0, "publish": 1, "mesh": 2, "deliver": 3}
+    lat = tuple(
+        _quantiles(row["kind"], row["hop"], row["n"], row["q"], row["max"])
+        for row in sorted(latency_quantiles(r.hops).collect(),
+                          key=lambda x: (order.get(x["kind"], 9), x["hop"])))
+    return Summary(
+        ok=totals["ok"], lost=totals["lost"], duplicated=totals["duplicated"],
+        unexpected=totals["unexpected"], in_doubt=totals["in_doubt"], recovered=totals["recovered"],
+        ended_before_delivery=totals["ended_before_delivery"], false_accept=totals["false_accept"],
+        messages=int(m["n"] if m else 0),
+        messages_in_doubt=int((m["in_doubt"] or 0) if m else 0),
+        pairs=sum(s.pairs for s in per_sub),
+        owed_pairs=sum(s.owed for s in per_sub),
+        subscriptions=int(srow["obs"] or 0) if srow else 0,
+        unobserved_subscriptions=int(srow["unobs"] or 0) if srow else 0,
+        log_lines=sum(n for s, n in status.items() if s != BLANK),
+        valid_lines=valid,
+        malformed_lines=status.get(MALFORMED, 0),
+        newer_version_lines=status.get(NEWER, 0),
+        unknown_event_lines=status.get(UNKNOWN_EVENT, 0),
+        ignored_lines=valid - used,
+        unsettled_live=sum(x.unsettled_live for x in routers),
+        unsettled_dead=sum(x.unsettled_dead for x in routers),
+        per_subscription=per_sub,
+        routers=routers,
+        latencies=lat,
+        since=r.since,
+    )

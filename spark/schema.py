@@ -1,0 +1,91 @@
+"""The settlement-log schema (v1) as Spark types, and the event names the reconciliation reads.
+
+`router/settlement_log.py` is the writer and owns the schema (`FIELDS`); this module spells the same
+schema out again as a `StructType` on purpose, so that a change on one side without the other fails
+`tests/spark/test_schema.py` instead of silently reading nulls. docs/settlement-log.md describes it.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import DataType, DoubleType, LongType, StringType, StructField, StructType
+
+SCHEMA_VERSION = 1
+
+# One column per field of a line, in the writer's order. JSON int -> LongType, float -> DoubleType.
+LOG_SCHEMA = StructType([
+    StructField("v", LongType()),
+    StructField("ts", DoubleType()),
+    StructField("src", StringType()),
+    StructField("node", StringType()),
+    StructField("inc", StringType()),
+    StructField("ev", StringType()),
+    StructField("gid", StringType()),
+    StructField("topic", StringType()),
+    StructField("sub", StringType()),
+    StructField("pub", StringType()),
+    StructField("container", StringType()),
+    StructField("link", StringType()),
+    StructField("peer", StringType()),
+    StructField("outcome", StringType()),
+    StructField("error", StringType()),
+    StructField("size", LongType()),
+    StructField("count", LongType()),
+    StructField("seq", LongType()),
+    StructField("info", StringType()),
+])
+
+# JSON type name (as in FIELDS) -> Spark type.
+JSON_TYPES: dict[str, DataType] = {"int": LongType(), "float": DoubleType(), "string": StringType()}
+
+# Fields every line carries; a line without one of them is malformed.
+REQUIRED = ("v", "ts", "src", "node", "inc", "ev")
+
+# Where from_json puts the text of a line it could not parse (fully) with LOG_SCHEMA.
+CORRUPT = "_corrupt"
+PARSE_SCHEMA = StructType([*LOG_SCHEMA.fields, StructField(CORRUPT, StringType())])
+
+# Sources.
+ROUTER = "router"
+PUBLISHER = "publisher"
+SUBSCRIBER = "subscriber"
+
+# Every event a writer emits, by source (the same sets as router.settlement_log.*_EVENTS: a test keeps
+# them in step). A valid line whose event is not here for its source is counted and ignored.
+EVENTS_BY_SOURCE: dict[str, frozenset[str]] = {
+    "router": frozenset({
+        "router_started", "router_stopped",
+        "received", "delivered", "accepted", "rejected", "released", "modified", "ended", "outcome",
+        "settled", "placeholder", "placeholder_final", "orphan_final",
+        "subscribed", "resumed", "suspended", "unsubscribed", "expired",
+        "forwarded", "forward_received", "remote_ack", "peer_up", "peer_down",
+    }),
+    "publisher": frozenset({"published", "outcome"}),
+    "subscriber": frozenset({"subscribed", "resumed", "unsubscribed", "handed", "duplicate"}),
+}
+
+# The events the reconciliation interprets, by source. tests/spark/test_schema.py checks that every
+# one of them is an event its writer can emit (router.settlement_log.*_EVENTS).
+PUBLISHER_READ = frozenset({"published", "outcome"})
+SUBSCRIBER_READ = frozenset({"subscribed", "resumed", "unsubscribed", "handed", "duplicate"})
+ROUTER_READ = frozenset({
+    "router_started", "router_stopped",
+    "subscribed", "resumed", "suspended", "unsubscribed", "expired",
+    "received", "delivered", "rejected", "settled",
+    "forwarded", "forward_received",
+})
+# Subscription lifecycle: a start opens a life when none is open, an end closes it.
+LIFE_STARTS = frozenset({"subscribed", "resumed"})
+LIFE_ENDS = frozenset({"unsubscribed", "expired"})
+# Lines kept whatever --since says: they define what was in force and which router runs were alive.
+STATE_EVENTS = LIFE_STARTS | LIFE_ENDS | {"suspended", "router_started", "router_stopped",
+                                          "peer_up", "peer_down"}
+
+# Publisher outcomes that are final. Anything else (RELEASED, MODIFIED, IN_DOUBT, ...) leaves the
+# message in doubt.
+FINAL_OUTCOMES = ("ACCEPTED", "REJECTED")
+
+# The classes of a (message, subscription) pair (exactly one each; precedence: reconcile.classify).
+CLASSES = ("ok", "lost", "duplicated", "unexpected", "in_doubt", "recovered", "ended_before_delivery",
+           "false_accept")
+# Classes that fail a run (exit code 1).
+FAILURES = ("lost", "duplicated", "unexpected", "false_accept")
