@@ -126,11 +126,12 @@ async def _put(args: argparse.Namespace) -> int:
     await client.start()
     try:
         pubs: dict[str, Publisher] = {}
-        resent = 0
+        resent_futs: list[asyncio.Future[Result]] = []
         for link, topic in client.state.outbox_links():
             pub = client.publisher(topic, link, want_received=True)
             pubs[link] = pub
-            resent += pub.resend_outbox()
+            resent_futs += pub.resend_outbox()
+        resent = len(resent_futs)
         name = args.link or f"put:{args.topic}"
         pub = pubs.get(name) or client.publisher(args.topic, name, want_received=True)
         pubs[name] = pub
@@ -145,10 +146,8 @@ async def _put(args: argparse.Namespace) -> int:
             print(f"oncemesh put: {len(args.messages)} message(s) held by router {client.router_id}; "
                   f"in doubt in the outbox until a later put", file=sys.stderr)
             return 0
-        futs = [await pub.send(m) for m in args.messages]
+        futs = resent_futs + [await pub.send(m) for m in args.messages]
         results: list[Result] = list(await asyncio.wait_for(asyncio.gather(*futs), args.timeout))
-        for p in pubs.values():
-            results.extend(await p.flush(args.timeout))
         bad = [r for r in results if not r.accepted]
         for r in bad:
             cond = f" ({r.condition[0]}: {r.condition[1]})" if r.condition else ""

@@ -112,6 +112,7 @@ class Publisher:
         self._attached = asyncio.Event()
         self._refused: LinkRefused | None = None
         self._persist: list[Pending] = []
+        self.meta_updates: dict[str, str] = {}  # written with the next outbox batch (same transaction)
         self._outcomes_done: list[int] = []
         self._flush_scheduled = False
         self._slog = client.settlement_log("publisher")
@@ -173,22 +174,26 @@ class Publisher:
     def in_doubt(self) -> int:
         return len(self.inflight)
 
-    def resend_outbox(self) -> int:
-        """Take over what the outbox holds for this link (a restarted publisher): resend it all."""
+    def resend_outbox(self) -> list[asyncio.Future[Result]]:
+        """Take over what the outbox holds for this link (a restarted publisher): resend it all.
+        Returns the futures of their outcomes."""
         rows = self.client.state.outbox(self.name)
         loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[Result]] = []
         for _link, seq, tag, _topic, payload in rows:
             if seq in self.inflight:
                 continue
-            p = Pending(seq, tag, global_id(self.plid, tag), payload, loop.create_future())
+            fut: asyncio.Future[Result] = loop.create_future()
+            p = Pending(seq, tag, global_id(self.plid, tag), payload, fut)
             self.inflight[seq] = p
             self.unsent.append(p)
             self._seq_next = max(self._seq_next, seq + 1)
+            futs.append(fut)
         if rows:
             self.inflight = OrderedDict(sorted(self.inflight.items()))
             self.unsent = deque(sorted(self.unsent, key=lambda p: p.seq))
             self._pump()
-        return len(rows)
+        return futs
 
     async def close(self) -> None:
         """Detach (our in-doubt messages stay in the outbox when durable)."""
@@ -233,7 +238,8 @@ class Publisher:
         state = self.client.state
         if self._persist:
             batch, self._persist = self._persist, []
-            state.outbox_add([(self.name, p.seq, p.tag, self.topic, p.payload) for p in batch])
+            meta, self.meta_updates = self.meta_updates, {}
+            state.outbox_add([(self.name, p.seq, p.tag, self.topic, p.payload) for p in batch], meta)
             self.unsent.extend(batch)
         if self._outcomes_done:
             done, self._outcomes_done = self._outcomes_done, []

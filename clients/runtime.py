@@ -20,8 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_delay, stop_never
-from tenacity import wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    stop_after_delay,
+    stop_never,
+    wait_exponential,
+)
 
 from clients.state import ClientState
 from router.engine.amqp import AmqpConnection, Engine, Link, connect

@@ -99,13 +99,22 @@ class ClientState:
             self.db.execute("COMMIT")
             return first
 
-    def outbox_add(self, rows: Iterable[tuple[str, int, bytes, str, bytes]]) -> None:
+    def outbox_add(self, rows: Iterable[tuple[str, int, bytes, str, bytes]],
+                   meta: dict[str, str] | None = None) -> None:
+        """Persist messages before their first send; `meta` is written in the same transaction."""
         now = time.time()
         with self._lock:
             self.db.execute("BEGIN")
             self.db.executemany("INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?, ?)",
                                 [(*r, now) for r in rows])
+            if meta:
+                self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
             self.db.execute("COMMIT")
+
+    def get_meta(self, key: str) -> str | None:
+        with self._lock:
+            row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+            return str(row[0]) if row else None
 
     def outbox_remove(self, link: str, seqs: Iterable[int]) -> None:
         with self._lock:

@@ -119,6 +119,8 @@ class Router:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._stopped = asyncio.Event()
         self._pending_opens: list[Link] = []
+        self._status_written = 0.0
+        self._last_stats: dict[str, Any] = {}
         self.extensions: list[Any] = []  # mesh layer hooks (interrouter)
 
     # ------------------------------------------------------------------ lifecycle
@@ -150,10 +152,23 @@ class Router:
         info: dict[str, Any] = {"id": self.id, "pid": os.getpid(), "incarnation": self.incarnation,
                                 "listen": f"{self.bound[0]}:{self.bound[1]}",
                                 "url": f"amqp://{self.bound[0]}:{self.bound[1]}",
-                                "peers": [], "converged": True, "updated": time.time()}
+                                "peers": [], "converged": True, "updated": time.time(),
+                                "stats": {**self.core.stats(), "connections": len(self.connections),
+                                          "rss_kb": _rss_kb()}}
         for ext in self.extensions:
             info.update(ext.ready_info())
         return info
+
+    def _maybe_write_status(self) -> None:
+        """Refresh the ready/status file (with delivery statistics) about once a second."""
+        now = time.monotonic()
+        if now - self._status_written < 1.0:
+            return
+        stats = self.core.stats()
+        if stats != self._last_stats:
+            self._last_stats = stats
+            self.write_ready_file()
+        self._status_written = now
 
     def write_ready_file(self) -> None:
         if self.cfg.ready_file is None:
@@ -221,6 +236,7 @@ class Router:
                 ext.tick(time.time())
             self.drain()
             self.slog.flush()
+            self._maybe_write_status()
         except Exception:  # supervision point for timers
             log.exception("router.tick_failed")
         self._schedule_tick()
@@ -530,6 +546,17 @@ class Router:
             link.send(f"$final:{ctx.final_seq}".encode(), body, settled=True)
         else:  # pragma: no cover
             raise TypeError(f"unknown action {act!r}")
+
+
+def _rss_kb() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 async def run_router(cfg: RouterConfig) -> None:

@@ -461,9 +461,8 @@ class AmqpConnection(asyncio.Protocol):
                             lib.pn_link_close(lptr)
                         else:
                             lib.pn_link_detach(lptr)
-                    try:
-                        if was_open:
-                            handler.on_link_closed(link, etype == F.E_LINK_REMOTE_CLOSE, cond)
+                    try:  # reported whoever closed first: a local close waits for this answer
+                        handler.on_link_closed(link, etype == F.E_LINK_REMOTE_CLOSE, cond)
                     finally:
                         self._maybe_free_link(link)
             elif etype == F.E_SESSION_REMOTE_OPEN:

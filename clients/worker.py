@@ -1,0 +1,113 @@
+"""Long-running client processes for tests, chaos runs and benchmarks.
+
+    python -m clients.worker publish --url URLS --topic T --count N [--rate R] [--state-dir D]
+    python -m clients.worker consume --url URLS --topic T --name SUB [--state-dir D] [--count N]
+
+Both write settlement logs (--log-dir) and survive being killed and restarted with the same state
+directory: a publisher resumes its outbox and continues its numbering, a subscriber resumes its
+subscription. They print one JSON line of progress when they finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+
+from clients.runtime import Client
+
+
+async def publish(args: argparse.Namespace) -> int:
+    client = Client(args.url, state_dir=args.state_dir, log_dir=args.log_dir,
+                    reconnect_timeout=args.reconnect_timeout, idle_timeout=args.idle_timeout)
+    await client.start()
+    name = args.name or f"load-{args.topic}"
+    pub = client.publisher(args.topic, name, window=args.window)
+    resent = len(pub.resend_outbox()) if client.state.durable else 0
+    key = f"worker:{name}:next"
+    start = int(client.state.get_meta(key) or 0) if client.state.durable else 0
+    body_pad = "x" * max(0, args.size - 16)
+    t0 = time.monotonic()
+    futs = []
+    for i in range(start, args.count):
+        if args.rate:
+            delay = t0 + (i - start) / args.rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        futs.append(await pub.send(f"{name}:{i}:{body_pad}"))
+        pub.meta_updates[key] = str(i + 1)  # persisted in the same transaction as message i
+    results = await pub.flush(args.timeout)
+    bad = [r for r in results if not r.accepted]
+    print(json.dumps({"published": args.count - start, "resent": resent, "not_accepted": len(bad),
+                      "failovers": client.failovers, "seconds": round(time.monotonic() - t0, 3)}))
+    await client.close()
+    return 0 if not bad else 1
+
+
+async def consume(args: argparse.Namespace) -> int:
+    client = Client(args.url, state_dir=args.state_dir, log_dir=args.log_dir,
+                    reconnect_timeout=args.reconnect_timeout, idle_timeout=args.idle_timeout)
+    await client.start()
+    sub = client.subscriber(args.topic, args.name, expiry=args.expiry, credit=args.credit)
+    await sub.wait_attached(args.reconnect_timeout)
+    got = 0
+    t0 = time.monotonic()
+    while args.count is None or got < args.count:
+        batch = await sub.get_many(args.credit, timeout=args.idle_exit)
+        if not batch:
+            if args.idle_exit is not None:
+                break
+            continue
+        got += len(batch)
+        if args.delay:
+            await asyncio.sleep(args.delay * len(batch))
+    print(json.dumps({"handed": got, "duplicates": sub.duplicates, "failovers": client.failovers,
+                      "seconds": round(time.monotonic() - t0, 3)}))
+    if args.unsubscribe:
+        await sub.unsubscribe()
+    else:
+        await sub.detach()
+    await client.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m clients.worker")
+    sub = p.add_subparsers(dest="kind", required=True)
+    for kind in ("publish", "consume"):
+        q = sub.add_parser(kind)
+        q.add_argument("--url", required=True)
+        q.add_argument("--topic", required=True)
+        q.add_argument("--state-dir", type=Path, default=None)
+        q.add_argument("--log-dir", type=Path, default=None)
+        q.add_argument("--reconnect-timeout", type=float, default=120.0)
+        q.add_argument("--idle-timeout", type=float, default=2.0)
+        q.add_argument("--name", default=None)
+        q.add_argument("--count", type=int, default=None)
+    pp = sub.choices["publish"]
+    pp.add_argument("--rate", type=float, default=0.0, help="messages per second (0: as fast as credit allows)")
+    pp.add_argument("--size", type=int, default=32)
+    pp.add_argument("--window", type=int, default=1000)
+    pp.add_argument("--timeout", type=float, default=None)
+    cp = sub.choices["consume"]
+    cp.add_argument("--expiry", type=float, default=math.inf)
+    cp.add_argument("--credit", type=int, default=200)
+    cp.add_argument("--idle-exit", type=float, default=None, help="exit after S seconds without a message")
+    cp.add_argument("--delay", type=float, default=0.0, help="seconds of 'work' per message")
+    cp.add_argument("--unsubscribe", action="store_true")
+    args = p.parse_args(argv)
+    if args.kind == "publish" and args.count is None:
+        p.error("publish needs --count")
+    if args.kind == "consume" and not args.name:
+        p.error("consume needs --name")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return asyncio.run(publish(args) if args.kind == "publish" else consume(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Shared fixtures: real router processes on 127.0.0.1 port 0, each test in its own directory.
+
+Router and client outputs are printed when a test fails. Every process started here is stopped
+(or killed) by PID at the end of the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.testing import Proc, RouterProcess
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+class Procs:
+    """Registry of processes a test started; all are ended at teardown."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.routers: list[RouterProcess] = []
+        self.others: list[Proc] = []
+
+    def router(self, router_id: str = "A", **kw: Any) -> RouterProcess:
+        r = RouterProcess(router_id, self.workdir / f"router-{router_id}", **kw)
+        self.routers.append(r)
+        return r.start()
+
+    def add(self, proc: Proc) -> Proc:
+        self.others.append(proc)
+        return proc
+
+    def cleanup(self) -> None:
+        for p in self.others:
+            try:
+                p.stop(5)
+            except Exception:
+                p.signal(9)
+        for r in self.routers:
+            try:
+                r.thaw()
+                r.stop(10)
+            except Exception:
+                r.kill()
+
+    def dump(self) -> str:
+        parts = []
+        for r in self.routers:
+            parts.append(f"--- router {r.id} (pid {r.proc.pid if r.proc else '-'}) ---\n{r.tail(60)}")
+        for p in self.others:
+            parts.append(f"--- {' '.join(p.cmd[2:5])} (pid {p.pid}) ---\n{p.tail(30)}")
+        return "\n".join(parts)
+
+
+@pytest.fixture
+def procs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Procs]:
+    reg = Procs(tmp_path)
+    try:
+        yield reg
+    finally:
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print(reg.dump())
+        reg.cleanup()
+
+
+@pytest.fixture
+def router(procs: Procs) -> RouterProcess:
+    return procs.router("A")
+
+
+@pytest.fixture
+def make_router(procs: Procs) -> Callable[..., RouterProcess]:
+    return procs.router
