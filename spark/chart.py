@@ -8,6 +8,7 @@ oncemesh[chart]`): `available()` says whether it can be drawn.
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from spark.schema import CLASSES
 # Quantiles drawn for each hop's distribution (a CDF): dense enough to show the tail.
 CDF_POINTS: tuple[float, ...] = tuple(
     [i / 100 for i in range(1, 100)] + [0.995, 0.999, 0.9999])
+
+KIND_ORDER = {"end_to_end": 0, "publish": 1, "mesh": 2, "deliver": 3}
 
 _COLOURS = {"lost": "#d62728", "duplicated": "#9467bd", "unexpected": "#8c564b",
             "false_accept": "#e377c2", "in_doubt": "#ff7f0e", "recovered": "#2ca02c",
@@ -33,13 +36,24 @@ class HopCurve:
     points: tuple[tuple[float, float], ...]
 
 
+def bucket_for(span: float, buckets: int = 100) -> float:
+    """A round bucket width (1, 2 or 5 x 10^k seconds) giving about `buckets` buckets over `span`."""
+    target = max(span, 1e-3) / buckets
+    k = math.floor(math.log10(target))
+    for m in (1, 2, 5, 10):
+        if m * 10.0 ** k >= target:
+            return float(m * 10.0 ** k)
+    return float(10.0 ** (k + 1))
+
+
 def available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
 def render(curves: Sequence[HopCurve], timeline: Mapping[str, Sequence[tuple[float, int]]],
-           path: Path, title: str = "oncemesh reconciliation") -> Path:
-    """Draw the chart to `path` (PNG). `timeline`: class -> [(t, n)] anomalous pairs per time bucket."""
+           path: Path, title: str = "oncemesh reconciliation", bucket: float = 1.0) -> Path:
+    """Draw the chart to `path` (PNG). `timeline`: class -> [(t, n)] anomalous pairs per time bucket
+    of `bucket` seconds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,17 +79,23 @@ def render(curves: Sequence[HopCurve], timeline: Mapping[str, Sequence[tuple[flo
     else:
         ax1.text(0.5, 0.5, "no latency samples", ha="center", va="center", transform=ax1.transAxes)
 
-    t0 = min((t for rows in timeline.values() for t, _ in rows), default=0.0)
+    buckets = sorted({t for rows in timeline.values() for t, _ in rows})
+    t0 = buckets[0] if buckets else 0.0
+    width = min((b - a for a, b in zip(buckets, buckets[1:], strict=False)), default=bucket) or bucket
+    bottom = dict.fromkeys(buckets, 0)
     any_anomaly = False
     for cls in CLASSES:
-        rows = sorted(timeline.get(cls, ()))
+        rows = dict(timeline.get(cls, ()))
         if not rows:
             continue
         any_anomaly = True
-        ax2.scatter([t - t0 for t, _ in rows], [n for _, n in rows], s=12, label=cls,
-                    color=_COLOURS.get(cls))
+        xs = [t for t in buckets if t in rows]
+        ax2.bar([t - t0 for t in xs], [rows[t] for t in xs], width=width * 0.9, align="edge",
+                bottom=[bottom[t] for t in xs], label=cls, color=_COLOURS.get(cls))
+        for t in xs:
+            bottom[t] += rows[t]
     ax2.set_xlabel("seconds since the first anomaly (by first send)")
-    ax2.set_ylabel("anomalous pairs per second")
+    ax2.set_ylabel(f"anomalous pairs per {bucket:.3g} s")
     ax2.set_title("timeline of anomalies")
     ax2.grid(True, alpha=0.3)
     if any_anomaly:

@@ -249,10 +249,13 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
             curves = [C.HopCurve(row["kind"], row["hop"], int(row["n"]),
                                  tuple(zip(C.CDF_POINTS, row["q"], strict=True)))
                       for row in R.latency_quantiles(rec.hops, C.CDF_POINTS).collect()]
+            curves.sort(key=lambda c: (C.KIND_ORDER.get(c.kind, 9), c.hop))
+            span = R.anomaly_span(rec.pairs)
+            bucket = C.bucket_for(span)
             timeline: dict[str, list[tuple[float, int]]] = {}
-            for row in R.anomaly_timeline(rec.pairs).collect():
+            for row in R.anomaly_timeline(rec.pairs, bucket).collect():
                 timeline.setdefault(row["class"], []).append((float(row["t"]), int(row["n"])))
-            png = C.render(curves, timeline, target / "reconcile.png",
+            png = C.render(curves, timeline, target / "reconcile.png", bucket=bucket,
                            title=f"oncemesh reconciliation: {'PASS' if summary.passed else 'FAIL'}")
         else:
             print("oncemesh reconcile: matplotlib is not installed: no chart "

@@ -255,6 +255,15 @@ def subscription_counts(classified: DataFrame) -> DataFrame:
                  *[F.sum((_c("class") == c).cast("long")).alias(c) for c in S.CLASSES]))
 
 
+def anomaly_span(classified: DataFrame) -> float:
+    """Seconds between the first and the last anomaly (0 when fewer than two)."""
+    t = F.coalesce(_c("t_pub"), _c("t_handed"))
+    row = anomalies(classified).agg(F.min(t).alias("a"), F.max(t).alias("b")).first()
+    if row is None or row["a"] is None:
+        return 0.0
+    return float(row["b"] - row["a"])
+
+
 def anomaly_timeline(classified: DataFrame, bucket: float = 1.0) -> DataFrame:
     """Anomalous pairs per class and time bucket (of the first send, or of the hand-over when the
     message was never published): class, t (bucket start), n."""
