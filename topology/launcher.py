@@ -1,0 +1,681 @@
+"""The local launcher: a whole mesh as router processes on this machine (`oncemesh up/status/down`).
+
+Tests, the chaos runner and operators share this code. Theory of operation:
+
+- Everything lives in one state directory (default `./oncemesh-state`):
+  `mesh.json` (what the launcher started: topology, and per router its pid, process start time,
+  last client address), `routers/ID/` (each router's --state-dir), `logs/` (settlement and router
+  logs, and `ID.out`, the router's stdout/stderr), `status/ID.json` (each router's ready file,
+  which its peers also read to find each other's ports).
+- Routers run in their own session (`start_new_session`), so they outlive `oncemesh up` and a
+  Ctrl-C in its terminal. Any process can then read `mesh.json` to report status or stop them.
+- A pid is only ever signalled after checking that it is still the process we started: same
+  kernel start time (/proc/PID/stat) and a command line with this router's id and ready file.
+  Pids are reused; a stale `mesh.json` must never make us kill a stranger. (Linux: needs /proc.)
+- Waiting is always against a deadline, polling the ready files.
+- A router restarted from a topology that gives it port 0 gets its previous client port back
+  (`--listen`), so that clients holding its URL reconnect to it; if that port was taken meanwhile,
+  it starts on a fresh port instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from topology.load import TopologyError, load_topology, parse_topology
+from topology.model import Topology
+
+DEFAULT_STATE_DIR = Path("oncemesh-state")
+STATE_DIR_ENV = "ONCEMESH_STATE_DIR"
+POLL_INTERVAL = 0.02  # seconds between looks at ready files / processes while waiting on a deadline
+STATE_VERSION = 1
+
+
+class MeshError(Exception):
+    """The launcher cannot do what was asked (a router would not start, the mesh did not converge,
+    the state directory belongs to another mesh). The message says what to look at."""
+
+
+class RouterStartError(MeshError):
+    """A router exited while starting; `tail` holds the end of its output."""
+
+    def __init__(self, router_id: str, message: str, tail: str) -> None:
+        self.router_id = router_id
+        self.tail = tail
+        super().__init__(message + ("\n" + tail if tail else ""))
+
+
+class RouterState(StrEnum):
+    STOPPED = "stopped"  # never started here, or stopped by the launcher
+    STARTING = "starting"  # the process runs but has not written its ready file yet
+    RUNNING = "running"
+    FROZEN = "frozen"  # SIGSTOPped (see Mesh.freeze)
+    DEAD = "dead"  # it was started and is gone without the launcher stopping it (crash, SIGKILL)
+
+
+class StopOutcome(StrEnum):
+    STOPPED = "stopped"  # exited after SIGTERM
+    KILLED = "killed"  # did not exit within the timeout: SIGKILLed
+    NOT_RUNNING = "not running"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterStatus:
+    id: str
+    state: RouterState
+    pid: int | None = None
+    url: str | None = None
+    listen: str | None = None
+    inter_router: str | None = None
+    incarnation: str | None = None
+    peers: tuple[str, ...] = ()
+    converged: bool = False
+    started: float | None = None  # wall-clock time the launcher started it
+
+    @property
+    def alive(self) -> bool:
+        return self.state in (RouterState.STARTING, RouterState.RUNNING, RouterState.FROZEN)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        d["peers"] = list(self.peers)
+        d["alive"] = self.alive
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class _Proc:
+    state: str  # the kernel's one-letter state: R, S, T, Z, ...
+    start: int  # start time in clock ticks since boot: with the pid, names one process
+    cmdline: tuple[str, ...]
+
+
+def _proc(pid: int) -> _Proc | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the command name may contain spaces and ')'
+    return _Proc(fields[0], int(fields[19]), tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a))
+
+
+def _tail(path: Path, offset: int = 0, lines: int = 30) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join("    " + line for line in text.splitlines()[-lines:])
+
+
+class Mesh:
+    """The routers of one topology, run as local processes under `state_dir`.
+
+    Safe to use from several processes: changes to `mesh.json` are made under a file lock.
+    """
+
+    def __init__(self, topology_path: str | Path, state_dir: str | Path = DEFAULT_STATE_DIR, *,
+                 topology: Topology | None = None) -> None:
+        self.topology_path = Path(topology_path).resolve()
+        self.topology = topology if topology is not None else load_topology(self.topology_path)
+        self.state_dir = Path(state_dir).resolve()
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # pid -> process started by this object
+        self._exit_codes: dict[int, int] = {}  # pid -> exit code, for children that have exited
+        recorded = self._load_state().get("topology")
+        if recorded and Path(recorded) != self.topology_path:
+            running = [s.id for s in self.status() if s.alive]
+            if running:
+                raise MeshError(f"{self.state_dir} holds a running mesh started from {recorded} "
+                                f"(routers {', '.join(running)}); stop it first (oncemesh down --state-dir "
+                                f"{self.state_dir}) or use another --state-dir")
+
+    def __enter__(self) -> Mesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """`with Mesh(...) as mesh:` stops every router on the way out, also when a test fails."""
+        self.down()
+
+    @classmethod
+    def open(cls, state_dir: str | Path = DEFAULT_STATE_DIR) -> Mesh:
+        """The mesh last started in `state_dir`. Works even when its topology file has since been
+        edited into an invalid state or deleted (it uses the copy recorded at start), so that
+        `status` and `down` always work."""
+        state_path = Path(state_dir).resolve() / "mesh.json"
+        try:
+            st = json.loads(state_path.read_text())
+        except FileNotFoundError:
+            raise MeshError(f"no mesh in {Path(state_dir).resolve()} (start one with: oncemesh up FILE "
+                            f"--state-dir {state_dir})") from None
+        except (OSError, ValueError) as exc:
+            raise MeshError(f"cannot read {state_path}: {exc}") from None
+        path = Path(st.get("topology", ""))
+        try:
+            topo = load_topology(path)
+        except TopologyError:
+            if "topology_text" not in st:
+                raise
+            topo = parse_topology(st["topology_text"], f"{path} (as recorded in {state_path})")
+        return cls(path, state_dir, topology=topo)
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def status_dir(self) -> Path:
+        return self.state_dir / "status"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    def ready_file(self, router_id: str) -> Path:
+        return self.status_dir / f"{router_id}.json"
+
+    def out_file(self, router_id: str) -> Path:
+        return self.log_dir / f"{router_id}.out"
+
+    def router_command(self, router_id: str, listen: str | None = None) -> list[str]:
+        """The exact command line of one router (shown in mesh.json, checked against /proc)."""
+        cmd = [sys.executable, "-m", "router.cli", "router", "--topology", str(self.topology_path),
+               "--id", router_id, "--state-dir", str(self.state_dir / "routers" / router_id),
+               "--log-dir", str(self.log_dir), "--ready-file", str(self.ready_file(router_id)),
+               "--peers-dir", str(self.status_dir)]
+        if listen is not None:
+            cmd += ["--listen", listen]
+        return cmd
+
+    # ------------------------------------------------------------------ mesh.json
+    def _load_state(self) -> dict[str, Any]:
+        try:
+            st: dict[str, Any] = json.loads((self.state_dir / "mesh.json").read_text())
+        except (OSError, ValueError):
+            st = {}
+        st.setdefault("routers", {})
+        return st
+
+    def _save_state(self, st: dict[str, Any]) -> None:
+        path = self.state_dir / "mesh.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(st, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        """mesh.json, read under an exclusive lock and written back on success."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with (self.state_dir / "mesh.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            st = self._load_state()
+            try:
+                yield st
+            finally:  # also on error: a router started before it must stay on record
+                self._save_state(st)
+
+    def _record_topology(self, st: dict[str, Any]) -> None:
+        raw = self.topology_path.read_bytes()
+        st.update(version=STATE_VERSION, name=self.topology.name, topology=str(self.topology_path),
+                  topology_text=raw.decode("utf-8"), topology_sha256=hashlib.sha256(raw).hexdigest())
+
+    # ------------------------------------------------------------------ processes
+    def _reap(self) -> None:
+        for pid, proc in list(self._children.items()):
+            code = proc.poll()
+            if code is not None:
+                self._exit_codes[pid] = code
+                del self._children[pid]
+
+    def _ours(self, router_id: str, rec: dict[str, Any] | None) -> _Proc | None:
+        """The live process recorded for `router_id`, if it is still the one we started."""
+        if not rec or not rec.get("pid"):
+            return None
+        info = _proc(rec["pid"])
+        if info is None or info.state in ("Z", "X") or info.start != rec.get("proc_start"):
+            return None
+        args = info.cmdline
+        for flag, value in (("--id", router_id), ("--ready-file", str(self.ready_file(router_id)))):
+            if not any(args[i] == flag and args[i + 1] == value for i in range(len(args) - 1)):
+                return None
+        return info
+
+    def _read_ready(self, router_id: str) -> dict[str, Any] | None:
+        try:
+            info: dict[str, Any] = json.loads(self.ready_file(router_id).read_text())
+            return info
+        except (OSError, ValueError):
+            return None
+
+    def _status_of(self, router_id: str, rec: dict[str, Any] | None) -> RouterStatus:
+        if not rec or not rec.get("pid"):
+            return RouterStatus(router_id, RouterState.STOPPED)
+        pid, started = rec["pid"], rec.get("started")
+        proc = self._ours(router_id, rec)
+        if proc is None:
+            return RouterStatus(router_id, RouterState.DEAD, pid, started=started)
+        ready = self._read_ready(router_id)
+        if ready is None or ready.get("pid") != pid:
+            state = RouterState.FROZEN if proc.state == "T" else RouterState.STARTING
+            return RouterStatus(router_id, state, pid, started=started)
+        return RouterStatus(
+            router_id, RouterState.FROZEN if proc.state in ("T", "t") else RouterState.RUNNING, pid,
+            url=ready.get("url"), listen=ready.get("listen"), inter_router=ready.get("inter_router"),
+            incarnation=ready.get("incarnation"), peers=tuple(sorted(ready.get("peers", ()))),
+            converged=bool(ready.get("converged")), started=started)
+
+    def _ids(self, st: dict[str, Any]) -> list[str]:
+        return sorted(set(self.topology.routers) | set(st["routers"]))
+
+    def _launch(self, router_id: str, st: dict[str, Any], sticky: bool = True) -> None:
+        spec = self.topology.router(router_id)
+        rec = st["routers"].get(router_id) or {}
+        listen = None
+        if sticky and spec.port == 0:  # reuse the previous port, so that clients find it again
+            old = self._read_ready(router_id) or {}
+            listen = old.get("listen") or rec.get("listen")
+        self.ready_file(router_id).unlink(missing_ok=True)
+        for d in (self.status_dir, self.log_dir, self.state_dir / "routers" / router_id):
+            d.mkdir(parents=True, exist_ok=True)
+        cmd = self.router_command(router_id, listen)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        code_root = str(Path(__file__).resolve().parents[1])  # routers run the launcher's own code
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (code_root, env.get("PYTHONPATH")) if p)
+        with self.out_file(router_id).open("ab") as out:
+            offset = out.tell()
+            out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} oncemesh: starting router {router_id}: "
+                      f"{' '.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=self.state_dir, env=env)
+        self._children[proc.pid] = proc
+        info = _proc(proc.pid)
+        st["routers"][router_id] = {
+            "pid": proc.pid, "proc_start": info.start if info else None, "started": time.time(),
+            "listen": listen or rec.get("listen"), "sticky": listen is not None, "out_offset": offset,
+            "topology_sha256": st.get("topology_sha256"), "cmd": cmd}
+
+    def _exit_code(self, pid: int | None) -> int | None:
+        """How a router this object started ended (None: still running, or not our child)."""
+        self._reap()
+        return self._exit_codes.get(pid) if pid else None
+
+    def tail(self, router_id: str, lines: int = 30) -> str:
+        """The end of what the router's latest run printed (its .out file), indented."""
+        rec = self._load_state()["routers"].get(router_id) or {}
+        return _tail(self.out_file(router_id), rec.get("out_offset", 0), lines)
+
+    def _wait_gone(self, pids: Iterable[tuple[str, dict[str, Any]]], deadline: float) -> list[str]:
+        """Wait until none of these routers runs; return those still running at the deadline."""
+        left = list(pids)
+        while True:
+            self._reap()
+            left = [(rid, rec) for rid, rec in left if self._ours(rid, rec) is not None]
+            if not left or time.monotonic() >= deadline:
+                return [rid for rid, _ in left]
+            time.sleep(POLL_INTERVAL)
+
+    # ------------------------------------------------------------------ the API
+    def status(self) -> list[RouterStatus]:
+        """Every router of the topology (and any other this state dir started), by id."""
+        self._reap()
+        st = self._load_state()
+        return [self._status_of(rid, st["routers"].get(rid)) for rid in self._ids(st)]
+
+    def router_status(self, router_id: str) -> RouterStatus:
+        self._reap()
+        return self._status_of(router_id, self._load_state()["routers"].get(router_id))
+
+    def up(self, wait: bool = True, timeout: float = 60.0) -> list[RouterStatus]:
+        """Start every router that is not running; with `wait`, until the mesh has converged.
+
+        Routers already running are left alone, so `up` after a crash restarts just the dead ones.
+        Raises RouterStartError if a router exits while starting, MeshError on timeout.
+        """
+        deadline = time.monotonic() + timeout
+        self._reap()
+        with self._locked() as st:
+            self._record_topology(st)
+            started = [rid for rid in sorted(self.topology.routers)
+                       if not self._status_of(rid, st["routers"].get(rid)).alive]
+            for rid in started:
+                self._launch(rid, st)
+        if wait:
+            self._wait_ready(started, deadline, timeout)
+            self.wait_converged(max(0.0, deadline - time.monotonic()))
+        return self.status()
+
+    def start_router(self, router_id: str) -> None:
+        """Start one router (without waiting for it; see `wait_converged`)."""
+        self.topology.router(router_id)
+        self._reap()
+        with self._locked() as st:
+            current = self._status_of(router_id, st["routers"].get(router_id))
+            if current.alive:
+                raise MeshError(f"router {router_id} is already running (pid {current.pid})")
+            self._record_topology(st)
+            self._launch(router_id, st)
+
+    def _wait_ready(self, ids: list[str], deadline: float, timeout: float) -> None:
+        pending = set(ids)
+        retried: set[str] = set()
+        while pending:
+            self._reap()
+            st = self._load_state()
+            for rid in sorted(pending):
+                rec = st["routers"].get(rid)
+                s = self._status_of(rid, rec)
+                if s.state is RouterState.RUNNING:
+                    pending.discard(rid)
+                    with self._locked() as locked:
+                        if locked["routers"].get(rid, {}).get("pid") == s.pid:
+                            locked["routers"][rid]["listen"] = s.listen
+                elif s.state is RouterState.DEAD:
+                    tail = self.tail(rid)
+                    if rec and rec.get("sticky") and rid not in retried and "cannot listen" in tail:
+                        retried.add(rid)  # its old port was taken meanwhile: take any free port
+                        with self._locked() as locked:
+                            self._launch(rid, locked, sticky=False)
+                        continue
+                    code = self._exit_code(s.pid)
+                    raise RouterStartError(rid, f"router {rid} exited while starting"
+                                           f"{'' if code is None else f' (exit code {code})'}; "
+                                           f"the end of {self.out_file(rid)}:", tail)
+            if pending and time.monotonic() >= deadline:
+                rid = min(pending)
+                raise MeshError(f"router {rid} did not become ready within {timeout:g} s; the end of "
+                                f"{self.out_file(rid)}:\n{self.tail(rid)}")
+            if pending:
+                time.sleep(POLL_INTERVAL)
+
+    def expected_peers(self, router_id: str, up: Iterable[str] | None = None) -> tuple[str, ...]:
+        """The peers `router_id` should see when the routers `up` (default: all) are running:
+        every router it can reach through running routers."""
+        up_set = set(self.topology.routers if up is None else up)
+        g = self.topology.graph().subgraph(up_set)
+        if router_id not in g:
+            return ()
+        return tuple(sorted(nx.node_connected_component(g, router_id) - {router_id}))
+
+    def convergence_problems(self, up: Iterable[str] | None = None) -> list[str]:
+        """What keeps the mesh from having converged (empty when it has), one line per router."""
+        expect = sorted(self.topology.routers if up is None else up)
+        by_id = {s.id: s for s in self.status()}
+        problems = []
+        for rid in expect:
+            s = by_id.get(rid) or RouterStatus(rid, RouterState.STOPPED)
+            want = self.expected_peers(rid, expect) if len(self.topology.routers) > 1 else ()
+            if s.state is not RouterState.RUNNING:
+                problems.append(f"{rid}: {s.state.value}")
+            elif not s.converged:
+                problems.append(f"{rid}: not converged yet (peers {', '.join(s.peers) or 'none'})")
+            elif s.peers != want:
+                problems.append(f"{rid}: peers {', '.join(s.peers) or 'none'}, expected {', '.join(want) or 'none'}")
+        return problems
+
+    def wait_converged(self, timeout: float = 30.0, up: Iterable[str] | None = None) -> list[RouterStatus]:
+        """Wait until each router in `up` (default: all) runs, says it has converged and sees as
+        peers exactly the routers it can reach. Fails at once if a router is not running."""
+        expect = sorted(self.topology.routers if up is None else up)
+        deadline = time.monotonic() + timeout
+        while True:
+            problems = self.convergence_problems(expect)
+            if not problems:
+                return self.status()
+            gone = [p for p in problems if p.endswith((": dead", ": stopped"))]
+            if gone:
+                rid = gone[0].split(":")[0]
+                raise MeshError(f"the mesh cannot converge: router {gone[0]}; the end of "
+                                f"{self.out_file(rid)}:\n{self.tail(rid)}")
+            if time.monotonic() >= deadline:
+                raise MeshError(f"the mesh did not converge within {timeout:g} s:\n  " + "\n  ".join(problems))
+            time.sleep(POLL_INTERVAL)
+
+    def stop_router(self, router_id: str, timeout: float = 10.0) -> StopOutcome:
+        """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
+        return self._stop([router_id], timeout)[router_id]
+
+    def down(self, timeout: float = 10.0) -> dict[str, StopOutcome]:
+        """Stop every router this state dir started (all at once); their state and logs stay."""
+        return self._stop(None, timeout)
+
+    def _stop(self, ids: list[str] | None, timeout: float) -> dict[str, StopOutcome]:
+        self._reap()
+        if not (self.state_dir / "mesh.json").exists():
+            return dict.fromkeys(ids or [], StopOutcome.NOT_RUNNING)
+        with self._locked() as st:
+            outcome: dict[str, StopOutcome] = {}
+            running: list[tuple[str, dict[str, Any]]] = []
+            for rid in ids if ids is not None else self._ids(st):
+                rec = st["routers"].get(rid)
+                if self._ours(rid, rec) is None:
+                    outcome[rid] = StopOutcome.NOT_RUNNING
+                    continue
+                assert rec is not None
+                ready = self._read_ready(rid)
+                if ready and ready.get("pid") == rec["pid"]:
+                    rec["listen"] = ready.get("listen")
+                os.kill(rec["pid"], signal.SIGTERM)
+                os.kill(rec["pid"], signal.SIGCONT)  # a frozen router must run to see SIGTERM
+                running.append((rid, rec))
+            stubborn = set(self._wait_gone(running, time.monotonic() + timeout))
+            for rid, rec in running:
+                if rid in stubborn and self._ours(rid, rec) is not None:
+                    os.kill(rec["pid"], signal.SIGKILL)
+            left = self._wait_gone([(r, rec) for r, rec in running if r in stubborn], time.monotonic() + 10)
+            if left:
+                raise MeshError(f"routers {', '.join(left)} survived SIGKILL (stuck in the kernel?)")
+            for rid, _ in running:
+                outcome[rid] = StopOutcome.KILLED if rid in stubborn else StopOutcome.STOPPED
+                if rid in stubborn:
+                    self.ready_file(rid).unlink(missing_ok=True)
+            for rid in outcome:
+                if rid in st["routers"]:
+                    st["routers"][rid]["pid"] = None
+            return outcome
+
+    def kill_router(self, router_id: str, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+        """Send `sig` to one router (default SIGKILL: a crash). With SIGKILL, returns once the
+        process is gone, so that `status` shows it dead. Its ready file stays, as after a crash."""
+        rec = self._running_record(router_id)
+        os.kill(rec["pid"], sig)
+        if sig == signal.SIGKILL and self._wait_gone([(router_id, rec)], time.monotonic() + timeout):
+            raise MeshError(f"router {router_id} (pid {rec['pid']}) survived SIGKILL for {timeout:g} s")
+
+    def freeze(self, router_id: str, timeout: float = 10.0) -> None:
+        """SIGSTOP: the router stops dead without closing anything (a hung process)."""
+        self._signal_and_wait(router_id, signal.SIGSTOP, frozen=True, timeout=timeout)
+
+    def thaw(self, router_id: str, timeout: float = 10.0) -> None:
+        """SIGCONT: a frozen router carries on where it stopped."""
+        self._signal_and_wait(router_id, signal.SIGCONT, frozen=False, timeout=timeout)
+
+    def _signal_and_wait(self, router_id: str, sig: int, frozen: bool, timeout: float) -> None:
+        rec = self._running_record(router_id)
+        os.kill(rec["pid"], sig)
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self._ours(router_id, rec)
+            if info is None:
+                raise MeshError(f"router {router_id} exited")
+            if (info.state in ("T", "t")) == frozen:
+                return
+            if time.monotonic() >= deadline:
+                raise MeshError(f"router {router_id} did not {'stop' if frozen else 'continue'} within {timeout:g} s")
+            time.sleep(POLL_INTERVAL)
+
+    def _running_record(self, router_id: str) -> dict[str, Any]:
+        self._reap()
+        rec: dict[str, Any] | None = self._load_state()["routers"].get(router_id)
+        if rec is None or self._ours(router_id, rec) is None:
+            raise MeshError(f"router {router_id} is not running")
+        return rec
+
+    def url(self, router_id: str) -> str:
+        """The client URL of a running router (ports chosen at run time included)."""
+        s = self.router_status(router_id)
+        if s.url is None:
+            raise MeshError(f"router {router_id} is {s.state.value}: it has no URL (start it with oncemesh up)")
+        return s.url
+
+    def urls(self) -> list[str]:
+        """Client URLs of the running routers, by router id: join with ',' for a client's --url."""
+        return [s.url for s in self.status() if s.url is not None]
+
+    def outdated(self) -> list[str]:
+        """Running routers started from an earlier version of the topology file."""
+        st = self._load_state()
+        text = self.topology_path.read_bytes() if self.topology_path.exists() else b""
+        now = hashlib.sha256(text).hexdigest()
+        return [s.id for s in self.status()
+                if s.alive and st["routers"].get(s.id, {}).get("topology_sha256") not in (None, now)]
+
+
+# ---------------------------------------------------------------------- CLI
+def default_state_dir() -> Path:
+    return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg, unused-ignore]
+    state_help = (f"where the mesh keeps its state, logs and status files (default ${STATE_DIR_ENV} or "
+                  f"./{DEFAULT_STATE_DIR}); one mesh per state directory")
+    p = sub.add_parser(
+        "up", help="start a mesh of routers on this machine",
+        description="Start every router of a topology file as a local process and wait until the mesh "
+                    "has converged. On a running mesh, starts only the routers that are not running "
+                    "(that is how to restart a crashed one). Routers keep running after this command "
+                    "exits; stop them with `oncemesh down`.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example:  oncemesh up topology/examples/line3.toml\n"
+               "          oncemesh put news hello --url $(oncemesh status --urls)")
+    p.add_argument("topology", type=Path, nargs="?", default=None,
+                   help="topology file (TOML, see docs/topology.md); default: the one the state "
+                        "directory was started with")
+    p.add_argument("--state-dir", type=Path, default=None, help=state_help)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the mesh (default 60)")
+    p.add_argument("--no-wait", action="store_true", help="return once the processes are started")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("status", help="show the routers of the local mesh",
+                       description="One line per router: id, pid, client URL, alive (state), peers, "
+                                   "incarnation. Exit status 0 if every router runs, 1 if some do "
+                                   "not, 2 if there is no mesh in the state directory.")
+    p.add_argument("--state-dir", type=Path, default=None, help=state_help)
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    fmt.add_argument("--urls", action="store_true",
+                     help="print only the client URLs of running routers, comma-separated (for --url)")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("down", help="stop the local mesh",
+                       description="Stop every router of the local mesh: SIGTERM, then SIGKILL after "
+                                   "--timeout. Their state and logs stay in the state directory.")
+    p.add_argument("--state-dir", type=Path, default=None, help=state_help)
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds a router gets to stop cleanly before SIGKILL (default 10)")
+    p.set_defaults(func=cmd_down)
+
+
+def _alive_text(s: RouterStatus) -> str:
+    return {RouterState.RUNNING: "yes", RouterState.STARTING: "yes (starting)", RouterState.FROZEN: "yes (frozen)",
+            RouterState.DEAD: "no (dead)", RouterState.STOPPED: "no (stopped)"}[s.state]
+
+
+def format_table(statuses: list[RouterStatus]) -> str:
+    rows = [("ID", "PID", "URL", "ALIVE", "PEERS", "INCARNATION")]
+    for s in statuses:
+        peers = ",".join(s.peers) if s.peers else "-"
+        if s.state is RouterState.RUNNING and not s.converged:
+            peers += " (converging)"
+        rows.append((s.id, str(s.pid) if s.pid else "-", s.url or "-", _alive_text(s), peers, s.incarnation or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir()
+    try:
+        mesh = Mesh.open(state_dir) if args.topology is None else Mesh(args.topology, state_dir)
+        before = {s.id for s in mesh.status() if s.alive}
+        statuses = mesh.up(wait=not args.no_wait, timeout=args.timeout)
+    except TopologyError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except MeshError as exc:
+        print(f"oncemesh up: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("oncemesh up: interrupted; routers already started keep running (oncemesh status / down)",
+              file=sys.stderr)
+        return 130
+    print(format_table(statuses))
+    started = sorted(set(mesh.topology.routers) - before)
+    print(f"\nmesh {mesh.topology.name!r} in {mesh.state_dir}: "
+          + (f"started {', '.join(started)}" if started else "all routers were already running")
+          + (f"; {', '.join(sorted(before))} already running" if before and started else ""))
+    stale = mesh.outdated()
+    if stale:
+        print(f"note: {', '.join(stale)} run an earlier version of {mesh.topology_path}; restart them "
+              f"to apply it (oncemesh down, then oncemesh up)")
+    if not args.no_wait:
+        print(f"client URLs: {','.join(mesh.urls())}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir()
+    try:
+        mesh = Mesh.open(state_dir)
+    except (MeshError, TopologyError) as exc:
+        print(f"oncemesh status: {exc}", file=sys.stderr)
+        return 2
+    statuses = mesh.status()
+    if args.json:
+        print(json.dumps({"mesh": mesh.topology.name, "topology": str(mesh.topology_path),
+                          "state_dir": str(mesh.state_dir), "routers": [s.to_json() for s in statuses]},
+                         indent=2))
+    elif args.urls:
+        print(",".join(mesh.urls()))
+    else:
+        print(format_table(statuses))
+    return 0 if all(s.alive for s in statuses) else 1
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir()
+    try:
+        mesh = Mesh.open(state_dir)
+    except MeshError as exc:
+        print(f"oncemesh down: nothing to stop: {exc}", file=sys.stderr)
+        return 0
+    except TopologyError as exc:
+        print(f"oncemesh down: {exc}", file=sys.stderr)
+        return 2
+    try:
+        outcome = mesh.down(args.timeout)
+    except MeshError as exc:
+        print(f"oncemesh down: {exc}", file=sys.stderr)
+        return 1
+    for kind in (StopOutcome.STOPPED, StopOutcome.KILLED):
+        ids = sorted(r for r, o in outcome.items() if o is kind)
+        if ids:
+            extra = f" (did not stop within {args.timeout:g} s)" if kind is StopOutcome.KILLED else ""
+            print(f"{kind.value}: {', '.join(ids)}{extra}")
+    if not any(o is not StopOutcome.NOT_RUNNING for o in outcome.values()):
+        print("no router was running")
+    return 0
