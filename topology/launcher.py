@@ -250,6 +250,8 @@ class Mesh:
         if info is None or info.state in ("Z", "X") or info.start != rec.get("proc_start"):
             return None
         args = info.cmdline
+        if not args:  # mid-exec (arguments not set up yet) or exiting: pid + start time suffice
+            return info
         for flag, value in (("--id", router_id), ("--ready-file", str(self.ready_file(router_id)))):
             if not any(args[i] == flag and args[i + 1] == value for i in range(len(args) - 1)):
                 return None
