@@ -558,9 +558,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                   f"./{DEFAULT_STATE_DIR}); one mesh per state directory")
     p = sub.add_parser(
         "up", help="start a mesh of routers on this machine",
-        description="Start every router of a topology file as a local process and wait until the mesh "
-                    "has converged. On a running mesh, starts only the routers that are not running "
-                    "(that is how to restart a crashed one). Routers keep running after this command "
+        description="Start every router of a topology file as a local process and wait until the mesh\n"
+                    "has converged. On a running mesh, start only the routers that are not running\n"
+                    "(that is how to restart a crashed one). Routers keep running after this command\n"
                     "exits; stop them with `oncemesh down`.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example:  oncemesh up topology/examples/line3.toml\n"
@@ -571,6 +571,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--state-dir", type=Path, default=None, help=state_help)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the mesh (default 60)")
     p.add_argument("--no-wait", action="store_true", help="return once the processes are started")
+    p.add_argument("--check", action="store_true",
+                   help="only validate the topology file and describe it; start nothing (exit 2 if invalid)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("status", help="show the routers of the local mesh",
@@ -609,8 +611,34 @@ def format_table(statuses: list[RouterStatus]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
+def describe(topo: Topology) -> str:
+    """A short human summary of a valid topology (for `oncemesh up --check`)."""
+    out = [f"mesh {topo.name!r}: {len(topo.routers)} router(s), {len(topo.links)} link(s), connected; "
+           f"hello every {topo.hello_interval:g} s, dead after {topo.dead_after:g} s"]
+    for rid, r in sorted(topo.routers.items()):
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(topo.router_settings(rid).items()))
+        out.append(f"  {rid}: listen {r.listen}, inter-router {r.inter_router}, neighbours "
+                   f"{', '.join(topo.neighbours(rid)) or 'none'}" + (f"; {settings}" if settings else ""))
+    for link in topo.links:
+        out.append(f"  link {link}: cost {link.cost:g}, {topo.dialer(link.a, link.b)} dials")
+    for name, t in sorted(topo.topics.items()):
+        extra = t.total or t.causal_group
+        out.append(f"  topic {name}: order {t.order}" + (f" ({extra})" if extra else ""))
+    return "\n".join(out)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or default_state_dir()
+    if args.check:
+        if args.topology is None:
+            print("oncemesh up --check: give the topology FILE to check", file=sys.stderr)
+            return 2
+        try:
+            print(describe(load_topology(args.topology)))
+        except TopologyError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        return 0
     try:
         mesh = Mesh.open(state_dir) if args.topology is None else Mesh(args.topology, state_dir)
         before = {s.id for s in mesh.status() if s.alive}

@@ -225,6 +225,16 @@ def test_cli_up_with_a_bad_topology_exits_2_and_says_where(tmp_path: Path) -> No
     assert r.returncode == 2
     assert f"{bad}:6: link A–X: unknown router 'X' (routers: A)" in r.stderr
     assert not (tmp_path / "mesh").exists()
+    r = oncemesh("up", str(bad), "--check")
+    assert r.returncode == 2 and "unknown router 'X'" in r.stderr
+
+
+def test_cli_up_check_describes_a_valid_topology_and_starts_nothing(tmp_path: Path) -> None:
+    r = oncemesh("up", str(EXAMPLES / "mesh4.toml"), "--check", "--state-dir", str(tmp_path / "mesh"))
+    assert r.returncode == 0, r.stderr
+    assert "mesh 'mesh4': 4 router(s), 6 link(s), connected" in r.stdout
+    assert "link A–D: cost 5, A dials" in r.stdout and "topic orders: order total (sequencer)" in r.stdout
+    assert not (tmp_path / "mesh").exists()
 
 
 def test_cli_status_and_down_without_a_mesh(tmp_path: Path) -> None:
