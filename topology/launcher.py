@@ -230,6 +230,9 @@ class Mesh:
                 self._save_state(st)
 
     def _record_topology(self, st: dict[str, Any]) -> None:
+        for rid in [r for r in st["routers"] if r not in self.topology.routers]:
+            if self._ours(rid, st["routers"][rid]) is None:
+                del st["routers"][rid]  # of an earlier topology, and gone
         raw = self.topology_path.read_bytes()
         st.update(version=STATE_VERSION, name=self.topology.name, topology=str(self.topology_path),
                   topology_text=raw.decode("utf-8"), topology_sha256=hashlib.sha256(raw).hexdigest())
@@ -282,7 +285,11 @@ class Mesh:
             converged=bool(ready.get("converged")), started=started)
 
     def _ids(self, st: dict[str, Any]) -> list[str]:
-        return sorted(set(self.topology.routers) | set(st["routers"]))
+        """The topology's routers, and any other this state dir started that still runs (e.g. one
+        since removed from the file), so that `status` shows it and `down` stops it."""
+        extra = {rid for rid, rec in st["routers"].items()
+                 if rid not in self.topology.routers and self._ours(rid, rec) is not None}
+        return sorted(set(self.topology.routers) | extra)
 
     def _launch(self, router_id: str, st: dict[str, Any], sticky: bool = True) -> None:
         spec = self.topology.router(router_id)

@@ -192,6 +192,18 @@ def test_a_state_dir_runs_one_mesh_at_a_time(meshes: Callable[..., Mesh], tmp_pa
         Mesh(EXAMPLES / "line3.toml", tmp_path / "mesh")
 
 
+@needs_router
+def test_a_state_dir_can_be_reused_for_another_topology_once_stopped(meshes: Callable[..., Mesh],
+                                                                     tmp_path: Path) -> None:
+    first = meshes(SINGLE)
+    first.up(timeout=TIMEOUT)
+    first.down()
+    other = tmp_path / "other.toml"
+    other.write_text('[routers.Z]\nlisten = "127.0.0.1:0"\n')
+    (z,) = meshes(other).up(timeout=TIMEOUT)  # A, of the first topology, is no longer listed
+    assert (z.id, z.state) == ("Z", RouterState.RUNNING)
+
+
 # ---------------------------------------------------------------------- the CLI
 @needs_router
 def test_cli_up_status_down(meshes: Callable[..., Mesh], tmp_path: Path) -> None:
