@@ -210,7 +210,10 @@ def _same_host(a: str, b: str) -> bool:
 
 class _Checker:
     def __init__(self, text: str) -> None:
-        self.lines = _LineIndex(text)
+        try:
+            self.lines = _LineIndex(text)
+        except (IndexError, ValueError, RecursionError, tomllib.TOMLDecodeError):
+            self.lines = _LineIndex("")  # a scanner bug must not hide the problems: report line 1
         self.problems: list[Problem] = []
         self.declared: set[str] = set()  # every router id in the file, valid or not
 
@@ -635,6 +638,7 @@ class _LineIndex:
                 if self._peek() in (close, ""):
                     self._advance()
                     return
+                before = self._i
                 if n >= 0:  # array element
                     self._record((*path, n))
                     self._value((*path, n))
@@ -647,6 +651,8 @@ class _LineIndex:
                 self._skip_space(newlines=True)
                 if self._peek() == ",":
                     self._advance()
+                elif self._i == before:
+                    self._advance()  # never loop in place, whatever the text
         else:  # number, boolean, date/time: runs to a delimiter
             while self._peek() not in (",", "]", "}", "\n", "#", ""):
                 self._advance()

@@ -410,3 +410,70 @@ def test_an_unknown_key_is_reported_on_its_own_line(nodes: list[str], data: st.D
     lines.insert(at, "# a comment\nbogus = [1,\n  2]")
     err = only_error("\n".join(lines) + "\n")
     assert err.startswith(f"<string>:{at + 2}: unknown key 'bogus' in [routers.{victim}]")
+
+
+# awkward but valid TOML around the tables: strings holding '#', brackets, quotes and escapes
+TRICKY = st.text(alphabet=st.sampled_from(list("ab #[]{}=,.'\"\\\t") + ["é", "\u2013"]), max_size=12)
+
+
+def _basic(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\t", "\\t") + '"'
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> tuple[str, dict[str, int]]:
+    """A valid 3-router line topology written in a random layout, and the line of each marker:
+    `bad_key` (an unknown key in router B) and `bad_link` (a link to an unknown router)."""
+    name = "n" + draw(TRICKY)
+    out: list[str] = []
+    marks: dict[str, int] = {}
+
+    def emit(text: str, mark: str | None = None) -> None:
+        if mark:
+            marks[mark] = len(out) + 1 + text[:text.index(mark)].count("\n")
+        out.extend(text.split("\n"))
+
+    emit(f"# {draw(TRICKY)}")
+    inline_links = draw(st.booleans())
+    if inline_links:  # top-level keys come before the first table
+        emit('links = [  # the links\n  { between = ["A", "B"] },\n  { between = ["B", "C"], cost = 2.5 }, '
+             '# ,]\n  { between = ["C", "Q"] },', "Q")
+        marks["bad_link"] = marks.pop("Q")
+        emit("]")
+    if draw(st.booleans()):
+        emit(f"[mesh]\nname = {_basic(name)}  # {draw(TRICKY)}")
+    elif "'" not in name:
+        emit(f"mesh = {{ name = \'\'\'{name}\'\'\' }}")
+    else:
+        emit(f"mesh.name = {_basic(name)}")
+    inline = [rid for rid in "AC" if draw(st.booleans())]
+    if inline:
+        emit("[routers]")
+        for rid in inline:
+            emit(f'{rid} = {{ listen = "127.0.0.1:0", inter_router = "127.0.0.1:0" }}  # {_basic(draw(TRICKY))}')
+    for rid in sorted(set("ABC") - set(inline)):
+        emit(f"[routers.{rid}]  # {_basic(draw(TRICKY))}")
+        emit('listen = "127.0.0.1:0"\n"inter_router" = "127.0.0.1:0"')
+        if rid == "B":
+            emit(f"bad_key = {_basic(draw(TRICKY))}", "bad_key")
+        emit(f"[routers.{rid}.settings]\nlink_credit = {draw(st.integers(1, 999))}")
+    if not inline_links:
+        emit('[[links]]\nbetween = ["A", "B"]\n\n[[links]]\nbetween = [\n  "B",\n  "C",\n]\n[[links]]')
+        emit('between = ["C", "Q"]', "between")
+        marks["bad_link"] = marks.pop("between")
+    return "\n".join(out) + "\n", marks
+
+
+@given(layouts())
+@settings(max_examples=150, deadline=None)
+def test_lines_are_right_whatever_the_layout(layout: tuple[str, dict[str, int]]) -> None:
+    text, marks = layout
+    assert "B" in parse_topology(text.replace("bad_key", "# bad_key").replace('"Q"', '"A"')).routers
+    errs = errors(text)
+    assert errs == [
+        f"<string>:{marks['bad_key']}: unknown key 'bad_key' in [routers.B] (valid: inter_router, listen, settings)",
+        f"<string>:{marks['bad_link']}: link C–Q: unknown router 'Q' (routers: A, B, C)",
+    ] or errs == [  # when the links come first
+        f"<string>:{marks['bad_link']}: link C–Q: unknown router 'Q' (routers: A, B, C)",
+        f"<string>:{marks['bad_key']}: unknown key 'bad_key' in [routers.B] (valid: inter_router, listen, settings)",
+    ], text
