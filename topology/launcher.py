@@ -219,14 +219,15 @@ class Mesh:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, Any]]:
-        """mesh.json, read under an exclusive lock and written back on success."""
+        """mesh.json, read under an exclusive lock and written back at the end (also after an
+        error: a router started before it must stay on record)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with (self.state_dir / "mesh.lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             st = self._load_state()
             try:
                 yield st
-            finally:  # also on error: a router started before it must stay on record
+            finally:
                 self._save_state(st)
 
     def _record_topology(self, st: dict[str, Any]) -> None:
@@ -276,7 +277,7 @@ class Mesh:
             return RouterStatus(router_id, RouterState.DEAD, pid, started=started)
         ready = self._read_ready(router_id)
         if ready is None or ready.get("pid") != pid:
-            state = RouterState.FROZEN if proc.state == "T" else RouterState.STARTING
+            state = RouterState.FROZEN if proc.state in ("T", "t") else RouterState.STARTING
             return RouterStatus(router_id, state, pid, started=started)
         return RouterStatus(
             router_id, RouterState.FROZEN if proc.state in ("T", "t") else RouterState.RUNNING, pid,
