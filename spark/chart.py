@@ -1,7 +1,7 @@
 """The reconciliation chart (PNG): latency distribution per hop, and a timeline of anomalies.
 
-Takes small, already aggregated data (quantile curves and per-second counts, computed in Spark), so
-that it costs the same for ten lines or ten billion. matplotlib is optional (`pip install
+Takes small, already aggregated data (quantile curves and counts per time bucket, computed in
+Spark), so that it costs the same for ten lines or ten billion. matplotlib is optional (`pip install
 oncemesh[chart]`): `available()` says whether it can be drawn.
 """
 
@@ -14,10 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spark.schema import CLASSES
-
-# Quantiles drawn for each hop's distribution (a CDF): dense enough to show the tail.
-CDF_POINTS: tuple[float, ...] = tuple(
-    [i / 100 for i in range(1, 100)] + [0.995, 0.999, 0.9999])
 
 KIND_ORDER = {"end_to_end": 0, "publish": 1, "mesh": 2, "deliver": 3}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -240,27 +241,57 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
     d = summary.to_dict()
     s_parquet, subs_parquet = target / "summary.parquet", target / "subscriptions.parquet"
     summary_frame(spark, d).coalesce(1).write.mode("overwrite").parquet(str(s_parquet))
-    R.subscription_counts(rec.pairs).coalesce(1).write.mode("overwrite").parquet(str(subs_parquet))
+    subs_frame(spark, summary).coalesce(1).write.mode("overwrite").parquet(str(subs_parquet))
     s_json = target / "summary.json"
     s_json.write_text(json.dumps(d, indent=2, sort_keys=False) + "\n")
     png: Path | None = None
     if chart:
         if C.available():
-            curves = [C.HopCurve(row["kind"], row["hop"], int(row["n"]),
-                                 tuple(zip(C.CDF_POINTS, row["q"], strict=True)))
-                      for row in R.latency_quantiles(rec.hops, C.CDF_POINTS).collect()]
-            curves.sort(key=lambda c: (C.KIND_ORDER.get(c.kind, 9), c.hop))
-            span = R.anomaly_span(rec.pairs)
-            bucket = C.bucket_for(span)
-            timeline: dict[str, list[tuple[float, int]]] = {}
-            for row in R.anomaly_timeline(rec.pairs, bucket).collect():
-                timeline.setdefault(row["class"], []).append((float(row["t"]), int(row["n"])))
-            png = C.render(curves, timeline, target / "reconcile.png", bucket=bucket,
+            curves = sorted((C.HopCurve(q.kind, q.name, q.n, q.curve) for q in summary.latencies),
+                            key=lambda c: (C.KIND_ORDER.get(c.kind, 9), c.hop))
+            timeline = anomaly_timeline(rec, summary)
+            bucket = timeline[0]
+            png = C.render(curves, timeline[1], target / "reconcile.png", bucket=bucket,
                            title=f"oncemesh reconciliation: {'PASS' if summary.passed else 'FAIL'}")
         else:
             print("oncemesh reconcile: matplotlib is not installed: no chart "
                   "(pip install 'oncemesh[chart]')", file=say)
     return Outputs(target, s_json, s_parquet, subs_parquet, a_parquet, a_json, png)
+
+
+def anomaly_timeline(rec: Reconciliation, summary: Summary, collect_limit: int = 200_000
+                     ) -> tuple[float, dict[str, list[tuple[float, int]]]]:
+    """(bucket seconds, class -> [(bucket start, pairs)]): the anomalies' times are brought to the
+    driver and bucketed here when there are few; otherwise bucketed by Spark."""
+    from spark import chart as C
+    from spark import reconcile as R
+
+    timeline: dict[str, list[tuple[float, int]]] = {}
+    n = summary.pairs - summary.ok
+    if n <= collect_limit:
+        rows = [(str(r["class"]), float(r["t"])) for r in R.anomaly_times(rec.pairs).collect()]
+        ts = [t for _, t in rows]
+        bucket = C.bucket_for(max(ts) - min(ts) if ts else 0.0)
+        counts: dict[tuple[str, float], int] = {}
+        for cls, t in rows:
+            key = (cls, math.floor(t / bucket) * bucket)
+            counts[key] = counts.get(key, 0) + 1
+        for (cls, t), k in sorted(counts.items()):
+            timeline.setdefault(cls, []).append((t, k))
+        return bucket, timeline
+    bucket = C.bucket_for(R.anomaly_span(rec.pairs))
+    for row in R.anomaly_timeline(rec.pairs, bucket).collect():
+        timeline.setdefault(row["class"], []).append((float(row["t"]), int(row["n"])))
+    return bucket, timeline
+
+
+def subs_frame(spark: SparkSession, summary: Summary) -> DataFrame:
+    """The per-subscription counts of a summary as a frame."""
+    from spark.schema import CLASSES
+
+    cols = ", ".join(f"{c} long" for c in CLASSES)
+    rows = [(s.sub, s.topic, s.pairs, s.owed, *(n for _, n in s.counts)) for s in summary.per_subscription]
+    return spark.createDataFrame(rows, f"sub string, topic string, pairs long, owed long, {cols}")
 
 
 def summary_frame(spark: SparkSession, d: dict[str, Any]) -> DataFrame:

@@ -14,7 +14,8 @@ rejections, per-hop latency and records left unsettled.
    begun at or before the first send and had not ended) or handed, and `classify` gives each pair
    exactly one class (precedence in `classify`; docs/settlement-log.md says why).
 5. `router_records`, `router_stats`, `hop_latencies`, `latency_quantiles` measure the routers.
-6. `summarize` collects the counts into a `Summary` (the one step that brings data to the driver).
+6. `summarize` collects the counts into a `Summary` (the step that brings data to the driver; also
+   `anomaly_span`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from spark import schema as S
 OK, MALFORMED, NEWER, UNKNOWN_EVENT, BLANK = "ok", "malformed", "newer", "unknown_event", "blank"
 
 QUANTILES = (0.5, 0.99, 0.999)
+# Quantiles kept per hop to draw its distribution (a CDF): dense enough to show the tail.
+CURVE: tuple[float, ...] = tuple([i / 100 for i in range(1, 100)] + [0.995, 0.999, 0.9999])
 PERCENTILE_ACCURACY = 10_000
 
 
@@ -255,10 +258,16 @@ def subscription_counts(classified: DataFrame) -> DataFrame:
                  *[F.sum((_c("class") == c).cast("long")).alias(c) for c in S.CLASSES]))
 
 
-def anomaly_span(classified: DataFrame) -> float:
-    """Seconds between the first and the last anomaly (0 when fewer than two)."""
+def anomaly_times(classified: DataFrame) -> DataFrame:
+    """class, t: when each anomalous pair happened (its first send, or its hand-over when the
+    message was never published)."""
     t = F.coalesce(_c("t_pub"), _c("t_handed"))
-    row = anomalies(classified).agg(F.min(t).alias("a"), F.max(t).alias("b")).first()
+    return anomalies(classified).where(t.isNotNull()).select("class", t.alias("t"))
+
+
+def anomaly_span(classified: DataFrame) -> float:
+    """Seconds between the first and the last anomaly (0 when fewer than two). An action."""
+    row = anomaly_times(classified).agg(F.min("t").alias("a"), F.max("t").alias("b")).first()
     if row is None or row["a"] is None:
         return 0.0
     return float(row["b"] - row["a"])
@@ -267,9 +276,8 @@ def anomaly_span(classified: DataFrame) -> float:
 def anomaly_timeline(classified: DataFrame, bucket: float = 1.0) -> DataFrame:
     """Anomalous pairs per class and time bucket (of the first send, or of the hand-over when the
     message was never published): class, t (bucket start), n."""
-    t = F.coalesce(_c("t_pub"), _c("t_handed"))
-    return (anomalies(classified).where(t.isNotNull())
-            .groupBy("class", (F.floor(t / bucket) * bucket).alias("t"))
+    return (anomaly_times(classified)
+            .groupBy("class", (F.floor(_c("t") / bucket) * bucket).alias("t"))
             .agg(F.count(F.lit(1)).alias("n")))
 
 
@@ -355,7 +363,7 @@ def hop_latencies(events: DataFrame, msgs: DataFrame, classified: DataFrame) -> 
     return e2e.unionByName(publish).unionByName(mesh).unionByName(deliver)
 
 
-def latency_quantiles(samples: DataFrame, quantiles: Iterable[float] = QUANTILES) -> DataFrame:
+def latency_quantiles(samples: DataFrame, quantiles: Iterable[float] = QUANTILES + CURVE) -> DataFrame:
     """kind, hop, n, q (array, one per quantile), max."""
     return (samples.groupBy("kind", "hop")
             .agg(F.count(F.lit(1)).alias("n"),
@@ -411,6 +419,7 @@ class Quantiles:
     p99: float | None
     p999: float | None
     max: float | None
+    curve: tuple[tuple[float, float], ...] = ()  # (quantile, seconds) for a chart; not in to_dict
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "n": self.n, "p50": self.p50, "p99": self.p99,
@@ -506,8 +515,11 @@ class Summary:
 
 
 def _quantiles(kind: str, name: str, n: int, q: list[float] | None, mx: float | None) -> Quantiles:
-    qs = list(q) if q else [None, None, None]
-    return Quantiles(kind, name, int(n), qs[0], qs[1], qs[2], mx)
+    """`q`: values at QUANTILES, then (optionally) at CURVE."""
+    qs: list[float | None] = list(q) if q else [None] * len(QUANTILES)
+    head, tail = qs[:len(QUANTILES)], qs[len(QUANTILES):]
+    curve = tuple((c, float(v)) for c, v in zip(CURVE, tail, strict=False) if v is not None)
+    return Quantiles(kind, name, int(n), head[0], head[1], head[2], mx, curve)
 
 
 def summarize(r: Reconciliation) -> Summary:

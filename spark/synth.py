@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import random
 import sys
@@ -27,7 +28,10 @@ from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
+from router.settlement_log import SettlementLog
 from spark.schema import CLASSES
 
 ANOMALIES = tuple(c for c in CLASSES if c != "ok")
@@ -152,7 +156,47 @@ def expected(cfg: SynthConfig, p: Plan) -> dict[str, int]:
             "unsettled_dead": dead}
 
 
-# ================================================================ writing
+# ================================================================ hand-built logs
+class LogBook:
+    """Hand-written settlement logs through the real writer (`SettlementLog`): one file per
+    (source, node, incarnation), lines with the timestamps you give. For tests and examples.
+
+        with LogBook(tmp) as book:
+            book.write("publisher", "P", "published", 10.0, gid="g1", topic="t", pub="p", seq=1)
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self._logs: dict[tuple[str, str, str], SettlementLog] = {}
+
+    def write(self, src: str, node: str, ev: str, ts: float, *, inc: str = "1", gid: str | None = None,
+              topic: str | None = None, sub: str | None = None, **fields: Any) -> None:
+        key = (src, node, inc)
+        log = self._logs.get(key)
+        if log is None:
+            log = self._logs[key] = SettlementLog(self.out / f"{node}.{src}.{inc}.jsonl", src, node, inc)
+        log.write(ev, ts, gid, topic, sub, **fields)
+
+    def raw(self, name: str, text: str) -> None:
+        """Append `text` as is to the file `name` (bad lines, future versions)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / name, "a", encoding="utf-8") as f:
+            f.write(text)
+
+    def close(self) -> None:
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+
+    def __enter__(self) -> LogBook:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+# ================================================================ synthetic runs
 def _inc(p: Plan, r: int, t_msg: float) -> str:
     """A message's lines at a router all belong to the incarnation that received it."""
     if r == 0 and p.restart_at is not None and t_msg >= p.restart_at:
@@ -286,7 +330,8 @@ def generate(cfg: SynthConfig, out: Path) -> dict[str, int]:
     if len(jobs) == 1:
         written = [_write_chunk(jobs[0])]
     else:
-        with ProcessPoolExecutor(max_workers=len(jobs)) as ex:
+        # spawn, not fork: the caller may be a multi-threaded process (a Spark driver)
+        with ProcessPoolExecutor(max_workers=len(jobs), mp_context=multiprocessing.get_context("spawn")) as ex:
             written = list(ex.map(_write_chunk, jobs))
     exp = expected(cfg, p)
     exp["log_lines"] = len(pre) + sum(written)

@@ -1,0 +1,25 @@
+"""The one Spark session of the Spark tests: local[2], two shuffle partitions, quiet, loopback only.
+
+`oncemesh reconcile` run in-process (tests call `router.cli.main`) finds this session active and
+uses it instead of starting its own, and leaves it running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+from spark.job import spark_session
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session, created = spark_session("local[2]", shuffle_partitions=2, app_name="oncemesh-tests")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
+    try:
+        yield session
+    finally:
+        if created:
+            session.stop()

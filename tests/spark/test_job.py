@@ -1,0 +1,97 @@
+"""`oncemesh reconcile`: exit codes, --json, the files under --out, and synthetic runs whose verdict is
+known in advance."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from router.cli import main as oncemesh
+from spark import chart
+from spark.schema import CLASSES
+from spark.synth import LogBook, SynthConfig, generate
+
+pytestmark = pytest.mark.spark
+
+TOTALS = ("messages", "pairs", "log_lines", "malformed_lines", "newer_version_lines")
+
+
+def clean_logs(out: Path, n: int = 3) -> None:
+    """One subscription, n messages, every one handed once before ACCEPTED."""
+    with LogBook(out) as b:
+        b.write("router", "A", "subscribed", 1.0, topic="t", sub="s", container="c", link="l")
+        b.write("subscriber", "c", "subscribed", 1.01, topic="t", sub="s", container="c", link="l")
+        for i in range(n):
+            t = 2.0 + i
+            b.write("publisher", "P", "published", t, gid=f"g{i}", topic="t", pub="p", link="pl", seq=i)
+            b.write("router", "A", "received", t + 0.01, gid=f"g{i}", topic="t", size=1, count=1)
+            b.write("subscriber", "c", "handed", t + 0.1, gid=f"g{i}", topic="t", sub="s", link="l")
+            b.write("publisher", "P", "outcome", t + 0.2, gid=f"g{i}", topic="t", pub="p", link="pl", seq=i,
+                    outcome="ACCEPTED")
+            b.write("router", "A", "settled", t + 0.3, gid=f"g{i}", topic="t")
+
+
+def test_no_logs_found_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "A.router.log").write_text("not a settlement log\n")
+    p = subprocess.run([sys.executable, "-m", "router.cli", "reconcile", str(tmp_path / "empty")],
+                       capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    assert p.returncode == 2
+    assert "no settlement logs" in p.stderr and str(tmp_path / "empty") in p.stderr
+
+
+def test_missing_path_and_bad_since_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    assert oncemesh(["reconcile", str(tmp_path / "nope")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+    clean_logs(tmp_path / "logs")
+    assert oncemesh(["reconcile", str(tmp_path / "logs"), "--since", "yesterday-ish"]) == 2
+    assert "--since" in capsys.readouterr().err
+
+
+def test_clean_run_exits_0_prints_a_table_and_writes_the_results(
+        spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clean_logs(tmp_path / "state" / "deep" / "logs")  # found recursively
+    monkeypatch.setattr(chart, "available", lambda: False)
+    out = tmp_path / "out"
+    assert oncemesh(["reconcile", str(tmp_path / "state"), "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert "verdict: PASS" in cap.out
+    assert [ln.split() for ln in cap.out.splitlines() if ln.strip().startswith("ok ")] == [["ok", "3"]]
+    assert "matplotlib is not installed" in cap.err
+    assert not (out / "reconcile.png").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert {c: summary[c] for c in CLASSES} == {c: (3 if c == "ok" else 0) for c in CLASSES}
+    assert spark.read.parquet(str(out / "anomalies.parquet")).count() == 0
+    row = spark.read.parquet(str(out / "summary.parquet")).first()
+    assert row is not None and (row["ok"], row["messages"], row["verdict"]) == (3, 3, "pass")
+
+
+def test_synthetic_run_with_every_anomaly_exits_1_and_json_matches_the_known_verdict(
+        spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = SynthConfig(messages=600, publishers=3, subscriptions=4, routers=3, topics=2,
+                      anomalies={"lost": 1, "duplicated": 2, "unexpected": 1, "in_doubt": 3, "recovered": 1,
+                                 "ended_before_delivery": 2, "false_accept": 1},
+                      stuck_dead=2, stuck_live=1, malformed=3, newer=2, chunks=2, seed=7)
+    expected = generate(cfg, tmp_path / "logs")
+    out = tmp_path / "out"
+    assert oncemesh(["reconcile", str(tmp_path / "logs"), "--json", "--out", str(out)]) == 1
+    cap = capsys.readouterr()
+    lines = cap.out.strip().splitlines()
+    assert len(lines) == 1  # --json: one object on stdout, the human text goes to stderr
+    got = json.loads(lines[0])
+    for key in (*CLASSES, *TOTALS, "messages_in_doubt", "unsettled_live", "unsettled_dead"):
+        assert got[key] == expected[key], key
+    assert got["verdict"] == "fail" and got["failures"] == 5
+    assert "newer schema version" in cap.err and "malformed" in cap.err
+    anomalies = spark.read.parquet(str(out / "anomalies.parquet"))
+    assert anomalies.count() == sum(expected[c] for c in CLASSES if c != "ok")
+    assert spark.read.json(str(out / "anomalies.json")).count() == anomalies.count()
+    if chart.available():
+        assert (out / "reconcile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,89 @@
+"""The Spark schema and the writer's schema are the same, and what the writer writes reads back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import Row, SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from router import settlement_log as W
+from spark import reconcile as R
+from spark import schema as S
+
+pytestmark = pytest.mark.spark
+
+
+def test_struct_type_has_one_column_per_writer_field_in_order_with_the_json_type() -> None:
+    assert [f.name for f in S.LOG_SCHEMA.fields] == list(W.FIELDS)
+    assert {f.name: f.dataType for f in S.LOG_SCHEMA.fields} == {
+        name: S.JSON_TYPES[kind] for name, kind in W.FIELDS.items()}
+    assert S.SCHEMA_VERSION == W.SCHEMA_VERSION
+
+
+def test_event_names_are_the_writers() -> None:
+    assert S.EVENTS_BY_SOURCE == {"router": W.ROUTER_EVENTS, "publisher": W.PUBLISHER_EVENTS,
+                                  "subscriber": W.SUBSCRIBER_EVENTS}
+    assert S.ROUTER_READ <= W.ROUTER_EVENTS
+    assert S.PUBLISHER_READ <= W.PUBLISHER_EVENTS
+    assert S.SUBSCRIBER_READ <= W.SUBSCRIBER_EVENTS
+
+
+def test_lines_of_the_real_writer_read_back_with_the_schema(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    log = W.SettlementLog(path, src="router", node="A", inc="i1")
+    log.write("received", 12.5, "g1", "orders", None, size=10, count=2)
+    log.write_core_event(13.0, ("rejected", "g1", "orders", "s1", ("amqp:x", "no thanks")))
+    log.write_core_event(13.25, ("ended", "g1", "orders", "s2", "expired"))
+    log.write("forwarded", 14.0, "g1", "orders", None, peer="B")
+    log.close()
+    plog = W.SettlementLog(tmp_path / "p.jsonl", src="publisher", node="C", inc="r1")
+    plog.write("published", 11.0, "g1", "orders", None, pub="p", link="l", seq=7, size=10)
+    plog.write("outcome", 15.0, "g1", "orders", None, pub="p", link="l", seq=7, outcome="REJECTED",
+               error="oncemesh:subscriber-rejected: rejected by subscription(s) s1")
+    plog.close()
+    got = spark.read.schema(S.LOG_SCHEMA).json([str(path), str(tmp_path / "p.jsonl")])
+    common = {f: None for f in W.FIELDS}
+
+    def row(**kw: object) -> Row:
+        return Row(**{**common, "v": 1, **kw})
+
+    expected = [
+        row(ts=12.5, src="router", node="A", inc="i1", ev="received", gid="g1", topic="orders", size=10,
+            count=2),
+        row(ts=13.0, src="router", node="A", inc="i1", ev="rejected", gid="g1", topic="orders", sub="s1",
+            error="amqp:x: no thanks"),
+        row(ts=13.25, src="router", node="A", inc="i1", ev="ended", gid="g1", topic="orders", sub="s2",
+            info="expired"),
+        row(ts=14.0, src="router", node="A", inc="i1", ev="forwarded", gid="g1", topic="orders", peer="B"),
+        row(ts=11.0, src="publisher", node="C", inc="r1", ev="published", gid="g1", topic="orders", pub="p",
+            link="l", seq=7, size=10),
+        row(ts=15.0, src="publisher", node="C", inc="r1", ev="outcome", gid="g1", topic="orders", pub="p",
+            link="l", seq=7, outcome="REJECTED",
+            error="oncemesh:subscriber-rejected: rejected by subscription(s) s1"),
+    ]
+    assertDataFrameEqual(got, spark.createDataFrame(expected, S.LOG_SCHEMA))
+    # and the reconciliation's parser takes every one of them as a valid line
+    parsed = R.parse(spark.read.text([str(path), str(tmp_path / "p.jsonl")]))
+    assert {r["status"] for r in parsed.select("status").collect()} == {R.OK}
+
+
+def test_parse_counts_bad_lines_and_ignores_unknown_fields(spark: SparkSession) -> None:
+    lines = [
+        '{"v":1,"ts":1.0,"src":"router","node":"A","inc":"1","ev":"settled","gid":"g","future":{"x":[1]}}',
+        '{"v":2,"ts":"2024-01-01","src":"router","node":"A","inc":"1","ev":"settled","gid":{"new":1}}',
+        '{"v":1,"ts":"soon","src":"router","node":"A","inc":"1","ev":"settled"}',  # wrong type
+        '{"v":1,"ts":1.0,"src":"router","node":"A","ev":"settled"}',  # no inc
+        '{"v":1,"ts":1.0,"src":"router","node":"A","inc":"1","ev":"sett',  # torn by a SIGKILL
+        'not json',
+        '{"v":1,"ts":1.0,"src":"router","node":"A","inc":"1","ev":"teleported"}',  # unknown event
+        '{"v":1,"ts":1.0,"src":"publisher","node":"A","inc":"1","ev":"settled"}',  # not a publisher event
+        '   ',
+    ]
+    parsed = R.parse(spark.createDataFrame([(x,) for x in lines], "value string"))
+    statuses = [r["status"] for r in parsed.select("status").collect()]
+    assert statuses == [R.OK, R.NEWER, R.MALFORMED, R.MALFORMED, R.MALFORMED, R.MALFORMED,
+                        R.UNKNOWN_EVENT, R.UNKNOWN_EVENT, R.BLANK]
+    first = parsed.where("status = 'ok'").select("gid", "ts").first()
+    assert first is not None and (first["gid"], first["ts"]) == ("g", 1.0)
