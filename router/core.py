@@ -72,6 +72,7 @@ class CoreConfig:
     max_redeliveries: int = 10  # RELEASED/MODIFIED beyond this turns into a rejection
     placeholder_horizon: float = 3600.0  # seconds an unmatched presented id is kept
     orphan_horizon: float = 3600.0  # seconds a decided record waits for a vanished publisher to settle
+    max_decided_records: int = 200_000  # decided records awaiting settlement (small, no payload)
     final_notify_batch: int = 256
 
 
@@ -139,6 +140,7 @@ class DeliveryCore:
         self.pub_of: dict[Any, tuple[PubLink, str]] = {}  # publisher delivery token -> (link, gid)
         self.placeholders: dict[str, dict[str, float]] = {}  # gid -> {sid: since}
         self.inflight_bytes = 0
+        self.undecided = 0  # records still waiting for subscriptions: what the budget counts
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
         self._blocked: deque[PubLink] = deque()
@@ -212,6 +214,7 @@ class DeliveryCore:
         rec = Record(gid, topic, payload, now)
         self.records[gid] = rec
         self.inflight_bytes += len(payload)
+        self.undecided += 1
         held = self.placeholders.pop(gid, None)
         for sub in self.table.live_for_topic(topic):
             sid = sub.sid
@@ -248,6 +251,12 @@ class DeliveryCore:
         else:
             rec.outcome = Outcome.ACCEPTED
         rec.decided = now
+        # every subscription is done with it: only its outcome and settlement remain to be told, so
+        # the payload is freed now and the record stops counting against the in-flight budget
+        self.undecided -= 1
+        self.inflight_bytes -= len(rec.payload)
+        rec.payload = b""
+        self._unblock()
         self.log.append(("outcome", rec.gid, rec.topic, None, {
             "outcome": rec.outcome.name, "count": len(rec.owed),
             "error": f"{rec.error[0]}: {rec.error[1]}" if rec.error else None}))
@@ -275,7 +284,6 @@ class DeliveryCore:
     def _finalize(self, rec: Record, now: float) -> None:
         gid = rec.gid
         del self.records[gid]
-        self.inflight_bytes -= len(rec.payload)
         for pub in rec.pubs:  # other legs (a resend on a second link): settle them too
             entry = self.pub_of.pop(pub, None)
             if entry is not None:
@@ -317,7 +325,9 @@ class DeliveryCore:
         self.log.append(("resumed" if resumed else "subscribed", None, topic, sid, {
             "container": container, "link": link_name,
             "info": f"expiry={'never' if math.isinf(expiry) else expiry} presented={len(presented_set)}"}))
-        if resumed:
+        # The client already holds what it presents, whether this is a resume or a new life of the
+        # same identity (a non-durable one that ended): never hand those ids to it again.
+        if presented_set:
             for gid in presented_set:
                 rec = rt.owed.get(gid)
                 if rec is not None:
@@ -329,13 +339,12 @@ class DeliveryCore:
                     if rec2 is None:  # not here (yet): a resend may bring it
                         self.placeholders.setdefault(gid, {})[sid] = now
                         self.log.append(("placeholder", gid, topic, sid, None))
-                    elif sid not in rec2.owed:  # never owed to this subscription: nothing to wait for
-                        rt.notify.append(gid)
+                    elif rec2.owed.get(sid) is not S.ACCEPTED:
+                        # not owed to this life (or ended in an earlier one), yet the client holds
+                        # it: count it as accepted so that the final settlement reaches it
+                        rec2.owed[sid] = S.ACCEPTED
                     # else already ACCEPTED here: its settlement comes when the record is final
-            rt.final_unnotified.clear()
-        elif presented_set:
-            # a new life for this identity: what it presents belongs to an ended subscription
-            rt.notify.extend(sorted(presented_set))
+        rt.final_unnotified.clear()
         rt.queue = deque(rt.owed)
         return resumed
 
@@ -359,7 +368,9 @@ class DeliveryCore:
         """Forget the current link: what was SENT on it is in doubt and will be redelivered."""
         rt.link = None
         rt.credit = 0
-        rt.notify.clear()
+        if rt.notify:  # not told yet: tell it when it resumes and presents them
+            rt.final_unnotified.update(rt.notify)
+            rt.notify.clear()
         for gid in rt.on_link:
             rec = self.records.get(gid)
             if rec is not None and rec.owed.get(rt.sid) is S.SENT:
@@ -500,7 +511,9 @@ class DeliveryCore:
         want = self.cfg.link_credit - pl.outstanding
         if want <= 0 or pl.token not in self.pub_links:
             return
-        room = self.cfg.max_inflight_messages - len(self.records) - self.reserved_credit
+        room = self.cfg.max_inflight_messages - self.undecided - self.reserved_credit
+        if len(self.records) >= self.cfg.max_decided_records + self.cfg.max_inflight_messages:
+            room = 0
         if not self.ready or self.inflight_bytes >= self.cfg.max_inflight_bytes:
             room = 0
         n = min(want, room)
@@ -531,10 +544,17 @@ class DeliveryCore:
     def tick(self, now: float) -> None:
         for sub in self.table.expired(now):
             self._end(sub.sid, now, "expired")
+        # decided records whose publisher vanished without settling: after the horizon (or, oldest
+        # first, when there are too many) we stop waiting for a resend that will not come
         orphaned = now - self.cfg.orphan_horizon
-        for rec in [r for r in self.records.values()
-                    if r.outcome is not None and not r.pubs and r.decided < orphaned]:
-            rec.pub_settled = True  # its publisher never came back to settle: give up waiting
+        excess = len(self.records) - self.undecided - self.cfg.max_decided_records
+        orphans = sorted((r for r in self.records.values() if r.outcome is not None and not r.pubs),
+                         key=lambda r: r.decided)
+        for rec in orphans:
+            if rec.decided >= orphaned and excess <= 0:
+                break
+            excess -= 1
+            rec.pub_settled = True
             self.log.append(("orphan_final", rec.gid, rec.topic, None, None))
             self._finalize(rec, now)
         horizon = now - self.cfg.placeholder_horizon
@@ -547,7 +567,7 @@ class DeliveryCore:
     # ================================================================ introspection
     def stats(self) -> dict[str, int]:
         return {
-            "records": len(self.records), "inflight_bytes": self.inflight_bytes,
+            "records": len(self.records), "undecided": self.undecided, "inflight_bytes": self.inflight_bytes,
             "reserved_credit": self.reserved_credit, "subscriptions": sum(1 for _ in self.table.live()),
             "active_subscriptions": sum(1 for s in self.table.live() if s.state is SubState.ACTIVE),
             "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),

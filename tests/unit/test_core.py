@@ -171,10 +171,13 @@ def test_backpressure_stops_credit_and_resumes_when_records_are_freed() -> None:
     with pytest.raises(errors.TransferLimitExceeded):
         h.core.publish(h.pub_link, object(), b"x", b"x", h.now)
     tok, gid = toks[0]
-    h.outcome(s1, gid, Outcome.ACCEPTED)
-    h.core.publisher_settled(tok, h.now)
-    acts = h.take()
+    # once every subscription accepted, the payload is freed and the record leaves the budget, even
+    # before the publisher settles (a vanished publisher must not hold the budget)
+    acts = h.outcome(s1, gid, Outcome.ACCEPTED)
     assert any(isinstance(a, GrantCredit) and a.credit == 1 for a in acts)
+    assert h.core.inflight_bytes == 4 * len(b"body-0")
+    h.core.publisher_settled(tok, h.now)
+    assert gid not in h.core.records
 
 
 def test_byte_budget_blocks_credit() -> None:
@@ -285,8 +288,8 @@ def test_stolen_link_detach_does_not_suspend_the_new_link() -> None:
 def test_placeholder_is_matched_by_a_resend_after_restart() -> None:
     h = Harness()
     gid = global_id(PL, b"1")
-    s1, _, _ = h.sub("a", presented=[gid])  # resumed (after a restart) before the publisher resent
-    assert h.core.placeholders == {}  # a new subscription: nothing to match
+    s1, _, _ = h.sub("a", presented=[gid])  # a new life presenting what its client holds
+    assert set(h.core.placeholders) == {gid}  # kept: a resend must not be handed to it again
     h2 = Harness()
     h2.core.table.attach(s1, "t", "c", "a", 60.0, "R", 0.0)
     h2.core.table.suspend(s1, 0.0)

@@ -348,7 +348,8 @@ class CoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def budget_respected(self) -> None:
-        assert len(self.core.records) <= self.cfg.max_inflight_messages
+        assert self.core.undecided <= self.cfg.max_inflight_messages
+        assert self.core.inflight_bytes == sum(len(r.payload) for r in self.core.records.values())
         assert self.core.reserved_credit >= 0
 
     def teardown(self) -> None:
