@@ -132,8 +132,8 @@ class DeliveryCore:
     def __init__(self, router_id: str, table: SubscriptionTable | None = None,
                  config: CoreConfig | None = None) -> None:
         self.router_id = router_id
-        self.table = table or SubscriptionTable()
-        self.cfg = config or CoreConfig()
+        self.table = table if table is not None else SubscriptionTable()  # (an empty table is falsy)
+        self.cfg = config if config is not None else CoreConfig()
         self.records: dict[str, Record] = {}
         self.subs: dict[str, SubRuntime] = {}
         self.pub_links: dict[Any, PubLink] = {}

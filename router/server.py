@@ -327,6 +327,16 @@ class Router:
 
     def on_credit(self, link: Link) -> None:
         ctx = link.ctx
+        if link.credit < 0:
+            # Proton keeps credit in a signed 32-bit int: a grant past 2**31-1 wraps negative and the
+            # link would stall silently. Refuse it with a condition the peer can act on.
+            log.warning("link.abusive_credit peer=%s link=%s", link.conn.peer, link.name)
+            if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link:
+                self._forget_sub_link(link)
+                self.core.detach_subscriber(link, ctx.sid, False, time.time())
+            link.close("amqp:invalid-field", "link-credit beyond 2147483647 is not supported")
+            self.drain()
+            return
         if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link and not link.local_uninit:
             self.core.subscriber_credit(ctx.sid, link.credit)
             self.drain()

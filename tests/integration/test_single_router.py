@@ -197,6 +197,7 @@ def test_router_killed_and_restarted_while_publishers_resend(router: RouterProce
     wait_for(lambda: _handed_lines(logs) >= 600, 30, "traffic flowing")
     router.kill()
     router.start()  # same port, same state dir: the subscription table survives
+    assert router.stats()["subscriptions"] == 1, "the restarted router forgot the subscription"
     for p in pubs:
         assert p.wait(90) == 0, p.tail()
     assert cons.wait(60) == 0, cons.tail()

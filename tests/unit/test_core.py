@@ -348,3 +348,12 @@ def test_subscription_table_survives_a_restart_suspended(tmp_path: object) -> No
     assert all(s.state is SubState.SUSPENDED and s.since == 100.0 for s in t2.live())
     assert math.isinf(t2.get("s2").expiry)  # type: ignore[union-attr]
     assert [s.sid for s in t2.live_for_topic("t")] == ["s1", "s2"]
+
+
+def test_the_core_uses_the_table_it_is_given_even_when_empty() -> None:
+    """Regression: `table or SubscriptionTable()` replaced an empty table (falsy, it has __len__), so the
+    router persisted a table the core never wrote to, and a restart forgot every subscription."""
+    t = SubscriptionTable()
+    core = DeliveryCore("R", t)
+    core.attach_subscriber(object(), "s1", "t", "c", "a", 60.0, True, None, 0.0)
+    assert t.get("s1") is not None and t.version == 1

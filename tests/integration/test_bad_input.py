@@ -1,0 +1,273 @@
+"""Bad input gets a precise AMQP error condition, and the router and all other traffic carry on.
+
+Each test abuses one router on purpose, then proves the router still serves a normal client: a
+subscription and a publisher that were attached before the abuse still exchange messages exactly
+once (`Canary`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import pytest
+from proton import ubyte, uint
+
+from clients.runtime import Client, LinkRefused
+from router.testing import RouterProcess
+from tests.integration.rawamqp import (
+    ATTACH,
+    BEGIN,
+    CLOSE,
+    DETACH,
+    FLOW,
+    OPEN,
+    TRANSFER,
+    RawClient,
+    described,
+    error_condition,
+    frame,
+)
+from tests.integration.test_single_router import run
+
+MSG = bytes.fromhex("005377a10568656c6c6f")  # an AMQP message: amqp-value "hello"
+
+
+class Canary:
+    """A publisher and a subscriber on a router, checked after each abuse."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.n = 0
+
+    async def roundtrip(self) -> None:
+        c = await Client(self.url, container_id="canary").start()
+        try:
+            sub = c.subscriber("canary", "c", expiry=60)
+            await sub.wait_attached(10)
+            pub = c.publisher("canary", "canary-pub")
+            self.n += 1
+            fut = await pub.send(f"alive-{self.n}")
+            got = await sub.get_many(1, timeout=10)
+            assert [m.body for m in got] == [f"alive-{self.n}"]
+            assert (await asyncio.wait_for(fut, 10)).accepted
+            await sub.detach()
+        finally:
+            await c.close()
+
+    def check(self) -> None:
+        run(self.roundtrip(), timeout=30)
+
+
+def host_port(r: RouterProcess) -> tuple[str, int]:
+    assert r.port is not None
+    return "127.0.0.1", r.port
+
+
+@pytest.fixture
+def canary(router: RouterProcess) -> Canary:
+    c = Canary(router.url)
+    c.check()
+    return c
+
+
+def refused(url: str, make: Any) -> LinkRefused:
+    async def main() -> LinkRefused:
+        c = await Client(url).start()
+        try:
+            link = make(c)
+            with pytest.raises(LinkRefused) as ei:
+                await link.wait_attached(10)
+            return ei.value
+        finally:
+            await c.close()
+
+    return run(main())
+
+
+@pytest.mark.parametrize("address", ["$management", "_internal", "$"])
+def test_reserved_addresses_are_refused_with_unauthorized_access(router: RouterProcess, canary: Canary,
+                                                                 address: str) -> None:
+    e = refused(router.url, lambda c: c.publisher(address))
+    assert e.condition == "amqp:unauthorized-access" and "reserved" in e.description
+    e = refused(router.url, lambda c: c.subscriber(address, "s"))
+    assert e.condition == "amqp:unauthorized-access"
+    canary.check()
+
+
+def test_missing_address_is_an_invalid_field(router: RouterProcess, canary: Canary) -> None:
+    raw = RawClient(*host_port(router))
+    raw.handshake()
+    raw.send(frame(ATTACH, ["no-target", uint(0), False, ubyte(0), ubyte(1), described(0x28, ["src"]),
+                            described(0x29, [None]), None, None, uint(0)]))
+    raw.expect(ATTACH)
+    detach = raw.expect(DETACH)
+    assert error_condition(detach, 2) == "amqp:invalid-field"
+    raw.close()
+    canary.check()
+
+
+@pytest.mark.parametrize("role", [False, True], ids=["publisher", "subscriber"])
+def test_presettled_modes_are_not_implemented(router: RouterProcess, canary: Canary, role: bool) -> None:
+    raw = RawClient(*host_port(router))
+    raw.handshake()
+    # snd-settle-mode 1 = settled: at-most-once, which cannot be exactly-once
+    raw.send(frame(ATTACH, ["presettled", uint(0), role, ubyte(1), ubyte(0), described(0x28, ["topic"]),
+                            described(0x29, ["topic"]), None, None, None if role else uint(0)]))
+    raw.expect(ATTACH)
+    detach = raw.expect(DETACH)
+    assert error_condition(detach, 2) == "amqp:not-implemented"
+    raw.close()
+    canary.check()
+
+
+def test_oversized_message_closes_only_that_link(make_router: Any) -> None:
+    r = make_router("S", settings={"max_message_size": 2000})
+    canary = Canary(r.url)
+    canary.check()
+
+    async def main() -> None:
+        c = await Client(r.url).start()
+        try:
+            pub = c.publisher("big", "p")
+            await pub.wait_attached(10)
+            res = await pub.put(b"x" * 5000, raw=True, timeout=10)
+            assert not res.accepted and res.condition
+            assert res.condition[0] == "amqp:link:message-size-exceeded"
+            with pytest.raises(LinkRefused) as ei:  # and the link is closed with that condition
+                await pub.send(b"y", raw=True)
+            assert ei.value.condition == "amqp:link:message-size-exceeded"
+        finally:
+            await c.close()
+
+    run(main())
+    canary.check()
+
+
+def test_garbage_bytes_get_a_framing_error_and_the_connection_closed(router: RouterProcess, canary: Canary) -> None:
+    s = socket.create_connection(host_port(router), timeout=5)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(range(256)))
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    assert b"amqp:connection:framing-error" in data
+    s.close()
+    # garbage after a valid header and open
+    raw = RawClient(*host_port(router))
+    raw.send(b"AMQP\x00\x01\x00\x00")
+    raw.send(frame(OPEN, ["junk"]))
+    raw.send(b"\x00\x00\x00\x10\x02\x00\x00\x00\xde\xad\xbe\xef\xde\xad\xbe\xef")
+    close = raw.expect(CLOSE)
+    assert error_condition(close, 0) is not None and str(error_condition(close, 0)).startswith("amqp:")
+    assert raw.closed_by_peer()
+    canary.check()
+
+
+def test_protocol_violations_close_the_connection_not_the_router(router: RouterProcess, canary: Canary) -> None:
+    # a transfer on a handle that was never attached
+    raw = RawClient(*host_port(router))
+    raw.handshake()
+    raw.send(frame(TRANSFER, [uint(7), uint(0), b"t", uint(0), False], payload=MSG))
+    close = raw.expect(CLOSE)
+    assert str(error_condition(close, 0)).startswith("amqp:")
+    raw.close()
+    # a session frame on a channel that was never begun
+    raw = RawClient(*host_port(router))
+    raw.send(b"AMQP\x00\x01\x00\x00")
+    raw.send(frame(OPEN, ["x"]))
+    raw.send(frame(FLOW, [uint(0), uint(10), uint(0), uint(10)], channel=9))
+    close = raw.expect(CLOSE)
+    assert str(error_condition(close, 0)).startswith("amqp:")
+    raw.close()
+    canary.check()
+
+
+def test_transfers_beyond_credit_exceed_the_transfer_limit(make_router: Any) -> None:
+    r = make_router("C", settings={"link_credit": 3, "max_inflight_messages": 3})
+    canary = Canary(r.url)
+    canary.check()
+
+    async def stalled_subscriber() -> tuple[Client, Any]:
+        c = await Client(r.url).start()
+        s = c.subscriber("t", "stalled", expiry=60, credit=100)  # receives, never accepts
+        await s.wait_attached(10)
+        return c, s
+
+    async def close(c: Client, s: Any) -> None:
+        await s.unsubscribe()  # frees the budget the stalled messages held
+        await c.close()
+
+    loop = asyncio.new_event_loop()
+    c, s = loop.run_until_complete(stalled_subscriber())
+    try:
+        raw = RawClient(*host_port(r))
+        raw.handshake()
+        raw.attach_sender("greedy", "t")
+        raw.expect(ATTACH)
+        for i in range(10):  # no regard for the 3 credits granted (the budget holds 3 messages)
+            raw.transfer(0, i, f"tag{i}".encode(), MSG)
+        detach = raw.expect(DETACH)
+        assert error_condition(detach, 2) == "amqp:link:transfer-limit-exceeded"
+        raw.close()
+    finally:
+        loop.run_until_complete(close(c, s))
+        loop.close()
+    canary.check()
+
+
+def test_credit_beyond_a_signed_int_is_refused_and_large_credit_works(router: RouterProcess,
+                                                                      canary: Canary) -> None:
+    raw = RawClient(*host_port(router))
+    raw.handshake()
+    raw.send(frame(ATTACH, ["greedy-sub", uint(0), True, ubyte(0), ubyte(1), described(0x28, ["absurd"]),
+                            described(0x29, [None]), None, None]))
+    raw.expect(ATTACH)
+    raw.send(frame(FLOW, [uint(0), uint(0xFFFFFFFF), uint(0), uint(0xFFFFFFFF), uint(0), uint(0),
+                          uint(0xFFFFFFFF), None, False]))
+    detach = raw.expect(DETACH)
+    assert error_condition(detach, 2) == "amqp:invalid-field"
+    raw.close()
+    # the largest credit Proton can hold is fine
+    raw = RawClient(*host_port(router))
+    raw.handshake()
+    raw.send(frame(ATTACH, ["big-sub", uint(0), True, ubyte(0), ubyte(1), described(0x28, ["absurd"]),
+                            described(0x29, [None]), None, None]))
+    raw.expect(ATTACH)
+    raw.send(frame(FLOW, [uint(0), uint(0x7FFFFFFF), uint(0), uint(0x7FFFFFFF), uint(0), uint(0),
+                          uint(0x7FFFFFFF), None, False]))
+
+    async def publish() -> None:
+        c = await Client(router.url).start()
+        try:
+            pub = c.publisher("absurd", "p-absurd")
+            fut = await pub.send("to-greedy")
+            await asyncio.to_thread(raw.expect, TRANSFER)
+            await asyncio.sleep(0.2)
+            assert not fut.done()  # the raw subscriber never accepts: no false ACCEPTED
+        finally:
+            await c.close()
+
+    run(publish())
+    raw.close()
+    canary.check()
+
+
+def test_begin_with_an_abusive_window_and_many_sessions(router: RouterProcess, canary: Canary) -> None:
+    raw = RawClient(*host_port(router))
+    raw.send(b"AMQP\x00\x01\x00\x00")
+    raw.send(frame(OPEN, ["sessions", None, uint(65536), None]))
+    for ch in range(200):
+        raw.send(frame(BEGIN, [None, uint(0), uint(0xFFFFFFFF), uint(0xFFFFFFFF)], channel=ch))
+    got = 0
+    while got < 200:
+        f = raw.read_frame(5)
+        if f is None:
+            break
+        got += f[0] == BEGIN
+    assert got == 200
+    raw.close()
+    canary.check()
