@@ -99,8 +99,9 @@ class BlockingPublisher:
         out: concurrent.futures.Future[Result] = concurrent.futures.Future()
 
         def done(f: asyncio.Future[Result]) -> None:
-            if f.exception() is not None:
-                out.set_exception(f.exception())  # type: ignore[arg-type]
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
             else:
                 out.set_result(f.result())
 

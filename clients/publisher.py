@@ -159,7 +159,8 @@ class Publisher:
         p = self.inflight.get(self._seq_next - 1)
         assert p is not None
         p.received = asyncio.get_running_loop().create_future()
-        done, _ = await asyncio.wait({p.received, fut}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        waiters: set[asyncio.Future[Any]] = {p.received, fut}
+        done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if not done:
             raise TimeoutError(f"no router confirmed holding message {p.gid} within {timeout}s")
         return p

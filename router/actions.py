@@ -67,4 +67,62 @@ class GrantCredit:
     credit: int
 
 
-Action = Deliver | SettleDelivery | NotifyFinal | SendOutcome | SettlePublisher | GrantCredit
+# ---------------------------------------------------------------- mesh: addressed to other routers
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Send a copy of `gid` toward the routers in `dests`, each to deliver to the listed subscriptions."""
+
+    gid: str
+    topic: str
+    payload: bytes
+    dests: dict[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class SendAck:
+    """Tell origin router `to` what subscription `sid` (hosted here) did with `gid`."""
+
+    to: str
+    gid: str
+    sid: str
+    state: int  # core.S value: ACCEPTED, REJECTED or ENDED
+    error: tuple[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class SendFinal:
+    """Tell router `to` that `gid` is final (its publisher settled it)."""
+
+    to: str
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendProbe:
+    """Ask origin router `to` whether `gid` is still in flight (a FINAL may have been lost)."""
+
+    to: str
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Announce:
+    """A subscription homed here changed: tell the mesh (the entry is in the table)."""
+
+    sid: str
+
+
+@dataclass(frozen=True, slots=True)
+class DetachLink:
+    """Detach the local link of `sid` (the subscription moved to another router, or ended there)."""
+
+    sid: str
+    link: Any
+    condition: str
+    description: str
+
+
+Action = (Deliver | SettleDelivery | NotifyFinal | SendOutcome | SettlePublisher | GrantCredit | Forward
+          | SendAck | SendFinal | SendProbe | Announce | DetachLink)

@@ -32,7 +32,7 @@ SUBCOMMANDS = [
 ]
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser(
         "router", help="run one router",
         description="Run one oncemesh router in the foreground until SIGTERM/SIGINT.\n\n"

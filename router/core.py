@@ -1,33 +1,42 @@
-"""The delivery core: delivery records, outcome aggregation, resume, back-pressure. Sans-IO.
+"""The delivery core: delivery records, outcome aggregation, resume, back-pressure, mesh forwarding.
+Sans-IO: time is a parameter, actions are appended to `self.out`, log events to `self.log`.
 
 Theory of operation
 -------------------
-Everything that decides what happens to a message lives here; the adapter only translates engine
-events into calls and performs the returned actions (appended to `self.out`). Time is a parameter.
+A *record* exists per message (global id, `gid`) from its first arrival until it is *final*.
 
-A *record* exists per message (global id, `gid`) from its first arrival until it is *final*. When
-it is created, the message is owed to every live (active or suspended) subscription of its topic:
-`rec.owed[sid]` starts QUEUED. A subscription moves QUEUED -> SENT (handed to its link) -> ACCEPTED
-or REJECTED; RELEASED / MODIFIED send it back to QUEUED (redelivered, up to `max_redeliveries`);
-ending the subscription turns what it still owed into ENDED. When no subscription is left QUEUED or
-SENT the record has its outcome: ACCEPTED when none rejected, otherwise REJECTED naming the
-subscriptions that did. Only then is the publisher told (promise 2).
+At its *origin* (the router the publisher is attached to; `rec.origin is None`) the record is
+authoritative: at creation the message is owed to every live (active or suspended) subscription of
+its topic in the replicated table, wherever it is homed: `rec.owed[sid]` starts QUEUED. Local
+subscriptions go QUEUED -> SENT (handed to the link) -> ACCEPTED | REJECTED; RELEASED / MODIFIED
+send them back to QUEUED (redelivered, up to `max_redeliveries`). Remote ones are resolved by
+acknowledgements from their home router. Ending a subscription turns what it still owed into ENDED.
+When nothing is QUEUED or SENT the record is *decided*: ACCEPTED unless someone rejected it (then
+REJECTED naming who). Only then is the publisher told (promise 2); the payload is freed and the
+record leaves the in-flight budget.
 
-A record is final when it has its outcome *and* the publisher settled (receiver-settle-mode
-second: the publisher's settlement means it will never resend). Then every subscriber delivery of
-it is settled, and the record is freed. Settling a subscriber delivery is our promise that the gid
-will never be handed to that subscription again; our subscriber clients keep each accepted id in
-their deduplication store until they see that settlement.
+A record is *final* when it is decided and its publisher settled it (receiver-settle-mode second:
+the publisher will never resend it). Then every subscriber delivery of it is settled, ids accepted on
+earlier links are reported final (NotifyFinal), the routers holding copies get FINAL, and it is freed.
+Settling a subscriber delivery is our promise that the gid will never be handed to that
+subscription again.
 
-Resends merge by gid: a publisher that lost its link resends in-doubt messages with the same tags
-(same gids) and gets the outcome of the existing record. A subscriber that reattaches presents the
-ids it accepted but has not seen settled; they are marked ACCEPTED (or kept as *placeholders* when
-the message is not here yet, e.g. after a router restart before the publisher resent it), and
-everything else still owed to it is redelivered under the same tag. Ids accepted on an earlier link
-whose record became final meanwhile are reported with NotifyFinal.
+For remote subscriptions the origin sends copies (Forward) toward their home routers, each copy
+naming the subscriptions its destination is to deliver to. A *destination record*
+(`rec.origin` set) holds the payload for local delivery, resolves its local subscriptions exactly like
+the origin does, and acknowledges each resolution to the origin (SendAck). It is freed on FINAL.
+Copies are merged by gid, so a copy that arrives twice (a re-send after a fault, or from a second
+origin after a publisher failover) never hands anything twice: resolved subscriptions are simply
+acknowledged again. The origin keeps the payload until the record is decided and re-sends pending
+copies whenever the live graph changes or a subscription moves (`reroute`).
 
-Back-pressure: publishers get credit only while records, plus credit already granted, stay within
-the in-flight budget (messages and bytes). Nothing is ever dropped to make room.
+Resume. A subscriber that re-attaches presents the ids it accepted but has not seen settled; they
+are marked ACCEPTED (or kept as *placeholders* until a copy or resend brings the message) and
+everything else still owed to it is redelivered under the same tag. A publisher re-attaches with the
+same link name, declares its in-doubt tags, and resends them; resends merge by gid.
+
+Back-pressure: publishers get credit only while undecided records of this origin, plus credit
+already granted, stay within the budget (messages and bytes). Nothing is ever dropped.
 """
 
 from __future__ import annotations
@@ -42,16 +51,22 @@ from typing import Any
 from router import errors
 from router.actions import (
     Action,
+    Announce,
     Deliver,
+    DetachLink,
+    Forward,
     GrantCredit,
     NotifyFinal,
     Outcome,
+    SendAck,
+    SendFinal,
     SendOutcome,
+    SendProbe,
     SettleDelivery,
     SettlePublisher,
 )
 from router.ids import global_id, plid_of
-from router.subscriptions import SubscriptionTable, SubState
+from router.subscriptions import Subscription, SubscriptionTable, SubState
 
 
 class S(IntEnum):
@@ -64,6 +79,9 @@ class S(IntEnum):
     ENDED = 4
 
 
+RESOLVED = (S.ACCEPTED, S.REJECTED, S.ENDED)
+
+
 @dataclass(slots=True)
 class CoreConfig:
     max_inflight_messages: int = 20_000
@@ -71,14 +89,16 @@ class CoreConfig:
     link_credit: int = 500  # credit window per publisher link
     max_redeliveries: int = 10  # RELEASED/MODIFIED beyond this turns into a rejection
     placeholder_horizon: float = 3600.0  # seconds an unmatched presented id is kept
-    orphan_horizon: float = 3600.0  # seconds a decided record waits for a vanished publisher to settle
+    orphan_horizon: float = 3600.0  # seconds a decided record waits for a vanished publisher/origin
     max_decided_records: int = 200_000  # decided records awaiting settlement (small, no payload)
+    probe_after: float = 5.0  # a resolved destination record asks its origin after this long
     final_notify_batch: int = 256
 
 
 class Record:
     __slots__ = ("gid", "topic", "payload", "plid", "pubs", "owed", "pending", "outcome", "error",
-                 "pub_settled", "created", "decided", "redeliveries", "rejected_by")
+                 "pub_settled", "created", "decided", "redeliveries", "rejected_by", "origin", "origins",
+                 "fwd", "holders", "probed")
 
     def __init__(self, gid: str, topic: str, payload: bytes, now: float) -> None:
         self.gid = gid
@@ -95,10 +115,15 @@ class Record:
         self.decided = 0.0
         self.redeliveries: dict[str, int] | None = None
         self.rejected_by: list[tuple[str, tuple[str, str] | None]] | None = None
+        self.origin: str | None = None  # None: we are its origin; else the origin router's id
+        self.origins: dict[str, str] | None = None  # destination: origin router -> its incarnation
+        self.fwd: dict[str, str] | None = None  # origin: remote sid -> router its copy went to
+        self.holders: set[str] | None = None  # origin: routers that got a copy (FINAL goes there)
+        self.probed = 0.0
 
 
 class SubRuntime:
-    """Delivery-side state of one live subscription hosted here."""
+    """Delivery-side state of one subscription homed here."""
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
                  "notify")
@@ -135,19 +160,25 @@ class DeliveryCore:
         self.table = table if table is not None else SubscriptionTable()  # (an empty table is falsy)
         self.cfg = config if config is not None else CoreConfig()
         self.records: dict[str, Record] = {}
-        self.subs: dict[str, SubRuntime] = {}
+        self.subs: dict[str, SubRuntime] = {}  # subscriptions homed here
+        self.remote_pending: dict[str, dict[str, Record]] = {}  # remote sid -> origin records owing it
         self.pub_links: dict[Any, PubLink] = {}
         self.pub_of: dict[Any, tuple[PubLink, str]] = {}  # publisher delivery token -> (link, gid)
         self.placeholders: dict[str, dict[str, float]] = {}  # gid -> {sid: since}
+        self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
         self.inflight_bytes = 0
-        self.undecided = 0  # records still waiting for subscriptions: what the budget counts
+        self.undecided = 0  # records of this origin still waiting: what the budget counts
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
         self._blocked: deque[PubLink] = deque()
         self.out: list[Action] = []
-        self.log: list[tuple[Any, ...]] = []  # settlement-log events, drained by the adapter
+        self.log: list[tuple[Any, ...]] = []  # settlement-log events: (ev, gid, topic, sid, info)
         for sub in self.table.live():
-            self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
+            if sub.home == router_id:
+                self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
+
+    def _local(self, sub: Subscription | None) -> bool:
+        return sub is not None and sub.live and sub.home == self.router_id
 
     # ================================================================ publishers
     def attach_publisher(self, token: Any, plid: str, topic: str, second: bool,
@@ -185,6 +216,8 @@ class DeliveryCore:
             rec = self._new_record(gid, pl.topic, payload, now)
         else:
             self.log.append(("received", gid, rec.topic, None, {"size": len(payload), "info": "merged"}))
+            if rec.origin is not None:
+                self._adopt(rec, payload, now)
         rec.pubs.append(pub)
         pl.pubs[pub] = gid
         self.pub_of[pub] = (pl, gid)
@@ -216,30 +249,69 @@ class DeliveryCore:
         self.inflight_bytes += len(payload)
         self.undecided += 1
         held = self.placeholders.pop(gid, None)
+        me = self.router_id
+        remote = False
         for sub in self.table.live_for_topic(topic):
             sid = sub.sid
-            if held is not None and sid in held:
+            if held is not None and sid in held and sub.home == me:
                 rec.owed[sid] = S.ACCEPTED
                 self.log.append(("accepted", gid, topic, sid, "placeholder"))
                 continue
             rec.owed[sid] = S.QUEUED
             rec.pending += 1
-            rt = self.subs[sid]
-            rt.owed[gid] = rec
-            if rt.link is not None:
-                rt.queue.append(gid)
+            if sub.home == me:
+                rt = self.subs[sid]
+                rt.owed[gid] = rec
+                if rt.link is not None:
+                    rt.queue.append(gid)
+            else:
+                self.remote_pending.setdefault(sid, {})[gid] = rec
+                remote = True
         self.log.append(("received", gid, topic, None, {"size": len(payload), "count": len(rec.owed)}))
         if rec.pending == 0:
             self._decide(rec, now)
-        else:
-            for sid in rec.owed:
-                rt = self.subs[sid]
-                if rt.link is not None and rt.credit > 0:
-                    self._pump(rt)
+            return rec
+        if remote:
+            self._route(rec, force=False)
+        for sid in rec.owed:
+            local = self.subs.get(sid)
+            if local is not None and local.link is not None and local.credit > 0:
+                self._pump(local)
         return rec
+
+    def _adopt(self, rec: Record, payload: bytes, now: float) -> None:
+        """A publisher resent here a message we only held as a destination (its origin died or the
+        publisher failed over to us): we become an origin for it, owing what our table says."""
+        rec.origin = None
+        if not rec.payload:
+            rec.payload = payload
+            self.inflight_bytes += len(payload)
+        self.undecided += 1  # counted until decided, like any record of ours
+        for sub in self.table.live_for_topic(rec.topic):
+            if sub.sid in rec.owed:
+                continue
+            rec.owed[sub.sid] = S.QUEUED
+            rec.pending += 1
+            if sub.home == self.router_id:
+                rt = self.subs[sub.sid]
+                rt.owed[rec.gid] = rec
+                if rt.link is not None:
+                    rt.queue.append(rec.gid)
+                    self._pump(rt)
+            else:
+                self.remote_pending.setdefault(sub.sid, {})[rec.gid] = rec
+        if rec.pending == 0:
+            self._decide(rec, now)
+        else:
+            self._route(rec, force=True)
 
     # ================================================================ outcomes
     def _decide(self, rec: Record, now: float) -> None:
+        if rec.origin is not None:  # a destination record: our local subscriptions are done
+            rec.decided = now
+            self.inflight_bytes -= len(rec.payload)
+            rec.payload = b""
+            return
         if rec.rejected_by:
             rec.outcome = Outcome.REJECTED
             names = ", ".join(sid for sid, _ in rec.rejected_by)
@@ -284,16 +356,31 @@ class DeliveryCore:
     def _finalize(self, rec: Record, now: float) -> None:
         gid = rec.gid
         del self.records[gid]
+        if rec.payload:
+            self.inflight_bytes -= len(rec.payload)
+            rec.payload = b""
         for pub in rec.pubs:  # other legs (a resend on a second link): settle them too
             entry = self.pub_of.pop(pub, None)
             if entry is not None:
                 entry[0].pubs.pop(pub, None)
                 if rec.outcome is not None:
                     self.out.append(SendOutcome(pub, rec.outcome, rec.error, True))
+        me = self.router_id
+        table = self.table
+        tell: set[str] = set(rec.holders) if rec.holders else set()
         for sid, st in rec.owed.items():
             rt = self.subs.get(sid)
             if rt is None:
+                if rec.origin is None:
+                    sub = table.get(sid)
+                    if sub is not None and sub.live and sub.home != me:
+                        tell.add(sub.home)  # its new home may hold a placeholder for it
+                    pend = self.remote_pending.get(sid)
+                    if pend is not None:
+                        pend.pop(gid, None)
                 continue
+            if st is S.QUEUED or st is S.SENT:  # final elsewhere before it got here: withdrawn
+                rt.owed.pop(gid, None)
             if gid in rt.on_link:
                 rt.on_link.discard(gid)
                 self.out.append(SettleDelivery(sid, gid))
@@ -303,21 +390,29 @@ class DeliveryCore:
                     self._pump(rt)
                 elif rt.capable:
                     rt.final_unnotified.add(gid)
+        if rec.origin is None:
+            tell.discard(me)
+            for router in sorted(tell):
+                self.out.append(SendFinal(router, gid))
         self.log.append(("settled", gid, rec.topic, None, None))
         self._unblock()
 
-    # ================================================================ subscriptions
+    # ================================================================ subscriptions (local links)
     def attach_subscriber(self, link: Any, sid: str, topic: str, container: str, link_name: str,
                           expiry: float, capable: bool, presented: Iterable[str] | None,
                           now: float) -> bool:
-        """A subscriber link attached (new or resuming). Returns True when it resumed."""
+        """A subscriber link attached here (new or resuming). Returns True when it resumed."""
         old_rt = self.subs.get(sid)
         if old_rt is not None and old_rt.link is not None:
             self._unbind(old_rt)  # the same identity attached again: the new link wins (adapter steals)
+        before = self.table.get(sid)
+        was_remote = before is not None and before.live and before.home != self.router_id
         sub, resumed = self.table.attach(sid, topic, container, link_name, expiry, self.router_id, now)
         rt = self.subs.get(sid)
         if rt is None:
             rt = self.subs[sid] = SubRuntime(sid)
+        if was_remote:
+            self._moved_here(sid)
         rt.link = link
         rt.capable = capable
         rt.credit = 0
@@ -327,25 +422,24 @@ class DeliveryCore:
             "info": f"expiry={'never' if math.isinf(expiry) else expiry} presented={len(presented_set)}"}))
         # The client already holds what it presents, whether this is a resume or a new life of the
         # same identity (a non-durable one that ended): never hand those ids to it again.
-        if presented_set:
-            for gid in presented_set:
-                rec = rt.owed.get(gid)
-                if rec is not None:
-                    self._resolve(rec, sid, S.ACCEPTED, None, now, "resume")
-                elif gid in rt.final_unnotified:
-                    rt.notify.append(gid)
-                else:
-                    rec2 = self.records.get(gid)
-                    if rec2 is None:  # not here (yet): a resend may bring it
-                        self.placeholders.setdefault(gid, {})[sid] = now
-                        self.log.append(("placeholder", gid, topic, sid, None))
-                    elif rec2.owed.get(sid) is not S.ACCEPTED:
-                        # not owed to this life (or ended in an earlier one), yet the client holds
-                        # it: count it as accepted so that the final settlement reaches it
-                        rec2.owed[sid] = S.ACCEPTED
-                    # else already ACCEPTED here: its settlement comes when the record is final
+        for gid in presented_set:
+            rec = rt.owed.get(gid)
+            if rec is not None:
+                self._resolve(rec, sid, S.ACCEPTED, None, now, "resume")
+            elif gid in rt.final_unnotified:
+                rt.notify.append(gid)
+            else:
+                rec2 = self.records.get(gid)
+                if rec2 is None:  # not here (yet): a copy or a resend may bring it
+                    self.placeholders.setdefault(gid, {})[sid] = now
+                    self.log.append(("placeholder", gid, topic, sid, None))
+                elif rec2.owed.get(sid) is not S.ACCEPTED:
+                    # not owed to this life (or ended in an earlier one), yet the client holds it:
+                    # count it as accepted so that the final settlement reaches it
+                    rec2.owed[sid] = S.ACCEPTED
         rt.final_unnotified.clear()
         rt.queue = deque(rt.owed)
+        self.out.append(Announce(sid))
         return resumed
 
     def detach_subscriber(self, link: Any, sid: str, closed: bool, now: float) -> None:
@@ -363,6 +457,7 @@ class DeliveryCore:
         else:
             self.table.suspend(sid, now)
             self.log.append(("suspended", None, sub.topic, sid, None))
+            self.out.append(Announce(sid))
 
     def _unbind(self, rt: SubRuntime) -> None:
         """Forget the current link: what was SENT on it is in doubt and will be redelivered."""
@@ -379,14 +474,21 @@ class DeliveryCore:
         rt.queue.clear()
 
     def _end(self, sid: str, now: float, reason: str) -> None:
+        """End a subscription homed here (unsubscribe, not durable, expiry)."""
         sub = self.table.end(sid, now, reason)
-        rt = self.subs.pop(sid, None)
         if sub is not None:
             self.log.append(("unsubscribed" if reason == "unsubscribed" else "expired", None, sub.topic,
                              sid, reason))
+            self.out.append(Announce(sid))
+        self._ended(sid, now, reason)
+
+    def _ended(self, sid: str, now: float, reason: str) -> None:
+        rt = self.subs.pop(sid, None)
         for gid, phs in list(self.placeholders.items()):
             if phs.pop(sid, None) is not None and not phs:
                 del self.placeholders[gid]
+        for rec in list(self.remote_pending.pop(sid, {}).values()):
+            self._resolve(rec, sid, S.ENDED, None, now, reason)
         if rt is None:
             return
         for rec in list(rt.owed.values()):
@@ -464,12 +566,18 @@ class DeliveryCore:
     def _resolve(self, rec: Record, sid: str, st: S, error: tuple[str, str] | None, now: float,
                  why: str | None) -> None:
         cur = rec.owed.get(sid)
-        if cur is None or cur in (S.ACCEPTED, S.REJECTED, S.ENDED):
+        if cur is None or cur in RESOLVED:
             return
         rec.owed[sid] = st
         rt = self.subs.get(sid)
         if rt is not None:
             rt.owed.pop(rec.gid, None)
+        else:
+            pend = self.remote_pending.get(sid)
+            if pend is not None:
+                pend.pop(rec.gid, None)
+                if not pend:
+                    del self.remote_pending[sid]
         if st is S.REJECTED:
             if rec.rejected_by is None:
                 rec.rejected_by = []
@@ -478,15 +586,209 @@ class DeliveryCore:
             self.log.append(("ended", rec.gid, rec.topic, sid, why))
         else:
             self.log.append((st.name.lower(), rec.gid, rec.topic, sid, why or (list(error) if error else None)))
+        if rt is not None and rec.origins:
+            for origin in rec.origins:  # tell every origin that sent us a copy
+                self.out.append(SendAck(origin, rec.gid, sid, int(st), error))
         rec.pending -= 1
         if rec.pending == 0:
             self._decide(rec, now)
+
+    # ================================================================ mesh: destination side
+    def receive_copy(self, origin: str, origin_inc: str, gid: str, topic: str, sids: Iterable[str],
+                     payload: bytes, now: float) -> None:
+        """A copy from `origin` for the listed subscriptions (those homed here deliver it)."""
+        rec = self.records.get(gid)
+        table = self.table
+        if rec is None:
+            rec = Record(gid, topic, payload, now)
+            rec.origin = origin
+            rec.origins = {origin: origin_inc}
+            self.records[gid] = rec
+            self.inflight_bytes += len(payload)
+            self.log.append(("forward_received", gid, topic, None, {"peer": origin, "size": len(payload)}))
+        else:  # a destination record, or ours when the publisher failed over to `origin`
+            if rec.origins is None:
+                rec.origins = {}
+            rec.origins[origin] = origin_inc
+        held = self.placeholders.get(gid)
+        new_pending = False
+        for sid in sids:
+            sub = table.get(sid)
+            if not self._local(sub):
+                continue  # it moved away: the origin re-routes it by its own table
+            cur = rec.owed.get(sid)
+            if cur is None and held is not None and sid in held:
+                del held[sid]
+                rec.owed[sid] = S.ACCEPTED
+                self.log.append(("accepted", gid, topic, sid, "placeholder"))
+                cur = S.ACCEPTED
+            if cur is None:
+                rec.owed[sid] = S.QUEUED
+                rec.pending += 1
+                rt = self.subs[sid]
+                rt.owed[gid] = rec
+                new_pending = True
+                if rt.link is not None:
+                    rt.queue.append(gid)
+            elif cur in RESOLVED:
+                self.out.append(SendAck(origin, gid, sid, int(cur), None))  # acknowledge again
+        if held is not None and not held:
+            self.placeholders.pop(gid, None)
+        if new_pending:
+            if not rec.payload:
+                rec.payload = payload
+                self.inflight_bytes += len(payload)
+            for sid in sids:
+                local = self.subs.get(sid)
+                if local is not None and local.link is not None and local.credit > 0:
+                    self._pump(local)
+        elif rec.origin is not None and rec.pending == 0 and rec.payload:
+            self._decide(rec, now)
+
+    def handle_final(self, gid: str, now: float) -> None:
+        rec = self.records.get(gid)
+        if rec is None:
+            if gid in self.placeholders:
+                self._placeholder_final(gid)
+            return
+        if rec.origin is None:
+            # we are an origin too (the publisher failed over and settled elsewhere)
+            rec.pub_settled = True
+            self._maybe_final(rec, now)
+            return
+        self._finalize(rec, now)
+
+    def handle_probe(self, gid: str, frm: str) -> None:
+        """A destination asks whether `gid` is still in flight here (its origin)."""
+        if gid not in self.records:
+            self.out.append(SendFinal(frm, gid))
+
+    # ================================================================ mesh: origin side
+    def handle_ack(self, gid: str, sid: str, state: int, error: tuple[str, str] | None, now: float) -> None:
+        rec = self.records.get(gid)
+        if rec is None or rec.origin is not None:
+            return
+        if sid in self.subs:
+            return  # homed here now: its local state is authoritative
+        self._resolve(rec, sid, S(state), error, now, "remote")
+
+    def _route(self, rec: Record, force: bool) -> None:
+        """Send copies for the remote subscriptions still pending, to their current home routers
+        (those reachable): only where they have not been sent yet, or all again when `force`."""
+        me = self.router_id
+        table = self.table
+        reach = self.reachable
+        dests: dict[str, list[str]] = {}
+        fwd = rec.fwd
+        for sid, st in rec.owed.items():
+            if st is not S.QUEUED and st is not S.SENT:
+                continue
+            sub = table.get(sid)
+            if sub is None or not sub.live or sub.home == me:
+                continue
+            home = sub.home
+            if home not in reach:
+                continue  # held here until its home router is reachable (or it moves)
+            if not force and fwd is not None and fwd.get(sid) == home:
+                continue
+            dests.setdefault(home, []).append(sid)
+        if not dests:
+            return
+        if rec.fwd is None:
+            rec.fwd = {}
+        if rec.holders is None:
+            rec.holders = set()
+        for home, sids in dests.items():
+            for sid in sids:
+                rec.fwd[sid] = home
+            rec.holders.add(home)
+        self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}))
+        self.log.append(("forwarded", rec.gid, rec.topic, None, {"peer": ",".join(sorted(dests))}))
+
+    def set_reachable(self, reachable: dict[str, str], now: float) -> None:
+        """The live graph changed: `reachable` maps every router we can reach to its incarnation.
+        Pending copies are sent again (some may have been lost with a link or a router)."""
+        if reachable == self.reachable:
+            return
+        self.reachable = dict(reachable)
+        self.reachable[self.router_id] = ""
+        self.reroute(force=True)
+
+    def reroute(self, force: bool = False, sids: Iterable[str] | None = None) -> None:
+        if sids is None:
+            for rec in list(self.records.values()):
+                if rec.origin is None and rec.pending and rec.outcome is None:
+                    self._route(rec, force)
+            return
+        seen: set[str] = set()
+        for sid in sids:
+            for rec in list(self.remote_pending.get(sid, {}).values()):
+                if rec.gid not in seen:
+                    seen.add(rec.gid)
+                    self._route(rec, force)
+
+    def subscription_changed(self, old: Subscription, now: float) -> None:
+        """Another router's announcement changed the table entry of `old.sid` (now in the table)."""
+        sid = old.sid
+        new = self.table.get(sid)
+        assert new is not None
+        me = self.router_id
+        was_here = old.live and old.home == me
+        if not new.live:
+            if was_here:
+                rt = self.subs.get(sid)
+                if rt is not None and rt.link is not None:
+                    self.out.append(DetachLink(sid, rt.link, "amqp:link:stolen",
+                                               "the subscription was ended elsewhere"))
+                    self._unbind(rt)
+            self._ended(sid, now, new.end_reason or "ended")
+            return
+        if was_here and new.home != me:
+            self._moved_away(sid, new, now)
+        elif not was_here and new.home == me:
+            self._moved_here(sid)
+        elif new.home != me and (old.home != new.home or not old.live):
+            self.reroute(force=False, sids=[sid])
+
+    def _moved_here(self, sid: str) -> None:
+        """A subscription is homed here now: what origin records owed it remotely becomes local."""
+        rt = self.subs.get(sid)
+        if rt is None:
+            rt = self.subs[sid] = SubRuntime(sid)
+        for gid, rec in sorted(self.remote_pending.pop(sid, {}).items(), key=lambda kv: kv[1].created):
+            rt.owed[gid] = rec
+            if rec.owed.get(sid) is S.SENT:
+                rec.owed[sid] = S.QUEUED
+            if rt.link is not None:
+                rt.queue.append(gid)
+
+    def _moved_away(self, sid: str, new: Subscription, now: float) -> None:
+        """A subscription homed here resumed at another router."""
+        rt = self.subs.pop(sid, None)
+        if rt is None:
+            return
+        if rt.link is not None:
+            self.out.append(DetachLink(sid, rt.link, "amqp:link:stolen",
+                                       f"the subscription resumed at router {new.home}"))
+            self._unbind(rt)
+        for gid, rec in list(rt.owed.items()):
+            if rec.origin is None:  # ours: it is remote now, send it to the new home
+                if rec.owed.get(sid) is S.SENT:
+                    rec.owed[sid] = S.QUEUED
+                self.remote_pending.setdefault(sid, {})[gid] = rec
+            else:  # a destination copy: drop our part; its origin re-routes it
+                del rec.owed[sid]
+                rec.pending -= 1
+                if rec.pending == 0:
+                    self._decide(rec, now)
+        self.reroute(force=False, sids=[sid])
 
     # ================================================================ publisher resume
     def _publisher_declared(self, plid: str, in_doubt: set[str], now: float) -> None:
         """One of our publishers re-attached and listed what it still holds in doubt: everything
         else of that link that we hold is settled on its side (it will never be resent)."""
-        for rec in [r for r in self.records.values() if r.plid == plid and r.gid not in in_doubt]:
+        for rec in [r for r in self.records.values()
+                    if r.plid == plid and r.gid not in in_doubt and r.origin is None]:
             if not rec.pubs:
                 rec.pub_settled = True
                 self._maybe_final(rec, now)
@@ -541,14 +843,20 @@ class DeliveryCore:
             self._unblock()
 
     # ================================================================ time
-    def tick(self, now: float) -> None:
-        for sub in self.table.expired(now):
-            self._end(sub.sid, now, "expired")
-        # decided records whose publisher vanished without settling: after the horizon (or, oldest
-        # first, when there are too many) we stop waiting for a resend that will not come
+    def tick(self, now: float, may_expire: bool = True) -> None:
+        """Expire suspended subscriptions homed here (only when `may_expire`: in a mesh, while the
+        whole mesh is reachable), give up on vanished publishers and origins, probe for lost FINALs."""
+        if may_expire:
+            for sub in self.table.expired(now, home=self.router_id):
+                self._end(sub.sid, now, "expired")
+        # decided records whose publisher (or origin) vanished without settling: after the horizon
+        # (or, oldest first, when there are too many) we stop waiting for a resend that will not come
         orphaned = now - self.cfg.orphan_horizon
         excess = len(self.records) - self.undecided - self.cfg.max_decided_records
-        orphans = sorted((r for r in self.records.values() if r.outcome is not None and not r.pubs),
+        reach = self.reachable
+        orphans = sorted((r for r in self.records.values()
+                          if r.pending == 0 and not r.pubs and (r.outcome is not None or r.origin is not None) and
+                          (r.origin is None or not any(reach.get(o) == i for o, i in (r.origins or {}).items()))),
                          key=lambda r: r.decided)
         for rec in orphans:
             if rec.decided >= orphaned and excess <= 0:
@@ -557,6 +865,15 @@ class DeliveryCore:
             rec.pub_settled = True
             self.log.append(("orphan_final", rec.gid, rec.topic, None, None))
             self._finalize(rec, now)
+        # destination records resolved long ago: ask their origin whether a FINAL was lost
+        probe_before = now - self.cfg.probe_after
+        for rec in self.records.values():
+            if rec.origin is not None and rec.pending == 0 and rec.decided < probe_before \
+                    and rec.probed < probe_before and rec.origins:
+                rec.probed = now
+                for origin, inc in rec.origins.items():
+                    if self.reachable.get(origin) == inc:
+                        self.out.append(SendProbe(origin, rec.gid))
         horizon = now - self.cfg.placeholder_horizon
         for gid in [g for g, phs in self.placeholders.items() if min(phs.values()) < horizon]:
             if gid not in self.records:
@@ -566,9 +883,12 @@ class DeliveryCore:
 
     # ================================================================ introspection
     def stats(self) -> dict[str, int]:
+        live = list(self.table.live())
         return {
             "records": len(self.records), "undecided": self.undecided, "inflight_bytes": self.inflight_bytes,
-            "reserved_credit": self.reserved_credit, "subscriptions": sum(1 for _ in self.table.live()),
-            "active_subscriptions": sum(1 for s in self.table.live() if s.state is SubState.ACTIVE),
+            "destination_records": sum(1 for r in self.records.values() if r.origin is not None),
+            "reserved_credit": self.reserved_credit, "subscriptions": len(live),
+            "local_subscriptions": sum(1 for s in live if s.home == self.router_id),
+            "active_subscriptions": sum(1 for s in live if s.state is SubState.ACTIVE),
             "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
         }

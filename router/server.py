@@ -22,7 +22,9 @@ from proton import Message, symbol
 
 from router import errors
 from router.actions import (
+    Announce,
     Deliver,
+    DetachLink,
     GrantCredit,
     NotifyFinal,
     Outcome,
@@ -122,6 +124,7 @@ class Router:
         self._status_written = 0.0
         self._last_stats: dict[str, Any] = {}
         self.extensions: list[Any] = []  # mesh layer hooks (interrouter)
+        self.mesh: Any = None  # the mesh layer, when this router is part of one
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -554,6 +557,15 @@ class Router:
             ctx.final_seq += 1
             body = Message(subject=FINAL_SUBJECT, body=list(act.gids)).encode()
             link.send(f"$final:{ctx.final_seq}".encode(), body, settled=True)
+        elif t is DetachLink:
+            dlink: Link = act.link
+            if self.sub_links.get(act.sid) is dlink:
+                self._forget_sub_link(dlink)
+            dlink.close(act.condition, act.description)
+        elif self.mesh is not None:
+            self.mesh.perform(act)  # Forward, SendAck, SendFinal, SendProbe, Announce
+        elif t is Announce:
+            pass  # a standalone router has nobody to tell
         else:  # pragma: no cover
             raise TypeError(f"unknown action {act!r}")
 

@@ -76,6 +76,17 @@ class Subscription:
                    created=float(d["created"]), end_reason=d.get("end_reason"))
 
 
+_STATE_RANK = {SubState.ACTIVE: 0, SubState.SUSPENDED: 1, SubState.ENDED: 2}
+_FIELDS = ("sid", "topic", "container", "link", "expiry", "state", "home", "epoch", "since", "created",
+           "end_reason")
+
+
+def order_key(s: Subscription) -> tuple[int, str, int]:
+    """Total order of versions of one subscription: a higher epoch wins; within an epoch (one home)
+    ACTIVE -> SUSPENDED -> ENDED only moves forward; equal epochs from two homes: the larger id."""
+    return (s.epoch, s.home, _STATE_RANK[s.state])
+
+
 class SubscriptionTable:
     def __init__(self) -> None:
         self._subs: dict[str, Subscription] = {}
@@ -144,9 +155,32 @@ class SubscriptionTable:
         self.version += 1
         return sub
 
-    def expired(self, now: float) -> list[Subscription]:
+    def merge(self, remote: Subscription) -> Subscription | None:
+        """Apply another router's view of a subscription when it is newer. Returns a copy of the
+        previous entry (or a placeholder ENDED entry when it was unknown) when the table changed."""
+        cur = self._subs.get(remote.sid)
+        if cur is not None and order_key(cur) >= order_key(remote):
+            return None
+        old = Subscription(**{f: getattr(cur, f) for f in _FIELDS}) if cur is not None else None
+        if cur is not None and cur.live:
+            topic_subs = self._by_topic.get(cur.topic)
+            if topic_subs is not None:
+                topic_subs.pop(cur.sid, None)
+                if not topic_subs:
+                    del self._by_topic[cur.topic]
+        new = Subscription(**{f: getattr(remote, f) for f in _FIELDS})
+        self._subs[new.sid] = new
+        if new.live:
+            self._by_topic.setdefault(new.topic, {})[new.sid] = new
+        self.version += 1
+        return old if old is not None else Subscription(
+            sid=new.sid, topic=new.topic, container=new.container, link=new.link, expiry=new.expiry,
+            state=SubState.ENDED, home="", epoch=0, since=0.0, created=0.0, end_reason="unknown")
+
+    def expired(self, now: float, home: str | None = None) -> list[Subscription]:
         return [s for s in self._subs.values()
-                if s.state is SubState.SUSPENDED and now - s.since >= s.expiry]
+                if s.state is SubState.SUSPENDED and now - s.since >= s.expiry
+                and (home is None or s.home == home)]
 
     def forget_ended(self, before: float) -> int:
         """Drop tombstones of subscriptions that ended before `before`."""

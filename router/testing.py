@@ -243,7 +243,7 @@ class LogSummary:
                 elif ev == "duplicate":
                     self.duplicates[(e["sub"], e["gid"])] += 1
             elif src == "router":
-                self.router_events[ev] += 1
+                self.router_events[str(ev)] += 1
 
     def handed_to(self, sub: str) -> Counter[str]:
         return Counter({g: n for (s, g), n in self.handed.items() if s == sub})

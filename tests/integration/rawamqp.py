@@ -81,7 +81,7 @@ class RawClient:
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(65536)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 return None
             except ConnectionResetError:
                 chunk = b""
@@ -107,7 +107,7 @@ class RawClient:
                 try:
                     self.sock.settimeout(0.2)
                     return self.sock.recv(1) == b""
-                except (TimeoutError, socket.timeout):
+                except TimeoutError:
                     continue
                 except OSError:
                     return True

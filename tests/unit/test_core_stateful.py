@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from router.actions import (
+    Announce,
     Deliver,
     GrantCredit,
     NotifyFinal,
@@ -165,7 +166,7 @@ class CoreMachine(RuleBasedStateMachine):
                 pub.token_of.pop(a.pub, None)
             else:
                 pub.to_settle.append(a.pub)
-        elif isinstance(a, SettlePublisher):
+        elif isinstance(a, SettlePublisher | Announce):
             pass
         elif isinstance(a, GrantCredit):
             pub = next(p for p in self.pubs if p.link is a.link)
