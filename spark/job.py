@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -55,25 +56,35 @@ class UsageError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Outputs:
-    """Where the results were written."""
+    """Where the results were written (local paths, or URIs under a remote --out)."""
 
-    out: Path
-    summary_json: Path
-    summary_parquet: Path
-    subscriptions_parquet: Path
-    anomalies_parquet: Path
-    anomalies_json: Path
-    chart: Path | None
+    out: str
+    summary_json: str
+    summary_parquet: str
+    subscriptions_parquet: str
+    anomalies_parquet: str
+    anomalies_json: str
+    chart: str | None
 
 
 # ================================================================ inputs
-def find_logs(paths: Iterable[Path | str]) -> list[Path]:
-    """Every *.jsonl file under the given directories (recursively) and every file given by name.
-    Raises UsageError for a path that does not exist or when nothing is found."""
+def is_uri(text: str) -> bool:
+    """A Hadoop file system URI (hdfs://, s3a://, gs://, abfss://, ...), not a local path."""
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text) is not None and not text.startswith("file://")
+
+
+def find_logs(paths: Iterable[Path | str]) -> list[str]:
+    """Every *.jsonl file under the given local directories (recursively) and every local file given
+    by name, as absolute paths; URIs (hdfs://..., s3a://...) are kept as they are, for Spark to
+    search. Raises UsageError for a local path that does not exist or when nothing is found."""
     found: list[Path] = []
+    uris: list[str] = []
     missing: list[str] = []
     for raw in paths:
-        p = Path(raw)
+        if is_uri(str(raw)):
+            uris.append(str(raw))
+            continue
+        p = Path(str(raw)[len("file://"):] if str(raw).startswith("file://") else raw)
         if p.is_dir():
             found.extend(sorted(f for f in p.rglob(f"*{LOG_SUFFIX}") if f.is_file()))
         elif p.is_file():
@@ -82,7 +93,7 @@ def find_logs(paths: Iterable[Path | str]) -> list[Path]:
             missing.append(str(p))
     if missing:
         raise UsageError(f"no such file or directory: {', '.join(missing)}")
-    unique = list(dict.fromkeys(f.resolve() for f in found))
+    unique = list(dict.fromkeys(str(f.resolve()) for f in found)) + uris
     if not unique:
         raise UsageError(f"no settlement logs (*{LOG_SUFFIX} files) found under "
                          f"{', '.join(str(p) for p in paths) or '(no paths given)'}")
@@ -104,15 +115,15 @@ def parse_since(text: str | None) -> float | None:
 
 
 @contextmanager
-def hadoop_safe(files: Sequence[Path]) -> Iterator[list[str]]:
+def hadoop_safe(files: Sequence[str]) -> Iterator[list[str]]:
     """Path strings Spark can read: a local file whose name Hadoop cannot parse (a ':' or a glob
     character) is read through a symlink with a plain name in a temporary directory."""
     tmp: str | None = None
     out: list[str] = []
     try:
         for i, f in enumerate(files):
-            if _HADOOP_UNSAFE.isdisjoint(str(f)):
-                out.append(str(f))
+            if is_uri(f) or _HADOOP_UNSAFE.isdisjoint(f):
+                out.append(f)
                 continue
             if tmp is None:
                 tmp = tempfile.mkdtemp(prefix="oncemesh-reconcile-")
@@ -125,9 +136,38 @@ def hadoop_safe(files: Sequence[Path]) -> Iterator[list[str]]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def read_logs(spark: SparkSession, sources: Sequence[str]) -> DataFrame:
+    """Every line, parsed with the schema and a status (`reconcile.with_status`): local files as
+    listed, URIs searched recursively for *.jsonl. Blank lines are skipped."""
+    from spark import reconcile as R
+    from spark import schema as S
+
+    def reader() -> Any:
+        return (spark.read.schema(S.PARSE_SCHEMA).option("mode", "PERMISSIVE")
+                .option("columnNameOfCorruptRecord", S.CORRUPT))
+
+    local = [f for f in sources if not is_uri(f)]
+    frames = [reader().json(local)] if local else []
+    for uri in (f for f in sources if is_uri(f)):
+        frames.append(reader().option("recursiveFileLookup", "true")
+                      .option("pathGlobFilter", f"*{LOG_SUFFIX}").json(uri))
+    fields = frames[0]
+    for f in frames[1:]:
+        fields = fields.unionByName(f)
+    return R.with_status(fields)
+
+
 # ================================================================ Spark
 def is_local(master: str) -> bool:
     return master == "local" or master.startswith("local[")
+
+
+def local_cores(master: str) -> int:
+    """The worker threads of a local master: local -> 1, local[N] -> N, local[*] -> all CPUs."""
+    if master == "local":
+        return 1
+    inner = master[len("local["):].split(",")[0].rstrip("]")
+    return (os.cpu_count() or 2) if inner == "*" else max(1, int(inner))
 
 
 def spark_session(master: str = DEFAULT_MASTER, driver_memory: str | None = None,
@@ -151,7 +191,7 @@ def spark_session(master: str = DEFAULT_MASTER, driver_memory: str | None = None
          .config("spark.sql.session.timeZone", "UTC"))
     if is_local(master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        cores = os.cpu_count() or 2
+        cores = local_cores(master)
         b = (b.config("spark.ui.enabled", "false")
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1")
@@ -184,7 +224,7 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
         spark, created = spark_session(master, driver_memory)
     try:
         with hadoop_safe(files) as readable:
-            summary, _ = run(spark, readable, out=Path(out) if out is not None else None,
+            summary, _ = run(spark, readable, out=out,
                              since=since_ts, skew=skew, chart=chart, warn_to=warn_to,
                              n_files=len(files))
         return summary
@@ -193,7 +233,7 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
             spark.stop()
 
 
-def run(spark: SparkSession, files: Sequence[str], *, out: Path | None, since: float | None,
+def run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, since: float | None,
         skew: float, chart: bool, warn_to: TextIO | None = None, n_files: int | None = None,
         ) -> tuple[Summary, Outputs | None]:
     from dataclasses import replace
@@ -204,7 +244,9 @@ def run(spark: SparkSession, files: Sequence[str], *, out: Path | None, since: f
 
     say = warn_to or sys.stderr
     started = time.monotonic()
-    parsed = R.parse(spark.read.text(list(files))).persist(StorageLevel.MEMORY_AND_DISK)
+    # parsed once, kept (only the columns used) for every result below
+    parsed = (read_logs(spark, files).select(*R.USED, "status")
+              .persist(StorageLevel.MEMORY_AND_DISK))
     rec: Reconciliation | None = None
     try:
         rec = R.reconcile(parsed, since=since, skew=skew, persist=True)
@@ -223,39 +265,50 @@ def run(spark: SparkSession, files: Sequence[str], *, out: Path | None, since: f
     finally:
         parsed.unpersist()
         if rec is not None:
-            rec.events.unpersist()
-            rec.pairs.unpersist()
+            R.unpersist(rec)
 
 
-def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, out: Path, chart: bool,
+def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, out: Path | str, chart: bool,
                   say: TextIO) -> Outputs:
+    """Under `out` (a local directory, or a URI such as hdfs://.../run42): anomalies.parquet and
+    anomalies.json (the non-ok pairs), summary.json, summary.parquet (its scalars),
+    subscriptions.parquet, and reconcile.png (local `out` only)."""
     from spark import chart as C
     from spark import reconcile as R
 
-    out.mkdir(parents=True, exist_ok=True)
-    target = out.resolve()
+    remote = is_uri(str(out))
+    if remote:
+        target = str(out).rstrip("/")
+    else:
+        local = Path(str(out)[len("file://"):] if str(out).startswith("file://") else out)
+        local.mkdir(parents=True, exist_ok=True)
+        target = str(local.resolve())
+    a_parquet, a_json = f"{target}/anomalies.parquet", f"{target}/anomalies.json"
     anomalies = R.anomalies(rec.pairs).orderBy("class", "t_pub", "gid", "sub")
-    a_parquet, a_json = target / "anomalies.parquet", target / "anomalies.json"
-    anomalies.coalesce(1).write.mode("overwrite").parquet(str(a_parquet))
-    spark.read.parquet(str(a_parquet)).coalesce(1).write.mode("overwrite").json(str(a_json))
+    anomalies.coalesce(1).write.mode("overwrite").parquet(a_parquet)
+    spark.read.parquet(a_parquet).coalesce(1).write.mode("overwrite").json(a_json)
     d = summary.to_dict()
-    s_parquet, subs_parquet = target / "summary.parquet", target / "subscriptions.parquet"
-    summary_frame(spark, d).coalesce(1).write.mode("overwrite").parquet(str(s_parquet))
-    subs_frame(spark, summary).coalesce(1).write.mode("overwrite").parquet(str(subs_parquet))
-    s_json = target / "summary.json"
-    s_json.write_text(json.dumps(d, indent=2, sort_keys=False) + "\n")
-    png: Path | None = None
-    if chart:
-        if C.available():
-            curves = sorted((C.HopCurve(q.kind, q.name, q.n, q.curve) for q in summary.latencies),
-                            key=lambda c: (C.KIND_ORDER.get(c.kind, 9), c.hop))
-            timeline = anomaly_timeline(rec, summary)
-            bucket = timeline[0]
-            png = C.render(curves, timeline[1], target / "reconcile.png", bucket=bucket,
-                           title=f"oncemesh reconciliation: {'PASS' if summary.passed else 'FAIL'}")
-        else:
-            print("oncemesh reconcile: matplotlib is not installed: no chart "
-                  "(pip install 'oncemesh[chart]')", file=say)
+    s_parquet, subs_parquet = f"{target}/summary.parquet", f"{target}/subscriptions.parquet"
+    summary_frame(spark, d).coalesce(1).write.mode("overwrite").parquet(s_parquet)
+    subs_frame(spark, summary).coalesce(1).write.mode("overwrite").parquet(subs_parquet)
+    s_json = f"{target}/summary.json"
+    text = json.dumps(d, indent=2) + "\n"
+    if remote:  # a directory with one part file, like the others
+        spark.createDataFrame([(text,)], "value string").coalesce(1).write.mode("overwrite").text(s_json)
+    else:
+        Path(s_json).write_text(text)
+    png: str | None = None
+    if chart and remote:
+        print("oncemesh reconcile: no chart for a remote --out", file=say)
+    elif chart and not C.available():
+        print("oncemesh reconcile: matplotlib is not installed: no chart (pip install 'oncemesh[chart]')",
+              file=say)
+    elif chart:
+        curves = sorted((C.HopCurve(q.kind, q.name, q.n, q.curve) for q in summary.latencies),
+                        key=lambda c: (C.KIND_ORDER.get(c.kind, 9), c.hop))
+        bucket, timeline = anomaly_timeline(rec, summary)
+        png = str(C.render(curves, timeline, Path(target) / "reconcile.png", bucket=bucket,
+                           title=f"oncemesh reconciliation: {'PASS' if summary.passed else 'FAIL'}"))
     return Outputs(target, s_json, s_parquet, subs_parquet, a_parquet, a_json, png)
 
 
@@ -363,7 +416,7 @@ def format_summary(s: Summary) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("logdirs", nargs="+", metavar="LOGDIR",
                    help="directories searched recursively for *.jsonl settlement logs (or log files)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    p.add_argument("--out", default=str(DEFAULT_OUT),
                    help=f"where results are written (default ./{DEFAULT_OUT})")
     p.add_argument("--master", default=DEFAULT_MASTER, help=f"Spark master URL (default {DEFAULT_MASTER})")
     p.add_argument("--since", default=None, metavar="T",
@@ -412,7 +465,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     else:
         print(format_summary(summary), file=human)
     if outputs is not None:
-        print(f"results: {outputs.out}" + (f" (chart {outputs.chart.name})" if outputs.chart else ""),
+        print(f"results: {outputs.out}" + (f" (chart {Path(outputs.chart).name})" if outputs.chart else ""),
               file=human)
     return 0 if summary.passed else 1
 

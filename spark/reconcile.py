@@ -46,25 +46,34 @@ def _c(name: str) -> Column:
 # ================================================================ 1. lines
 def parse(text: DataFrame) -> DataFrame:
     """Lines (a `value` string column, as from `spark.read.text`) -> one column per schema field and
-    `status`. Unknown extra fields are ignored; a line of a newer schema version is `newer` even if
-    its fields no longer fit v1's types."""
+    `status` (see `with_status`). Blank lines get status `blank`."""
     j = F.from_json(_c("value"), S.PARSE_SCHEMA,
                     {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": S.CORRUPT})
-    rows = text.select(_c("value"), j.alias("j"))
+    # through a generator, so that the optimizer cannot inline from_json into every field reference
+    # (which would parse each line once per column)
+    rows = text.select(F.inline(F.array(F.struct((F.trim(_c("value")) == "").alias("blank"), j.alias("j")))))
+    return with_status(rows.select("blank", "j.*"))
+
+
+def with_status(fields: DataFrame) -> DataFrame:
+    """Columns of `schema.PARSE_SCHEMA` (as the JSON reader yields them in PERMISSIVE mode with
+    `columnNameOfCorruptRecord`; optionally `blank`) -> the schema columns and `status`: ok,
+    newer (a higher schema version: even if its fields no longer fit v1's types), malformed (not a
+    JSON object, a field of the wrong type, a common field missing, an unknown version), unknown_event
+    (an event its source does not write), blank. Unknown extra fields are ignored."""
     missing = F.lit(False)
     for name in S.REQUIRED:
-        missing = missing | F.col(f"j.{name}").isNull()
+        missing = missing | _c(name).isNull()
     known = F.lit(False)
     for src, evs in S.EVENTS_BY_SOURCE.items():
-        known = known | ((F.col("j.src") == src) & F.col("j.ev").isin(*sorted(evs)))
-    status = (F.when(F.trim(_c("value")) == "", BLANK)
-              .when(F.col("j.v") > S.SCHEMA_VERSION, NEWER)
-              .when(F.col(f"j.{S.CORRUPT}").isNotNull() | missing | (F.col("j.v") != S.SCHEMA_VERSION),
-                    MALFORMED)
+        known = known | ((_c("src") == src) & _c("ev").isin(*sorted(evs)))
+    blank = _c("blank") if "blank" in fields.columns else F.lit(False)
+    status = (F.when(blank, BLANK)
+              .when(_c("v") > S.SCHEMA_VERSION, NEWER)
+              .when(_c(S.CORRUPT).isNotNull() | missing | (_c("v") != S.SCHEMA_VERSION), MALFORMED)
               .when(~known, UNKNOWN_EVENT)
               .otherwise(OK))
-    return rows.select(*[F.col(f"j.{f.name}").alias(f.name) for f in S.LOG_SCHEMA.fields],
-                       status.alias("status"))
+    return fields.select(*S.LOG_SCHEMA.fieldNames(), status.alias("status"))
 
 
 def line_counts(parsed: DataFrame) -> DataFrame:
@@ -72,9 +81,13 @@ def line_counts(parsed: DataFrame) -> DataFrame:
     return parsed.groupBy("status").agg(F.count(F.lit(1)).alias("n"))
 
 
+# The columns the reconciliation reads (a job may keep only these, plus `status`, in memory).
+USED = ("ts", "src", "node", "inc", "ev", "gid", "topic", "sub", "pub", "peer", "outcome", "error", "info")
+
+
 def valid_events(parsed: DataFrame) -> DataFrame:
-    """The `ok` lines, schema columns only."""
-    return parsed.where(_c("status") == OK).select(*S.LOG_SCHEMA.fieldNames())
+    """The `ok` lines, the USED columns."""
+    return parsed.where(_c("status") == OK).select(*USED)
 
 
 def restrict_since(events: DataFrame, since: float) -> DataFrame:
@@ -119,28 +132,37 @@ def observed_subscriptions(events: DataFrame) -> DataFrame:
 
 
 # ================================================================ 3. messages
+def _first_received(ev: Column) -> Column:
+    """A router's `received` that created a record (not a resend merged into one)."""
+    return (_c("src") == S.ROUTER) & (ev == "received") & (_c("info").isNull() | (_c("info") != "merged"))
+
+
 def messages(events: DataFrame) -> DataFrame:
     """One row per published global id: gid, topic, pub, t_pub (first send, any run), sends,
     outcome (the last final outcome line, any run; null when none or not final), t_outcome (its ts),
-    t_accepted (the first ACCEPTED told), error."""
-    pubs = events.where(_c("src") == S.PUBLISHER)
-    published = (pubs.where(_c("ev") == "published")
-                 .groupBy("gid")
-                 .agg(F.min("ts").alias("t_pub"),
-                      F.min_by("topic", "ts").alias("topic"),
-                      F.min_by("pub", "ts").alias("pub"),
-                      F.count(F.lit(1)).alias("sends")))
-    outcomes = (pubs.where(_c("ev") == "outcome")
-                .groupBy("gid")
-                .agg(F.max_by("outcome", "ts").alias("last_outcome"),
-                     F.max("ts").alias("t_outcome"),
-                     F.min(F.when(_c("outcome") == "ACCEPTED", _c("ts"))).alias("t_accepted"),
-                     F.max_by("error", "ts").alias("error")))
+    t_accepted (the first ACCEPTED told), error, received (array of (ts, node): every record routers
+    created for it, for the publish-hop latency). One pass over publisher and router lines."""
+    ev = _c("ev")
+    is_pub = (_c("src") == S.PUBLISHER) & (ev == "published")
+    is_out = (_c("src") == S.PUBLISHER) & (ev == "outcome")
+    is_recv = _first_received(ev)
+    t_pub, t_out = F.when(is_pub, _c("ts")), F.when(is_out, _c("ts"))
+    agg = (events.where(_c("gid").isNotNull() & (is_pub | is_out | is_recv))
+           .groupBy("gid")
+           .agg(F.min(t_pub).alias("t_pub"),
+                F.min_by(F.when(is_pub, _c("topic")), t_pub).alias("topic"),
+                F.min_by(F.when(is_pub, _c("pub")), t_pub).alias("pub"),
+                F.sum(is_pub.cast("long")).alias("sends"),
+                F.max_by(F.when(is_out, _c("outcome")), t_out).alias("last_outcome"),
+                F.max(t_out).alias("t_last"),
+                F.min(F.when(is_out & (_c("outcome") == "ACCEPTED"), _c("ts"))).alias("t_accepted"),
+                F.max_by(F.when(is_out, _c("error")), t_out).alias("error"),
+                F.collect_list(F.when(is_recv, F.struct(_c("ts"), _c("node")))).alias("received")))
     final = F.when(_c("last_outcome").isin(*S.FINAL_OUTCOMES), _c("last_outcome"))
-    return (published.join(outcomes, "gid", "left")
+    return (agg.where(_c("t_pub").isNotNull())
             .select("gid", "topic", "pub", "t_pub", "sends", final.alias("outcome"),
-                    F.when(final.isNotNull(), _c("t_outcome")).alias("t_outcome"),
-                    "t_accepted", "error"))
+                    F.when(final.isNotNull(), _c("t_last")).alias("t_outcome"),
+                    "t_accepted", "error", "received"))
 
 
 # ================================================================ 4. pairs
@@ -157,16 +179,29 @@ def owed_pairs(msgs: DataFrame, subs_lives: DataFrame) -> DataFrame:
 
 
 def hand_overs(events: DataFrame) -> DataFrame:
-    """Per (gid, sub) seen by a subscriber: handed (count), t_handed (first), suppressed (count of
-    `duplicate` lines), h_topic."""
-    return (events
-            .where((_c("src") == S.SUBSCRIBER) & _c("ev").isin("handed", "duplicate")
-                   & _c("gid").isNotNull() & _c("sub").isNotNull())
-            .groupBy("gid", "sub")
-            .agg(F.sum((_c("ev") == "handed").cast("long")).alias("handed"),
-                 F.min(F.when(_c("ev") == "handed", _c("ts"))).alias("t_handed"),
-                 F.sum((_c("ev") == "duplicate").cast("long")).alias("suppressed"),
-                 F.first("topic", ignorenulls=True).alias("h_topic")))
+    """Per (gid, sub) a subscriber or a router saw: handed (count of `handed`), t_handed (first),
+    suppressed (count of `duplicate`), h_topic, and from router `delivered` lines: deliveries
+    (count), t_delivered / delivered_by (the last delivery at or before the first hand-over, or the
+    last one when never handed)."""
+    ev = _c("ev")
+    sub_side = _c("src") == S.SUBSCRIBER
+    is_hand = sub_side & (ev == "handed")
+    is_dup = sub_side & (ev == "duplicate")
+    is_dl = (_c("src") == S.ROUTER) & (ev == "delivered")
+    agg = (events
+           .where((is_hand | is_dup | is_dl) & _c("gid").isNotNull() & _c("sub").isNotNull())
+           .groupBy("gid", "sub")
+           .agg(F.sum(is_hand.cast("long")).alias("handed"),
+                F.min(F.when(is_hand, _c("ts"))).alias("t_handed"),
+                F.sum(is_dup.cast("long")).alias("suppressed"),
+                F.first(F.when(sub_side, _c("topic")), ignorenulls=True).alias("h_topic"),
+                F.collect_list(F.when(is_dl, F.struct(_c("ts"), _c("node")))).alias("dl")))
+    before = F.filter("dl", lambda d: d["ts"] <= _c("t_handed"))
+    last = F.when(_c("t_handed").isNull(), F.array_max("dl")).otherwise(F.array_max(before))
+    return agg.select("gid", "sub", "handed", "t_handed", "suppressed", "h_topic",
+                      F.size("dl").alias("deliveries"), last.alias("last_dl")).select(
+        "gid", "sub", "handed", "t_handed", "suppressed", "h_topic", "deliveries",
+        _c("last_dl.ts").alias("t_delivered"), _c("last_dl.node").alias("delivered_by"))
 
 
 def router_rejections(events: DataFrame) -> DataFrame:
@@ -215,7 +250,8 @@ def classify(skew: float = 0.0) -> Column:
 
 PAIR_COLUMNS = ("gid", "sub", "topic", "class", "owed", "handed", "suppressed", "pub", "t_pub",
                 "t_handed", "latency", "outcome", "t_outcome", "t_accepted", "rejected_here",
-                "life", "life_start", "life_end", "life_end_ev", "error")
+                "deliveries", "t_delivered", "delivered_by", "life", "life_start", "life_end",
+                "life_end_ev", "error")
 
 
 def pairs(events: DataFrame, msgs: DataFrame, subs_lives: DataFrame, skew: float = 0.0) -> DataFrame:
@@ -227,7 +263,7 @@ def pairs(events: DataFrame, msgs: DataFrame, subs_lives: DataFrame, skew: float
     hs = hand_overs(events)
     joined = (owed.join(hs, ["gid", "sub"], "full")
               .where(_c("owed").isNotNull() | (_c("handed") > 0))
-              .join(msgs, "gid", "left")
+              .join(msgs.drop("received"), "gid", "left")
               .join(router_rejections(events), ["gid", "sub"], "left"))
     rejected_here = F.coalesce(
         (_c("outcome") == "REJECTED") & (F.coalesce(_c("rejected_at_router"), F.lit(False))
@@ -241,6 +277,7 @@ def pairs(events: DataFrame, msgs: DataFrame, subs_lives: DataFrame, skew: float
         F.coalesce(_c("suppressed"), F.lit(0)).alias("suppressed"),
         "pub", "t_pub", "t_handed", (_c("t_handed") - _c("t_pub")).alias("latency"),
         "outcome", "t_outcome", "t_accepted", "rejected_here",
+        F.coalesce(_c("deliveries"), F.lit(0)).alias("deliveries"), "t_delivered", "delivered_by",
         "life", "life_start", "life_end", "life_end_ev", "error")
 
 
@@ -299,13 +336,14 @@ def incarnations(events: DataFrame) -> DataFrame:
 def router_records(events: DataFrame) -> DataFrame:
     """One row per delivery record (router, incarnation, gid): t_received (first non-merged
     `received`), t_settled (null when unsettled at the end), state of the incarnation, settle_latency."""
-    r = events.where((_c("src") == S.ROUTER) & _c("gid").isNotNull())
-    received = (r.where((_c("ev") == "received") & (_c("info").isNull() | (_c("info") != "merged")))
-                .groupBy("node", "inc", "gid").agg(F.min("ts").alias("t_received")))
-    settled = (r.where(_c("ev") == "settled")
-               .groupBy("node", "inc", "gid").agg(F.min("ts").alias("t_settled")))
-    return (received.join(settled, ["node", "inc", "gid"], "left")
-            .join(incarnations(events).select("node", "inc", "state"), ["node", "inc"], "left")
+    is_recv = _first_received(_c("ev"))
+    is_settled = (_c("src") == S.ROUTER) & (_c("ev") == "settled")
+    recs = (events.where(_c("gid").isNotNull() & (is_recv | is_settled))
+            .groupBy("node", "inc", "gid")
+            .agg(F.min(F.when(is_recv, _c("ts"))).alias("t_received"),
+                 F.min(F.when(is_settled, _c("ts"))).alias("t_settled"))
+            .where(_c("t_received").isNotNull()))
+    return (recs.join(F.broadcast(incarnations(events).select("node", "inc", "state")), ["node", "inc"], "left")
             .withColumn("settle_latency", _c("t_settled") - _c("t_received")))
 
 
@@ -327,39 +365,29 @@ def router_stats(records: DataFrame, incs: DataFrame) -> DataFrame:
 
 def hop_latencies(events: DataFrame, msgs: DataFrame, classified: DataFrame) -> DataFrame:
     """Latency samples: kind, hop, latency (seconds). Kinds: `end_to_end` (publisher -> subscriber,
-    first send to first hand-over), `publish` (publisher -> router X: first send to X's first
-    `received`), `mesh` (X -> Y: `forwarded` on X to `forward_received` on Y), `deliver` (router X ->
-    subscriber: X's last `delivered` at or before the hand-over, to the hand-over). Clocks of
-    different machines are compared: these are as good as their synchronisation."""
-    handed = classified.where(_c("t_handed").isNotNull())
-    e2e = handed.where(_c("t_pub").isNotNull()).select(
-        F.lit("end_to_end").alias("kind"), F.lit("publisher->subscriber").alias("hop"),
-        _c("latency"))
-    r = events.where((_c("src") == S.ROUTER) & _c("gid").isNotNull())
-    first_recv = (r.where((_c("ev") == "received") & (_c("info").isNull() | (_c("info") != "merged")))
-                  .groupBy("gid", "node").agg(F.min("ts").alias("t")))
-    publish = first_recv.join(msgs.select("gid", "t_pub"), "gid").select(
-        F.lit("publish").alias("kind"), F.concat(F.lit("publisher->"), _c("node")).alias("hop"),
-        (_c("t") - _c("t_pub")).alias("latency"))
-    fw = (r.where((_c("ev") == "forwarded") & _c("peer").isNotNull())
-          .groupBy("gid", "node", "peer").agg(F.min("ts").alias("t_fw")))
-    fr = (r.where(_c("ev") == "forward_received")
-          .groupBy("gid", _c("node").alias("to"), _c("peer").alias("from_"))
-          .agg(F.min("ts").alias("t_fr")))
-    mesh = (fw.join(fr, "gid")
-            .where((_c("peer") == _c("to")) & (_c("from_").isNull() | (_c("from_") == _c("node"))))
-            .select(F.lit("mesh").alias("kind"), F.concat(_c("node"), F.lit("->"), _c("to")).alias("hop"),
+    first send to first hand-over), `publish` (publisher -> router X: first send to each record X
+    created for the message), `mesh` (X -> Y: first `forwarded` on X to first `forward_received`
+    on Y, both naming the other as peer), `deliver` (router X -> subscriber: X's last `delivered` at
+    or before the first hand-over, to the hand-over). Clocks of different machines are compared:
+    these are as good as their synchronisation."""
+    e2e = classified.where(_c("t_handed").isNotNull() & _c("t_pub").isNotNull()).select(
+        F.lit("end_to_end").alias("kind"), F.lit("publisher->subscriber").alias("hop"), _c("latency"))
+    publish = (msgs.select("t_pub", F.explode("received").alias("r"))
+               .select(F.lit("publish").alias("kind"), F.concat(F.lit("publisher->"), _c("r.node")).alias("hop"),
+                       (_c("r.ts") - _c("t_pub")).alias("latency")))
+    is_fw = _c("ev") == "forwarded"
+    mesh = (events.where((_c("src") == S.ROUTER) & _c("ev").isin("forwarded", "forward_received")
+                         & _c("gid").isNotNull() & _c("peer").isNotNull())
+            .groupBy("gid", F.when(is_fw, _c("node")).otherwise(_c("peer")).alias("x"),
+                     F.when(is_fw, _c("peer")).otherwise(_c("node")).alias("y"))
+            .agg(F.min(F.when(is_fw, _c("ts"))).alias("t_fw"), F.min(F.when(~is_fw, _c("ts"))).alias("t_fr"))
+            .where(_c("t_fw").isNotNull() & _c("t_fr").isNotNull())
+            .select(F.lit("mesh").alias("kind"), F.concat(_c("x"), F.lit("->"), _c("y")).alias("hop"),
                     (_c("t_fr") - _c("t_fw")).alias("latency")))
-    dl = r.where((_c("ev") == "delivered") & _c("sub").isNotNull()).select(
-        "gid", "sub", "node", _c("ts").alias("t_dl"))
-    deliver = (dl.join(handed.select("gid", "sub", "t_handed"), ["gid", "sub"])
-               .where(_c("t_dl") <= _c("t_handed"))
-               .groupBy("gid", "sub")
-               .agg(F.max_by("node", "t_dl").alias("node"), F.max("t_dl").alias("t_dl"),
-                    F.first("t_handed").alias("t_handed"))
+    deliver = (classified.where(_c("t_handed").isNotNull() & _c("t_delivered").isNotNull())
                .select(F.lit("deliver").alias("kind"),
-                       F.concat(_c("node"), F.lit("->subscriber")).alias("hop"),
-                       (_c("t_handed") - _c("t_dl")).alias("latency")))
+                       F.concat(_c("delivered_by"), F.lit("->subscriber")).alias("hop"),
+                       (_c("t_handed") - _c("t_delivered")).alias("latency")))
     return e2e.unionByName(publish).unionByName(mesh).unionByName(deliver)
 
 
@@ -390,16 +418,20 @@ class Reconciliation:
 
 def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
               persist: bool = False) -> Reconciliation:
-    """Build every frame from parsed lines (`parse`). `persist` keeps the frames that several
-    results reuse (events, pairs) in memory/disk: worth it when the summary, the anomalies and the
-    chart are all computed."""
+    """Build every frame from parsed lines (`parse`, or a projection of it on USED + status).
+    `persist` keeps the frames several results reuse (lives, messages, pairs; with `since`, the
+    restricted events) in memory/disk: worth it when the summary, the anomalies and the chart are
+    all computed (`unpersist` frees them). Persisting `parsed` is the caller's choice."""
     ev = valid_events(parsed)
     if since is not None:
         ev = restrict_since(ev, since)
-    if persist:
-        ev = ev.persist(StorageLevel.MEMORY_AND_DISK)
+        if persist:
+            ev = ev.persist(StorageLevel.MEMORY_AND_DISK)
     lv = lives(ev)
     msgs = messages(ev)
+    if persist:
+        lv = lv.persist(StorageLevel.MEMORY_AND_DISK)
+        msgs = msgs.persist(StorageLevel.MEMORY_AND_DISK)
     classified = pairs(ev, msgs, lv, skew)
     if persist:
         classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
@@ -407,6 +439,12 @@ def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
     return Reconciliation(parsed=parsed, events=ev, lives=lv, messages=msgs, pairs=classified,
                           records=router_records(ev), incarnations=incs,
                           hops=hop_latencies(ev, msgs, classified), since=since, skew=skew)
+
+
+def unpersist(r: Reconciliation) -> None:
+    """Free what `reconcile(..., persist=True)` kept (the caller's `parsed` stays)."""
+    for df in (r.events, r.lives, r.messages, r.pairs):
+        df.unpersist()
 
 
 # ================================================================ 6. summary
