@@ -50,7 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                         "subscriptions: use one in production)")
     p.add_argument("--log-dir", type=Path, default=None,
                    help="where the settlement log and the router log are written")
-    p.add_argument("--ready-file", type=Path, default=None, help="write JSON readiness info here")
+    p.add_argument("--ready-file", type=Path, default=None,
+                   help="write JSON status here once ready (rewritten as the mesh view changes)")
+    p.add_argument("--peers-dir", type=Path, default=None,
+                   help="directory of the other routers' status files, to find peers whose "
+                        "inter-router port is 0 in the topology (default: the ready file's directory)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a setting, e.g. --set max_inflight_messages=50000 (repeatable); "
                         "see docs/operations.md for the list")
@@ -88,6 +92,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"oncemesh router: --listen: {exc}", file=sys.stderr)
             return 2
+    cfg.peers_dir = args.peers_dir or (args.ready_file.parent if args.ready_file else None)
     cfg.state_dir = args.state_dir
     cfg.log_dir = args.log_dir
     cfg.ready_file = args.ready_file

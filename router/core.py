@@ -711,7 +711,6 @@ class DeliveryCore:
         if reachable == self.reachable:
             return
         self.reachable = dict(reachable)
-        self.reachable[self.router_id] = ""
         self.reroute(force=True)
 
     def reroute(self, force: bool = False, sids: Iterable[str] | None = None) -> None:

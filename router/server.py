@@ -70,11 +70,12 @@ def validate_address(address: str | None, what: str) -> str:
 
 
 class SubLinkCtx:
-    __slots__ = ("sid", "topic", "deliveries", "gid_of", "final_seq")
+    __slots__ = ("sid", "topic", "deliveries", "gid_of", "final_seq", "attach_args")
 
     def __init__(self, sid: str, topic: str) -> None:
         self.sid = sid
         self.topic = topic
+        self.attach_args: tuple[Any, ...] = ()
         self.deliveries: dict[str, Any] = {}  # gid -> unsettled delivery pointer
         self.gid_of: dict[Any, str] = {}  # delivery pointer -> gid
         self.final_seq = 0
@@ -123,8 +124,8 @@ class Router:
         self._pending_opens: list[Link] = []
         self._status_written = 0.0
         self._last_stats: dict[str, Any] = {}
-        self.extensions: list[Any] = []  # mesh layer hooks (interrouter)
-        self.mesh: Any = None  # the mesh layer, when this router is part of one
+        self.mesh: Any = None  # the mesh layer (interrouter.mesh.Mesh), when this router is in a mesh
+        self._awaiting_mesh: dict[str, Link] = {}  # subscriber ATTACHes waiting for gossip acks
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -144,8 +145,8 @@ class Router:
         sock = self.server.sockets[0].getsockname()
         self.bound = (sock[0], sock[1])
         self.slog.write("router_started", now, info=f"listen={sock[0]}:{sock[1]} pid={os.getpid()}")
-        for ext in self.extensions:
-            await ext.start(self)
+        if self.mesh is not None:
+            await self.mesh.start(self)
         self._schedule_tick()
         self.write_ready_file()
         log.info("router.started id=%s incarnation=%s listen=%s:%d", self.id, self.incarnation, *self.bound)
@@ -158,20 +159,22 @@ class Router:
                                 "peers": [], "converged": True, "updated": time.time(),
                                 "stats": {**self.core.stats(), "connections": len(self.connections),
                                           "rss_kb": _rss_kb()}}
-        for ext in self.extensions:
-            info.update(ext.ready_info())
+        if self.mesh is not None:
+            info.update(self.mesh.ready_info())
         return info
 
     def _maybe_write_status(self) -> None:
         """Refresh the ready/status file (with delivery statistics) about once a second."""
         now = time.monotonic()
-        if now - self._status_written < 1.0:
+        if now - self._status_written < 0.5:
             return
-        stats = self.core.stats()
-        if stats != self._last_stats:
-            self._last_stats = stats
-            self.write_ready_file()
         self._status_written = now
+        info = self.ready_info()
+        info.pop("updated", None)
+        info.get("stats", {}).pop("rss_kb", None)
+        if info != self._last_stats:
+            self._last_stats = info
+            self.write_ready_file()
 
     def write_ready_file(self) -> None:
         if self.cfg.ready_file is None:
@@ -193,8 +196,8 @@ class Router:
         if self._stopped.is_set():
             return
         log.info("router.stopping id=%s", self.id)
-        for ext in self.extensions:
-            await ext.stop()
+        if self.mesh is not None:
+            await self.mesh.stop()
         if self.server is not None:
             self.server.close()
         for conn in list(self.connections):
@@ -234,9 +237,12 @@ class Router:
 
     def _on_tick(self) -> None:
         try:
-            self.core.tick(time.time())
-            for ext in self.extensions:
-                ext.tick(time.time())
+            now = time.time()
+            if self.mesh is not None:
+                self.mesh.tick(now)
+                self.core.tick(now, may_expire=self.mesh.may_expire())
+            else:
+                self.core.tick(now)
             self.drain()
             self.slog.flush()
             self._maybe_write_status()
@@ -247,13 +253,8 @@ class Router:
     # ------------------------------------------------------------------ engine events
     def on_connection_open(self, conn: AmqpConnection) -> None:
         conn.ctx.container = conn.remote_container
-        for ext in self.extensions:
-            ext.on_connection_open(conn)
 
     def on_link_open(self, link: Link) -> None:
-        for ext in self.extensions:
-            if ext.on_link_open(link):
-                return
         if not link.local_uninit:
             return
         try:
@@ -292,8 +293,9 @@ class Router:
             old.close(errors.LinkStolen.condition, "the same subscription attached on another link")
         link.ctx = SubLinkCtx(sid, topic)
         self.sub_links[sid] = link
-        resumed = self.core.attach_subscriber(link, sid, topic, container, link.name, expiry, capable,
-                                              [str(g) for g in presented] if presented else None,
+        ids = [str(g) for g in presented] if presented else None
+        link.ctx.attach_args = (sid, topic, container, link.name, expiry, capable, ids)
+        resumed = self.core.attach_subscriber(link, sid, topic, container, link.name, expiry, capable, ids,
                                               time.time())
         link.set_source(topic, 0 if math.isinf(expiry) else int(expiry),
                         F.EXPIRE_NEVER if math.isinf(expiry) else F.EXPIRE_WITH_LINK)
@@ -345,16 +347,10 @@ class Router:
             self.drain()
             if link.draining and self.core.queued(ctx.sid) == 0:
                 link.drained()
-        else:
-            for ext in self.extensions:
-                ext.on_credit(link)
 
     def on_message(self, link: Link, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None:
         ctx = link.ctx
         if not isinstance(ctx, PubLinkCtx):
-            for ext in self.extensions:
-                if ext.on_message(link, delivery, tag, payload, settled):
-                    return
             if not settled:
                 amqp.update(delivery, F.REJECTED, ("amqp:not-allowed", "this link does not accept transfers"))
                 amqp.settle(delivery)
@@ -413,13 +409,9 @@ class Router:
             if self.sub_links.get(ctx.sid) is link:
                 self.core.subscriber_outcome(ctx.sid, gid, outcome, settled, error, undeliverable, time.time())
                 self.drain()
-        elif isinstance(ctx, PubLinkCtx):
-            if settled and delivery in self.pub_deliveries:
-                self.core.publisher_settled(delivery, time.time())  # -> SettlePublisher
-                self.drain()
-        else:
-            for ext in self.extensions:
-                ext.on_delivery_update(link, delivery, state, settled)
+        elif isinstance(ctx, PubLinkCtx) and settled and delivery in self.pub_deliveries:
+            self.core.publisher_settled(delivery, time.time())  # -> SettlePublisher
+            self.drain()
 
     def on_link_closed(self, link: Link, closed: bool, condition: tuple[str, str] | None) -> None:
         ctx = link.ctx
@@ -431,9 +423,6 @@ class Router:
                 self.core.detach_subscriber(link, ctx.sid, closed, time.time())
         elif isinstance(ctx, PubLinkCtx):
             self._close_publisher(link, None, None)
-        else:
-            for ext in self.extensions:
-                ext.on_link_closed(link, closed, condition)
         self.drain()
 
     def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
@@ -447,8 +436,6 @@ class Router:
                     self.core.detach_subscriber(link, ctx.sid, False, now)
             elif isinstance(ctx, PubLinkCtx):
                 self._close_publisher(link, None, None)
-        for ext in self.extensions:
-            ext.on_connection_closed(conn, condition)
         if condition and condition[0] not in ("amqp:connection:forced",):
             log.info("connection.closed peer=%s container=%s condition=%s", conn.peer,
                      conn.ctx.container if conn.ctx else None, condition)
@@ -458,6 +445,8 @@ class Router:
         ctx = link.ctx
         if self.sub_links.get(ctx.sid) is link:
             del self.sub_links[ctx.sid]
+        if self._awaiting_mesh.get(ctx.sid) is link:
+            del self._awaiting_mesh[ctx.sid]
         ctx.deliveries.clear()
         ctx.gid_of.clear()
 
@@ -496,10 +485,32 @@ class Router:
         opens, self._pending_opens = self._pending_opens, []
         for link in opens:
             if link.local_uninit and self.sub_links.get(link.ctx.sid) is link:
+                if self.mesh is not None and self.mesh.attach_pending(link.ctx.sid):
+                    self._awaiting_mesh[link.ctx.sid] = link  # answered once the mesh acknowledged
+                    continue
                 link.open()
                 self.core.subscriber_credit(link.ctx.sid, link.credit)
         if opens:
             self.drain()
+
+    def mesh_attach_done(self, sid: str, refused: str | None) -> None:
+        """The mesh acknowledged (or refused) the announcement of a subscriber's attach."""
+        link = self._awaiting_mesh.pop(sid, None)
+        if link is None or self.sub_links.get(sid) is not link or not link.local_uninit:
+            return
+        if refused is not None:
+            # the old home ended this life meanwhile: it becomes a new subscription (a new life)
+            log.info("subscription.resume_refused sid=%s reason=%s", sid, refused)
+            now = time.time()
+            self.core.detach_subscriber(link, sid, True, now)
+            sid_, topic, container, name, expiry, capable, ids = link.ctx.attach_args
+            self.core.attach_subscriber(link, sid_, topic, container, name, expiry, capable, ids, now)
+            link.set_properties({PROP_RESUMED: False, PROP_ROUTER: self.id})
+            self._pending_opens.append(link)
+            self.drain()
+            return
+        self._pending_opens.append(link)
+        self.drain()
 
     def _settle_publisher_delivery(self, d: Any) -> None:
         link = self.pub_deliveries.pop(d)
@@ -587,9 +598,9 @@ async def run_router(cfg: RouterConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, router.request_stop)
     if cfg.topology is not None:
-        from interrouter.mesh import attach_mesh  # noqa: PLC0415 (the mesh layer is optional)
+        from interrouter.mesh import Mesh
 
-        attach_mesh(router, cfg)
+        router.mesh = Mesh(router, cfg, cfg.peers_dir)
     await router.start()
     await router.serve_forever()
 

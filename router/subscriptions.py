@@ -87,6 +87,10 @@ def order_key(s: Subscription) -> tuple[int, str, int]:
     return (s.epoch, s.home, _STATE_RANK[s.state])
 
 
+class LifeEnded(Exception):
+    """A resume of a subscription life that has ended."""
+
+
 class SubscriptionTable:
     def __init__(self) -> None:
         self._subs: dict[str, Subscription] = {}
@@ -157,10 +161,15 @@ class SubscriptionTable:
 
     def merge(self, remote: Subscription) -> Subscription | None:
         """Apply another router's view of a subscription when it is newer. Returns a copy of the
-        previous entry (or a placeholder ENDED entry when it was unknown) when the table changed."""
+        previous entry (or a placeholder ENDED entry when it was unknown) when the table changed.
+        Raises `LifeEnded` for an attempt to revive a life that ended here (END is final for a life;
+        lives are told apart by their `created` time)."""
         cur = self._subs.get(remote.sid)
-        if cur is not None and order_key(cur) >= order_key(remote):
-            return None
+        if cur is not None:
+            if cur.created == remote.created and cur.state is SubState.ENDED and remote.live:
+                raise LifeEnded(f"subscription {remote.sid} ended here ({cur.end_reason})")
+            if order_key(cur) >= order_key(remote):
+                return None
         old = Subscription(**{f: getattr(cur, f) for f in _FIELDS}) if cur is not None else None
         if cur is not None and cur.live:
             topic_subs = self._by_topic.get(cur.topic)

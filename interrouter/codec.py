@@ -1,0 +1,121 @@
+"""Frames on the inter-router link: each AMQP transfer carries one frame.
+
+    data frame:     b"D" | u16 header length | header (JSON) | payload (the message, untouched)
+    control frame:  b"C" | JSON array of messages, each [kind, field...]
+
+A transit router reads only the short header of a data frame and slices the payload out without
+copying its contents into anything else. Unknown message kinds are skipped (forward compatibility);
+a malformed frame raises `FrameError` and the adapter closes that connection.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from interrouter.messages import (
+    Acks,
+    Bye,
+    Control,
+    Copy,
+    Finals,
+    Hello,
+    LinkState,
+    Probes,
+    SubAck,
+    SubUpdate,
+    TableSync,
+)
+
+_HDR = struct.Struct(">H")
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+_loads = json.JSONDecoder().decode
+
+
+class FrameError(ValueError):
+    """A frame that does not parse: the peer is broken or not an oncemesh router."""
+
+
+def encode_copy_header(origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]]) -> bytes:
+    header = _dumps([origin, inc, gid, topic, {k: list(v) for k, v in dests.items()}]).encode()
+    if len(header) > 0xFFFF:
+        raise ValueError(f"copy header of {len(header)} bytes exceeds 65535 (too many subscriptions)")
+    return b"D" + _HDR.pack(len(header)) + header
+
+
+def encode_copy(c: Copy) -> bytes:
+    return encode_copy_header(c.origin, c.inc, c.gid, c.topic, c.dests) + c.payload
+
+
+def decode_copy(frame: bytes) -> Copy:
+    try:
+        (n,) = _HDR.unpack_from(frame, 1)
+        origin, inc, gid, topic, dests = _loads(frame[3:3 + n].decode())
+        return Copy(str(origin), str(inc), str(gid), str(topic),
+                    {str(k): tuple(str(s) for s in v) for k, v in dests.items()}, frame[3 + n:])
+    except (struct.error, ValueError, TypeError, AttributeError) as exc:
+        raise FrameError(f"malformed data frame: {exc}") from None
+
+
+def _to_list(m: Control) -> list[Any]:
+    t = type(m)
+    if t is Acks:
+        return ["A", m.src, m.dst, [[g, s, st, list(e) if e else None] for g, s, st, e in m.items]]  # type: ignore[union-attr]
+    if t is Finals:
+        return ["F", m.src, m.dst, m.gids]  # type: ignore[union-attr]
+    if t is Probes:
+        return ["P", m.src, m.dst, m.gids]  # type: ignore[union-attr]
+    if t is Hello:
+        return ["H", m.src, m.inc]  # type: ignore[union-attr]
+    if t is LinkState:
+        return ["L", m.origin, m.inc, m.seq, m.neighbours]  # type: ignore[union-attr]
+    if t is SubUpdate:
+        return ["S", m.src, m.dst, m.entry, m.req]  # type: ignore[union-attr]
+    if t is SubAck:
+        return ["SA", m.src, m.dst, m.sid, m.req, m.ok, m.reason]  # type: ignore[union-attr]
+    if t is TableSync:
+        return ["T", m.src, m.dst, m.inc, m.entries]  # type: ignore[union-attr]
+    if t is Bye:
+        return ["B", m.src, m.inc]  # type: ignore[union-attr]
+    raise TypeError(f"not a control message: {m!r}")
+
+
+def _from_list(x: list[Any]) -> Control | None:
+    kind = x[0]
+    if kind == "A":
+        return Acks(x[1], x[2], [(g, s, int(st), (e[0], e[1]) if e else None) for g, s, st, e in x[3]])
+    if kind == "F":
+        return Finals(x[1], x[2], list(x[3]))
+    if kind == "P":
+        return Probes(x[1], x[2], list(x[3]))
+    if kind == "H":
+        return Hello(x[1], x[2])
+    if kind == "L":
+        return LinkState(x[1], x[2], int(x[3]), {str(k): float(v) for k, v in x[4].items()})
+    if kind == "S":
+        return SubUpdate(x[1], x[2], dict(x[3]), x[4])
+    if kind == "SA":
+        return SubAck(x[1], x[2], x[3], int(x[4]), bool(x[5]), x[6])
+    if kind == "T":
+        return TableSync(x[1], x[2], x[3], list(x[4]))
+    if kind == "B":
+        return Bye(x[1], x[2])
+    return None  # a kind from a newer version: skipped
+
+
+def encode_control(msgs: list[Control]) -> bytes:
+    return b"C" + _dumps([_to_list(m) for m in msgs]).encode()
+
+
+def decode_control(frame: bytes) -> list[Control]:
+    try:
+        items = _loads(frame[1:].decode())
+        out = []
+        for x in items:
+            m = _from_list(x)
+            if m is not None:
+                out.append(m)
+        return out
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        raise FrameError(f"malformed control frame: {exc}") from None

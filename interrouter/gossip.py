@@ -1,0 +1,154 @@
+"""Subscription gossip: every router holds the whole subscription table.
+
+Theory of operation
+-------------------
+A router announces every change of a subscription homed at it (SubUpdate, the table entry). Others
+merge it into their table by (epoch, home, state) and, when asked (`req`), acknowledge. What waits
+for acknowledgements is the subscriber's ATTACH:
+
+- a *new* subscription (a new life) waits for every router of the topology: then no router can
+  receive a message after the ATTACH is answered without owing it to the subscription ("in force").
+  A router that is unreachable gets the announcement again when it comes back;
+- a *resume* waits for the routers reachable when it was announced (minus those that become
+  unreachable meanwhile): the old home, if reachable, may refuse it (`ok=False`) because it ended
+  that life; the resume then becomes a new life.
+
+Suspends and ends are announced without waiting. Two routers that become reachable to each other
+exchange their whole tables (TableSync); a router counts as synced with another when it received
+that router's table in its current incarnation.
+
+Pure: messages out are appended to `self.out`; the mesh layer routes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from interrouter.messages import Routed, SubAck, SubUpdate, TableSync
+from router.subscriptions import LifeEnded, Subscription, SubscriptionTable
+
+
+@dataclass
+class PendingAttach:
+    req: int
+    sid: str
+    new_life: bool
+    waiting: set[str]
+    refused: str | None = None
+    sent_to: set[str] = field(default_factory=set)
+
+
+class Gossip:
+    def __init__(self, me: str, inc: str, table: SubscriptionTable, routers: set[str]) -> None:
+        self.me = me
+        self.inc = inc
+        self.table = table
+        self.routers = set(routers)  # every router of the topology
+        self.reachable: dict[str, str] = {me: inc}
+        self.synced: dict[str, str] = {}  # router -> incarnation whose table we merged
+        self.sent_sync: dict[str, str] = {}  # router -> incarnation we sent our table to
+        self.pending: dict[int, PendingAttach] = {}
+        self.out: list[Routed] = []
+        self._req = 0
+
+    def _others(self) -> list[str]:
+        return sorted(r for r in self.reachable if r != self.me)
+
+    # ------------------------------------------------------------------ our announcements
+    def announce(self, sid: str, wait: bool, new_life: bool) -> int | None:
+        """Tell every reachable router about subscription `sid`. With `wait`, returns a request id
+        that completes (`completed()`) once the acknowledgements it needs are in."""
+        sub = self.table.get(sid)
+        if sub is None:
+            return None
+        entry = sub.to_json()
+        if not wait:
+            for r in self._others():
+                self.out.append(SubUpdate(self.me, r, entry, None))
+            return None
+        self._req += 1
+        req = self._req
+        waiting = (self.routers if new_life else set(self.reachable)) - {self.me}
+        p = PendingAttach(req, sid, new_life, set(waiting))
+        self.pending[req] = p
+        for r in self._others():
+            self.out.append(SubUpdate(self.me, r, entry, req))
+            p.sent_to.add(r)
+        return req
+
+    def handle_ack(self, msg: SubAck) -> None:
+        p = self.pending.get(msg.req)
+        if p is None or p.sid != msg.sid:
+            return
+        if not msg.ok and p.refused is None:
+            p.refused = msg.reason or f"refused by {msg.src}"
+        p.waiting.discard(msg.src)
+
+    def completed(self) -> list[PendingAttach]:
+        """Attaches whose acknowledgements are complete (or refused): remove and return them."""
+        done = [p for p in self.pending.values() if not p.waiting or p.refused is not None]
+        for p in done:
+            del self.pending[p.req]
+        return done
+
+    def cancel(self, sid: str) -> None:
+        for req in [r for r, p in self.pending.items() if p.sid == sid]:
+            del self.pending[req]
+
+    # ------------------------------------------------------------------ others' announcements
+    def handle_update(self, msg: SubUpdate) -> Subscription | None:
+        """Merge an announcement; returns the previous entry when the table changed."""
+        try:
+            old = self.table.merge(Subscription.from_json(msg.entry))
+            ok, reason = True, None
+        except LifeEnded as exc:
+            old, ok, reason = None, False, str(exc)
+        if msg.req is not None:
+            self.out.append(SubAck(self.me, msg.src, str(msg.entry["sid"]), msg.req, ok, reason))
+        return old
+
+    def sync_message(self, to: str, inc: str | None = None) -> TableSync:
+        """Our whole table for router `to` (incarnation `inc`, when known)."""
+        if inc is not None:
+            self.sent_sync[to] = inc
+        return TableSync(self.me, to, self.inc, [s.to_json() for s in self.table])
+
+    def handle_sync(self, msg: TableSync) -> list[Subscription]:
+        """Merge another router's whole table; returns the previous entries that changed."""
+        changed = []
+        for e in msg.entries:
+            try:
+                old = self.table.merge(Subscription.from_json(e))
+            except LifeEnded:
+                continue  # we know that life ended; they will learn it from our table
+            if old is not None:
+                changed.append(old)
+        self.synced[msg.src] = msg.inc
+        if self.sent_sync.get(msg.src) != msg.inc:  # it restarted or we never told it: answer
+            self.out.append(self.sync_message(msg.src, msg.inc))
+        return changed
+
+    # ------------------------------------------------------------------ membership
+    def reachable_changed(self, reachable: dict[str, str]) -> list[str]:
+        """The live graph changed. Returns the routers that are newly reachable (or restarted): the
+        mesh layer sends them our table. Pending attaches are re-announced to them, and no longer
+        wait for resume acknowledgements from routers that became unreachable."""
+        fresh = [r for r, inc in reachable.items() if r != self.me and self.reachable.get(r) != inc]
+        self.reachable = dict(reachable)
+        for p in self.pending.values():
+            if not p.new_life:
+                p.waiting &= set(reachable)
+            sub = self.table.get(p.sid)
+            if sub is None:
+                continue
+            for r in fresh:
+                if r in p.waiting:
+                    self.out.append(SubUpdate(self.me, r, sub.to_json(), p.req))
+                    p.sent_to.add(r)
+        return fresh
+
+    def all_reachable(self) -> bool:
+        return self.routers <= set(self.reachable)
+
+    def synced_with_reachable(self) -> bool:
+        return all(self.synced.get(r) == inc for r, inc in self.reachable.items() if r != self.me)

@@ -1,0 +1,165 @@
+"""Inter-router connections: one AMQP connection per live neighbour, on the engine I/O layer.
+
+Each side opens one sender link (`mesh:A->B`, target `$mesh`) and accepts the other's: frames travel
+as pre-settled transfers, in order. Reliability is end to end (the origin re-sends copies and the
+destinations re-acknowledge after any fault), so a frame lost with a connection is never a lost
+message. The lexically smaller router id dials; the other listens on its inter-router address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from proton import symbol
+
+from router.engine import ffi as F
+from router.engine.amqp import AmqpConnection, Engine, Link
+
+log = logging.getLogger("oncemesh.interrouter")
+
+PROP_ROUTER = symbol("oncemesh.router")
+PROP_INCARNATION = symbol("oncemesh.incarnation")
+PROP_MESH = symbol("oncemesh.mesh")
+MESH_ADDRESS = "$mesh"
+CREDIT_WINDOW = 5000
+
+
+class Peer:
+    """Our side of the connection to one neighbour."""
+
+    def __init__(self, conn: AmqpConnection, peer_id: str, peer_inc: str) -> None:
+        self.conn = conn
+        self.id = peer_id
+        self.inc = peer_inc
+        self.sender: Link | None = None
+        self.receiver: Link | None = None
+        self.queue: deque[bytes] = deque()
+        self.seq = 0
+        self.open = False
+
+    def send(self, frame: bytes) -> None:
+        if self.queue or self.sender is None or self.sender.credit <= 0 or not self.open:
+            self.queue.append(frame)
+            return
+        self._send_now(frame)
+
+    def _send_now(self, frame: bytes) -> None:
+        assert self.sender is not None
+        self.seq += 1
+        self.sender.send(self.seq.to_bytes(4, "big"), frame, settled=True)
+
+    def pump(self) -> None:
+        s = self.sender
+        if s is None or not self.open:
+            return
+        while self.queue and s.credit > 0:
+            self._send_now(self.queue.popleft())
+
+    @property
+    def backlog(self) -> int:
+        return len(self.queue)
+
+
+class PeerHandler:
+    """The engine handler of inter-router connections (both dialed and accepted)."""
+
+    def __init__(self, me: str, inc: str, allowed: set[str],
+                 on_up: Callable[[Peer], None], on_frame: Callable[[Peer, bytes], None],
+                 on_down: Callable[[Peer | None, AmqpConnection], None]) -> None:
+        self.me = me
+        self.inc = inc
+        self.allowed = allowed
+        self.on_up = on_up
+        self.on_frame = on_frame
+        self.on_down = on_down
+
+    def make_connection(self, engine: Engine, server: bool, idle_timeout: float) -> AmqpConnection:
+        return AmqpConnection(engine, self, server=server, container_id=f"oncemesh-router-{self.me}",
+                              idle_timeout=idle_timeout,
+                              properties={PROP_ROUTER: self.me, PROP_INCARNATION: self.inc, PROP_MESH: 1})
+
+    # -- engine events ---------------------------------------------------------------------------
+    def on_connection_open(self, conn: AmqpConnection) -> None:
+        props = conn.remote_properties
+        peer_id = props.get(PROP_ROUTER)
+        peer_inc = props.get(PROP_INCARNATION)
+        if not props.get(PROP_MESH) or not isinstance(peer_id, str) or peer_id not in self.allowed:
+            log.warning("mesh.peer_refused peer=%s claimed=%r", conn.peer, peer_id)
+            conn.close("amqp:unauthorized-access",
+                       f"router {self.me} has no inter-router link to {peer_id!r} in its topology")
+            return
+        peer = Peer(conn, peer_id, str(peer_inc))
+        conn.ctx = peer
+        ssn = conn.open_session()
+        s = conn.sender(ssn, f"mesh:{self.me}->{peer_id}")
+        s.ctx = peer
+        s.set_target(MESH_ADDRESS)
+        s.set_source(MESH_ADDRESS)
+        s.set_settle_modes(F.SND_SETTLED, F.RCV_FIRST)
+        s.open()
+        peer.sender = s
+
+    def on_link_open(self, link: Link) -> None:
+        peer = link.conn.ctx
+        if not isinstance(peer, Peer):
+            link.close("amqp:unauthorized-access", "not an identified oncemesh router")
+            return
+        link.ctx = peer
+        if link.local_uninit:
+            if link.is_sender or link.remote_target_address != MESH_ADDRESS:
+                link.close("amqp:not-found", f"inter-router connections carry only {MESH_ADDRESS}")
+                return
+            link.set_target(MESH_ADDRESS)
+            link.set_source(MESH_ADDRESS)
+            link.set_settle_modes(F.SND_SETTLED, F.RCV_FIRST)
+            link.open()
+            link.flow(CREDIT_WINDOW)
+            peer.receiver = link
+        if peer.sender is not None and peer.receiver is not None and peer.sender.active and not peer.open:
+            peer.open = True
+            self.on_up(peer)
+            peer.pump()
+
+    def on_credit(self, link: Link) -> None:
+        peer = link.ctx
+        if isinstance(peer, Peer):
+            if not peer.open and peer.sender is not None and peer.receiver is not None and peer.sender.active:
+                peer.open = True
+                self.on_up(peer)
+            peer.pump()
+
+    def on_message(self, link: Link, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None:
+        peer = link.ctx
+        if not isinstance(peer, Peer):
+            return
+        if link.credit < CREDIT_WINDOW // 2:
+            link.flow(CREDIT_WINDOW - link.credit)
+        self.on_frame(peer, payload)
+
+    def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:
+        if settled:
+            F.lib.pn_delivery_settle(delivery)
+
+    def on_link_closed(self, link: Link, closed: bool, condition: tuple[str, str] | None) -> None:
+        peer = link.ctx
+        if isinstance(peer, Peer) and link.conn is not None:
+            link.conn.close("amqp:connection:forced", "inter-router link closed")
+
+    def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
+        peer = conn.ctx if isinstance(conn.ctx, Peer) else None
+        if peer is not None:
+            peer.open = False
+        self.on_down(peer, conn)
+
+
+async def dial(engine: Engine, handler: PeerHandler, host: str, port: int, idle_timeout: float,
+               timeout: float = 3.0) -> AmqpConnection:
+    loop = engine.loop
+    _, proto = await asyncio.wait_for(
+        loop.create_connection(lambda: handler.make_connection(engine, False, idle_timeout), host, port), timeout)
+    assert isinstance(proto, AmqpConnection)
+    return proto

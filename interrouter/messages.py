@@ -1,0 +1,116 @@
+"""Messages between routers (wire protocol v1, docs/wire-protocol.md).
+
+Neighbour-only: Hello, Bye. Flooded: LinkState. Routed (src -> dst, hop by hop along the shortest
+paths): SubUpdate, SubAck, TableSync, Acks, Finals, Probes. Data copies travel in their own frames
+(`codec.encode_copy`) so that transit routers can pass the payload on without decoding it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Every `hello_interval` to each neighbour; silence for `dead_after` means it is dead."""
+
+    src: str
+    inc: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """A router shutting down cleanly (leave): its neighbours need not wait for `dead_after`."""
+
+    src: str
+    inc: str
+
+
+@dataclass(frozen=True, slots=True)
+class LinkState:
+    """A router's live neighbours with their costs, flooded to the whole mesh. A higher `seq`
+    (within an incarnation) replaces an older advertisement; a new incarnation replaces all."""
+
+    origin: str
+    inc: str
+    seq: int
+    neighbours: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class SubUpdate:
+    """A subscription homed at `src` changed (attach, resume, suspend, end). `req` asks for a SubAck."""
+
+    src: str
+    dst: str
+    entry: dict[str, Any]
+    req: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SubAck:
+    """The answer to a SubUpdate with a request id: `ok` False refuses a resume (it ended here)."""
+
+    src: str
+    dst: str
+    sid: str
+    req: int
+    ok: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TableSync:
+    """The whole subscription table, sent to every router that becomes reachable."""
+
+    src: str
+    dst: str
+    inc: str
+    entries: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Acks:
+    """From a destination to an origin: (gid, sid, state, error) for each resolved subscription."""
+
+    src: str
+    dst: str
+    items: list[tuple[str, str, int, tuple[str, str] | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Finals:
+    """From an origin: these gids are final (settled by their publishers)."""
+
+    src: str
+    dst: str
+    gids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Probes:
+    """From a destination to an origin: are these gids still in flight? (A FINAL may be lost.)"""
+
+    src: str
+    dst: str
+    gids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """A message copy: from `origin` (incarnation `inc`), to deliver at each router of `dests` to
+    the listed subscriptions. `payload` is the publisher's message, never decoded."""
+
+    origin: str
+    inc: str
+    gid: str
+    topic: str
+    dests: dict[str, tuple[str, ...]]
+    payload: bytes
+
+
+Control = Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes
+Routed = SubUpdate | SubAck | TableSync | Acks | Finals | Probes
