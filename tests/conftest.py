@@ -81,3 +81,31 @@ def router(procs: Procs) -> RouterProcess:
 @pytest.fixture
 def make_router(procs: Procs) -> Callable[..., RouterProcess]:
     return procs.router
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "topology" / "examples"
+
+
+@pytest.fixture
+def mesh_of(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """Start a mesh from a topology (a name in topology/examples or a path); stopped at teardown."""
+    from topology.launcher import Mesh
+
+    started: list[Mesh] = []
+
+    def make(topology: str | Path, timeout: float = 60.0) -> Mesh:
+        path = EXAMPLES / f"{topology}.toml" if isinstance(topology, str) and "/" not in topology else Path(topology)
+        m = Mesh(path, tmp_path / f"mesh{len(started)}")
+        started.append(m)
+        m.up(timeout=timeout)
+        return m
+
+    try:
+        yield make
+    finally:
+        rep = getattr(request.node, "rep_call", None)
+        for m in started:
+            if rep is not None and rep.failed:
+                for s in m.status():
+                    print(f"--- router {s.id} ({s.state}) ---\n{m.tail(s.id, 40)}")
+            m.down(timeout=10)

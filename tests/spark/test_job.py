@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 
 from router.cli import main as oncemesh
 from spark import chart
+from spark.job import UsageError, find_logs, is_uri, parse_since
 from spark.schema import CLASSES
 from spark.synth import LogBook, SynthConfig, generate
 
@@ -22,18 +23,37 @@ TOTALS = ("messages", "pairs", "log_lines", "malformed_lines", "newer_version_li
 
 
 def clean_logs(out: Path, n: int = 3) -> None:
-    """One subscription, n messages, every one handed once before ACCEPTED."""
+    """One subscription, n messages, every one handed once before ACCEPTED. The subscriber's
+    container id has a ':' (so has its file name), which Hadoop paths cannot carry."""
     with LogBook(out) as b:
         b.write("router", "A", "subscribed", 1.0, topic="t", sub="s", container="c", link="l")
-        b.write("subscriber", "c", "subscribed", 1.01, topic="t", sub="s", container="c", link="l")
+        b.write("subscriber", "host:c", "subscribed", 1.01, topic="t", sub="s", container="c", link="l")
         for i in range(n):
             t = 2.0 + i
             b.write("publisher", "P", "published", t, gid=f"g{i}", topic="t", pub="p", link="pl", seq=i)
             b.write("router", "A", "received", t + 0.01, gid=f"g{i}", topic="t", size=1, count=1)
-            b.write("subscriber", "c", "handed", t + 0.1, gid=f"g{i}", topic="t", sub="s", link="l")
+            b.write("subscriber", "host:c", "handed", t + 0.1, gid=f"g{i}", topic="t", sub="s", link="l")
             b.write("publisher", "P", "outcome", t + 0.2, gid=f"g{i}", topic="t", pub="p", link="pl", seq=i,
                     outcome="ACCEPTED")
             b.write("router", "A", "settled", t + 0.3, gid=f"g{i}", topic="t")
+
+
+def test_find_logs_searches_directories_and_passes_uris_through(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "x.jsonl").write_text("")
+    (tmp_path / "a" / "y.log").write_text("")
+    (tmp_path / "z.txt").write_text("")
+    got = find_logs([tmp_path / "a", tmp_path / "z.txt", "hdfs://nn:8020/runs/42", f"file://{tmp_path}/a"])
+    assert got == [str(tmp_path / "a" / "b" / "x.jsonl"), str(tmp_path / "z.txt"), "hdfs://nn:8020/runs/42"]
+    assert is_uri("s3a://bucket/logs") and not is_uri("/tmp/a:b") and not is_uri("file:///tmp")
+
+
+def test_since_takes_unix_seconds_or_an_iso_date() -> None:
+    assert parse_since("1700000000.5") == 1700000000.5
+    assert parse_since("2023-11-14T22:13:20+00:00") == 1700000000.0
+    assert parse_since(None) is None
+    with pytest.raises(UsageError):
+        parse_since("last tuesday")
 
 
 def test_no_logs_found_is_a_usage_error(tmp_path: Path) -> None:
