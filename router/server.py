@@ -137,6 +137,8 @@ class Router:
             if snap is not None:
                 self.table.restore(snap, now)
                 self.core = DeliveryCore(self.id, self.table, self.cfg.core)
+                if self.mesh is not None:
+                    self.mesh.rebind_core()
                 log.info("router.table_loaded subscriptions=%d", sum(1 for _ in self.table.live()))
         self._saved_version = self.table.version
         host, port = self.cfg.listen
@@ -239,8 +241,7 @@ class Router:
         try:
             now = time.time()
             if self.mesh is not None:
-                self.mesh.tick(now)
-                self.core.tick(now, may_expire=self.mesh.may_expire())
+                self.mesh.tick(now)  # ticks the core too (expiry only while the mesh is whole)
             else:
                 self.core.tick(now)
             self.drain()

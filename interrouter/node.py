@@ -1,0 +1,302 @@
+"""The mesh logic of one router, sans-IO: neighbours, link state, routing of copies and control
+messages, subscription gossip, readiness. Frames in, frames out; time is a parameter.
+
+The real router drives it from asyncio (`interrouter.mesh`), the simulator from a seeded fake
+network (`tests/sim`): both run exactly this code and the same `DeliveryCore`.
+
+Routing: a copy carries a map destination router -> subscriptions; at every hop the map is split by
+next hop (shortest paths by cost over the live graph, `linkstate.Routes`), so one copy crosses each
+link however many destinations lie behind it. Routed control messages (acks, finals, probes, gossip)
+go hop by hop to their destination; everything queued in one pass leaves in one control frame per
+neighbour (`flush`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from interrouter import codec
+from interrouter.gossip import Gossip
+from interrouter.hello import HelloMonitor
+from interrouter.linkstate import LinkStateDb
+from interrouter.messages import (
+    Acks,
+    Bye,
+    Control,
+    Finals,
+    Hello,
+    LinkState,
+    Probes,
+    Routed,
+    SubAck,
+    SubUpdate,
+    TableSync,
+)
+from router.actions import Announce, Forward, SendAck, SendFinal, SendProbe
+from router.core import DeliveryCore
+from router.subscriptions import SubState
+
+MAX_CONTROL_BATCH = 2000
+
+
+class MeshNode:
+    def __init__(self, me: str, inc: str, core: DeliveryCore, routers: set[str],
+                 neighbours: dict[str, float], hello_interval: float, dead_after: float, now: float) -> None:
+        self.me = me
+        self.inc = inc
+        self.core = core
+        self.routers = set(routers)
+        self.hello = HelloMonitor(neighbours, hello_interval, dead_after)
+        self.lsdb = LinkStateDb(me, inc)
+        self.gossip = Gossip(me, inc, core.table, self.routers)
+        self.connected: dict[str, str] = {}  # neighbour -> incarnation, while a connection is up
+        self.started = now
+        self.dead_after = dead_after
+        self.ready = len(self.routers) == 1
+        core.set_ready(self.ready)
+        # outputs, drained by the adapter
+        self.sends: list[tuple[str, bytes]] = []  # (neighbour, frame)
+        self.attach_done: list[tuple[str, str | None]] = []  # (sid, refusal reason or None)
+        self.events: list[tuple[str, str, str]] = []  # (event, peer, info) for the settlement log
+        self.view_changed = False
+        self.close: list[str] = []  # neighbours whose connection the adapter must drop
+        # per pass
+        self._control: dict[str, list[Control]] = {}
+        self._acks: dict[str, list[tuple[str, str, int, tuple[str, str] | None]]] = {}
+        self._finals: dict[str, list[str]] = {}
+        self._probes: dict[str, list[str]] = {}
+        self.awaiting: dict[int, str] = {}  # gossip request -> sid whose ATTACH waits for it
+        self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0}
+        self.lsdb.set_neighbours({})
+
+    # ------------------------------------------------------------------ connections
+    def peer_up(self, peer: str, inc: str, now: float) -> None:
+        self.connected[peer] = inc
+        self.hello.heard(peer, inc, now)
+        self.events.append(("peer_up", peer, f"incarnation={inc}"))
+        # what a new neighbour needs: our hello and every advertisement we know
+        self.sends.append((peer, codec.encode_control([Hello(self.me, self.inc), *self.lsdb.known()])))
+        self._neighbours_changed(now)
+
+    def peer_down(self, peer: str, now: float) -> None:
+        if self.connected.pop(peer, None) is None:
+            return
+        self.hello.lost(peer)
+        self.events.append(("peer_down", peer, ""))
+        self._neighbours_changed(now)
+
+    def _neighbours_changed(self, now: float) -> None:
+        ad = self.lsdb.set_neighbours(self.hello.live())
+        if ad is not None:
+            self._flood(ad, exclude=None)
+        self._routes_changed(now)
+
+    def _flood(self, ad: LinkState, exclude: str | None) -> None:
+        for pid in self.connected:
+            if pid != exclude:
+                self._control.setdefault(pid, []).append(ad)
+
+    def _routes_changed(self, now: float) -> None:
+        reach = dict(self.lsdb.routes().reachable)
+        if reach == self.core.reachable:
+            return
+        fresh = self.gossip.reachable_changed(reach)
+        for r in fresh:
+            self._route_control(self.gossip.sync_message(r, reach[r]))
+        self.core.set_reachable(reach, now)
+        self._pump_gossip()
+        self._check_ready(now)
+        self.view_changed = True
+
+    # ------------------------------------------------------------------ frames in
+    def frame(self, peer: str, data: bytes, now: float) -> None:
+        """A frame from neighbour `peer`. Raises codec.FrameError for garbage."""
+        self.hello.touch(peer, now)
+        kind = data[:1]
+        if kind == b"D":
+            c = codec.decode_copy(data)
+            self.stats["copies_in"] += 1
+            self._route_copy(c.origin, c.inc, c.gid, c.topic, c.dests, c.payload, now)
+        elif kind == b"C":
+            for msg in codec.decode_control(data):
+                self._on_control(peer, msg, now)
+        else:
+            raise codec.FrameError(f"unknown frame kind {kind!r}")
+
+    def _on_control(self, peer: str, msg: Control, now: float) -> None:
+        t = type(msg)
+        if t is Hello:
+            if self.hello.heard(peer, msg.inc, now):  # type: ignore[union-attr]
+                self._neighbours_changed(now)
+            return
+        if t is LinkState:
+            if self.lsdb.update(msg):  # type: ignore[arg-type]
+                self._flood(msg, exclude=peer)  # type: ignore[arg-type]
+                self._routes_changed(now)
+            return
+        if t is Bye:
+            if self.hello.lost(peer):
+                self._neighbours_changed(now)
+            return
+        dst = msg.dst  # type: ignore[union-attr]
+        if dst != self.me:
+            self._route_control(msg)  # type: ignore[arg-type]
+            return
+        core = self.core
+        if t is Acks:
+            for gid, sid, state, err in msg.items:  # type: ignore[union-attr]
+                core.handle_ack(gid, sid, state, err, now)
+        elif t is Finals:
+            for gid in msg.gids:  # type: ignore[union-attr]
+                core.handle_final(gid, now)
+        elif t is Probes:
+            for gid in msg.gids:  # type: ignore[union-attr]
+                core.handle_probe(gid, msg.src)  # type: ignore[union-attr]
+        elif t is SubUpdate:
+            old = self.gossip.handle_update(msg)  # type: ignore[arg-type]
+            if old is not None:
+                core.subscription_changed(old, now)
+            self._pump_gossip()
+        elif t is SubAck:
+            self.gossip.handle_ack(msg)  # type: ignore[arg-type]
+            self._pump_gossip()
+        elif t is TableSync:
+            for old in self.gossip.handle_sync(msg):  # type: ignore[arg-type]
+                core.subscription_changed(old, now)
+            self._pump_gossip()
+            self._check_ready(now)
+
+    # ------------------------------------------------------------------ routing out
+    def _route_copy(self, origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]],
+                    payload: bytes, now: float) -> None:
+        hops = self.lsdb.routes().next_hop
+        by_hop: dict[str, dict[str, tuple[str, ...]]] = {}
+        for router, sids in dests.items():
+            if router == self.me:
+                self.core.receive_copy(origin, inc, gid, topic, sids, payload, now)
+                continue
+            hop = hops.get(router)
+            if hop is None or hop not in self.connected:
+                self.stats["dropped_unreachable"] += 1  # the origin re-sends when the graph changes
+                continue
+            by_hop.setdefault(hop, {})[router] = sids
+        for hop, d in by_hop.items():
+            if origin != self.me:
+                self.stats["transit"] += 1
+            self.stats["copies_out"] += 1
+            self.sends.append((hop, codec.encode_copy_header(origin, inc, gid, topic, d) + payload))
+
+    def _route_control(self, msg: Routed) -> None:
+        if msg.dst == self.me:
+            return
+        hop = self.lsdb.routes().next_hop.get(msg.dst)
+        if hop is None or hop not in self.connected:
+            return  # unreachable: re-sent or re-derived after the graph heals
+        self._control.setdefault(hop, []).append(msg)
+
+    def flush(self) -> None:
+        """End of a pass: batch what was queued into one control frame per neighbour."""
+        for dst, items in self._acks.items():
+            self._route_control(Acks(self.me, dst, items))
+        for dst, gids in self._finals.items():
+            self._route_control(Finals(self.me, dst, gids))
+        for dst, gids in self._probes.items():
+            self._route_control(Probes(self.me, dst, gids))
+        self._acks, self._finals, self._probes = {}, {}, {}
+        control, self._control = self._control, {}
+        for hop, msgs in control.items():
+            if hop in self.connected:
+                for i in range(0, len(msgs), MAX_CONTROL_BATCH):
+                    self.sends.append((hop, codec.encode_control(msgs[i:i + MAX_CONTROL_BATCH])))
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._control or self._acks or self._finals or self._probes)
+
+    # ------------------------------------------------------------------ core actions
+    def perform(self, act: Any, now: float) -> None:
+        t = type(act)
+        if t is Forward:
+            self._route_copy(self.me, self.inc, act.gid, act.topic, act.dests, act.payload, now)
+        elif t is SendAck:
+            self._acks.setdefault(act.to, []).append((act.gid, act.sid, act.state, act.error))
+        elif t is SendFinal:
+            self._finals.setdefault(act.to, []).append(act.gid)
+        elif t is SendProbe:
+            self._probes.setdefault(act.to, []).append(act.gid)
+        elif t is Announce:
+            self._announce(act.sid)
+
+    def _announce(self, sid: str) -> None:
+        sub = self.core.table.get(sid)
+        if sub is None:
+            return
+        self.gossip.cancel(sid)
+        for old in [r for r, s in self.awaiting.items() if s == sid]:
+            del self.awaiting[old]
+        if sub.state is SubState.ACTIVE and sub.home == self.me:
+            req = self.gossip.announce(sid, wait=True, new_life=sub.created == sub.since)
+            if req is not None:
+                self.awaiting[req] = sid
+        else:
+            self.gossip.announce(sid, wait=False, new_life=False)
+        self._pump_gossip()
+
+    def attach_pending(self, sid: str) -> bool:
+        """Does the ATTACH of `sid` still wait for acknowledgements?"""
+        return sid in self.awaiting.values()
+
+    def _pump_gossip(self) -> None:
+        for msg in self.gossip.out:
+            self._route_control(msg)
+        self.gossip.out.clear()
+        for p in self.gossip.completed():
+            sid = self.awaiting.pop(p.req, None)
+            if sid is not None:
+                self.attach_done.append((sid, p.refused))
+
+    def _check_ready(self, now: float) -> None:
+        if self.ready:
+            return
+        grace = now - self.started > self.dead_after * 1.5
+        if self.gossip.synced_with_reachable() and (self.gossip.all_reachable() or grace):
+            self.ready = True
+            self.core.set_ready(True)
+            self.view_changed = True
+
+    def may_expire(self) -> bool:
+        return self.gossip.all_reachable()
+
+    def leaving(self) -> None:
+        """A clean shutdown: say goodbye to every neighbour."""
+        for peer in self.connected:
+            self.sends.append((peer, codec.encode_control([Bye(self.me, self.inc)])))
+
+    # ------------------------------------------------------------------ time
+    def tick(self, now: float) -> None:
+        if self.hello.hello_due(now):
+            for peer in self.connected:
+                self._control.setdefault(peer, []).append(Hello(self.me, self.inc))
+        dead = self.hello.tick(now)
+        for p in dead:
+            if self.connected.pop(p, None) is not None:
+                self.close.append(p)
+            self.events.append(("peer_down", p, "silent"))
+        if dead:
+            self._neighbours_changed(now)
+        self._check_ready(now)
+        self.core.tick(now, may_expire=self.may_expire())
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        routes = self.lsdb.routes()
+        return {
+            "peers": sorted(r for r in routes.reachable if r != self.me),
+            "neighbours": sorted(self.hello.live()),
+            # converged: our view is complete for what we can reach (tables synced with all of it)
+            "converged": self.ready and self.gossip.synced_with_reachable(),
+            "all_reachable": set(routes.reachable) >= self.routers,
+            "ready": self.ready,
+            "mesh": {**self.stats, "pending_attaches": len(self.gossip.pending),
+                     "synced": dict(self.gossip.synced), "reachable": dict(routes.reachable)},
+        }
