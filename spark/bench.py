@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=float, default=10_000_000, help="log records (default 1e7)")
     ap.add_argument("--data", type=Path, default=None, help=f"where the logs go (default {DEFAULT_DATA}-N)")
     ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--driver-memory", default="3g")
+    ap.add_argument("--driver-memory", default="2g")
     ap.add_argument("--shuffle-partitions", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None, help="also write the results (default: summary only)")
     ap.add_argument("--seed", type=int, default=1)

@@ -170,16 +170,33 @@ def local_cores(master: str) -> int:
     return (os.cpu_count() or 2) if inner == "*" else max(1, int(inner))
 
 
-def spark_session(master: str = DEFAULT_MASTER, driver_memory: str | None = None,
+def submitted() -> bool:
+    """Run by spark-submit (the JVM started first and handed us its gateway)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def spark_session(master: str | None = None, driver_memory: str | None = None,
                   shuffle_partitions: int | None = None, app_name: str = "oncemesh-reconcile",
                   ) -> tuple[SparkSession, bool]:
     """The active session if there is one (then `master` is not applied), else a new quiet one.
-    Returns (session, created). Local masters bind to loopback and need no network."""
+    Returns (session, created). `master` None: spark-submit's --master under spark-submit, else
+    local[*]. Local masters bind to loopback and need no network."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
+    if submitted():
+        b = (SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.debug.maxToStringFields", "200"))
+        if master:
+            b = b.master(master)
+        if shuffle_partitions:
+            b = b.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        spark = b.getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+        return spark, True
+    master = master or DEFAULT_MASTER
     conf_dir = Path(tempfile.gettempdir()) / "oncemesh-spark"
     conf_dir.mkdir(parents=True, exist_ok=True)
     log4j = conf_dir / "log4j2.properties"
@@ -188,7 +205,8 @@ def spark_session(master: str = DEFAULT_MASTER, driver_memory: str | None = None
     b = (SparkSession.builder.appName(app_name).master(master)
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
-         .config("spark.sql.session.timeZone", "UTC"))
+         .config("spark.sql.session.timeZone", "UTC")
+         .config("spark.sql.debug.maxToStringFields", "200"))
     if is_local(master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         cores = local_cores(master)
@@ -207,7 +225,7 @@ def spark_session(master: str = DEFAULT_MASTER, driver_memory: str | None = None
 
 # ================================================================ the run
 def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = None,
-                    master: str = DEFAULT_MASTER, since: float | str | None = None,
+                    master: str | None = None, since: float | str | None = None,
                     skew: float = 0.0, chart: bool = True, driver_memory: str | None = None,
                     spark: SparkSession | None = None, keep_session: bool = False,
                     warn_to: TextIO | None = None) -> Summary:
@@ -418,7 +436,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="directories searched recursively for *.jsonl settlement logs (or log files)")
     p.add_argument("--out", default=str(DEFAULT_OUT),
                    help=f"where results are written (default ./{DEFAULT_OUT})")
-    p.add_argument("--master", default=DEFAULT_MASTER, help=f"Spark master URL (default {DEFAULT_MASTER})")
+    p.add_argument("--master", default=None,
+                   help=f"Spark master URL (default {DEFAULT_MASTER}; under spark-submit, its --master)")
     p.add_argument("--since", default=None, metavar="T",
                    help="judge only messages first seen at or after T (unix seconds or ISO 8601 date)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")

@@ -6,10 +6,13 @@ application (`handed`). Router logs may lose their last lines on SIGKILL, so the
 subscription lifecycle (which can only make a life start earlier or end, never invent one), explicit
 rejections, per-hop latency and records left unsettled.
 
-1. `parse` turns text lines into typed columns plus a `status` (ok, malformed, newer, unknown_event,
-   blank); only `ok` lines are used, the others are counted.
+1. `parse` (text lines) or `with_status` (lines the JSON reader parsed) give typed columns plus a
+   `status` (ok, malformed, newer, unknown_event, blank); only `ok` lines are used, the others are
+   counted.
 2. `lives` rebuilds each subscription's lives from its lifecycle lines (router and subscriber).
 3. `messages` folds the publisher lines per global id (first send, final outcome, first ACCEPTED).
+   Each aggregation is one pass over the lines of one key (gid; gid and sub; router, incarnation and
+   gid) with conditional aggregates, rather than one pass per event and joins.
 4. `pairs` builds every (message, subscription) pair that was owed (the subscription's life had
    begun at or before the first send and had not ended) or handed, and `classify` gives each pair
    exactly one class (precedence in `classify`; docs/settlement-log.md says why).
@@ -122,8 +125,7 @@ def lives(events: DataFrame) -> DataFrame:
             .agg(F.first("topic", ignorenulls=True).alias("topic"),
                  F.min(F.when(_c("is_start"), _c("ts"))).alias("start"),
                  F.min(end_ts).alias("end"),
-                 F.min_by(F.when(~_c("is_start"), _c("ev")), F.coalesce(end_ts, F.lit(float("inf"))))
-                 .alias("end_ev")))
+                 F.min_by(F.when(~_c("is_start"), _c("ev")), end_ts).alias("end_ev")))
 
 
 def observed_subscriptions(events: DataFrame) -> DataFrame:
