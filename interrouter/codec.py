@@ -21,8 +21,10 @@ from interrouter.messages import (
     Copy,
     Finals,
     Hello,
+    Holds,
     LinkState,
     Probes,
+    PubDeclare,
     SubAck,
     SubUpdate,
     TableSync,
@@ -71,13 +73,17 @@ def _to_list(m: Control) -> list[Any]:
     if t is LinkState:
         return ["L", m.origin, m.inc, m.seq, m.neighbours]  # type: ignore[union-attr]
     if t is SubUpdate:
-        return ["S", m.src, m.dst, m.entry, m.req]  # type: ignore[union-attr]
+        return ["S", m.src, m.dst, m.entry, m.req, list(m.presented)]  # type: ignore[union-attr]
     if t is SubAck:
         return ["SA", m.src, m.dst, m.sid, m.req, m.ok, m.reason]  # type: ignore[union-attr]
     if t is TableSync:
         return ["T", m.src, m.dst, m.inc, m.entries]  # type: ignore[union-attr]
     if t is Bye:
         return ["B", m.src, m.inc]  # type: ignore[union-attr]
+    if t is PubDeclare:
+        return ["PD", m.src, m.dst, m.plid, m.gids]  # type: ignore[union-attr]
+    if t is Holds:
+        return ["HO", m.src, m.dst, m.gids]  # type: ignore[union-attr]
     raise TypeError(f"not a control message: {m!r}")
 
 
@@ -94,13 +100,17 @@ def _from_list(x: list[Any]) -> Control | None:
     if kind == "L":
         return LinkState(x[1], x[2], int(x[3]), {str(k): float(v) for k, v in x[4].items()})
     if kind == "S":
-        return SubUpdate(x[1], x[2], dict(x[3]), x[4])
+        return SubUpdate(x[1], x[2], dict(x[3]), x[4], tuple(x[5]) if len(x) > 5 and x[5] else ())
     if kind == "SA":
         return SubAck(x[1], x[2], x[3], int(x[4]), bool(x[5]), x[6])
     if kind == "T":
         return TableSync(x[1], x[2], x[3], list(x[4]))
     if kind == "B":
         return Bye(x[1], x[2])
+    if kind == "PD":
+        return PubDeclare(x[1], x[2], x[3], list(x[4]))
+    if kind == "HO":
+        return Holds(x[1], x[2], list(x[3]))
     return None  # a kind from a newer version: skipped
 
 

@@ -36,6 +36,7 @@ class PendingAttach:
     waiting: set[str]
     refused: str | None = None
     sent_to: set[str] = field(default_factory=set)
+    presented: tuple[str, ...] = ()
 
 
 class Gossip:
@@ -55,7 +56,7 @@ class Gossip:
         return sorted(r for r in self.reachable if r != self.me)
 
     # ------------------------------------------------------------------ our announcements
-    def announce(self, sid: str, wait: bool, new_life: bool) -> int | None:
+    def announce(self, sid: str, wait: bool, new_life: bool, presented: tuple[str, ...] = ()) -> int | None:
         """Tell every reachable router about subscription `sid`. With `wait`, returns a request id
         that completes (`completed()`) once the acknowledgements it needs are in."""
         sub = self.table.get(sid)
@@ -64,15 +65,15 @@ class Gossip:
         entry = sub.to_json()
         if not wait:
             for r in self._others():
-                self.out.append(SubUpdate(self.me, r, entry, None))
+                self.out.append(SubUpdate(self.me, r, entry, None, presented))
             return None
         self._req += 1
         req = self._req
         waiting = (self.routers if new_life else set(self.reachable)) - {self.me}
-        p = PendingAttach(req, sid, new_life, set(waiting))
+        p = PendingAttach(req, sid, new_life, set(waiting), presented=presented)
         self.pending[req] = p
         for r in self._others():
-            self.out.append(SubUpdate(self.me, r, entry, req))
+            self.out.append(SubUpdate(self.me, r, entry, req, presented))
             p.sent_to.add(r)
         return req
 
@@ -143,7 +144,7 @@ class Gossip:
                 continue
             for r in fresh:
                 if r in p.waiting:
-                    self.out.append(SubUpdate(self.me, r, sub.to_json(), p.req))
+                    self.out.append(SubUpdate(self.me, r, sub.to_json(), p.req, p.presented))
                     p.sent_to.add(r)
         return fresh
 

@@ -42,12 +42,15 @@ class LinkState:
 
 @dataclass(frozen=True, slots=True)
 class SubUpdate:
-    """A subscription homed at `src` changed (attach, resume, suspend, end). `req` asks for a SubAck."""
+    """A subscription homed at `src` changed (attach, resume, suspend, end). `req` asks for a SubAck.
+    An attach carries the ids its client presented (accepted, not seen settled): their origins count
+    them as accepted and make sure the FINAL reaches the subscription's new home."""
 
     src: str
     dst: str
     entry: dict[str, Any]
     req: int | None
+    presented: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,25 @@ class Probes:
 
 
 @dataclass(frozen=True, slots=True)
+class PubDeclare:
+    """Publisher link `plid` attached at `src` and holds `gids` in doubt (everything else it settled)."""
+
+    src: str
+    dst: str
+    plid: str
+    gids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Holds:
+    """To a (new) origin: we hold records of these gids; tell us their FINAL."""
+
+    src: str
+    dst: str
+    gids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class Copy:
     """A message copy: from `origin` (incarnation `inc`), to deliver at each router of `dests` to
     the listed subscriptions. `payload` is the publisher's message, never decoded."""
@@ -112,5 +134,5 @@ class Copy:
     payload: bytes
 
 
-Control = Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes
-Routed = SubUpdate | SubAck | TableSync | Acks | Finals | Probes
+Control = Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds
+Routed = SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds

@@ -25,14 +25,16 @@ from interrouter.messages import (
     Control,
     Finals,
     Hello,
+    Holds,
     LinkState,
     Probes,
+    PubDeclare,
     Routed,
     SubAck,
     SubUpdate,
     TableSync,
 )
-from router.actions import Announce, Forward, SendAck, SendFinal, SendProbe
+from router.actions import Announce, DeclarePublisher, Forward, SendAck, SendFinal, SendHold, SendProbe
 from router.core import DeliveryCore
 from router.subscriptions import SubState
 
@@ -65,6 +67,7 @@ class MeshNode:
         self._acks: dict[str, list[tuple[str, str, int, tuple[str, str] | None]]] = {}
         self._finals: dict[str, list[str]] = {}
         self._probes: dict[str, list[str]] = {}
+        self._holds: dict[str, list[str]] = {}
         self.awaiting: dict[int, str] = {}  # gossip request -> sid whose ATTACH waits for it
         self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0}
         self.lsdb.set_neighbours({})
@@ -152,8 +155,16 @@ class MeshNode:
         elif t is Probes:
             for gid in msg.gids:  # type: ignore[union-attr]
                 core.handle_probe(gid, msg.src)  # type: ignore[union-attr]
+        elif t is Holds:
+            for gid in msg.gids:  # type: ignore[union-attr]
+                core.handle_hold(gid, msg.src, now)  # type: ignore[union-attr]
+        elif t is PubDeclare:
+            core.publisher_declared_elsewhere(msg.plid, set(msg.gids), msg.src, now)  # type: ignore[union-attr]
         elif t is SubUpdate:
             old = self.gossip.handle_update(msg)  # type: ignore[arg-type]
+            if msg.presented:  # type: ignore[union-attr]
+                # what its client holds counts as accepted before anything is re-routed to it
+                core.presented_elsewhere(msg.entry["sid"], msg.presented, msg.src, now)  # type: ignore[union-attr]
             if old is not None:
                 core.subscription_changed(old, now)
             self._pump_gossip()
@@ -202,7 +213,9 @@ class MeshNode:
             self._route_control(Finals(self.me, dst, gids))
         for dst, gids in self._probes.items():
             self._route_control(Probes(self.me, dst, gids))
-        self._acks, self._finals, self._probes = {}, {}, {}
+        for dst, gids in self._holds.items():
+            self._route_control(Holds(self.me, dst, gids))
+        self._acks, self._finals, self._probes, self._holds = {}, {}, {}, {}
         control, self._control = self._control, {}
         for hop, msgs in control.items():
             if hop in self.connected:
@@ -211,7 +224,7 @@ class MeshNode:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._control or self._acks or self._finals or self._probes)
+        return bool(self._control or self._acks or self._finals or self._probes or self._holds)
 
     # ------------------------------------------------------------------ core actions
     def perform(self, act: Any, now: float) -> None:
@@ -224,6 +237,12 @@ class MeshNode:
             self._finals.setdefault(act.to, []).append(act.gid)
         elif t is SendProbe:
             self._probes.setdefault(act.to, []).append(act.gid)
+        elif t is SendHold:
+            self._holds.setdefault(act.to, []).append(act.gid)
+        elif t is DeclarePublisher:
+            for r in sorted(self.core.reachable):
+                if r != self.me:
+                    self._route_control(PubDeclare(self.me, r, act.plid, list(act.in_doubt)))
         elif t is Announce:
             self._announce(act.sid)
 
@@ -235,7 +254,8 @@ class MeshNode:
         for old in [r for r, s in self.awaiting.items() if s == sid]:
             del self.awaiting[old]
         if sub.state is SubState.ACTIVE and sub.home == self.me:
-            req = self.gossip.announce(sid, wait=True, new_life=sub.created == sub.since)
+            presented = tuple(self.core.last_presented.pop(sid, ()))
+            req = self.gossip.announce(sid, wait=True, new_life=sub.created == sub.since, presented=presented)
             if req is not None:
                 self.awaiting[req] = sid
         else:

@@ -108,6 +108,23 @@ class SendProbe:
 
 
 @dataclass(frozen=True, slots=True)
+class DeclarePublisher:
+    """One of our publishers attached here and declared what it holds in doubt: tell the mesh, so
+    that routers holding its other messages stop waiting for it (or join the new origin's FINAL)."""
+
+    plid: str
+    in_doubt: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SendHold:
+    """Tell router `to` (a new origin of `gid`) that we hold a record of it: include us in its FINAL."""
+
+    to: str
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
 class Announce:
     """A subscription homed here changed: tell the mesh (the entry is in the table)."""
 
@@ -125,4 +142,4 @@ class DetachLink:
 
 
 Action = (Deliver | SettleDelivery | NotifyFinal | SendOutcome | SettlePublisher | GrantCredit | Forward
-          | SendAck | SendFinal | SendProbe | Announce | DetachLink)
+          | SendAck | SendFinal | SendProbe | Announce | DetachLink | DeclarePublisher | SendHold)

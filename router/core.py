@@ -52,6 +52,7 @@ from router import errors
 from router.actions import (
     Action,
     Announce,
+    DeclarePublisher,
     Deliver,
     DetachLink,
     Forward,
@@ -60,6 +61,7 @@ from router.actions import (
     Outcome,
     SendAck,
     SendFinal,
+    SendHold,
     SendOutcome,
     SendProbe,
     SettleDelivery,
@@ -92,6 +94,7 @@ class CoreConfig:
     orphan_horizon: float = 3600.0  # seconds a decided record waits for a vanished publisher/origin
     max_decided_records: int = 200_000  # decided records awaiting settlement (small, no payload)
     probe_after: float = 5.0  # a resolved destination record asks its origin after this long
+    final_memory: float = 300.0  # seconds a router remembers a final gid (late copies and presenters)
     final_notify_batch: int = 256
 
 
@@ -165,6 +168,9 @@ class DeliveryCore:
         self.pub_links: dict[Any, PubLink] = {}
         self.pub_of: dict[Any, tuple[PubLink, str]] = {}  # publisher delivery token -> (link, gid)
         self.placeholders: dict[str, dict[str, float]] = {}  # gid -> {sid: since}
+        self.recent_final: dict[str, float] = {}  # gid -> when it became final here (in order)
+        self.last_presented: dict[str, list[str]] = {}  # sid -> ids presented at its last attach here
+        self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
         self.inflight_bytes = 0
         self.undecided = 0  # records of this origin still waiting: what the budget counts
@@ -186,7 +192,10 @@ class DeliveryCore:
         pl = PubLink(token, plid, topic, second)
         self.pub_links[token] = pl
         if in_doubt is not None:
-            self._publisher_declared(plid, {global_id(plid, t) for t in in_doubt}, now)
+            gids = {global_id(plid, t) for t in in_doubt}
+            self._publisher_declared(plid, gids, now)
+            if len(self.reachable) > 1:
+                self.out.append(DeclarePublisher(plid, tuple(sorted(gids))))
         self._grant(pl)
 
     def detach_publisher(self, token: Any) -> None:
@@ -248,6 +257,9 @@ class DeliveryCore:
         self.records[gid] = rec
         self.inflight_bytes += len(payload)
         self.undecided += 1
+        asked = self.held_for.pop(gid, None)
+        if asked:
+            rec.holders = set(asked)
         held = self.placeholders.pop(gid, None)
         me = self.router_id
         remote = False
@@ -287,6 +299,7 @@ class DeliveryCore:
             rec.payload = payload
             self.inflight_bytes += len(payload)
         self.undecided += 1  # counted until decided, like any record of ours
+        self._absorb_placeholders(rec)
         for sub in self.table.live_for_topic(rec.topic):
             if sub.sid in rec.owed:
                 continue
@@ -394,6 +407,9 @@ class DeliveryCore:
             tell.discard(me)
             for router in sorted(tell):
                 self.out.append(SendFinal(router, gid))
+        self.recent_final[gid] = now  # late copies and late presenters learn it is final
+        if gid in self.placeholders:  # other subscriptions here that hold it without a part in it
+            self._placeholder_final(gid)
         self.log.append(("settled", gid, rec.topic, None, None))
         self._unblock()
 
@@ -417,6 +433,7 @@ class DeliveryCore:
         rt.capable = capable
         rt.credit = 0
         presented_set = set(presented or ())
+        self.last_presented[sid] = sorted(presented_set)
         self.log.append(("resumed" if resumed else "subscribed", None, topic, sid, {
             "container": container, "link": link_name,
             "info": f"expiry={'never' if math.isinf(expiry) else expiry} presented={len(presented_set)}"}))
@@ -430,7 +447,9 @@ class DeliveryCore:
                 rt.notify.append(gid)
             else:
                 rec2 = self.records.get(gid)
-                if rec2 is None:  # not here (yet): a copy or a resend may bring it
+                if rec2 is None and gid in self.recent_final:
+                    rt.notify.append(gid)  # we were its origin and it is final
+                elif rec2 is None:  # not here (yet): a copy or a resend may bring it
                     self.placeholders.setdefault(gid, {})[sid] = now
                     self.log.append(("placeholder", gid, topic, sid, None))
                 elif rec2.owed.get(sid) is not S.ACCEPTED:
@@ -599,10 +618,17 @@ class DeliveryCore:
         """A copy from `origin` for the listed subscriptions (those homed here deliver it)."""
         rec = self.records.get(gid)
         table = self.table
+        if rec is None and gid in self.recent_final:
+            # final already (its publisher settled it through another origin): a late copy
+            self.out.append(SendFinal(origin, gid))
+            return
         if rec is None:
             rec = Record(gid, topic, payload, now)
             rec.origin = origin
             rec.origins = {origin: origin_inc}
+            asked = self.held_for.pop(gid, None)
+            if asked:
+                rec.holders = set(asked)
             self.records[gid] = rec
             self.inflight_bytes += len(payload)
             self.log.append(("forward_received", gid, topic, None, {"peer": origin, "size": len(payload)}))
@@ -610,18 +636,13 @@ class DeliveryCore:
             if rec.origins is None:
                 rec.origins = {}
             rec.origins[origin] = origin_inc
-        held = self.placeholders.get(gid)
+        self._absorb_placeholders(rec)
         new_pending = False
         for sid in sids:
             sub = table.get(sid)
             if not self._local(sub):
                 continue  # it moved away: the origin re-routes it by its own table
             cur = rec.owed.get(sid)
-            if cur is None and held is not None and sid in held:
-                del held[sid]
-                rec.owed[sid] = S.ACCEPTED
-                self.log.append(("accepted", gid, topic, sid, "placeholder"))
-                cur = S.ACCEPTED
             if cur is None:
                 rec.owed[sid] = S.QUEUED
                 rec.pending += 1
@@ -632,8 +653,6 @@ class DeliveryCore:
                     rt.queue.append(gid)
             elif cur in RESOLVED:
                 self.out.append(SendAck(origin, gid, sid, int(cur), None))  # acknowledge again
-        if held is not None and not held:
-            self.placeholders.pop(gid, None)
         if new_pending:
             if not rec.payload:
                 rec.payload = payload
@@ -644,6 +663,20 @@ class DeliveryCore:
                     self._pump(local)
         elif rec.origin is not None and rec.pending == 0 and rec.payload:
             self._decide(rec, now)
+
+    def _absorb_placeholders(self, rec: Record) -> None:
+        """Subscriptions here whose clients presented this gid hold it: it counts as accepted by them
+        (never handed again), and the record's FINAL will reach them."""
+        held = self.placeholders.pop(rec.gid, None)
+        if not held:
+            return
+        for sid in held:
+            if self._local(self.table.get(sid)) and rec.owed.get(sid) not in RESOLVED:
+                if rec.owed.get(sid) in (S.QUEUED, S.SENT):
+                    self._resolve(rec, sid, S.ACCEPTED, None, rec.created, "placeholder")
+                else:
+                    rec.owed[sid] = S.ACCEPTED
+                    self.log.append(("accepted", rec.gid, rec.topic, sid, "placeholder"))
 
     def handle_final(self, gid: str, now: float) -> None:
         rec = self.records.get(gid)
@@ -749,6 +782,23 @@ class DeliveryCore:
         elif new.home != me and (old.home != new.home or not old.live):
             self.reroute(force=False, sids=[sid])
 
+    def presented_elsewhere(self, sid: str, gids: Iterable[str], home: str, now: float) -> None:
+        """Subscription `sid` (re)attached at router `home` presenting ids its client holds: as their
+        origin we count them accepted, and the FINAL must reach `home`."""
+        for gid in gids:
+            rec = self.records.get(gid)
+            if rec is not None and rec.origin is None:
+                if rec.holders is None:
+                    rec.holders = set()
+                rec.holders.add(home)
+                st = rec.owed.get(sid)
+                if st is S.QUEUED or st is S.SENT:
+                    self._resolve(rec, sid, S.ACCEPTED, None, now, "presented")
+                elif st is None:
+                    rec.owed[sid] = S.ACCEPTED
+            elif rec is None and gid in self.recent_final:
+                self.out.append(SendFinal(home, gid))
+
     def _moved_here(self, sid: str) -> None:
         """A subscription is homed here now: what origin records owed it remotely becomes local."""
         rt = self.subs.get(sid)
@@ -764,6 +814,9 @@ class DeliveryCore:
     def _moved_away(self, sid: str, new: Subscription, now: float) -> None:
         """A subscription homed here resumed at another router."""
         rt = self.subs.pop(sid, None)
+        for gid, phs in list(self.placeholders.items()):  # its new home keeps its own placeholders
+            if phs.pop(sid, None) is not None and not phs:
+                del self.placeholders[gid]
         if rt is None:
             return
         if rt.link is not None:
@@ -795,10 +848,41 @@ class DeliveryCore:
             if gid not in self.records:
                 self._placeholder_final(gid)
 
+    def publisher_declared_elsewhere(self, plid: str, in_doubt: set[str], at: str, now: float) -> None:
+        """Publisher link `plid` attached at router `at`, holding `in_doubt` in doubt. Records of it we
+        hold without its publisher: not in doubt any more means settled on its side (final); still in
+        doubt means `at` becomes an origin for it: we ask to be told its FINAL."""
+        for rec in [r for r in self.records.values() if r.plid == plid and not r.pubs]:
+            if rec.gid not in in_doubt:
+                if rec.origin is None:
+                    rec.pub_settled = True
+                    self._maybe_final(rec, now)
+            else:
+                self.out.append(SendHold(at, rec.gid))
+        for gid in [g for g in self.placeholders if plid_of(g) == plid and g not in in_doubt]:
+            if gid not in self.records:
+                self._placeholder_final(gid)
+
+    def handle_hold(self, gid: str, frm: str, now: float) -> None:
+        """Router `frm` holds a record of `gid` (an earlier origin of it): include it in the FINAL.
+        The resend that makes us an origin may not be here yet: then remember the request."""
+        rec = self.records.get(gid)
+        if rec is not None:
+            if rec.holders is None:
+                rec.holders = set()
+            rec.holders.add(frm)
+        elif gid in self.recent_final:
+            self.out.append(SendFinal(frm, gid))
+        else:
+            self.held_for.setdefault(gid, {})[frm] = now
+
     def _placeholder_final(self, gid: str) -> None:
         for sid in self.placeholders.pop(gid, {}):
             rt = self.subs.get(sid)
             if rt is None:
+                sub = self.table.get(sid)
+                if sub is not None and sub.live and sub.home != self.router_id:
+                    self.out.append(SendFinal(sub.home, gid))  # it moved on: the FINAL follows it
                 continue
             if rt.link is not None and rt.capable:
                 rt.notify.append(gid)
@@ -873,6 +957,14 @@ class DeliveryCore:
                 for origin, inc in rec.origins.items():
                     if self.reachable.get(origin) == inc:
                         self.out.append(SendProbe(origin, rec.gid))
+        forget = now - self.cfg.final_memory
+        for gid in [g for g, rs in self.held_for.items() if max(rs.values()) < forget]:
+            del self.held_for[gid]
+        while self.recent_final:
+            gid, t = next(iter(self.recent_final.items()))
+            if t >= forget and len(self.recent_final) <= 1_000_000:
+                break
+            del self.recent_final[gid]
         horizon = now - self.cfg.placeholder_horizon
         for gid in [g for g, phs in self.placeholders.items() if min(phs.values()) < horizon]:
             if gid not in self.records:

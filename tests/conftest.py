@@ -109,3 +109,11 @@ def mesh_of(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable
                 for s in m.status():
                     print(f"--- router {s.id} ({s.state}) ---\n{m.tail(s.id, 40)}")
             m.down(timeout=10)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("oncemesh simulator")
+    g.addoption("--sim-seeds", type=int, default=None, help="number of seeds per simulation case")
+    g.addoption("--sim-seed", type=int, default=None, help="replay one seed (test_replay)")
+    g.addoption("--sim-topology", default="mesh4", help="topology for --sim-seed")
+    g.addoption("--sim-faults", default="", help="faults for --sim-seed: kill,freeze,partition,loss")

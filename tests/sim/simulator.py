@@ -1,0 +1,778 @@
+"""A deterministic simulation of a whole oncemesh mesh in one process.
+
+Every router runs the real `DeliveryCore` and `MeshNode`; the network between them, the clients
+and the faults are simulated from one seed, so a failing run replays exactly:
+
+    pytest tests/sim -k replay --sim-seed N [--sim-faults kill,freeze,partition,loss]
+
+The network: per directed link a FIFO with random delay; a connection has an id, and frames of a
+connection that broke are never delivered on the next one (TCP). Faults: router crash and restart
+(only the subscription table survives), freeze (no processing; peers time it out), link cuts
+(partitions), connection resets (what is in flight is lost).
+
+Clients behave as our client library does: publishers resend everything in doubt under the same
+tags after a reconnect and declare their in-doubt tags; subscribers keep a dedup store, present
+what they accepted but did not see settled, and fail over to another router when theirs is gone.
+
+Checked all along (the promises of DESIGN.md section 1):
+- a router never hands a subscription a gid its client already holds, and no client hands a gid
+  to its application twice;
+- ACCEPTED only when every subscription in force for the message (its ATTACH answered before the
+  publish) has handed it over or ended;
+and at the end, once faults heal and every client is back: every message owed to a live
+subscription was handed over exactly once, every publisher has all its outcomes, and no router
+holds a record.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from interrouter.codec import FrameError
+from interrouter.node import MeshNode
+from router.actions import (
+    Deliver,
+    DetachLink,
+    GrantCredit,
+    NotifyFinal,
+    Outcome,
+    SendOutcome,
+    SettleDelivery,
+    SettlePublisher,
+)
+from router.core import CoreConfig, DeliveryCore
+from router.ids import counter_tag, global_id, publisher_link_id, subscription_id
+from router.subscriptions import SubscriptionTable
+
+TOPIC = "t"
+HELLO = 0.5
+DEAD_AFTER = 1.5
+
+
+class Violation(AssertionError):
+    pass
+
+
+@dataclass
+class Token:
+    label: str
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+# ---------------------------------------------------------------------- clients
+@dataclass
+class SimSubscriber:
+    name: str
+    sid: str
+    urls: list[str]
+    router: str | None = None
+    link: Token | None = None
+    open: bool = False
+    in_force_since: float | None = None  # attach answered (first life)
+    credit: int = 0
+    arrived: list[str] = field(default_factory=list)
+    on_link: set[str] = field(default_factory=set)
+    accepted: set[str] = field(default_factory=set)  # store: handed, not seen settled
+    settled: set[str] = field(default_factory=set)
+    ended_at: float | None = None
+    wants: bool = True  # wants to be connected
+
+
+@dataclass
+class SimPublisher:
+    name: str
+    plid: str
+    urls: list[str]
+    router: str | None = None
+    link: Token | None = None
+    credit: int = 0
+    seq: int = 0
+    in_doubt: dict[str, bytes] = field(default_factory=dict)  # gid -> tag, sent, no outcome
+    token_of: dict[Token, str] = field(default_factory=dict)
+    to_publish: int = 0
+
+
+# ---------------------------------------------------------------------- routers
+class SimRouter:
+    def __init__(self, sim: Simulation, rid: str, neighbours: dict[str, float]) -> None:
+        self.sim = sim
+        self.id = rid
+        self.neighbours = neighbours
+        self.snapshot: dict[str, Any] | None = None
+        self.alive = False
+        self.frozen = False
+        self.incarnation = 0
+        self.core: DeliveryCore
+        self.node: MeshNode
+        self.sub_links: dict[str, tuple[Token, SimSubscriber]] = {}
+        self.pub_tokens: dict[Token, SimPublisher] = {}
+        self.pub_links: dict[Token, SimPublisher] = {}
+        self.awaiting: dict[str, tuple[Token, SimSubscriber, bool]] = {}
+
+    def start(self) -> None:
+        sim = self.sim
+        self.incarnation = max(self.incarnation + 1, int(sim.now * 1e6))
+        table = SubscriptionTable()
+        if self.snapshot is not None:
+            table.restore(self.snapshot, sim.now)
+        self.core = DeliveryCore(self.id, table, sim.core_cfg)
+        self.node = MeshNode(self.id, str(self.incarnation), self.core, set(sim.routers), self.neighbours,
+                             HELLO, DEAD_AFTER, sim.now)
+        self.alive = True
+        self.frozen = False
+        self.sub_links.clear()
+        self.pub_tokens.clear()
+        self.pub_links.clear()
+        self.awaiting.clear()
+        self.persist()
+        inc = self.incarnation
+        sim.schedule(0.0, lambda: self.tick(inc))
+
+    def persist(self) -> None:
+        # the real router fsyncs the table before it answers an ATTACH and after every pass
+        self.snapshot = self.core.table.snapshot()
+
+    def tick(self, inc: int) -> None:
+        if not self.alive or inc != self.incarnation:
+            return  # a tick chain of an earlier incarnation
+        if not self.frozen:
+            self.node.tick(self.sim.now)
+            self.process()
+        self.sim.schedule(0.25, lambda: self.tick(inc))
+
+    # -- processing: actions out of the core and the node -------------------------------------
+    def process(self) -> None:
+        sim = self.sim
+        for _ in range(1000):
+            acts, self.core.out = self.core.out, []
+            for a in acts:
+                self.perform(a)
+            if sim.watch is not None:
+                for e in self.core.log:
+                    if e[1] in sim.watch or e[3] in sim.watch:
+                        sim.note(f"{self.id}: {e}")
+            self.core.log.clear()
+            if self.node.attach_done:
+                done, self.node.attach_done = self.node.attach_done, []
+                for sid, refused in done:
+                    self.attach_done(sid, refused)
+            if not self.core.out and not self.node.attach_done:
+                break
+        self.persist()
+        self.node.flush()
+        for to, frame in self.node.sends:
+            sim.net.send(self.id, to, frame)
+        self.node.sends.clear()
+        for p in self.node.close:
+            sim.net.reset(self.id, p)
+        self.node.close.clear()
+        self.node.events.clear()
+
+    def perform(self, a: Any) -> None:
+        sim = self.sim
+        t = type(a)
+        if t is Deliver:
+            entry = self.sub_links.get(a.sid)
+            if entry is not None:
+                link, sub = entry
+                sim.client_event(lambda: sim.sub_receive(sub, link, a.gid, self.id))
+        elif t is SettleDelivery:
+            entry = self.sub_links.get(a.sid)
+            if entry is not None:
+                link, sub = entry
+                sim.client_event(lambda: sim.sub_final(sub, link, [a.gid], settle=True))
+        elif t is NotifyFinal:
+            entry = self.sub_links.get(a.sid)
+            if entry is not None:
+                link, sub = entry
+                sim.client_event(lambda: sim.sub_final(sub, link, list(a.gids), settle=False))
+        elif t is SendOutcome:
+            pub = self.pub_tokens.get(a.pub)
+            if pub is not None:
+                if a.settle:
+                    del self.pub_tokens[a.pub]
+                sim.client_event(lambda: sim.pub_outcome(pub, a.pub, a.outcome, self.id))
+        elif t is SettlePublisher:
+            self.pub_tokens.pop(a.pub, None)
+        elif t is GrantCredit:
+            pub = self.pub_links.get(a.link)
+            if pub is not None:
+                sim.client_event(lambda: sim.pub_credit(pub, a.link, a.credit))
+        elif t is DetachLink:
+            entry = self.sub_links.get(a.sid)
+            if entry is not None and entry[0] is a.link:
+                del self.sub_links[a.sid]
+                sim.client_event(lambda: sim.sub_lost(entry[1], entry[0]))
+        else:
+            self.node.perform(a, sim.now)
+
+    def attach_done(self, sid: str, refused: str | None) -> None:
+        entry = self.awaiting.pop(sid, None)
+        if entry is None:
+            return
+        link, sub, _ = entry
+        if self.sub_links.get(sid, (None,))[0] is not link:
+            return
+        if refused is not None:
+            now = self.sim.now
+            self.core.detach_subscriber(link, sid, True, now)
+            self.core.attach_subscriber(link, sid, TOPIC, "c-sub", sub.name, float("inf"), True,
+                                        sorted(sub.accepted), now)
+            self.awaiting[sid] = (link, sub, False)
+            if not self.node.attach_pending(sid):
+                self.attach_done(sid, None)
+            return
+        self.persist()
+        self.sim.client_event(lambda: self.sim.sub_opened(sub, link, self.id))
+
+    # -- client-facing inputs -----------------------------------------------------------------
+    def usable(self) -> bool:
+        return self.alive and not self.frozen
+
+
+# ---------------------------------------------------------------------- network
+class Network:
+    def __init__(self, sim: Simulation, graph: nx.Graph) -> None:
+        self.sim = sim
+        self.graph = graph
+        self.cut: set[frozenset[str]] = set()
+        self.conn: dict[frozenset[str], int] = {}  # live connection id per link
+        self.up: dict[frozenset[str], bool] = {}
+        self.last: dict[tuple[str, str], float] = {}
+        self.next_conn = 0
+        self.frames = 0
+        self.loss = 0.0
+
+    def key(self, a: str, b: str) -> frozenset[str]:
+        return frozenset((a, b))
+
+    def send(self, frm: str, to: str, frame: bytes) -> None:
+        k = self.key(frm, to)
+        cid = self.conn.get(k)
+        if cid is None or not self.up.get(k):
+            return
+        delay = self.sim.rng.uniform(0.0005, 0.004)
+        at = max(self.sim.now + delay, self.last.get((frm, to), 0.0))
+        self.last[(frm, to)] = at
+        self.frames += 1
+        self.sim.schedule_at(at, lambda: self.deliver(frm, to, frame, cid))
+        if self.loss and self.sim.rng.random() < self.loss:
+            self.sim.schedule_at(at, lambda: self.reset(frm, to))  # a reset: this frame and the rest lost
+
+    def deliver(self, frm: str, to: str, frame: bytes, cid: int) -> None:
+        k = self.key(frm, to)
+        if self.conn.get(k) != cid or not self.up.get(k):
+            return
+        r = self.sim.routers[to]
+        if not r.alive:
+            return
+        if r.frozen:  # the kernel buffers it; delivered when it thaws (unless the connection dies)
+            self.sim.schedule(0.05, lambda: self.deliver(frm, to, frame, cid))
+            return
+        try:
+            r.node.frame(frm, frame, self.sim.now)
+        except FrameError as exc:
+            raise Violation(f"router {to} could not read a frame from {frm}: {exc}") from None
+        r.process()
+
+    def reset(self, a: str, b: str) -> None:
+        """The connection a-b breaks (both ends notice at once, as with a TCP reset)."""
+        k = self.key(a, b)
+        if not self.up.get(k):
+            return
+        self.up[k] = False
+        self.conn.pop(k, None)
+        for x, y in ((a, b), (b, a)):
+            r = self.sim.routers[x]
+            if r.alive and not r.frozen:
+                r.node.peer_down(y, self.sim.now)
+                r.process()
+        self.sim.schedule(self.sim.rng.uniform(0.05, 0.3), lambda: self.try_connect(a, b))
+
+    def try_connect(self, a: str, b: str) -> None:
+        k = self.key(a, b)
+        ra, rb = self.sim.routers[a], self.sim.routers[b]
+        if self.up.get(k) or k in self.cut or not (ra.usable() and rb.usable()):
+            if not self.up.get(k):
+                self.sim.schedule(0.2, lambda: self.try_connect(a, b))
+            return
+        self.next_conn += 1
+        self.conn[k] = self.next_conn
+        self.up[k] = True
+        ra.node.peer_up(b, str(rb.incarnation), self.sim.now)
+        rb.node.peer_up(a, str(ra.incarnation), self.sim.now)
+        ra.process()
+        rb.process()
+
+    def router_died(self, rid: str) -> None:
+        for n in self.graph.neighbors(rid):
+            self.reset(rid, n)
+
+    def silence(self, rid: str) -> None:
+        """A frozen router: its neighbours time it out (dead_after) and drop their connections."""
+
+
+# ---------------------------------------------------------------------- the simulation
+@dataclass
+class Faults:
+    kill: bool = False
+    freeze: bool = False
+    partition: bool = False
+    loss: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Faults:
+        f = cls()
+        for name in filter(None, (x.strip() for x in text.split(","))):
+            if name == "kill":
+                f.kill = True
+            elif name == "freeze":
+                f.freeze = True
+            elif name == "partition":
+                f.partition = True
+            elif name == "loss":
+                f.loss = 0.002
+            elif name != "none":
+                raise ValueError(f"unknown fault {name!r} (kill, freeze, partition, loss)")
+        return f
+
+
+class Simulation:
+    def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
+                 faults: Faults | None = None, duration: float = 20.0) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.now = 1000.0
+        self.events: list[tuple[float, int, Callable[[], None]]] = []
+        self.seq = 0
+        self.faults = faults or Faults()
+        self.duration = duration
+        self.core_cfg = CoreConfig(max_inflight_messages=200, link_credit=20, probe_after=1.0,
+                                   placeholder_horizon=1e9, orphan_horizon=1e9)
+        self.routers: dict[str, SimRouter] = {}
+        for r in sorted(graph.nodes):
+            self.routers[r] = SimRouter(self, r, {n: float(graph[r][n].get("cost", 1)) for n in graph.neighbors(r)})
+        self.net = Network(self, graph)
+        self.net.loss = self.faults.loss
+        names = sorted(self.routers)
+        self.subs = [SimSubscriber(f"s{i}", subscription_id("c-sub", f"s{i}", TOPIC),
+                                   self.rng.sample(names, len(names))) for i in range(n_subs)]
+        self.pubs = [SimPublisher(f"p{i}", publisher_link_id("c-pub", f"p{i}"),
+                                  self.rng.sample(names, len(names))) for i in range(n_pubs)]
+        for p in self.pubs:
+            p.to_publish = messages
+        self.handed: dict[tuple[str, str], int] = {}
+        self.owed: dict[str, set[str]] = {}  # gid -> sids in force at publish
+        self.published_at: dict[str, float] = {}
+        self.outcomes: dict[str, Outcome] = {}
+        self.log: list[str] = []
+        self.heal_at = self.now + duration
+        self.healed = False
+        self.watch: set[str] | None = None  # ids whose core events go into the log (debugging)
+
+    # -- scheduling -------------------------------------------------------------------------
+    def schedule(self, delay: float, fn: Callable[[], None]) -> None:
+        self.schedule_at(self.now + delay, fn)
+
+    def schedule_at(self, at: float, fn: Callable[[], None]) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, self.seq, fn))
+
+    def client_event(self, fn: Callable[[], None]) -> None:
+        self.schedule(self.rng.uniform(0.0002, 0.002), fn)
+
+    def note(self, text: str) -> None:
+        self.log.append(f"{self.now - 1000:9.4f} {text}")
+        if len(self.log) > 4000:
+            del self.log[:1000]
+
+    # -- run --------------------------------------------------------------------------------
+    def run(self, max_events: int = 2_000_000) -> None:
+        for r in self.routers.values():
+            r.start()
+        for a, b in self.net.graph.edges:
+            self.schedule(0.01, lambda a=a, b=b: self.net.try_connect(a, b))
+        for s in self.subs:
+            self.schedule(self.rng.uniform(0.5, 3.0), lambda s=s: self.sub_connect(s))
+        for p in self.pubs:
+            self.schedule(self.rng.uniform(0.5, 2.0), lambda p=p: self.pub_connect(p))
+        self.schedule(0.1, self.chaos)
+        n = 0
+        while self.events and n < max_events:
+            at, _, fn = heapq.heappop(self.events)
+            self.now = at
+            fn()
+            n += 1
+            if self.healed and self.now > self.heal_at + 5 and self.quiet():
+                break
+        self.final_checks()
+
+    def quiet(self) -> bool:
+        if any(p.in_doubt or p.to_publish for p in self.pubs):
+            return False
+        if any(r.alive and r.core.records for r in self.routers.values()):
+            return False
+        return all(not s.accepted or not s.wants for s in self.subs)
+
+    # -- faults and client behaviour -----------------------------------------------------------
+    def chaos(self) -> None:
+        rng = self.rng
+        if self.now >= self.heal_at:
+            self.heal()
+            return
+        r = rng.random()
+        names = sorted(self.routers)
+        if self.faults.kill and r < 0.04:
+            victim = self.routers[rng.choice(names)]
+            if victim.alive:
+                self.note(f"kill {victim.id}")
+                self.kill(victim)
+                self.schedule(rng.uniform(0.3, 3.0), lambda v=victim: self.restart(v))
+        elif self.faults.freeze and r < 0.07:
+            victim = self.routers[rng.choice(names)]
+            if victim.alive and not victim.frozen:
+                self.note(f"freeze {victim.id}")
+                victim.frozen = True
+                self.schedule(rng.uniform(0.2, 3.0), lambda v=victim: self.thaw(v))
+                self.schedule(DEAD_AFTER, lambda v=victim: self.frozen_timeout(v))
+        elif self.faults.partition and r < 0.10 and self.net.graph.number_of_edges():
+            a, b = rng.choice(sorted(self.net.graph.edges))
+            k = self.net.key(a, b)
+            if k not in self.net.cut:
+                self.note(f"cut {a}-{b}")
+                self.net.cut.add(k)
+                self.net.reset(a, b)
+                self.schedule(rng.uniform(0.3, 4.0), lambda k=k, a=a, b=b: self.mend(k, a, b))
+        elif r < 0.25:
+            s = rng.choice(self.subs)
+            if s.router is not None and s.open and rng.random() < 0.5:
+                self.note(f"{s.name} moves")
+                self.sub_disconnect(s)
+                self.schedule(rng.uniform(0.01, 0.5), lambda s=s: self.sub_connect(s))
+        elif r < 0.30:
+            p = rng.choice(self.pubs)
+            if p.router is not None:
+                self.note(f"{p.name} reconnects")
+                self.pub_disconnect(p)
+                self.schedule(rng.uniform(0.01, 0.5), lambda p=p: self.pub_connect(p))
+        self.schedule(rng.uniform(0.05, 0.3), self.chaos)
+
+    def heal(self) -> None:
+        self.healed = True
+        self.note("heal")
+        for k in list(self.net.cut):
+            self.net.cut.discard(k)
+        self.net.loss = 0.0
+        for r in self.routers.values():
+            if not r.alive:
+                self.restart(r)
+            elif r.frozen:
+                self.thaw(r)
+        for s in self.subs:
+            s.wants = True
+            if s.router is None:
+                self.sub_connect(s)
+        for p in self.pubs:
+            if p.router is None:
+                self.pub_connect(p)
+
+    def kill(self, r: SimRouter) -> None:
+        r.alive = False
+        self.net.router_died(r.id)
+        for sid, (link, sub) in list(r.sub_links.items()):
+            self.client_event(lambda sub=sub, link=link: self.sub_lost(sub, link))
+        for pub in {*r.pub_links.values()}:
+            self.client_event(lambda pub=pub, link=pub.link: self.pub_lost(pub, link))
+
+    def restart(self, r: SimRouter) -> None:
+        if r.alive:
+            return
+        self.note(f"restart {r.id}")
+        r.start()
+        for n in self.net.graph.neighbors(r.id):
+            self.schedule(0.02, lambda n=n: self.net.try_connect(r.id, n))
+
+    def thaw(self, r: SimRouter) -> None:
+        if r.alive and r.frozen:
+            self.note(f"thaw {r.id}")
+            r.frozen = False
+            r.tick(r.incarnation)
+
+    def frozen_timeout(self, r: SimRouter) -> None:
+        """Peers stop hearing a frozen router: after dead_after they drop their connections, and
+        clients (idle timeout) fail over."""
+        if not (r.alive and r.frozen):
+            return
+        for n in self.net.graph.neighbors(r.id):
+            self.net.reset(r.id, n)
+        for sid, (link, sub) in list(r.sub_links.items()):
+            del r.sub_links[sid]
+            # the router notices the client's connection drop only when it thaws
+            self.schedule(0.0, lambda r=r, link=link, sid=sid: self._late_detach(r, link, sid))
+            self.client_event(lambda sub=sub, link=link: self.sub_lost(sub, link))
+        for tok, pub in list(r.pub_links.items()):
+            self.schedule(0.0, lambda r=r, tok=tok: self._late_pub_detach(r, tok))
+            self.client_event(lambda pub=pub, tok=tok: self.pub_lost(pub, tok))
+
+    def _late_detach(self, r: SimRouter, link: Token, sid: str) -> None:
+        if r.alive and not r.frozen:
+            r.core.detach_subscriber(link, sid, False, self.now)
+            r.process()
+        elif r.alive:
+            self.schedule(0.1, lambda: self._late_detach(r, link, sid))
+
+    def _late_pub_detach(self, r: SimRouter, tok: Token) -> None:
+        if r.alive and not r.frozen:
+            r.pub_links.pop(tok, None)
+            r.core.detach_publisher(tok)
+            r.process()
+        elif r.alive:
+            self.schedule(0.1, lambda: self._late_pub_detach(r, tok))
+
+    def mend(self, k: frozenset[str], a: str, b: str) -> None:
+        if k in self.net.cut:
+            self.note(f"mend {a}-{b}")
+            self.net.cut.discard(k)
+            self.net.try_connect(a, b)
+
+    # -- subscribers ---------------------------------------------------------------------------
+    def sub_connect(self, s: SimSubscriber) -> None:
+        if s.router is not None or not s.wants:
+            return
+        for url in s.urls:
+            r = self.routers[url]
+            if r.usable():
+                s.urls = s.urls[1:] + s.urls[:1]
+                break
+        else:
+            self.schedule(0.3, lambda: self.sub_connect(s))
+            return
+        link = Token(f"{s.name}@{r.id}")
+        s.router, s.link, s.open = r.id, link, False
+        s.arrived.clear()
+        s.on_link.clear()
+        old = r.sub_links.get(s.sid)
+        r.sub_links[s.sid] = (link, s)
+        if old is not None and old[0] is not link:
+            pass
+        r.core.attach_subscriber(link, s.sid, TOPIC, "c-sub", s.name, float("inf"), True, sorted(s.accepted),
+                                 self.now)
+        r.awaiting[s.sid] = (link, s, False)
+        r.process()
+        if s.sid in r.awaiting and not r.node.attach_pending(s.sid):
+            r.attach_done(s.sid, None)
+            r.process()
+
+    def sub_opened(self, s: SimSubscriber, link: Token, rid: str) -> None:
+        if s.link is not link:
+            return
+        s.open = True
+        if s.in_force_since is None:
+            s.in_force_since = self.now
+        r = self.routers[rid]
+        if not r.usable() or r.sub_links.get(s.sid, (None,))[0] is not link:
+            return
+        s.credit = self.rng.randint(1, 30)
+        r.core.subscriber_credit(s.sid, s.credit)
+        r.process()
+        self.schedule(self.rng.uniform(0.001, 0.05), lambda: self.sub_work(s, link))
+
+    def sub_receive(self, s: SimSubscriber, link: Token, gid: str, rid: str) -> None:
+        if s.link is not link:
+            return
+        if gid in s.accepted or gid in s.settled:
+            raise Violation(f"router {rid} handed {gid} again to {s.name}, whose client holds it")
+        if gid in s.on_link:
+            raise Violation(f"{gid} delivered twice on one link to {s.name}")
+        s.credit -= 1
+        s.on_link.add(gid)
+        s.arrived.append(gid)
+
+    def sub_work(self, s: SimSubscriber, link: Token) -> None:
+        if s.link is not link or not s.open:
+            return
+        r = self.routers[s.router] if s.router else None
+        if r is None or not r.usable():
+            self.schedule(0.05, lambda: self.sub_work(s, link))
+            return
+        rng = self.rng
+        n = rng.randint(0, len(s.arrived))
+        for _ in range(n):
+            gid = s.arrived.pop(rng.randrange(len(s.arrived)))
+            self.handed[(s.sid, gid)] = self.handed.get((s.sid, gid), 0) + 1
+            if self.handed[(s.sid, gid)] > 1:
+                raise Violation(f"{gid} handed twice to {s.name}")
+            s.accepted.add(gid)
+            if rng.random() < 0.03:  # the ACCEPTED is lost with the connection
+                self.note(f"{s.name} loses its connection after handing {gid}")
+                self.sub_disconnect(s)
+                self.schedule(rng.uniform(0.01, 0.3), lambda: self.sub_connect(s))
+                return
+            r.core.subscriber_outcome(s.sid, gid, Outcome.ACCEPTED, False, None, False, self.now)
+        more = rng.randint(0, 10)
+        s.credit += more
+        r.core.subscriber_credit(s.sid, s.credit)
+        r.process()
+        self.schedule(rng.uniform(0.001, 0.08), lambda: self.sub_work(s, link))
+
+    def sub_final(self, s: SimSubscriber, link: Token, gids: list[str], settle: bool) -> None:
+        if s.link is not link:
+            return
+        if not settle:
+            s.credit -= 1
+        for g in gids:
+            s.on_link.discard(g)
+            if g in s.accepted:
+                s.accepted.discard(g)
+                s.settled.add(g)
+
+    def sub_disconnect(self, s: SimSubscriber) -> None:
+        r = self.routers[s.router] if s.router else None
+        link = s.link
+        s.router, s.link, s.open = None, None, False
+        s.arrived.clear()
+        s.on_link.clear()
+        if r is not None and r.alive and link is not None and r.sub_links.get(s.sid, (None,))[0] is link:
+            del r.sub_links[s.sid]
+            r.awaiting.pop(s.sid, None)
+            if r.frozen:
+                self.schedule(0.0, lambda: self._late_detach(r, link, s.sid))
+            else:
+                r.core.detach_subscriber(link, s.sid, False, self.now)
+                r.process()
+
+    def sub_lost(self, s: SimSubscriber, link: Token) -> None:
+        if s.link is not link:
+            return
+        s.router, s.link, s.open = None, None, False
+        s.arrived.clear()
+        s.on_link.clear()
+        self.schedule(self.rng.uniform(0.01, 0.3), lambda: self.sub_connect(s))
+
+    # -- publishers ----------------------------------------------------------------------------
+    def pub_connect(self, p: SimPublisher) -> None:
+        if p.router is not None:
+            return
+        for url in p.urls:
+            r = self.routers[url]
+            if r.usable():
+                p.urls = p.urls[1:] + p.urls[:1]
+                break
+        else:
+            self.schedule(0.3, lambda: self.pub_connect(p))
+            return
+        link = Token(f"{p.name}@{r.id}")
+        p.router, p.link, p.credit = r.id, link, 0
+        p.token_of.clear()
+        r.pub_links[link] = p
+        r.core.attach_publisher(link, p.plid, TOPIC, True, list(p.in_doubt.values()), self.now)
+        r.process()
+        self.schedule(0.001, lambda: self.pub_work(p, link))
+
+    def pub_credit(self, p: SimPublisher, link: Token, n: int) -> None:
+        if p.link is link:
+            p.credit += n
+
+    def pub_work(self, p: SimPublisher, link: Token) -> None:
+        if p.link is not link:
+            return
+        r = self.routers[p.router] if p.router else None
+        if r is None or not r.usable():
+            self.schedule(0.05, lambda: self.pub_work(p, link))
+            return
+        resend = [g for g in p.in_doubt if g not in p.token_of.values()]
+        for gid in resend:  # everything in doubt first, same tags
+            if p.credit <= 0:
+                break
+            self._send(p, r, link, gid, p.in_doubt[gid])
+        burst = self.rng.randint(0, 5)
+        while p.credit > 0 and p.to_publish > 0 and burst > 0:
+            tag = counter_tag(p.seq)
+            p.seq += 1
+            p.to_publish -= 1
+            burst -= 1
+            gid = global_id(p.plid, tag)
+            self.owed[gid] = {s.sid for s in self.subs if s.in_force_since is not None and s.ended_at is None}
+            self.published_at[gid] = self.now
+            p.in_doubt[gid] = tag
+            self._send(p, r, link, gid, tag)
+        r.process()
+        self.schedule(self.rng.uniform(0.002, 0.05), lambda: self.pub_work(p, link))
+
+    def _send(self, p: SimPublisher, r: SimRouter, link: Token, gid: str, tag: bytes) -> None:
+        tok = Token(f"d-{gid}")
+        p.token_of[tok] = gid
+        p.credit -= 1
+        r.pub_tokens[tok] = p
+        r.core.publish(link, tok, tag, b"payload:" + tag, self.now)
+
+    def pub_outcome(self, p: SimPublisher, tok: Token, outcome: Outcome, rid: str) -> None:
+        gid = p.token_of.pop(tok, None)
+        if gid is None:
+            return
+        if outcome is Outcome.ACCEPTED:
+            for sid in self.owed.get(gid, ()):
+                sub = next(s for s in self.subs if s.sid == sid)
+                if self.handed.get((sid, gid), 0) != 1 and sub.ended_at is None:
+                    raise Violation(f"false ACCEPTED for {gid} at {rid}: {sub.name} in force, not handed")
+        self.outcomes[gid] = outcome
+        p.in_doubt.pop(gid, None)
+        r = self.routers.get(rid)
+        if r is not None and r.usable() and p.link is not None and p.router == rid:
+            r.core.publisher_settled(tok, self.now)
+            r.process()
+
+    def pub_disconnect(self, p: SimPublisher) -> None:
+        r = self.routers[p.router] if p.router else None
+        link = p.link
+        p.router, p.link = None, None
+        p.token_of.clear()
+        if r is not None and r.alive and link is not None:
+            if r.frozen:
+                self.schedule(0.0, lambda: self._late_pub_detach(r, link))
+            else:
+                r.pub_links.pop(link, None)
+                r.core.detach_publisher(link)
+                r.process()
+
+    def pub_lost(self, p: SimPublisher, link: Token | None) -> None:
+        if p.link is not link:
+            return
+        p.router, p.link = None, None
+        p.token_of.clear()
+        self.schedule(self.rng.uniform(0.01, 0.3), lambda: self.pub_connect(p))
+
+    # -- the end -------------------------------------------------------------------------------
+    def final_checks(self) -> None:
+        if not self.healed:
+            raise Violation("the simulation ran out of events before the faults healed")
+        stuck = [p.name for p in self.pubs if p.in_doubt or p.to_publish]
+        if stuck:
+            raise Violation(f"publishers still in doubt after healing: {stuck} "
+                            f"({sum(len(p.in_doubt) for p in self.pubs)} messages)")
+        for r in self.routers.values():
+            if r.core.records:
+                raise Violation(f"router {r.id} still holds {len(r.core.records)} records, e.g. "
+                                f"{sorted(r.core.records)[:3]}")
+        for gid, sids in self.owed.items():
+            for sid in sids:
+                n = self.handed.get((sid, gid), 0)
+                if n != 1:
+                    raise Violation(f"{gid} handed {n} times to {sid}")
+        for s in self.subs:
+            if s.accepted:
+                raise Violation(f"{s.name} never saw {sorted(s.accepted)[:3]} settled")
+
+    def describe(self) -> str:
+        return "\n".join(self.log[-60:])
