@@ -80,6 +80,7 @@ class Subscriber:
         self._settled: list[str] = []
         self._deliveries: dict[Any, str] = {}  # accepted, unsettled delivery -> gid
         self._buffered: set[Any] = set()  # deliveries received, not yet handed over
+        self._withdrawn: set[Any] = set()  # buffered deliveries the router settled: never handed
         self._scheduled = False
         self._arrived = asyncio.Event()
         self._attached = asyncio.Event()
@@ -176,6 +177,14 @@ class Subscriber:
 
     def _hand_over(self, n: int) -> list[Delivered]:
         batch = [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
+        if self._withdrawn:
+            # settled by the router before we took them (final elsewhere): not ours to hand over
+            for _, d, _ in batch:
+                if d in self._withdrawn:
+                    self._withdrawn.discard(d)
+                    self._buffered.discard(d)
+                    amqp.settle(d)
+            batch = [b for b in batch if b[1] in self._buffered]
         if not batch:
             return []
         self._buffered.difference_update(d for _, d, _ in batch)
@@ -268,6 +277,7 @@ class Subscriber:
         self.link = None
         self._buffer.clear()  # not handed over: the routers redeliver them after resume
         self._buffered.clear()
+        self._withdrawn.clear()
         self._deliveries.clear()
         self._attached.clear()
 
@@ -301,8 +311,11 @@ class Subscriber:
         self._schedule()
 
     def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:
-        if not settled or delivery in self._buffered:
-            return  # a buffered delivery is settled when handed over (never free it under our feet)
+        if not settled:
+            return
+        if delivery in self._buffered:  # withdrawn before it was handed over; freed when dequeued
+            self._withdrawn.add(delivery)
+            return
         gid = self._deliveries.pop(delivery, None)
         if gid is not None:
             self._settled.append(gid)
@@ -316,6 +329,7 @@ class Subscriber:
         self.link = None
         self._buffer.clear()
         self._buffered.clear()
+        self._withdrawn.clear()
         self._deliveries.clear()
         self._detached.set()
         if condition is not None:

@@ -25,6 +25,7 @@ from interrouter.messages import (
     LinkState,
     Probes,
     PubDeclare,
+    Queries,
     SubAck,
     SubUpdate,
     TableSync,
@@ -77,13 +78,15 @@ def _to_list(m: Control) -> list[Any]:
     if t is SubAck:
         return ["SA", m.src, m.dst, m.sid, m.req, m.ok, m.reason]  # type: ignore[union-attr]
     if t is TableSync:
-        return ["T", m.src, m.dst, m.inc, m.entries]  # type: ignore[union-attr]
+        return ["T", m.src, m.dst, m.inc, m.entries, m.reply]  # type: ignore[union-attr]
     if t is Bye:
         return ["B", m.src, m.inc]  # type: ignore[union-attr]
     if t is PubDeclare:
         return ["PD", m.src, m.dst, m.plid, m.gids]  # type: ignore[union-attr]
     if t is Holds:
         return ["HO", m.src, m.dst, m.gids]  # type: ignore[union-attr]
+    if t is Queries:
+        return ["Q", m.src, m.dst, m.gids]  # type: ignore[union-attr]
     raise TypeError(f"not a control message: {m!r}")
 
 
@@ -104,13 +107,15 @@ def _from_list(x: list[Any]) -> Control | None:
     if kind == "SA":
         return SubAck(x[1], x[2], x[3], int(x[4]), bool(x[5]), x[6])
     if kind == "T":
-        return TableSync(x[1], x[2], x[3], list(x[4]))
+        return TableSync(x[1], x[2], x[3], list(x[4]), bool(x[5]) if len(x) > 5 else False)
     if kind == "B":
         return Bye(x[1], x[2])
     if kind == "PD":
         return PubDeclare(x[1], x[2], x[3], list(x[4]))
     if kind == "HO":
         return Holds(x[1], x[2], list(x[3]))
+    if kind == "Q":
+        return Queries(x[1], x[2], list(x[3]))
     return None  # a kind from a newer version: skipped
 
 

@@ -73,6 +73,7 @@ class TableSync:
     dst: str
     inc: str
     entries: list[dict[str, Any]]
+    reply: bool = False  # asks for the receiver's table in return
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,15 @@ class Finals:
 @dataclass(frozen=True, slots=True)
 class Probes:
     """From a destination to an origin: are these gids still in flight? (A FINAL may be lost.)"""
+
+    src: str
+    dst: str
+    gids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Queries:
+    """To any router: what do you know of these gids? (Our records of them lost publisher and origin.)"""
 
     src: str
     dst: str
@@ -134,5 +144,6 @@ class Copy:
     payload: bytes
 
 
-Control = Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds
-Routed = SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds
+Control = (Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds
+           | Queries)
+Routed = SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds | Queries

@@ -29,12 +29,22 @@ from interrouter.messages import (
     LinkState,
     Probes,
     PubDeclare,
+    Queries,
     Routed,
     SubAck,
     SubUpdate,
     TableSync,
 )
-from router.actions import Announce, DeclarePublisher, Forward, SendAck, SendFinal, SendHold, SendProbe
+from router.actions import (
+    Announce,
+    DeclarePublisher,
+    Forward,
+    SendAck,
+    SendFinal,
+    SendHold,
+    SendProbe,
+    SendQuery,
+)
 from router.core import DeliveryCore
 from router.subscriptions import SubState
 
@@ -68,6 +78,7 @@ class MeshNode:
         self._finals: dict[str, list[str]] = {}
         self._probes: dict[str, list[str]] = {}
         self._holds: dict[str, list[str]] = {}
+        self._queries: dict[str, list[str]] = {}
         self.awaiting: dict[int, str] = {}  # gossip request -> sid whose ATTACH waits for it
         self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0}
         self.lsdb.set_neighbours({})
@@ -155,6 +166,9 @@ class MeshNode:
         elif t is Probes:
             for gid in msg.gids:  # type: ignore[union-attr]
                 core.handle_probe(gid, msg.src)  # type: ignore[union-attr]
+        elif t is Queries:
+            for gid in msg.gids:  # type: ignore[union-attr]
+                core.handle_query(gid, msg.src, now)  # type: ignore[union-attr]
         elif t is Holds:
             for gid in msg.gids:  # type: ignore[union-attr]
                 core.handle_hold(gid, msg.src, now)  # type: ignore[union-attr]
@@ -215,7 +229,9 @@ class MeshNode:
             self._route_control(Probes(self.me, dst, gids))
         for dst, gids in self._holds.items():
             self._route_control(Holds(self.me, dst, gids))
-        self._acks, self._finals, self._probes, self._holds = {}, {}, {}, {}
+        for dst, gids in self._queries.items():
+            self._route_control(Queries(self.me, dst, gids))
+        self._acks, self._finals, self._probes, self._holds, self._queries = {}, {}, {}, {}, {}
         control, self._control = self._control, {}
         for hop, msgs in control.items():
             if hop in self.connected:
@@ -224,7 +240,8 @@ class MeshNode:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._control or self._acks or self._finals or self._probes or self._holds)
+        return bool(self._control or self._acks or self._finals or self._probes or self._holds
+                    or self._queries)
 
     # ------------------------------------------------------------------ core actions
     def perform(self, act: Any, now: float) -> None:
@@ -239,6 +256,8 @@ class MeshNode:
             self._probes.setdefault(act.to, []).append(act.gid)
         elif t is SendHold:
             self._holds.setdefault(act.to, []).append(act.gid)
+        elif t is SendQuery:
+            self._queries.setdefault(act.to, []).append(act.gid)
         elif t is DeclarePublisher:
             for r in sorted(self.core.reachable):
                 if r != self.me:
@@ -250,12 +269,13 @@ class MeshNode:
         sub = self.core.table.get(sid)
         if sub is None:
             return
-        self.gossip.cancel(sid)
         for old in [r for r, s in self.awaiting.items() if s == sid]:
             del self.awaiting[old]
         if sub.state is SubState.ACTIVE and sub.home == self.me:
             presented = tuple(self.core.last_presented.pop(sid, ()))
-            req = self.gossip.announce(sid, wait=True, new_life=sub.created == sub.since, presented=presented)
+            # a life no router has confirmed yet waits for the whole topology, even when it
+            # resumes somewhere else (its first attach may never have completed)
+            req = self.gossip.announce(sid, wait=True, new_life=not sub.confirmed, presented=presented)
             if req is not None:
                 self.awaiting[req] = sid
         else:
@@ -272,6 +292,11 @@ class MeshNode:
         self.gossip.out.clear()
         for p in self.gossip.completed():
             sid = self.awaiting.pop(p.req, None)
+            if p.new_life and p.refused is None and self.core.table.confirm(p.sid):
+                self.gossip.announce(p.sid, wait=False, new_life=False)  # tell everyone it is confirmed
+                for msg in self.gossip.out:
+                    self._route_control(msg)
+                self.gossip.out.clear()
             if sid is not None:
                 self.attach_done.append((sid, p.refused))
 
@@ -297,6 +322,11 @@ class MeshNode:
         if self.hello.hello_due(now):
             for peer in self.connected:
                 self._control.setdefault(peer, []).append(Hello(self.me, self.inc))
+            # a frame lost with a connection that broke without changing who is reachable:
+            # what gossip still waits for is sent again
+            self.gossip.resend()
+            self.gossip.resync()
+            self._pump_gossip()
         dead = self.hello.tick(now)
         for p in dead:
             if self.connected.pop(p, None) is not None:

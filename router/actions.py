@@ -108,6 +108,14 @@ class SendProbe:
 
 
 @dataclass(frozen=True, slots=True)
+class SendQuery:
+    """Ask router `to` what it knows of `gid` (a record of ours lost its publisher and its origin)."""
+
+    to: str
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
 class DeclarePublisher:
     """One of our publishers attached here and declared what it holds in doubt: tell the mesh, so
     that routers holding its other messages stop waiting for it (or join the new origin's FINAL)."""
@@ -142,4 +150,4 @@ class DetachLink:
 
 
 Action = (Deliver | SettleDelivery | NotifyFinal | SendOutcome | SettlePublisher | GrantCredit | Forward
-          | SendAck | SendFinal | SendProbe | Announce | DetachLink | DeclarePublisher | SendHold)
+          | SendAck | SendFinal | SendProbe | Announce | DetachLink | DeclarePublisher | SendHold | SendQuery)

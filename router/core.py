@@ -64,6 +64,7 @@ from router.actions import (
     SendHold,
     SendOutcome,
     SendProbe,
+    SendQuery,
     SettleDelivery,
     SettlePublisher,
 )
@@ -82,6 +83,7 @@ class S(IntEnum):
 
 
 RESOLVED = (S.ACCEPTED, S.REJECTED, S.ENDED)
+HELD = 5  # acknowledgement state: the copy arrived at the subscription's home (not resolved yet)
 
 
 @dataclass(slots=True)
@@ -94,6 +96,7 @@ class CoreConfig:
     orphan_horizon: float = 3600.0  # seconds a decided record waits for a vanished publisher/origin
     max_decided_records: int = 200_000  # decided records awaiting settlement (small, no payload)
     probe_after: float = 5.0  # a resolved destination record asks its origin after this long
+    copy_retry: float = 2.0  # an origin re-sends a copy its destination has not confirmed after this long
     final_memory: float = 300.0  # seconds a router remembers a final gid (late copies and presenters)
     final_notify_batch: int = 256
 
@@ -101,7 +104,7 @@ class CoreConfig:
 class Record:
     __slots__ = ("gid", "topic", "payload", "plid", "pubs", "owed", "pending", "outcome", "error",
                  "pub_settled", "created", "decided", "redeliveries", "rejected_by", "origin", "origins",
-                 "fwd", "holders", "probed")
+                 "fwd", "holders", "probed", "held", "sent_at")
 
     def __init__(self, gid: str, topic: str, payload: bytes, now: float) -> None:
         self.gid = gid
@@ -123,6 +126,8 @@ class Record:
         self.fwd: dict[str, str] | None = None  # origin: remote sid -> router its copy went to
         self.holders: set[str] | None = None  # origin: routers that got a copy (FINAL goes there)
         self.probed = 0.0
+        self.held: set[str] | None = None  # origin: remote sids whose home confirmed the copy
+        self.sent_at = 0.0  # origin: when copies were last sent
 
 
 class SubRuntime:
@@ -144,7 +149,7 @@ class SubRuntime:
 
 
 class PubLink:
-    __slots__ = ("token", "plid", "topic", "second", "outstanding", "pubs", "blocked")
+    __slots__ = ("token", "plid", "topic", "second", "outstanding", "pubs", "blocked", "declared")
 
     def __init__(self, token: Any, plid: str, topic: str, second: bool) -> None:
         self.token = token
@@ -154,6 +159,7 @@ class PubLink:
         self.outstanding = 0  # credit granted and not yet used
         self.pubs: dict[Any, str] = {}  # publisher delivery token -> gid
         self.blocked = False  # waiting in DeliveryCore._blocked for room in the budget
+        self.declared: set[str] | None = None  # gids it held in doubt when it attached (our clients)
 
 
 class DeliveryCore:
@@ -171,6 +177,7 @@ class DeliveryCore:
         self.recent_final: dict[str, float] = {}  # gid -> when it became final here (in order)
         self.last_presented: dict[str, list[str]] = {}  # sid -> ids presented at its last attach here
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
+        self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
         self.inflight_bytes = 0
         self.undecided = 0  # records of this origin still waiting: what the budget counts
@@ -179,6 +186,7 @@ class DeliveryCore:
         self._blocked: deque[PubLink] = deque()
         self.out: list[Action] = []
         self.log: list[tuple[Any, ...]] = []  # settlement-log events: (ev, gid, topic, sid, info)
+        self._now = 0.0  # the latest time we were given (stamps copies sent from untimed calls)
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
@@ -193,6 +201,7 @@ class DeliveryCore:
         self.pub_links[token] = pl
         if in_doubt is not None:
             gids = {global_id(plid, t) for t in in_doubt}
+            pl.declared = gids
             self._publisher_declared(plid, gids, now)
             if len(self.reachable) > 1:
                 self.out.append(DeclarePublisher(plid, tuple(sorted(gids))))
@@ -214,6 +223,7 @@ class DeliveryCore:
 
     def publish(self, link_token: Any, pub: Any, tag: bytes, payload: bytes, now: float) -> str:
         """A transfer arrived on a publisher link. Returns the gid."""
+        self._now = now
         pl = self.pub_links[link_token]
         if pl.outstanding <= 0:
             raise errors.TransferLimitExceeded("transfer sent without link credit")
@@ -227,6 +237,10 @@ class DeliveryCore:
             self.log.append(("received", gid, rec.topic, None, {"size": len(payload), "info": "merged"}))
             if rec.origin is not None:
                 self._adopt(rec, payload, now)
+            elif rec.outcome is None and not rec.pubs:
+                rec.pubs.append(pub)  # its publisher is back: we drive its delivery again
+                self._route(rec, force=True)
+                rec.pubs.remove(pub)
         rec.pubs.append(pub)
         pl.pubs[pub] = gid
         self.pub_of[pub] = (pl, gid)
@@ -651,8 +665,11 @@ class DeliveryCore:
                 new_pending = True
                 if rt.link is not None:
                     rt.queue.append(gid)
+                self.out.append(SendAck(origin, gid, sid, HELD, None))  # here: no need to re-send it
             elif cur in RESOLVED:
                 self.out.append(SendAck(origin, gid, sid, int(cur), None))  # acknowledge again
+            else:
+                self.out.append(SendAck(origin, gid, sid, HELD, None))
         if new_pending:
             if not rec.payload:
                 rec.payload = payload
@@ -684,17 +701,42 @@ class DeliveryCore:
             if gid in self.placeholders:
                 self._placeholder_final(gid)
             return
-        if rec.origin is None:
-            # we are an origin too (the publisher failed over and settled elsewhere)
-            rec.pub_settled = True
-            self._maybe_final(rec, now)
-            return
+        if rec.origin is None and rec.outcome is None:
+            # we are an origin too, still waiting, but its publisher settled it through another
+            # origin: it is final everywhere. Stop: withdraw what is pending here.
+            self.undecided -= 1
+            rec.outcome = Outcome.ACCEPTED
+            self.log.append(("ended", gid, rec.topic, None, "final elsewhere"))
+        rec.pub_settled = True
         self._finalize(rec, now)
 
     def handle_probe(self, gid: str, frm: str) -> None:
         """A destination asks whether `gid` is still in flight here (its origin)."""
         if gid not in self.records:
             self.out.append(SendFinal(frm, gid))
+
+    def handle_query(self, gid: str, frm: str, now: float) -> None:
+        """Router `frm` holds a record of `gid` that lost its publisher and its origin: answer with
+        what we know for sure (only positive knowledge: silence means we know nothing)."""
+        rec = self.records.get(gid)
+        if rec is not None:
+            if rec.origin is None:  # an origin working on it: the asker gets its FINAL
+                if rec.holders is None:
+                    rec.holders = set()
+                rec.holders.add(frm)
+            return
+        if gid in self.recent_final:
+            self.out.append(SendFinal(frm, gid))
+            return
+        plid = plid_of(gid)
+        for pl in self.pub_links.values():
+            if pl.plid != plid or pl.declared is None:
+                continue
+            if gid not in pl.declared:  # its publisher is attached here and settled it
+                self.out.append(SendFinal(frm, gid))
+            else:  # it holds it in doubt and resends it here: the asker gets our FINAL
+                self.held_for.setdefault(gid, {}).setdefault(frm, now)
+            return
 
     # ================================================================ mesh: origin side
     def handle_ack(self, gid: str, sid: str, state: int, error: tuple[str, str] | None, now: float) -> None:
@@ -703,11 +745,18 @@ class DeliveryCore:
             return
         if sid in self.subs:
             return  # homed here now: its local state is authoritative
+        if state == HELD:
+            if rec.owed.get(sid) in (S.QUEUED, S.SENT):
+                if rec.held is None:
+                    rec.held = set()
+                rec.held.add(sid)
+            return
         self._resolve(rec, sid, S(state), error, now, "remote")
 
-    def _route(self, rec: Record, force: bool) -> None:
+    def _route(self, rec: Record, force: bool, unconfirmed_only: bool = False) -> None:
         """Send copies for the remote subscriptions still pending, to their current home routers
-        (those reachable): only where they have not been sent yet, or all again when `force`."""
+        (those reachable): only where they have not been sent yet, or all again when `force`
+        (`unconfirmed_only`: those whose home has not confirmed holding the copy)."""
         me = self.router_id
         table = self.table
         reach = self.reachable
@@ -724,9 +773,14 @@ class DeliveryCore:
                 continue  # held here until its home router is reachable (or it moves)
             if not force and fwd is not None and fwd.get(sid) == home:
                 continue
+            if unconfirmed_only and rec.held is not None and sid in rec.held and fwd is not None \
+                    and fwd.get(sid) == home:
+                continue
             dests.setdefault(home, []).append(sid)
         if not dests:
             return
+        if rec.held is not None and not unconfirmed_only:
+            rec.held.difference_update(s for ss in dests.values() for s in ss)
         if rec.fwd is None:
             rec.fwd = {}
         if rec.holders is None:
@@ -735,32 +789,43 @@ class DeliveryCore:
             for sid in sids:
                 rec.fwd[sid] = home
             rec.holders.add(home)
+        rec.sent_at = self._now
         self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}))
         self.log.append(("forwarded", rec.gid, rec.topic, None, {"peer": ",".join(sorted(dests))}))
 
     def set_reachable(self, reachable: dict[str, str], now: float) -> None:
         """The live graph changed: `reachable` maps every router we can reach to its incarnation.
         Pending copies are sent again (some may have been lost with a link or a router)."""
+        self._now = now
         if reachable == self.reachable:
             return
         self.reachable = dict(reachable)
         self.reroute(force=True)
 
     def reroute(self, force: bool = False, sids: Iterable[str] | None = None) -> None:
+        """Send pending copies again (a fault or a move). Only records whose publisher is still with
+        us: when it left, responsibility is back with it (it resends, here or at another router,
+        which then drives delivery) and a stale origin must not resurrect a message that may have
+        become final elsewhere meanwhile."""
         if sids is None:
             for rec in list(self.records.values()):
-                if rec.origin is None and rec.pending and rec.outcome is None:
+                if rec.origin is None and rec.pending and rec.outcome is None and self._driving(rec):
                     self._route(rec, force)
             return
         seen: set[str] = set()
         for sid in sids:
             for rec in list(self.remote_pending.get(sid, {}).values()):
-                if rec.gid not in seen:
+                if rec.gid not in seen and self._driving(rec):
                     seen.add(rec.gid)
                     self._route(rec, force)
 
+    @staticmethod
+    def _driving(rec: Record) -> bool:
+        return bool(rec.pubs) or rec.pub_settled
+
     def subscription_changed(self, old: Subscription, now: float) -> None:
         """Another router's announcement changed the table entry of `old.sid` (now in the table)."""
+        self._now = now
         sid = old.sid
         new = self.table.get(sid)
         assert new is not None
@@ -929,6 +994,7 @@ class DeliveryCore:
     def tick(self, now: float, may_expire: bool = True) -> None:
         """Expire suspended subscriptions homed here (only when `may_expire`: in a mesh, while the
         whole mesh is reachable), give up on vanished publishers and origins, probe for lost FINALs."""
+        self._now = now
         if may_expire:
             for sub in self.table.expired(now, home=self.router_id):
                 self._end(sub.sid, now, "expired")
@@ -948,15 +1014,31 @@ class DeliveryCore:
             rec.pub_settled = True
             self.log.append(("orphan_final", rec.gid, rec.topic, None, None))
             self._finalize(rec, now)
-        # destination records resolved long ago: ask their origin whether a FINAL was lost
+        # records done long ago that wait for a FINAL: ask their origin (if it is still the same
+        # incarnation) whether the FINAL was lost, or, when no origin of theirs is left and no
+        # publisher holds them, ask everybody
         probe_before = now - self.cfg.probe_after
+        reach = self.reachable
         for rec in self.records.values():
-            if rec.origin is not None and rec.pending == 0 and rec.decided < probe_before \
-                    and rec.probed < probe_before and rec.origins:
-                rec.probed = now
-                for origin, inc in rec.origins.items():
-                    if self.reachable.get(origin) == inc:
-                        self.out.append(SendProbe(origin, rec.gid))
+            if rec.pubs or rec.probed >= probe_before:
+                continue
+            if rec.origin is None:
+                # an origin whose publisher left: it resends elsewhere, or settled, or is gone
+                if rec.pub_settled or rec.created >= probe_before or len(reach) < 2:
+                    continue
+                live: list[str] = []
+            else:
+                if rec.pending or rec.decided >= probe_before:
+                    continue
+                live = [o for o, i in (rec.origins or {}).items() if reach.get(o) == i and o != self.router_id]
+            rec.probed = now
+            if live:
+                for origin in live:
+                    self.out.append(SendProbe(origin, rec.gid))
+            else:
+                for r in sorted(reach):
+                    if r != self.router_id:
+                        self.out.append(SendQuery(r, rec.gid))
         forget = now - self.cfg.final_memory
         for gid in [g for g, rs in self.held_for.items() if max(rs.values()) < forget]:
             del self.held_for[gid]
@@ -965,6 +1047,24 @@ class DeliveryCore:
             if t >= forget and len(self.recent_final) <= 1_000_000:
                 break
             del self.recent_final[gid]
+        # copies whose destination never confirmed them (lost with a connection that broke without
+        # changing who is reachable): send them again
+        retry_before = now - self.cfg.copy_retry
+        for rec in list(self.records.values()):
+            if rec.origin is None and rec.outcome is None and rec.fwd and rec.sent_at < retry_before \
+                    and self._driving(rec):
+                self._route(rec, force=True, unconfirmed_only=True)
+        # placeholders nobody resolved: ask the mesh (an origin may have finalised it while it
+        # could not reach the routers the subscription presented it at)
+        if len(reach) > 1:
+            for gid, phs in self.placeholders.items():
+                if min(phs.values()) < probe_before and self._ph_queried.get(gid, 0.0) < probe_before:
+                    self._ph_queried[gid] = now
+                    for r in sorted(reach):
+                        if r != self.router_id:
+                            self.out.append(SendQuery(r, gid))
+            for gid in [g for g in self._ph_queried if g not in self.placeholders]:
+                del self._ph_queried[gid]
         horizon = now - self.cfg.placeholder_horizon
         for gid in [g for g, phs in self.placeholders.items() if min(phs.values()) < horizon]:
             if gid not in self.records:

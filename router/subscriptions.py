@@ -52,6 +52,8 @@ class Subscription:
     since: float  # time of the last state change (router clock)
     created: float
     end_reason: str | None = None
+    # in a mesh: every router of the topology acknowledged this life (its first attach completed)
+    confirmed: bool = False
     # soft state, not persisted: the router-local link binding is kept by the delivery core
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -64,7 +66,7 @@ class Subscription:
             "sid": self.sid, "topic": self.topic, "container": self.container, "link": self.link,
             "expiry": None if math.isinf(self.expiry) else self.expiry, "state": self.state.value,
             "home": self.home, "epoch": self.epoch, "since": self.since, "created": self.created,
-            "end_reason": self.end_reason,
+            "end_reason": self.end_reason, "confirmed": self.confirmed,
         }
 
     @classmethod
@@ -73,18 +75,20 @@ class Subscription:
         return cls(sid=d["sid"], topic=d["topic"], container=d["container"], link=d["link"],
                    expiry=math.inf if exp is None else float(exp), state=SubState(d["state"]),
                    home=d["home"], epoch=int(d["epoch"]), since=float(d["since"]),
-                   created=float(d["created"]), end_reason=d.get("end_reason"))
+                   created=float(d["created"]), end_reason=d.get("end_reason"),
+                   confirmed=bool(d.get("confirmed", False)))
 
 
 _STATE_RANK = {SubState.ACTIVE: 0, SubState.SUSPENDED: 1, SubState.ENDED: 2}
 _FIELDS = ("sid", "topic", "container", "link", "expiry", "state", "home", "epoch", "since", "created",
-           "end_reason")
+           "end_reason", "confirmed")
 
 
-def order_key(s: Subscription) -> tuple[int, str, int]:
+def order_key(s: Subscription) -> tuple[int, str, int, bool]:
     """Total order of versions of one subscription: a higher epoch wins; within an epoch (one home)
-    ACTIVE -> SUSPENDED -> ENDED only moves forward; equal epochs from two homes: the larger id."""
-    return (s.epoch, s.home, _STATE_RANK[s.state])
+    ACTIVE -> SUSPENDED -> ENDED only moves forward, and a life once confirmed stays confirmed;
+    equal epochs from two homes: the larger id."""
+    return (s.epoch, s.home, _STATE_RANK[s.state], s.confirmed)
 
 
 class LifeEnded(Exception):
@@ -134,6 +138,15 @@ class SubscriptionTable:
         self._by_topic.setdefault(topic, {})[sid] = sub
         self.version += 1
         return sub, False
+
+    def confirm(self, sid: str) -> bool:
+        """Every router acknowledged this life's first attach. True when that changed the entry."""
+        sub = self._subs.get(sid)
+        if sub is None or not sub.live or sub.confirmed:
+            return False
+        sub.confirmed = True
+        self.version += 1
+        return True
 
     def suspend(self, sid: str, now: float) -> Subscription | None:
         sub = self._subs.get(sid)

@@ -490,10 +490,10 @@ class Simulation:
     def kill(self, r: SimRouter) -> None:
         r.alive = False
         self.net.router_died(r.id)
-        for sid, (link, sub) in list(r.sub_links.items()):
+        for _sid, (link, sub) in list(r.sub_links.items()):
             self.client_event(lambda sub=sub, link=link: self.sub_lost(sub, link))
-        for pub in {*r.pub_links.values()}:
-            self.client_event(lambda pub=pub, link=pub.link: self.pub_lost(pub, link))
+        for tok, pub in list(r.pub_links.items()):
+            self.client_event(lambda pub=pub, tok=tok: self.pub_lost(pub, tok))
 
     def restart(self, r: SimRouter) -> None:
         if r.alive:
@@ -633,6 +633,8 @@ class Simulation:
             s.credit -= 1
         for g in gids:
             s.on_link.discard(g)
+            if settle and g in s.arrived:  # settled before we took it: withdrawn, never handed
+                s.arrived.remove(g)
             if g in s.accepted:
                 s.accepted.discard(g)
                 s.settled.add(g)

@@ -58,3 +58,12 @@ def test_replay(pytestconfig: pytest.Config) -> None:
         pytest.skip("give --sim-seed N to replay one simulation")
     sim = simulate(int(seed), pytestconfig.getoption("--sim-topology"), pytestconfig.getoption("--sim-faults"))
     print(sim.describe())
+
+
+@pytest.mark.parametrize("faults", ["kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"])
+def test_mesh_with_faults(pytestconfig: pytest.Config, faults: str) -> None:
+    """Crashes and restarts, freezes, partitions and connection resets, at random: no duplicate,
+    no false ACCEPTED ever; once faults heal, every message reaches its outcome."""
+    for seed in seeds(pytestconfig, 40):
+        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
+        simulate(seed, topology, faults, duration=8.0, messages=30)
