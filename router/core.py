@@ -97,6 +97,7 @@ class CoreConfig:
     max_decided_records: int = 200_000  # decided records awaiting settlement (small, no payload)
     probe_after: float = 5.0  # a resolved destination record asks its origin after this long
     copy_retry: float = 2.0  # an origin re-sends a copy its destination has not confirmed after this long
+    stale_wait: float = 0.5  # a record whose publisher left asks the mesh this long before handing it over
     final_memory: float = 300.0  # seconds a router remembers a final gid (late copies and presenters)
     final_notify_batch: int = 256
 
@@ -104,7 +105,7 @@ class CoreConfig:
 class Record:
     __slots__ = ("gid", "topic", "payload", "plid", "pubs", "owed", "pending", "outcome", "error",
                  "pub_settled", "created", "decided", "redeliveries", "rejected_by", "origin", "origins",
-                 "fwd", "holders", "probed", "held", "sent_at")
+                 "fwd", "holders", "probed", "held", "sent_at", "asked_at", "listed")
 
     def __init__(self, gid: str, topic: str, payload: bytes, now: float) -> None:
         self.gid = gid
@@ -128,13 +129,15 @@ class Record:
         self.probed = 0.0
         self.held: set[str] | None = None  # origin: remote sids whose home confirmed the copy
         self.sent_at = 0.0  # origin: when copies were last sent
+        self.asked_at = 0.0  # origin without its publisher: when we last asked the mesh about it
+        self.listed: set[str] | None = None  # origin: local sids another origin's copy listed
 
 
 class SubRuntime:
     """Delivery-side state of one subscription homed here."""
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
-                 "notify")
+                 "notify", "arrived_at")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
@@ -146,6 +149,7 @@ class SubRuntime:
         self.capable = False  # speaks our resume protocol (presents ids, understands NotifyFinal)
         self.final_unnotified: set[str] = set()  # accepted on an earlier link, final since
         self.notify: list[str] = []  # final ids to report on the current link
+        self.arrived_at = 0.0  # when it came (back) here from elsewhere (0: it never left)
 
 
 class PubLink:
@@ -338,6 +342,8 @@ class DeliveryCore:
             rec.decided = now
             self.inflight_bytes -= len(rec.payload)
             rec.payload = b""
+            if not rec.owed and rec.gid not in self.placeholders:
+                del self.records[rec.gid]  # no subscription here has a part in it any more
             return
         if rec.rejected_by:
             rec.outcome = Outcome.REJECTED
@@ -430,19 +436,27 @@ class DeliveryCore:
     # ================================================================ subscriptions (local links)
     def attach_subscriber(self, link: Any, sid: str, topic: str, container: str, link_name: str,
                           expiry: float, capable: bool, presented: Iterable[str] | None,
-                          now: float) -> bool:
-        """A subscriber link attached here (new or resuming). Returns True when it resumed."""
+                          now: float, epoch: int | None = None) -> bool:
+        """A subscriber link attached here (new or resuming). Returns True when it resumed.
+        `epoch`: the subscription's epoch its client last attached with (our clients present it)."""
+        self._now = now
         old_rt = self.subs.get(sid)
         if old_rt is not None and old_rt.link is not None:
             self._unbind(old_rt)  # the same identity attached again: the new link wins (adapter steals)
         before = self.table.get(sid)
         was_remote = before is not None and before.live and before.home != self.router_id
-        sub, resumed = self.table.attach(sid, topic, container, link_name, expiry, self.router_id, now)
+        # the client attached somewhere after the last change we know of: we missed its travels, and
+        # what we still hold for it may have been dealt with elsewhere meanwhile
+        stale_view = before is not None and before.live and epoch is not None and before.epoch < epoch
+        sub, resumed = self.table.attach(sid, topic, container, link_name, expiry, self.router_id, now,
+                                         min_epoch=epoch or 0)
         rt = self.subs.get(sid)
         if rt is None:
             rt = self.subs[sid] = SubRuntime(sid)
         if was_remote:
             self._moved_here(sid)
+        if stale_view:
+            self._distrust(rt, now)
         rt.link = link
         rt.capable = capable
         rt.credit = 0
@@ -474,6 +488,20 @@ class DeliveryCore:
         rt.queue = deque(rt.owed)
         self.out.append(Announce(sid))
         return resumed
+
+    def _distrust(self, rt: SubRuntime, now: float) -> None:
+        """Our view of this subscription was stale (it has been elsewhere meanwhile): copies we held
+        for it are dropped (their origins re-send what is still pending for it, forced by the epoch
+        change), and it counts as arrived now (see `_pump`)."""
+        sid = rt.sid
+        rt.arrived_at = now
+        for gid, rec in list(rt.owed.items()):
+            if rec.origin is not None:
+                del rt.owed[gid]
+                del rec.owed[sid]
+                rec.pending -= 1
+                if rec.pending == 0:
+                    self._decide(rec, now)
 
     def detach_subscriber(self, link: Any, sid: str, closed: bool, now: float) -> None:
         """The subscriber's link detached (`closed`: unsubscribe) or its connection dropped.
@@ -544,10 +572,16 @@ class DeliveryCore:
                 rt.credit -= 1
         q = rt.queue
         sid = rt.sid
+        parked: list[str] | None = None
         while q and rt.credit > 0:
             gid = q.popleft()
             rec = rt.owed.get(gid)
             if rec is None or rec.owed.get(sid) is not S.QUEUED:
+                continue
+            if rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt):
+                if parked is None:
+                    parked = []
+                parked.append(gid)
                 continue
             rec.owed[sid] = S.SENT
             rt.on_link.add(gid)
@@ -555,6 +589,31 @@ class DeliveryCore:
             redelivery = bool(rec.redeliveries and sid in rec.redeliveries)
             out.append(Deliver(sid, gid, rec.payload, redelivery))
             self.log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
+        if parked:
+            q.extendleft(reversed(parked))  # kept in order; tick() pumps again
+
+    def _withhold(self, rec: Record, rt: SubRuntime) -> bool:
+        """A record of ours whose publisher left (it may have resent it elsewhere, where it may be
+        final by now). A subscription that has been elsewhere since the record was made may have got
+        it there: it waits for a driving origin to list it for it, its publisher's return, or FINAL.
+        One that never left gets it after we asked the mesh once."""
+        if rec.created < rt.arrived_at and len(self.reachable) > 1:
+            return not (rec.listed and rt.sid in rec.listed)
+        return self._must_ask(rec)
+
+    def _must_ask(self, rec: Record) -> bool:
+        """Its publisher left us (it may have resent it elsewhere, where it may be final by now):
+        before handing it over, ask the mesh once and give the answer `stale_wait` to come."""
+        if len(self.reachable) < 2:
+            return False  # alone: nobody else can have it
+        now = self._now
+        if now - rec.asked_at > 4 * self.cfg.stale_wait:
+            rec.asked_at = now
+            for r in sorted(self.reachable):
+                if r != self.router_id:
+                    self.out.append(SendQuery(r, rec.gid))
+            return True
+        return now - rec.asked_at < self.cfg.stale_wait
 
     def queued(self, sid: str) -> int:
         rt = self.subs.get(sid)
@@ -563,6 +622,7 @@ class DeliveryCore:
     def subscriber_outcome(self, sid: str, gid: str, outcome: Outcome, settled: bool,
                            error: tuple[str, str] | None, undeliverable: bool, now: float) -> None:
         """A subscriber's disposition for the delivery of `gid` on its current link."""
+        self._now = now
         rt = self.subs.get(sid)
         if rt is None:
             return
@@ -630,12 +690,15 @@ class DeliveryCore:
     def receive_copy(self, origin: str, origin_inc: str, gid: str, topic: str, sids: Iterable[str],
                      payload: bytes, now: float) -> None:
         """A copy from `origin` for the listed subscriptions (those homed here deliver it)."""
+        self._now = now
         rec = self.records.get(gid)
         table = self.table
         if rec is None and gid in self.recent_final:
             # final already (its publisher settled it through another origin): a late copy
             self.out.append(SendFinal(origin, gid))
             return
+        if rec is None and gid not in self.placeholders and not any(self._local(table.get(s)) for s in sids):
+            return  # none of them is here (any more): their origin re-routes them by its own table
         if rec is None:
             rec = Record(gid, topic, payload, now)
             rec.origin = origin
@@ -656,6 +719,11 @@ class DeliveryCore:
             sub = table.get(sid)
             if not self._local(sub):
                 continue  # it moved away: the origin re-routes it by its own table
+            if rec.origin is None:  # ours too: `origin` (driving it) confirms it is owed here
+                if rec.listed is None:
+                    rec.listed = set()
+                rec.listed.add(sid)
+                new_pending = True
             cur = rec.owed.get(sid)
             if cur is None:
                 rec.owed[sid] = S.QUEUED
@@ -737,6 +805,12 @@ class DeliveryCore:
             else:  # it holds it in doubt and resends it here: the asker gets our FINAL
                 self.held_for.setdefault(gid, {}).setdefault(frm, now)
             return
+
+    def _settled_by_local_publisher(self, gid: str) -> bool:
+        """Its publisher is attached here and declared it no longer in doubt: it settled it."""
+        plid = plid_of(gid)
+        return any(pl.plid == plid and pl.declared is not None and gid not in pl.declared
+                   for pl in self.pub_links.values())
 
     # ================================================================ mesh: origin side
     def handle_ack(self, gid: str, sid: str, state: int, error: tuple[str, str] | None, now: float) -> None:
@@ -844,8 +918,9 @@ class DeliveryCore:
             self._moved_away(sid, new, now)
         elif not was_here and new.home == me:
             self._moved_here(sid)
-        elif new.home != me and (old.home != new.home or not old.live):
-            self.reroute(force=False, sids=[sid])
+        elif new.home != me and (old.home != new.home or not old.live or old.epoch != new.epoch):
+            # it (re)attached: its home may have dropped what it held for it, send it again
+            self.reroute(force=old.epoch != new.epoch, sids=[sid])
 
     def presented_elsewhere(self, sid: str, gids: Iterable[str], home: str, now: float) -> None:
         """Subscription `sid` (re)attached at router `home` presenting ids its client holds: as their
@@ -869,6 +944,7 @@ class DeliveryCore:
         rt = self.subs.get(sid)
         if rt is None:
             rt = self.subs[sid] = SubRuntime(sid)
+        rt.arrived_at = self._now
         for gid, rec in sorted(self.remote_pending.pop(sid, {}).items(), key=lambda kv: kv[1].created):
             rt.owed[gid] = rec
             if rec.owed.get(sid) is S.SENT:
@@ -906,9 +982,8 @@ class DeliveryCore:
         else of that link that we hold is settled on its side (it will never be resent)."""
         for rec in [r for r in self.records.values()
                     if r.plid == plid and r.gid not in in_doubt and r.origin is None]:
-            if not rec.pubs:
-                rec.pub_settled = True
-                self._maybe_final(rec, now)
+            if not rec.pubs:  # it settled it (here, the settlement lost with its link, or elsewhere)
+                self.handle_final(rec.gid, now)
         for gid in [g for g in self.placeholders if plid_of(g) == plid and g not in in_doubt]:
             if gid not in self.records:
                 self._placeholder_final(gid)
@@ -920,8 +995,9 @@ class DeliveryCore:
         for rec in [r for r in self.records.values() if r.plid == plid and not r.pubs]:
             if rec.gid not in in_doubt:
                 if rec.origin is None:
-                    rec.pub_settled = True
-                    self._maybe_final(rec, now)
+                    # our publishers settle only once they have an outcome: it is final (here, or at
+                    # the router that gave the outcome): stop whatever is still pending here
+                    self.handle_final(rec.gid, now)
             else:
                 self.out.append(SendHold(at, rec.gid))
         for gid in [g for g in self.placeholders if plid_of(g) == plid and g not in in_doubt]:
@@ -1019,6 +1095,7 @@ class DeliveryCore:
         # publisher holds them, ask everybody
         probe_before = now - self.cfg.probe_after
         reach = self.reachable
+        final_now: list[str] = []
         for rec in self.records.values():
             if rec.pubs or rec.probed >= probe_before:
                 continue
@@ -1032,13 +1109,17 @@ class DeliveryCore:
                     continue
                 live = [o for o, i in (rec.origins or {}).items() if reach.get(o) == i and o != self.router_id]
             rec.probed = now
-            if live:
+            if self._settled_by_local_publisher(rec.gid):
+                final_now.append(rec.gid)
+            elif live:
                 for origin in live:
                     self.out.append(SendProbe(origin, rec.gid))
             else:
                 for r in sorted(reach):
                     if r != self.router_id:
                         self.out.append(SendQuery(r, rec.gid))
+        for gid in final_now:
+            self.handle_final(gid, now)
         forget = now - self.cfg.final_memory
         for gid in [g for g, rs in self.held_for.items() if max(rs.values()) < forget]:
             del self.held_for[gid]
@@ -1047,6 +1128,9 @@ class DeliveryCore:
             if t >= forget and len(self.recent_final) <= 1_000_000:
                 break
             del self.recent_final[gid]
+        for rt in self.subs.values():  # deliveries parked while we asked about them
+            if rt.link is not None and rt.credit > 0 and rt.queue:
+                self._pump(rt)
         # copies whose destination never confirmed them (lost with a connection that broke without
         # changing who is reachable): send them again
         retry_before = now - self.cfg.copy_retry

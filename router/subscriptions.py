@@ -120,18 +120,19 @@ class SubscriptionTable:
 
     # -- changes ---------------------------------------------------------------------------------
     def attach(self, sid: str, topic: str, container: str, link: str, expiry: float, home: str,
-               now: float) -> tuple[Subscription, bool]:
-        """Attach or resume. Returns (subscription, resumed) where resumed means it existed."""
+               now: float, min_epoch: int = 0) -> tuple[Subscription, bool]:
+        """Attach or resume. Returns (subscription, resumed) where resumed means it existed.
+        `min_epoch`: the client knew a later epoch than we do; the new one must beat it."""
         sub = self._subs.get(sid)
         if sub is not None and sub.live:
             sub.state = SubState.ACTIVE
             sub.home = home
-            sub.epoch += 1
+            sub.epoch = max(sub.epoch, min_epoch) + 1
             sub.since = now
             sub.expiry = expiry
             self.version += 1
             return sub, True
-        epoch = sub.epoch + 1 if sub is not None else 1
+        epoch = max(sub.epoch if sub is not None else 0, min_epoch) + 1
         sub = Subscription(sid=sid, topic=topic, container=container, link=link, expiry=expiry,
                            state=SubState.ACTIVE, home=home, epoch=epoch, since=now, created=now)
         self._subs[sid] = sub

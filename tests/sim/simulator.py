@@ -87,6 +87,7 @@ class SimSubscriber:
     settled: set[str] = field(default_factory=set)
     ended_at: float | None = None
     wants: bool = True  # wants to be connected
+    epoch: int | None = None  # the subscription's epoch at its last completed attach
 
 
 @dataclass
@@ -228,13 +229,15 @@ class SimRouter:
             now = self.sim.now
             self.core.detach_subscriber(link, sid, True, now)
             self.core.attach_subscriber(link, sid, TOPIC, "c-sub", sub.name, float("inf"), True,
-                                        sorted(sub.accepted), now)
+                                        sorted(sub.accepted), now, sub.epoch)
             self.awaiting[sid] = (link, sub, False)
             if not self.node.attach_pending(sid):
                 self.attach_done(sid, None)
             return
         self.persist()
-        self.sim.client_event(lambda: self.sim.sub_opened(sub, link, self.id))
+        entry = self.core.table.get(sid)
+        epoch = entry.epoch if entry is not None else None  # the ATTACH answer carries it
+        self.sim.client_event(lambda: self.sim.sub_opened(sub, link, self.id, epoch))
 
     # -- client-facing inputs -----------------------------------------------------------------
     def usable(self) -> bool:
@@ -567,17 +570,19 @@ class Simulation:
         if old is not None and old[0] is not link:
             pass
         r.core.attach_subscriber(link, s.sid, TOPIC, "c-sub", s.name, float("inf"), True, sorted(s.accepted),
-                                 self.now)
+                                 self.now, s.epoch)
         r.awaiting[s.sid] = (link, s, False)
         r.process()
         if s.sid in r.awaiting and not r.node.attach_pending(s.sid):
             r.attach_done(s.sid, None)
             r.process()
 
-    def sub_opened(self, s: SimSubscriber, link: Token, rid: str) -> None:
+    def sub_opened(self, s: SimSubscriber, link: Token, rid: str, epoch: int | None = None) -> None:
         if s.link is not link:
             return
         s.open = True
+        if epoch is not None:
+            s.epoch = epoch
         if s.in_force_since is None:
             s.in_force_since = self.now
         r = self.routers[rid]
