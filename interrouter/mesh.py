@@ -51,6 +51,7 @@ class Mesh:
         self.node.core = self.router.core
         self.node.gossip.table = self.router.core.table
         self.router.core.set_ready(self.node.ready)
+        self.router.core.mesh_size = len(self.node.routers)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, router: Router) -> None:

@@ -66,6 +66,7 @@ class MeshNode:
         self.dead_after = dead_after
         self.ready = len(self.routers) == 1
         core.set_ready(self.ready)
+        core.mesh_size = len(self.routers)
         # outputs, drained by the adapter
         self.sends: list[tuple[str, bytes]] = []  # (neighbour, frame)
         self.attach_done: list[tuple[str, str | None]] = []  # (sid, refusal reason or None)

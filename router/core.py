@@ -130,7 +130,7 @@ class Record:
         self.held: set[str] | None = None  # origin: remote sids whose home confirmed the copy
         self.sent_at = 0.0  # origin: when copies were last sent
         self.asked_at = 0.0  # origin without its publisher: when we last asked the mesh about it
-        self.listed: set[str] | None = None  # origin: local sids another origin's copy listed
+        self.listed: dict[str, float] | None = None  # origin: local sid -> when another origin listed it
 
 
 class SubRuntime:
@@ -191,6 +191,7 @@ class DeliveryCore:
         self.out: list[Action] = []
         self.log: list[tuple[Any, ...]] = []  # settlement-log events: (ev, gid, topic, sid, info)
         self._now = 0.0  # the latest time we were given (stamps copies sent from untimed calls)
+        self.mesh_size = 1  # routers in the topology (the mesh layer sets it): 1 = standalone
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
@@ -597,15 +598,16 @@ class DeliveryCore:
         final by now). A subscription that has been elsewhere since the record was made may have got
         it there: it waits for a driving origin to list it for it, its publisher's return, or FINAL.
         One that never left gets it after we asked the mesh once."""
-        if rec.created < rt.arrived_at and len(self.reachable) > 1:
-            return not (rec.listed and rt.sid in rec.listed)
+        if rec.created < rt.arrived_at and self.mesh_size > 1:
+            # only a listing made since it arrived here counts
+            return not (rec.listed and rec.listed.get(rt.sid, -1.0) >= rt.arrived_at)
         return self._must_ask(rec)
 
     def _must_ask(self, rec: Record) -> bool:
         """Its publisher left us (it may have resent it elsewhere, where it may be final by now):
         before handing it over, ask the mesh once and give the answer `stale_wait` to come."""
-        if len(self.reachable) < 2:
-            return False  # alone: nobody else can have it
+        if self.mesh_size < 2:
+            return False  # a standalone router: nobody else can have it
         now = self._now
         if now - rec.asked_at > 4 * self.cfg.stale_wait:
             rec.asked_at = now
@@ -721,8 +723,8 @@ class DeliveryCore:
                 continue  # it moved away: the origin re-routes it by its own table
             if rec.origin is None:  # ours too: `origin` (driving it) confirms it is owed here
                 if rec.listed is None:
-                    rec.listed = set()
-                rec.listed.add(sid)
+                    rec.listed = {}
+                rec.listed[sid] = now
                 new_pending = True
             cur = rec.owed.get(sid)
             if cur is None:
