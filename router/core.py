@@ -1142,6 +1142,10 @@ class DeliveryCore:
                 self._route(rec, force=True, unconfirmed_only=True)
         # placeholders nobody resolved: ask the mesh (an origin may have finalised it while it
         # could not reach the routers the subscription presented it at)
+        known = [g for g in self.placeholders
+                 if g not in self.records and (g in self.recent_final or self._settled_by_local_publisher(g))]
+        for gid in known:
+            self._placeholder_final(gid)
         if len(reach) > 1:
             for gid, phs in self.placeholders.items():
                 if min(phs.values()) < probe_before and self._ph_queried.get(gid, 0.0) < probe_before:
