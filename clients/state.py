@@ -111,6 +111,10 @@ class ClientState:
                 self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(meta.items()))
             self.db.execute("COMMIT")
 
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
     def get_meta(self, key: str) -> str | None:
         with self._lock:
             row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()

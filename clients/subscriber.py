@@ -267,7 +267,11 @@ class Subscriber:
         link.set_target(None)
         link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND)
         presented = self.client.state.unsettled(self.sid)
-        link.set_properties({symbol("oncemesh.client"): 1, symbol("oncemesh.resume"): presented})
+        props: dict[Any, Any] = {symbol("oncemesh.client"): 1, symbol("oncemesh.resume"): presented}
+        epoch = self.client.state.get_meta(f"epoch:{self.sid}")
+        if epoch:  # where it last attached: a router with an older view distrusts what it held
+            props[symbol("oncemesh.epoch")] = int(epoch)
+        link.set_properties(props)
         link.open()
         link.flow(self.window)
         self.link = link
@@ -286,6 +290,9 @@ class Subscriber:
             return
         props = link.remote_properties
         self.resumed = bool(props.get(symbol("oncemesh.resumed"), False))
+        epoch = props.get(symbol("oncemesh.epoch"))
+        if isinstance(epoch, int) and epoch > 0:
+            self.client.state.set_meta(f"epoch:{self.sid}", str(epoch))
         self._refused = None
         self._slog.write("resumed" if self.resumed else "subscribed", time.time(), None, self.topic, self.sid,
                          container=self.client.container_id, link=self.name,

@@ -27,7 +27,7 @@ SUBCOMMANDS = [
     ("put", "clients.cli"),
     ("up", "topology.launcher"),
     ("reconcile", "spark.job"),
-    ("chaos", "tests.chaos.runner"),
+    ("chaos", "topology.chaos"),
     ("bench", "router.bench"),
 ]
 

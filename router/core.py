@@ -463,7 +463,7 @@ class DeliveryCore:
         rt.credit = 0
         presented_set = set(presented or ())
         self.last_presented[sid] = sorted(presented_set)
-        self.log.append(("resumed" if resumed else "subscribed", None, topic, sid, {
+        self.log.append(("attach_requested", None, topic, sid, {
             "container": container, "link": link_name,
             "info": f"expiry={'never' if math.isinf(expiry) else expiry} presented={len(presented_set)}"}))
         # The client already holds what it presents, whether this is a resume or a new life of the

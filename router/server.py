@@ -48,6 +48,7 @@ PROP_RESUME = symbol("oncemesh.resume")  # subscriber: ids accepted but not seen
 PROP_IN_DOUBT = symbol("oncemesh.in-doubt")  # publisher: tags it still holds in doubt
 PROP_RESUMED = symbol("oncemesh.resumed")  # router -> subscriber: the subscription resumed
 PROP_RECEIVED = symbol("oncemesh.received")  # publisher: send RECEIVED once a router holds a message
+PROP_EPOCH = symbol("oncemesh.epoch")  # subscription epoch: answered on attach, presented on resume
 PROP_ROUTER = symbol("oncemesh.router")
 FINAL_SUBJECT = "oncemesh.final"
 
@@ -70,12 +71,13 @@ def validate_address(address: str | None, what: str) -> str:
 
 
 class SubLinkCtx:
-    __slots__ = ("sid", "topic", "deliveries", "gid_of", "final_seq", "attach_args")
+    __slots__ = ("sid", "topic", "deliveries", "gid_of", "final_seq", "attach_args", "resumed")
 
     def __init__(self, sid: str, topic: str) -> None:
         self.sid = sid
         self.topic = topic
         self.attach_args: tuple[Any, ...] = ()
+        self.resumed = False
         self.deliveries: dict[str, Any] = {}  # gid -> unsettled delivery pointer
         self.gid_of: dict[Any, str] = {}  # delivery pointer -> gid
         self.final_seq = 0
@@ -295,15 +297,17 @@ class Router:
         link.ctx = SubLinkCtx(sid, topic)
         self.sub_links[sid] = link
         ids = [str(g) for g in presented] if presented else None
-        link.ctx.attach_args = (sid, topic, container, link.name, expiry, capable, ids)
-        resumed = self.core.attach_subscriber(link, sid, topic, container, link.name, expiry, capable, ids,
-                                              time.time())
+        epoch = props.get(PROP_EPOCH)
+        epoch = int(epoch) if isinstance(epoch, int) and epoch > 0 else None
+        link.ctx.attach_args = (sid, topic, container, link.name, expiry, capable, ids, epoch)
+        link.ctx.resumed = self.core.attach_subscriber(link, sid, topic, container, link.name, expiry,
+                                                       capable, ids, time.time(), epoch)
         link.set_source(topic, 0 if math.isinf(expiry) else int(expiry),
                         F.EXPIRE_NEVER if math.isinf(expiry) else F.EXPIRE_WITH_LINK)
         link.set_target(link.remote_target_address)
         link.set_settle_modes(F.SND_UNSETTLED, link.remote_rcv_settle_mode)
-        link.set_properties({PROP_RESUMED: resumed, PROP_ROUTER: self.id})
-        # the attach is answered once the table holding the subscription is on disk
+        # the attach is answered once the table holding the subscription is on disk (and, in a
+        # mesh, once the other routers acknowledged it): see _answer_subscriber
         self._pending_opens.append(link)
 
     def _open_publisher(self, link: Link) -> None:
@@ -475,8 +479,13 @@ class Router:
             entries, core.log = core.log, []
             ts = time.time()
             slog = self.slog
+            lifecycle = False
             for entry in entries:
                 slog.write_core_event(ts, entry)
+                if entry[1] is None:  # subscription lifecycle: written through at once (rare)
+                    lifecycle = True
+            if lifecycle:
+                slog.flush()
         if self._pending_opens or self.table.version != self._saved_version:
             assert self.engine is not None
             self.engine.call_after_pass(self._after_pass)
@@ -489,10 +498,21 @@ class Router:
                 if self.mesh is not None and self.mesh.attach_pending(link.ctx.sid):
                     self._awaiting_mesh[link.ctx.sid] = link  # answered once the mesh acknowledged
                     continue
-                link.open()
-                self.core.subscriber_credit(link.ctx.sid, link.credit)
+                self._answer_subscriber(link)
         if opens:
             self.drain()
+
+    def _answer_subscriber(self, link: Link) -> None:
+        """Answer a subscriber's ATTACH: from now on the subscription is in force."""
+        ctx = link.ctx
+        sub = self.table.get(ctx.sid)
+        epoch = sub.epoch if sub is not None else 0
+        link.set_properties({PROP_RESUMED: ctx.resumed, PROP_ROUTER: self.id, PROP_EPOCH: epoch})
+        link.open()
+        self.slog.write("resumed" if ctx.resumed else "subscribed", time.time(), None, ctx.topic, ctx.sid,
+                        container=link.conn.ctx.container, link=link.name, count=epoch)
+        self.slog.flush()
+        self.core.subscriber_credit(ctx.sid, link.credit)
 
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:
         """The mesh acknowledged (or refused) the announcement of a subscriber's attach."""
@@ -504,9 +524,9 @@ class Router:
             log.info("subscription.resume_refused sid=%s reason=%s", sid, refused)
             now = time.time()
             self.core.detach_subscriber(link, sid, True, now)
-            sid_, topic, container, name, expiry, capable, ids = link.ctx.attach_args
-            self.core.attach_subscriber(link, sid_, topic, container, name, expiry, capable, ids, now)
-            link.set_properties({PROP_RESUMED: False, PROP_ROUTER: self.id})
+            sid_, topic, container, name, expiry, capable, ids, epoch = link.ctx.attach_args
+            self.core.attach_subscriber(link, sid_, topic, container, name, expiry, capable, ids, now, epoch)
+            link.ctx.resumed = False
             self._pending_opens.append(link)
             self.drain()
             return

@@ -49,7 +49,7 @@ ROUTER_EVENTS = {
     "router_started", "router_stopped",
     "received", "delivered", "accepted", "rejected", "released", "modified", "ended", "outcome",
     "settled", "placeholder", "placeholder_final", "orphan_final",
-    "subscribed", "resumed", "suspended", "unsubscribed", "expired",
+    "attach_requested", "subscribed", "resumed", "suspended", "unsubscribed", "expired",
     "forwarded", "forward_received", "remote_ack", "peer_up", "peer_down",
 }
 PUBLISHER_EVENTS = {"published", "outcome"}

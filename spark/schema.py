@@ -56,7 +56,7 @@ EVENTS_BY_SOURCE: dict[str, frozenset[str]] = {
         "router_started", "router_stopped",
         "received", "delivered", "accepted", "rejected", "released", "modified", "ended", "outcome",
         "settled", "placeholder", "placeholder_final", "orphan_final",
-        "subscribed", "resumed", "suspended", "unsubscribed", "expired",
+        "attach_requested", "subscribed", "resumed", "suspended", "unsubscribed", "expired",
         "forwarded", "forward_received", "remote_ack", "peer_up", "peer_down",
     }),
     "publisher": frozenset({"published", "outcome"}),
