@@ -120,6 +120,7 @@ class SimRouter:
         self.pub_tokens: dict[Token, SimPublisher] = {}
         self.pub_links: dict[Token, SimPublisher] = {}
         self.awaiting: dict[str, tuple[Token, SimSubscriber, bool]] = {}
+        self.late: list[Callable[[], None]] = []  # client disconnects it will notice when it thaws
 
     def start(self) -> None:
         sim = self.sim
@@ -136,6 +137,7 @@ class SimRouter:
         self.pub_tokens.clear()
         self.pub_links.clear()
         self.awaiting.clear()
+        self.late.clear()
         self.persist()
         inc = self.incarnation
         sim.schedule(0.0, lambda: self.tick(inc))
@@ -510,6 +512,11 @@ class Simulation:
         if r.alive and r.frozen:
             self.note(f"thaw {r.id}")
             r.frozen = False
+            # what the kernel buffered while it was stopped (client connections that closed) is read
+            # before its timers fire: asyncio runs socket events ahead of due timers in a loop pass
+            late, r.late = r.late, []
+            for fn in late:
+                fn()
             r.tick(r.incarnation)
 
     def frozen_timeout(self, r: SimRouter) -> None:
@@ -533,7 +540,7 @@ class Simulation:
             r.core.detach_subscriber(link, sid, False, self.now)
             r.process()
         elif r.alive:
-            self.schedule(0.1, lambda: self._late_detach(r, link, sid))
+            r.late.append(lambda: self._late_detach(r, link, sid))
 
     def _late_pub_detach(self, r: SimRouter, tok: Token) -> None:
         if r.alive and not r.frozen:
@@ -541,7 +548,7 @@ class Simulation:
             r.core.detach_publisher(tok)
             r.process()
         elif r.alive:
-            self.schedule(0.1, lambda: self._late_pub_detach(r, tok))
+            r.late.append(lambda: self._late_pub_detach(r, tok))
 
     def mend(self, k: frozenset[str], a: str, b: str) -> None:
         if k in self.net.cut:
