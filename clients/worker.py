@@ -58,11 +58,12 @@ async def consume(args: argparse.Namespace) -> int:
     got = 0
     t0 = time.monotonic()
     while args.count is None or got < args.count:
-        batch = await sub.get_many(args.credit, timeout=args.idle_exit)
+        want = args.credit if args.count is None else min(args.credit, args.count - got)
+        batch = await sub.get_many(want, timeout=args.idle_exit if args.idle_exit is not None else 1.0)
         if not batch:
             if args.idle_exit is not None:
                 break
-            continue
+            continue  # keep waiting (for --count, or forever)
         got += len(batch)
         if args.delay:
             await asyncio.sleep(args.delay * len(batch))
