@@ -922,7 +922,8 @@ class DeliveryCore:
             self._moved_here(sid)
         elif new.home != me and (old.home != new.home or not old.live or old.epoch != new.epoch):
             # it (re)attached: its home may have dropped what it held for it, send it again
-            self.reroute(force=old.epoch != new.epoch, sids=[sid])
+            self._forget_routing(sid)
+            self.reroute(force=False, sids=[sid])
 
     def presented_elsewhere(self, sid: str, gids: Iterable[str], home: str, now: float) -> None:
         """Subscription `sid` (re)attached at router `home` presenting ids its client holds: as their
@@ -976,7 +977,17 @@ class DeliveryCore:
                 rec.pending -= 1
                 if rec.pending == 0:
                     self._decide(rec, now)
+        self._forget_routing(sid)
         self.reroute(force=False, sids=[sid])
+
+    def _forget_routing(self, sid: str) -> None:
+        """Where copies for `sid` went no longer counts (it moved, or re-attached and its home may
+        have dropped them): the next routing sends them to its home again."""
+        for rec in self.remote_pending.get(sid, {}).values():
+            if rec.fwd is not None:
+                rec.fwd.pop(sid, None)
+            if rec.held is not None:
+                rec.held.discard(sid)
 
     # ================================================================ publisher resume
     def _publisher_declared(self, plid: str, in_doubt: set[str], now: float) -> None:

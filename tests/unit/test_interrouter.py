@@ -1,0 +1,247 @@
+"""The sans-IO inter-router pieces: hello, link state and paths, gossip, the frame codec."""
+
+from __future__ import annotations
+
+import networkx as nx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interrouter import codec
+from interrouter.gossip import Gossip
+from interrouter.hello import HelloMonitor
+from interrouter.linkstate import LinkStateDb
+from interrouter.messages import (
+    Acks,
+    Bye,
+    Copy,
+    Finals,
+    Hello,
+    Holds,
+    LinkState,
+    Probes,
+    PubDeclare,
+    Queries,
+    SubAck,
+    SubUpdate,
+    TableSync,
+)
+from router.subscriptions import SubscriptionTable, SubState
+
+# ---------------------------------------------------------------------- hello
+
+
+def test_neighbour_is_dead_after_dead_after_of_silence() -> None:
+    h = HelloMonitor({"B": 1.0, "C": 1.0}, interval=1.0, dead_after=3.0)
+    assert h.heard("B", "1", 0.0) is True  # becomes live
+    assert h.heard("B", "1", 1.0) is False  # nothing changed
+    assert h.heard("X", "1", 1.0) is False  # not a neighbour of ours
+    assert h.tick(3.9) == []
+    assert h.tick(4.0) == ["B"]
+    assert h.live() == {}
+
+
+def test_a_new_incarnation_is_a_change() -> None:
+    h = HelloMonitor({"B": 2.0}, interval=1.0, dead_after=3.0)
+    h.heard("B", "1", 0.0)
+    assert h.heard("B", "2", 0.5) is True
+    assert h.live() == {"B": 2.0}
+    assert h.lost("B") is True and h.lost("B") is False
+
+
+# ---------------------------------------------------------------------- link state and paths
+
+
+def mesh_of(edges: list[tuple[str, str, float]]) -> dict[str, LinkStateDb]:
+    """Every router's database after flooding converged (each advertises its live neighbours)."""
+    g = nx.Graph()
+    for a, b, c in edges:
+        g.add_edge(a, b, cost=c)
+    dbs = {r: LinkStateDb(r, "1") for r in g.nodes}
+    ads = [dbs[r].set_neighbours({n: g[r][n]["cost"] for n in g.neighbors(r)}) for r in g.nodes]
+    for db in dbs.values():
+        for ad in ads:
+            assert ad is not None
+            db.update(ad)
+    return dbs
+
+
+def test_line_next_hops() -> None:
+    """
+        A --- B --- C
+    """
+    dbs = mesh_of([("A", "B", 1), ("B", "C", 1)])
+    r = dbs["A"].routes()
+    assert set(r.reachable) == {"A", "B", "C"}
+    assert r.next_hop == {"B": "B", "C": "B"}
+    assert dbs["B"].routes().next_hop == {"A": "A", "C": "C"}
+
+
+def test_costs_pick_the_cheap_way_round() -> None:
+    """
+        A --1-- B --1-- C --1-- D
+        |_______________5_______|     A reaches D through B and C (3 < 5)
+    """
+    dbs = mesh_of([("A", "B", 1), ("B", "C", 1), ("C", "D", 1), ("A", "D", 5)])
+    assert dbs["A"].routes().next_hop["D"] == "B"
+    assert dbs["A"].routes().distance["D"] == 3
+    assert dbs["D"].routes().next_hop["A"] == "C"
+
+
+def test_a_link_counts_only_when_both_ends_advertise_it() -> None:
+    """
+        A --- B        B stops advertising A (it declared A dead): A is unreachable from B,
+                       even though A still advertises B.
+    """
+    dbs = mesh_of([("A", "B", 1)])
+    ad = dbs["B"].set_neighbours({})
+    assert ad is not None
+    dbs["A"].update(ad)
+    assert set(dbs["A"].routes().reachable) == {"A"}
+    assert set(dbs["B"].routes().reachable) == {"B"}
+
+
+def test_older_advertisements_never_replace_newer_ones() -> None:
+    db = LinkStateDb("A", "1")
+    assert db.update(LinkState("B", "5", 2, {"A": 1.0}))
+    assert not db.update(LinkState("B", "5", 1, {}))  # older seq
+    assert not db.update(LinkState("B", "4", 9, {}))  # older incarnation
+    assert db.update(LinkState("B", "6", 1, {}))  # B restarted
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(1, 9)), min_size=1, max_size=15))
+def test_paths_agree_with_networkx_and_never_loop(edges: list[tuple[int, int, int]]) -> None:
+    es = [(f"R{a}", f"R{b}", float(c)) for a, b, c in edges if a != b]
+    if not es:
+        return
+    dbs = mesh_of(es)
+    g = nx.Graph()
+    for a, b, c in es:
+        if not g.has_edge(a, b):
+            g.add_edge(a, b, cost=c)
+        else:
+            g[a][b]["cost"] = c
+    for r, db in dbs.items():
+        routes = db.routes()
+        assert set(routes.reachable) == set(nx.node_connected_component(g, r))
+        for dst in routes.reachable:
+            if dst == r:
+                continue
+            # following next hops reaches the destination without a loop, along a shortest path
+            seen, cur, dist = {r}, r, 0.0
+            while cur != dst:
+                nxt = dbs[cur].routes().next_hop[dst]
+                assert nxt not in seen, f"loop toward {dst}: {seen}"
+                dist += g[cur][nxt]["cost"]
+                seen.add(nxt)
+                cur = nxt
+            assert abs(dist - nx.shortest_path_length(g, r, dst, weight="cost")) < 1e-9
+
+
+# ---------------------------------------------------------------------- gossip
+
+
+def pair() -> tuple[Gossip, Gossip, SubscriptionTable, SubscriptionTable]:
+    ta, tb = SubscriptionTable(), SubscriptionTable()
+    a = Gossip("A", "1", ta, {"A", "B", "C"})
+    b = Gossip("B", "1", tb, {"A", "B", "C"})
+    a.reachable_changed({"A": "1", "B": "1"})
+    b.reachable_changed({"A": "1", "B": "1"})
+    return a, b, ta, tb
+
+
+def test_a_new_subscription_waits_for_every_router_of_the_topology() -> None:
+    a, b, ta, tb = pair()
+    ta.attach("s1", "t", "c", "l", 60.0, "A", 1.0)
+    req = a.announce("s1", wait=True, new_life=True)
+    assert req is not None
+    [upd] = [m for m in a.out if isinstance(m, SubUpdate)]
+    a.out.clear()
+    assert b.handle_update(upd) is not None and tb.get("s1") is not None
+    [ack] = [m for m in b.out if isinstance(m, SubAck)]
+    a.handle_ack(ack)
+    assert a.completed() == []  # C (unreachable) has not acknowledged: in force only once it did
+    a.reachable_changed({"A": "1", "B": "1", "C": "7"})  # C comes back: it gets the announcement
+    assert any(isinstance(m, SubUpdate) and m.dst == "C" for m in a.out)
+    a.handle_ack(SubAck("C", "A", "s1", req, True))
+    [done] = a.completed()
+    assert done.sid == "s1" and done.refused is None
+
+
+def test_a_resume_waits_only_for_reachable_routers_and_can_be_refused() -> None:
+    a, b, ta, tb = pair()
+    ta.attach("s1", "t", "c", "l", 60.0, "A", 1.0)
+    tb.merge(ta.get("s1"))  # type: ignore[arg-type]
+    tb.end("s1", 2.0, "expired")  # B ended that life meanwhile
+    ta.attach("s1", "t", "c", "l", 60.0, "A", 3.0)  # resume of the same life
+    req = a.announce("s1", wait=True, new_life=False)
+    [upd] = [m for m in a.out if isinstance(m, SubUpdate)]
+    assert b.handle_update(upd) is None  # refused: END is final for a life
+    [ack] = [m for m in b.out if isinstance(m, SubAck)]
+    assert not ack.ok and "ended" in (ack.reason or "")
+    a.handle_ack(ack)
+    [done] = a.completed()
+    assert done.req == req and done.refused
+
+
+def test_announcements_are_sent_again_until_acknowledged() -> None:
+    a, b, ta, tb = pair()
+    ta.attach("s1", "t", "c", "l", 60.0, "A", 1.0)
+    ta.suspend("s1", 2.0)
+    a.announce("s1", wait=False, new_life=False)
+    a.out.clear()  # lost with a connection
+    a.resend()
+    [again] = [m for m in a.out if isinstance(m, SubUpdate)]
+    b.handle_update(again)
+    assert tb.get("s1").state is SubState.SUSPENDED  # type: ignore[union-attr]
+    a.handle_ack(next(m for m in b.out if isinstance(m, SubAck)))
+    a.out.clear()
+    a.resend()
+    assert a.out == []
+
+
+def test_table_sync_asks_for_the_other_table_and_marks_synced() -> None:
+    a, b, ta, tb = pair()
+    ta.attach("s1", "t", "c", "l", 60.0, "A", 1.0)
+    tb.attach("s2", "t", "c", "m", 60.0, "B", 1.0)
+    b.handle_sync(a.sync_message("B", "1"))
+    [reply] = [m for m in b.out if isinstance(m, TableSync)]
+    assert not reply.reply and tb.get("s1") is not None
+    a.handle_sync(reply)
+    assert ta.get("s2") is not None
+    assert a.synced_with_reachable() and b.synced_with_reachable()
+
+
+# ---------------------------------------------------------------------- codec
+
+
+def test_every_control_message_round_trips() -> None:
+    msgs = [
+        Hello("A", "1"), Bye("A", "1"), LinkState("A", "1", 3, {"B": 1.0, "C": 2.5}),
+        SubUpdate("A", "B", {"sid": "s", "x": [1, 2]}, 7, ("g1", "g2")), SubUpdate("A", "B", {"sid": "s"}, None),
+        SubAck("B", "A", "s", 7, False, "ended"), TableSync("A", "B", "1", [{"sid": "s"}], True),
+        Acks("B", "A", [("g", "s", 2, None), ("h", "s", 3, ("app:bad", "no"))]), Finals("A", "B", ["g"]),
+        Probes("B", "A", ["g"]), Queries("B", "C", ["g"]), PubDeclare("A", "B", "plid", ["g"]),
+        Holds("B", "A", ["g"]),
+    ]
+    assert codec.decode_control(codec.encode_control(msgs)) == msgs
+
+
+def test_unknown_kinds_are_skipped_and_garbage_is_an_error() -> None:
+    frame = b'C[["ZZ",1,2],["H","A","1"]]'
+    assert codec.decode_control(frame) == [Hello("A", "1")]
+    for bad in [b"C{not json", b"C[[\"A\"]]", b"D\x00\x05abc"]:
+        try:
+            if bad[:1] == b"D":
+                codec.decode_copy(bad)
+            else:
+                codec.decode_control(bad)
+        except codec.FrameError:
+            continue
+        raise AssertionError(f"{bad!r} was accepted")
+
+
+@given(st.binary(max_size=300), st.dictionaries(st.sampled_from("ABCD"), st.lists(st.text(max_size=5), max_size=3)))
+def test_copies_round_trip_with_their_payload_untouched(payload: bytes, dests: dict[str, list[str]]) -> None:
+    c = Copy("A", "12", "p:1", "topic", {k: tuple(v) for k, v in dests.items()}, payload)
+    assert codec.decode_copy(codec.encode_copy(c)) == c
