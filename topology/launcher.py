@@ -16,6 +16,14 @@ Tests, the chaos runner and operators share this code. Theory of operation:
 - A router restarted from a topology that gives it port 0 gets its previous client port back
   (`--listen`), so that clients holding its URL reconnect to it; if that port was taken meanwhile,
   it starts on a fresh port instead.
+- With `proxies=True` every inter-router link runs through a fault-injecting proxy
+  (`topology.proxy`) owned by this `Mesh` object, so that links can be cut, blackholed or delayed
+  (partitions). Each router then gets its own peers directory, `peers/ID/`, whose `PEER.json` names
+  the proxy's address (and the peer's pid, which the router checks is alive) for every neighbour it
+  dials; the proxy finds the real listener at each accept from `status/PEER.json`, so a listener
+  that restarts on a new port is still reached. It needs inter-router ports 0 in the topology (a
+  fixed port is dialed directly). The proxies live in this process: when it exits, proxied links
+  go down, and only this object may start routers of that mesh.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -39,7 +48,8 @@ from typing import Any
 import networkx as nx
 
 from topology.load import TopologyError, load_topology, parse_topology
-from topology.model import Topology
+from topology.model import LinkSpec, Topology
+from topology.proxy import Mode, ProxyHub, ProxyStats
 
 DEFAULT_STATE_DIR = Path("oncemesh-state")
 STATE_DIR_ENV = "ONCEMESH_STATE_DIR"
@@ -134,12 +144,19 @@ class Mesh:
     """
 
     def __init__(self, topology_path: str | Path, state_dir: str | Path = DEFAULT_STATE_DIR, *,
-                 topology: Topology | None = None) -> None:
+                 topology: Topology | None = None, proxies: bool = False) -> None:
         self.topology_path = Path(topology_path).resolve()
         self.topology = topology if topology is not None else load_topology(self.topology_path)
         self.state_dir = Path(state_dir).resolve()
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # pid -> process started by this object
         self._exit_codes: dict[int, int] = {}  # pid -> exit code, for children that have exited
+        self.proxies: ProxyHub | None = None  # the link proxies, with proxies=True (see _ensure_proxies)
+        self._proxy_id = uuid.uuid4().hex if proxies else None  # names this object's proxies in mesh.json
+        if proxies:
+            fixed = sorted(r.id for r in self.topology.routers.values() if r.inter_port)
+            if fixed:
+                raise MeshError(f"proxied links need inter-router ports 0 in the topology; "
+                                f"{', '.join(fixed)} have fixed ones ({self.topology_path})")
         recorded = self._load_state().get("topology")
         if recorded and Path(recorded) != self.topology_path:
             running = [s.id for s in self.status() if s.alive]
@@ -192,12 +209,17 @@ class Mesh:
     def out_file(self, router_id: str) -> Path:
         return self.log_dir / f"{router_id}.out"
 
+    def peers_dir(self, router_id: str) -> Path:
+        """Where the router looks up the addresses of the neighbours it dials: the shared status
+        directory, or with proxies its own directory naming the proxies."""
+        return self.state_dir / "peers" / router_id if self._proxy_id else self.status_dir
+
     def router_command(self, router_id: str, listen: str | None = None) -> list[str]:
         """The exact command line of one router (shown in mesh.json, checked against /proc)."""
         cmd = [sys.executable, "-m", "router.cli", "router", "--topology", str(self.topology_path),
                "--id", router_id, "--state-dir", str(self.state_dir / "routers" / router_id),
                "--log-dir", str(self.log_dir), "--ready-file", str(self.ready_file(router_id)),
-               "--peers-dir", str(self.status_dir)]
+               "--peers-dir", str(self.peers_dir(router_id))]
         if listen is not None:
             cmd += ["--listen", listen]
         return cmd
@@ -318,7 +340,133 @@ class Mesh:
         st["routers"][router_id] = {
             "pid": proc.pid, "proc_start": info.start if info else None, "started": time.time(),
             "listen": listen or rec.get("listen"), "sticky": listen is not None, "out_offset": offset,
-            "topology_sha256": st.get("topology_sha256"), "cmd": cmd}
+            "topology_sha256": st.get("topology_sha256"), "cmd": cmd, "proxies": self._proxy_id}
+        if self._proxy_id:
+            for n in self.topology.neighbours(router_id):
+                if self.topology.dialer(router_id, n) == n:  # n dials us: tell it our new pid
+                    self._write_peer_file(n, router_id, proc.pid)
+
+    # ------------------------------------------------------------------ link proxies
+    def _check_proxy_owner(self, st: dict[str, Any]) -> None:
+        """Only the object whose proxies the running routers use may start more of them: a router
+        started with other proxies (or none) would dial addresses that mean nothing to the rest."""
+        for rid, rec in st["routers"].items():
+            if self._ours(rid, rec) is None or rec.get("proxies") == self._proxy_id:
+                continue
+            if rec.get("proxies"):
+                why = ("runs with its links through proxies owned by the process that started it "
+                       "(e.g. oncemesh chaos)")
+            else:
+                why = "runs with direct links, and this launcher puts its links through proxies"
+            raise MeshError(f"router {rid} {why}; stop the mesh first (oncemesh down --state-dir "
+                            f"{self.state_dir})")
+
+    def _ensure_proxies(self, st: dict[str, Any]) -> None:
+        """With proxies: start them (one per link) unless running, and point every dialer at them."""
+        if not self._proxy_id:
+            return
+        if self.proxies is None or not self.proxies.running:
+            self.proxies = ProxyHub()
+            self.proxies.start()
+            for link in self.topology.links:
+                listener = link.b if self.topology.dialer(link.a, link.b) == link.a else link.a
+                self.proxies.add(self.link_name(link.a, link.b), self._resolver(listener))
+        for link in self.topology.links:
+            dialer = self.topology.dialer(link.a, link.b)
+            listener = link.b if dialer == link.a else link.a
+            rec = st["routers"].get(listener)
+            if self._ours(listener, rec) is not None and rec is not None:
+                self._write_peer_file(dialer, listener, int(rec["pid"]))
+            else:
+                (self.peers_dir(dialer) / f"{listener}.json").unlink(missing_ok=True)
+        hub = self.proxies
+        st["proxies"] = {"owner": self._proxy_id, "pid": os.getpid(),
+                         "links": {n: hub.address(n) for n in hub.names()}}
+
+    def _resolver(self, listener: str) -> Any:
+        """Where the proxy of a link finds `listener` now: its ready file (None: not running)."""
+        def resolve() -> tuple[str, int] | None:
+            info = self._read_ready(listener)
+            if not info or not info.get("inter_router"):
+                return None
+            try:
+                if info.get("pid"):
+                    os.kill(int(info["pid"]), 0)
+                host, _, port = str(info["inter_router"]).rpartition(":")
+                return host.strip("[]"), int(port)
+            except (OSError, ValueError, TypeError):
+                return None
+        return resolve
+
+    def _write_peer_file(self, dialer: str, listener: str, pid: int) -> None:
+        if self.proxies is None:
+            return
+        name = self.link_name(dialer, listener)
+        d = self.peers_dir(dialer)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{listener}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"id": listener, "inter_router": self.proxies.address(name), "pid": pid,
+                                   "via": f"proxy of link {name}"}) + "\n")
+        os.replace(tmp, path)
+
+    def link_name(self, a: str, b: str) -> str:
+        """The name of link a–b (and of its proxy): `LO-HI`."""
+        if self.topology.link(a, b) is None:
+            raise MeshError(f"there is no link {a}–{b} in topology {self.topology.name!r}")
+        lo, hi = sorted((a, b))
+        return f"{lo}-{hi}"
+
+    def _hub(self) -> ProxyHub:
+        if self.proxies is None or not self.proxies.running:
+            raise MeshError("this mesh has no link proxies running (use Mesh(..., proxies=True) and up())")
+        return self.proxies
+
+    def cut_link(self, a: str, b: str) -> None:
+        """Drop the link's connections at once (RST) and refuse new ones until `restore_link`."""
+        self._hub().cut(self.link_name(a, b))
+
+    def blackhole_link(self, a: str, b: str) -> None:
+        """The link goes silent both ways: the routers notice only when HELLOs time out."""
+        self._hub().blackhole(self.link_name(a, b))
+
+    def restore_link(self, a: str, b: str) -> None:
+        self._hub().restore(self.link_name(a, b))
+
+    def delay_link(self, a: str, b: str, seconds: float) -> None:
+        """Hold every chunk on the link `seconds` before passing it on (0: no delay)."""
+        self._hub().set_delay(self.link_name(a, b), seconds)
+
+    def partition(self, side: Iterable[str]) -> list[LinkSpec]:
+        """Cut every link between `side` and the rest of the mesh; returns the links cut."""
+        inside = set(side)
+        unknown = inside - set(self.topology.routers)
+        if unknown:
+            raise MeshError(f"unknown routers {', '.join(sorted(unknown))}")
+        crossing = [link for link in self.topology.links if (link.a in inside) != (link.b in inside)]
+        for link in crossing:
+            self.cut_link(link.a, link.b)
+        return crossing
+
+    def heal(self) -> None:
+        """Restore every link, without delay."""
+        hub = self._hub()
+        for name in hub.names():
+            hub.restore(name)
+            hub.set_delay(name, 0.0)
+
+    def link_mode(self, a: str, b: str) -> Mode:
+        return self._hub().mode(self.link_name(a, b))
+
+    def link_stats(self, a: str, b: str) -> ProxyStats:
+        return self._hub().stats(self.link_name(a, b))
+
+    def links_down(self) -> list[LinkSpec]:
+        """Links whose proxy is cut or blackholed (none without proxies)."""
+        if self.proxies is None or not self.proxies.running:
+            return []
+        return [link for link in self.topology.links
+                if self.proxies.mode(self.link_name(link.a, link.b)) is not Mode.FORWARDING]
 
     def _exit_code(self, pid: int | None) -> int | None:
         """How a router this object started ended (None: still running, or not our child)."""
@@ -360,7 +508,9 @@ class Mesh:
         deadline = time.monotonic() + timeout
         self._reap()
         with self._locked() as st:
+            self._check_proxy_owner(st)
             self._record_topology(st)
+            self._ensure_proxies(st)
             started = [rid for rid in sorted(self.topology.routers)
                        if not self._status_of(rid, st["routers"].get(rid)).alive]
             for rid in started:
@@ -370,16 +520,24 @@ class Mesh:
             self.wait_converged(max(0.0, deadline - time.monotonic()))
         return self.status()
 
-    def start_router(self, router_id: str) -> None:
-        """Start one router (without waiting for it; see `wait_converged`)."""
+    def start_router(self, router_id: str, wait: float | None = None, sticky: bool = True) -> None:
+        """Start one router. Without `wait`, returns at once (see `wait_converged`); with it, waits
+        up to `wait` seconds until the router is ready (not until the mesh converged), starting it
+        on a fresh port if its previous one was taken meanwhile. `sticky=False` takes a fresh port
+        at once."""
         self.topology.router(router_id)
+        deadline = time.monotonic() + (wait or 0.0)
         self._reap()
         with self._locked() as st:
             current = self._status_of(router_id, st["routers"].get(router_id))
             if current.alive:
                 raise MeshError(f"router {router_id} is already running (pid {current.pid})")
+            self._check_proxy_owner(st)
             self._record_topology(st)
-            self._launch(router_id, st)
+            self._ensure_proxies(st)
+            self._launch(router_id, st, sticky=sticky)
+        if wait is not None:
+            self._wait_ready([router_id], deadline, wait)
 
     def _wait_ready(self, ids: list[str], deadline: float, timeout: float) -> None:
         pending = set(ids)
@@ -415,9 +573,11 @@ class Mesh:
 
     def expected_peers(self, router_id: str, up: Iterable[str] | None = None) -> tuple[str, ...]:
         """The peers `router_id` should see when the routers `up` (default: all) are running:
-        every router it can reach through running routers."""
+        every router it can reach through running routers (and links not cut by a proxy)."""
         up_set = set(self.topology.routers if up is None else up)
-        g = self.topology.graph().subgraph(up_set)
+        full = self.topology.graph()
+        full.remove_edges_from((link.a, link.b) for link in self.links_down())
+        g = full.subgraph(up_set)
         if router_id not in g:
             return ()
         return tuple(sorted(nx.node_connected_component(g, router_id) - {router_id}))
@@ -461,8 +621,13 @@ class Mesh:
         return self._stop([router_id], timeout)[router_id]
 
     def down(self, timeout: float = 10.0) -> dict[str, StopOutcome]:
-        """Stop every router this state dir started (all at once); their state and logs stay."""
-        return self._stop(None, timeout)
+        """Stop every router this state dir started (all at once); their state and logs stay.
+        This object's link proxies stop too (after the routers)."""
+        try:
+            return self._stop(None, timeout)
+        finally:
+            if self.proxies is not None:
+                self.proxies.close()
 
     def _stop(self, ids: list[str] | None, timeout: float) -> dict[str, StopOutcome]:
         self._reap()
