@@ -1,0 +1,1199 @@
+"""`oncemesh bench`: throughput, latency, router CPU per message and memory, side by side with baselines.
+
+Why it is built this way
+------------------------
+- Figures on a shared, noisy 2-core machine are only comparable when measured in the same run,
+  interleaved (case A, B, C, then A, B, C again ...), and reported as medians. Every ratio in the
+  report compares cases of the same run.
+- Clients are separate processes (`router.benchclients`, lean clients on the router's own I/O layer)
+  so that the router never shares a Python interpreter with them; the same clients talk to the
+  router, to each other (the direct-link ceiling), to a naive `proton.reactor.Container` relay
+  (below) and to RabbitMQ, so that only the thing in the middle changes.
+- Router CPU comes from /proc/PID/stat of the router processes between the publishers' start
+  signal and the end of the run; divided by the messages published times the routers each message
+  crossed, it is CPU-µs per message per hop. Peak memory is VmHWM.
+- Latency is publish -> hand-over: the publisher stamps CLOCK_MONOTONIC into the message, the
+  subscriber (another process on the same machine, same clock) subtracts on arrival. It is measured
+  at a fixed rate, where it means something (at an unbounded rate it only measures the window).
+
+Run `oncemesh bench --help` for the options; docs/performance.md has the figures and how to read them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from router.benchclients import MIN_SIZE, MODES
+from router.testing import Proc, RouterProcess, cpu_seconds, python_cmd, read_json, rss_kb, wait_for
+
+CLIENTS_NOTE = ("lean engine clients (router.benchclients: router.engine.amqp driven directly, one "
+                "process per publisher and subscriber), not the full client library (its dedup store, "
+                "outbox and settlement logs cost per message)")
+JSON_VERSION = 1
+RABBIT_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+RABBIT_LIB = Path("/usr/lib/rabbitmq/lib")
+POLL = 0.02
+
+
+class BenchError(RuntimeError):
+    """A run could not be completed (a process failed to start or did not finish in time)."""
+
+
+# ---------------------------------------------------------------------- small process helpers
+def peak_rss_kb(pid: int) -> int:
+    """VmHWM: the process's peak resident set size."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Processes of one process group (RabbitMQ: the start script, beam and its helpers)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(entry))
+    return out
+
+
+def safe_cpu(pid: int) -> float:
+    try:
+        return cpu_seconds(pid)
+    except OSError:
+        return 0.0
+
+
+def free_port() -> int:
+    """A free loopback port, for servers that cannot bind port 0 themselves (RabbitMQ)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Children inherit the soft limit: thousands of connections need more than the usual 1024."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def machine_info() -> dict[str, Any]:
+    import proton
+
+    model = "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    rabbit = sorted(p.name for p in RABBIT_LIB.glob("rabbitmq_server-*")) if RABBIT_LIB.exists() else []
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
+            "proton": ".".join(map(str, proton.VERSION)), "kernel": platform.release(),
+            "rabbitmq": rabbit[-1].split("-", 1)[1] if rabbit else None,
+            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+# ---------------------------------------------------------------------- the naive Container relay
+def run_container_relay(ready: Path, host: str = "127.0.0.1") -> int:
+    """The obvious Python router: a `proton.reactor.Container` with a MessagingHandler that forwards
+    each message to every receiver of its address and passes outcomes and settlement back.
+
+    Exactly-once chaining, like the router: the publisher's delivery is accepted once every copy was
+    accepted, and the copies are settled when the publisher settles. Messages are decoded and
+    re-encoded (that is what `on_message` gives you). Prefetch 500 matches the router's link credit.
+    Kept small on purpose: it is the baseline of DESIGN.md's reference points, not a product.
+    """
+    from proton import Delivery, Link
+    from proton.handlers import MessagingHandler
+    from proton.reactor import Container
+
+    class Relay(MessagingHandler):
+        def __init__(self) -> None:
+            super().__init__(prefetch=500, auto_accept=False, auto_settle=False)
+            self.senders: dict[str | None, list[Any]] = defaultdict(list)
+            self.copies: dict[Any, list[Any]] = {}  # publisher delivery -> [copies pending, copies]
+            self.origin: dict[Any, Any] = {}  # copy -> publisher delivery
+
+        def on_start(self, event: Any) -> None:
+            acceptor = event.container.listen(f"{host}:0")
+            port = acceptor._selectable._delegate.getsockname()[1]  # Container has no port-0 API
+            tmp = ready.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"pid": os.getpid(), "port": port}))
+            os.replace(tmp, ready)
+
+        def on_link_opening(self, event: Any) -> None:
+            link = event.link
+            link.source.copy(link.remote_source)
+            link.target.copy(link.remote_target)
+            link.snd_settle_mode = link.remote_snd_settle_mode
+            link.rcv_settle_mode = link.remote_rcv_settle_mode
+            if link.is_sender:
+                self.senders[link.remote_source.address].append(link)
+
+        def on_link_closing(self, event: Any) -> None:
+            link = event.link
+            if link.is_sender and link in self.senders.get(link.source.address, []):
+                self.senders[link.source.address].remove(link)
+
+        on_link_closed = on_link_closing
+
+        def on_message(self, event: Any) -> None:
+            up = event.delivery
+            outs = self.senders.get(event.link.target.address) or []
+            if up.settled:  # pre-settled: forward pre-settled, nothing comes back
+                for s in outs:
+                    s.send(event.message).settle()
+                up.settle()
+                return
+            if not outs:
+                up.update(Delivery.ACCEPTED)
+                up.settle()
+                return
+            copies = []
+            for s in outs:
+                d = s.send(event.message)
+                if s.snd_settle_mode == Link.SND_SETTLED:
+                    d.settle()
+                    continue
+                self.origin[d] = up
+                copies.append(d)
+            self.copies[up] = [len(copies), copies]
+            self._maybe_accept(up)
+
+        def _maybe_accept(self, up: Any) -> None:
+            entry = self.copies.get(up)
+            if entry is None or entry[0] > 0:
+                return
+            up.update(Delivery.ACCEPTED)
+            if up.link.rcv_settle_mode == Link.RCV_FIRST:  # at-least-once: done with it
+                self.copies.pop(up)
+                up.settle()
+
+        def on_accepted(self, event: Any) -> None:
+            up = self.origin.get(event.delivery)
+            if up is not None and up in self.copies:
+                self.copies[up][0] -= 1
+                self._maybe_accept(up)
+
+        on_rejected = on_accepted  # naive: any outcome counts as an answer
+
+        def on_settled(self, event: Any) -> None:
+            d = event.delivery
+            if d.link.is_receiver:  # the publisher settled (mode second): settle the copies
+                entry = self.copies.pop(d, None)
+                for c in entry[1] if entry else ():
+                    self.origin.pop(c, None)
+                    c.settle()
+            else:
+                self.origin.pop(d, None)
+            d.settle()
+
+    Container(Relay()).run()
+    return 0
+
+
+# ---------------------------------------------------------------------- servers under test
+class Server:
+    """Something the clients connect to: a router, a mesh, the relay, RabbitMQ (or nothing)."""
+
+    kind = "none"
+
+    def url(self, at: str) -> str:
+        raise NotImplementedError
+
+    def address(self, topic: str) -> str:
+        return topic
+
+    def pids(self) -> list[int]:
+        return []
+
+    def status(self, at: str) -> dict[str, Any]:
+        return {}
+
+    def hops(self, pub_at: str, sub_ats: list[str]) -> int:
+        return 1
+
+    def stop(self) -> None:
+        pass
+
+
+class SingleRouter(Server):
+    kind = "router"
+
+    def __init__(self, workdir: Path, settings: dict[str, Any] | None = None) -> None:
+        self.router = RouterProcess("A", workdir, settings=settings)
+        self.router.start()
+
+    def url(self, at: str) -> str:
+        return f"127.0.0.1:{self.router.port}"
+
+    def pids(self) -> list[int]:
+        return [self.router.pid]
+
+    def status(self, at: str) -> dict[str, Any]:
+        return self.router.status()
+
+    def stop(self) -> None:
+        try:
+            self.router.stop(10)
+        except Exception:  # noqa: BLE001 - cleanup must go on; kill by pid
+            self.router.kill()
+
+
+class MeshServer(Server):
+    kind = "mesh"
+
+    def __init__(self, topology: Path, workdir: Path, timeout: float = 90.0) -> None:
+        from topology.launcher import Mesh
+
+        self.mesh = Mesh(topology, workdir)
+        self.graph = self.mesh.topology.graph()
+        try:
+            self.mesh.up(timeout=timeout)
+        except BaseException:
+            self.mesh.down(timeout=10)
+            raise
+        self._status = {s.id: s for s in self.mesh.status()}
+
+    def url(self, at: str) -> str:
+        s = self._status[at]
+        assert s.url is not None
+        return s.url.split("://", 1)[1]
+
+    def pids(self) -> list[int]:
+        return [s.pid for s in self._status.values() if s.pid]
+
+    def status(self, at: str) -> dict[str, Any]:
+        return self.mesh._read_ready(at) or {}
+
+    def hops(self, pub_at: str, sub_ats: list[str]) -> int:
+        """Routers a message from `pub_at` crosses to reach every router in `sub_ats` (its tree)."""
+        import networkx as nx
+
+        nodes = {pub_at}
+        for s in sub_ats:
+            nodes.update(nx.shortest_path(self.graph, pub_at, s, weight="cost"))
+        return len(nodes)
+
+    def stop(self) -> None:
+        self.mesh.down(timeout=10)
+
+
+class ContainerRelay(Server):
+    kind = "container"
+
+    def __init__(self, workdir: Path) -> None:
+        ready = workdir / "relay.ready.json"
+        self.proc = Proc(python_cmd("-m", "router.bench", "relay", "--ready", str(ready)), workdir / "relay.out")
+        info = wait_for(lambda: self._ready(ready), 30, "the Container relay")
+        self.port = int(info["port"])
+
+    def _ready(self, ready: Path) -> dict[str, Any] | None:
+        if not self.proc.alive():
+            raise BenchError(f"the Container relay exited at start:\n{self.proc.tail()}")
+        return read_json(ready)
+
+    def url(self, at: str) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid]
+
+    def stop(self) -> None:
+        self.proc.stop(5)
+
+
+class RabbitMQ(Server):
+    """A private RabbitMQ node with the AMQP 1.0 plugin, on loopback, in its own directory.
+
+    Nothing of the system installation is touched: its config, enabled-plugins file, data, logs,
+    Erlang cookie (HOME) and node name are ours; epmd runs on a port of ours, bound to loopback,
+    and is stopped with `epmd -kill` on that port. RabbitMQ cannot bind port 0, so the ports are
+    picked free just before the start (a small race, retried once).
+    """
+
+    kind = "rabbitmq"
+
+    @staticmethod
+    def unavailable() -> str | None:
+        if not RABBIT_SCRIPT.exists():
+            return ("RabbitMQ is not installed (Debian: apt-get install -y rabbitmq-server; the bench "
+                    "enables the rabbitmq_amqp1_0 plugin on its own node)")
+        if not any(RABBIT_LIB.glob("rabbitmq_server-*/plugins/rabbitmq_amqp1_0-*")):
+            return "RabbitMQ is installed without its rabbitmq_amqp1_0 plugin"
+        if not shutil.which("epmd"):
+            return "epmd (Erlang) not found"
+        return None
+
+    def __init__(self, workdir: Path, timeout: float = 120.0) -> None:
+        self.dir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.epmd_port = 0
+        last = ""
+        for _ in range(2):
+            try:
+                self._start(timeout)
+                return
+            except BenchError as exc:
+                last = str(exc)
+                self.stop()
+        raise BenchError(last)
+
+    def _start(self, timeout: float) -> None:
+        d = self.dir
+        d.mkdir(parents=True, exist_ok=True)
+        self.port, dist, self.epmd_port = free_port(), free_port(), free_port()
+        (d / "enabled_plugins").write_text("[rabbitmq_amqp1_0].\n")
+        (d / "rabbitmq-env.conf").write_text("")
+        (d / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{self.port}\nlog.console = true\nlog.console.level = warning\n"
+            "log.file = false\n")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(d), "LANG": "C.UTF-8",
+               "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+               "RABBITMQ_NODENAME": f"oncemesh-bench-{os.getpid()}@localhost",
+               "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+               "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+               "RABBITMQ_MNESIA_BASE": str(d / "mnesia"), "RABBITMQ_LOG_BASE": str(d / "log"),
+               "RABBITMQ_PLUGINS_EXPAND_DIR": str(d / "plugins-expand"),
+               "RABBITMQ_PID_FILE": str(d / "rabbitmq.pid"), "RABBITMQ_DIST_PORT": str(dist),
+               "ERL_EPMD_PORT": str(self.epmd_port), "ERL_EPMD_ADDRESS": "127.0.0.1",
+               "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}"}
+        self.env = env
+        out = open(d / "rabbitmq.out", "ab")  # noqa: SIM115 - the child's stdout for its lifetime
+        self.proc = subprocess.Popen([str(RABBIT_SCRIPT)], stdin=subprocess.DEVNULL, stdout=out,
+                                     stderr=subprocess.STDOUT, env=env, cwd=str(d), start_new_session=True)
+        out.close()
+
+        def listening() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                tail = (d / "rabbitmq.out").read_text(errors="replace")[-2000:]
+                raise BenchError(f"RabbitMQ exited at start (code {self.proc.returncode}):\n{tail}")
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+        try:
+            wait_for(listening, timeout, "RabbitMQ to listen", interval=0.1)
+        except TimeoutError as exc:
+            raise BenchError(str(exc)) from None
+
+    def url(self, at: str) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def address(self, topic: str) -> str:
+        return f"/topic/{topic}"  # amq.topic with the topic as routing key: pub/sub fan-out
+
+    def pids(self) -> list[int]:
+        return group_pids(self.proc.pid) if self.proc is not None else []
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            pgid = proc.pid  # start_new_session: the group is the one we created
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+            try:
+                wait_for(lambda: not group_pids(pgid), 30, "RabbitMQ to stop", interval=0.1)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+        self.proc = None
+        if self.epmd_port:  # the epmd our node started on its private port
+            subprocess.run(["epmd", "-kill"], env={**os.environ, "ERL_EPMD_PORT": str(self.epmd_port)},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
+            self.epmd_port = 0
+
+
+class Direct(Server):
+    """No server: each publisher connects to its subscriber's own listener."""
+
+    kind = "direct"
+
+
+# ---------------------------------------------------------------------- one run
+@dataclass(slots=True)
+class Case:
+    """One measured configuration. Publisher i sends to pub_topics[i] via router pub_at[i];
+    subscriber j receives sub_topics[j] via sub_at[j]."""
+
+    name: str
+    kind: str  # router | mesh | direct | container | rabbitmq
+    pub_at: list[str]
+    sub_at: list[str]
+    pub_topics: list[str]
+    sub_topics: list[str]
+    rate: float = 0.0
+    topology: Path | None = None
+    label: str = ""
+
+    @classmethod
+    def fan(cls, name: str, kind: str, pubs: int, subs: int, rate: float = 0.0, *, at: str = "A",
+            topology: Path | None = None, pub_at: list[str] | None = None,
+            sub_at: list[str] | None = None) -> Case:
+        pa = pub_at or [at] * pubs
+        sa = sub_at or [at] * subs
+        return cls(name, kind, pa, sa, ["t"] * len(pa), ["t"] * len(sa), rate, topology)
+
+    def shape(self) -> str:
+        mid = {"router": "router", "mesh": "mesh", "direct": "direct link", "container": "Container relay",
+               "rabbitmq": "RabbitMQ"}[self.kind]
+        where = ""
+        if self.kind == "mesh":
+            where = f" (pubs at {','.join(self.pub_at)}; subs at {','.join(self.sub_at)})"
+        return f"{len(self.pub_at)} pub -> {mid} -> {len(self.sub_at)} sub{where}"
+
+
+@dataclass(slots=True)
+class Settings:
+    mode: str = "exactly-once"
+    size: int = 100
+    duration: float = 3.0
+    count: int = 0
+    warmup: float = 0.5
+    window: int = 1000
+    credit: int = 1000
+    timeout: float = 120.0
+    router_settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | None) -> Server:
+    if case.kind == "router":
+        return SingleRouter(workdir / "router", cfg.router_settings)
+    if case.kind == "mesh":
+        assert case.topology is not None
+        return MeshServer(case.topology, workdir / "mesh")
+    if case.kind == "container":
+        return ContainerRelay(workdir)
+    if case.kind == "rabbitmq":
+        assert rabbit is not None
+        return rabbit
+    return Direct()
+
+
+def _wait_files(procs: list[tuple[Proc, Path]], timeout: float, what: str) -> list[dict[str, Any]]:
+    def ready() -> list[dict[str, Any]] | None:
+        out = []
+        for p, f in procs:
+            info = read_json(f)
+            if info is None:
+                if not p.alive():
+                    raise BenchError(f"{what} exited before it was ready:\n{p.tail(15)}")
+                return None
+            out.append(info)
+        return out
+
+    try:
+        got: list[dict[str, Any]] = wait_for(ready, timeout, what, POLL)
+    except TimeoutError as exc:
+        raise BenchError(f"{exc}:\n" + "\n".join(p.tail(10) for p, _ in procs)) from None
+    return got
+
+
+def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitMQ | None = None,
+             profile: float = 0.0, server: Server | None = None) -> dict[str, Any]:
+    """Start the server (unless given) and the clients of `case`, run it, and measure it. Everything
+    started here is stopped here; a given server and the shared RabbitMQ node are left running."""
+    wd = workdir / tag
+    wd.mkdir(parents=True, exist_ok=True)
+    uniq = f"{tag}-{os.getpid()}"
+    owned = server is None and case.kind != "rabbitmq"
+    if server is None:
+        server = _start_server(case, wd, cfg, rabbit)
+    procs: list[Proc] = []
+    try:
+        common = ["--mode", cfg.mode, "--timeout", str(cfg.timeout)]
+        subs: list[tuple[Proc, Path, Path]] = []
+        for j, (at, topic) in enumerate(zip(case.sub_at, case.sub_topics, strict=True)):
+            npubs = sum(1 for t in case.pub_topics if t == topic)
+            ready, result = wd / f"sub{j}.ready.json", wd / f"sub{j}.result.json"
+            where = ["--listen", "127.0.0.1:0"] if case.kind == "direct" else ["--url", server.url(at)]
+            p = Proc(python_cmd("-m", "router.benchclients", "sub", *where, "--address",
+                                server.address(f"{topic}-{uniq}"), "--ready", str(ready), "--result",
+                                str(result), "--index", str(j), "--publishers", str(npubs), "--credit",
+                                str(cfg.credit), *common), wd / f"sub{j}.out")
+            procs.append(p)
+            subs.append((p, ready, result))
+        sub_info = _wait_files([(p, r) for p, r, _ in subs], 60, "subscribers")
+        pubs: list[tuple[Proc, Path, Path]] = []
+        for i, (at, topic) in enumerate(zip(case.pub_at, case.pub_topics, strict=True)):
+            ready, result = wd / f"pub{i}.ready.json", wd / f"pub{i}.result.json"
+            url = f"127.0.0.1:{sub_info[i]['port']}" if case.kind == "direct" else server.url(at)
+            amount = ["--count", str(cfg.count)] if cfg.count else ["--duration", str(cfg.duration)]
+            p = Proc(python_cmd("-m", "router.benchclients", "pub", "--url", url, "--address",
+                                server.address(f"{topic}-{uniq}"), "--ready", str(ready), "--result",
+                                str(result), "--index", str(i), "--size", str(cfg.size), "--rate",
+                                str(case.rate), "--window", str(cfg.window), "--warmup", str(cfg.warmup),
+                                *amount, *common), wd / f"pub{i}.out")
+            procs.append(p)
+            pubs.append((p, ready, result))
+        pub_info = _wait_files([(p, r) for p, r, _ in pubs], 60, "publishers")
+        spids = server.pids()
+        cpu0 = {pid: safe_cpu(pid) for pid in spids}
+        t0 = time.monotonic()
+        for p, _, _ in pubs:
+            p.signal(signal.SIGUSR1)
+        spy = _start_profiler(spids[0], profile, wd) if profile and spids else None
+        limit = (cfg.duration if not cfg.count else 0) + cfg.timeout + 30
+        try:
+            wait_for(lambda: not any(p.alive() for p in procs), limit, f"{case.name}: clients to finish", POLL)
+        except TimeoutError as exc:
+            raise BenchError(f"{exc}\n" + "\n".join(p.tail(5) for p in procs)) from None
+        wall = time.monotonic() - t0
+        cpu = {pid: safe_cpu(pid) - cpu0.get(pid, 0.0) for pid in spids}
+        peak = max((peak_rss_kb(pid) for pid in spids), default=0)
+        prof = _finish_profiler(spy) if spy is not None else None
+        pres = [read_json(r) or {"error": f"no result: {p.tail(5)}"} for p, _, r in pubs]
+        sres = [read_json(r) or {"error": f"no result: {p.tail(5)}"} for p, _, r in subs]
+        hop_msgs = 0
+        for i, r in enumerate(pres):
+            sub_ats = [a for a, t in zip(case.sub_at, case.sub_topics, strict=True) if t == case.pub_topics[i]]
+            hop_msgs += int(r.get("outcomes", 0)) * (server.hops(case.pub_at[i], sub_ats) if sub_ats else 1)
+        return _summarise(case, pres, sres, pub_info, sub_info, cpu, peak, wall, hop_msgs, prof)
+    finally:
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.stop(5)
+        if owned:
+            server.stop()
+
+
+def _summarise(case: Case, pres: list[dict[str, Any]], sres: list[dict[str, Any]],
+               pub_info: list[dict[str, Any]], sub_info: list[dict[str, Any]], cpu: dict[int, float],
+               peak: int, wall: float, hop_msgs: int, prof: dict[str, Any] | None) -> dict[str, Any]:
+    outcomes = sum(int(r.get("outcomes", 0)) for r in pres)
+    delivered = sum(int(r.get("received", 0)) for r in sres)
+    measured = sum(int(r.get("measured", 0)) for r in sres)
+    errors = [str(r["error"]) for r in [*pres, *sres] if r.get("error")]
+    errors += [f"sub {r.get('index')}: incomplete ({r.get('received')}/{r.get('expected')})"
+               for r in sres if not r.get("complete")]
+    errors += [f"sub {r.get('index')}: {r['out_of_order']} out of order" for r in sres if r.get("out_of_order")]
+    per_sub = [float(r.get("msg_s", 0.0)) for r in sres]
+    lats = [r.get("latency_ms") or {} for r in sres]
+    worst = {k: max((lat.get(k) or 0.0) for lat in lats) if lats else None
+             for k in ("p50", "p99", "p999", "max")}
+    server_cpu = sum(cpu.values())
+    pub_cpu = sum(float(r.get("cpu_s", 0.0)) for r in pres)
+    sub_cpu = sum(float(r.get("cpu_s", 0.0)) for r in sres)
+    modes = Counter(str(i.get("remote_rcv_settle_mode")) for i in [*pub_info, *sub_info])
+    out: dict[str, Any] = {
+        "ok": not errors, "errors": errors[:5],
+        "published": outcomes, "delivered": delivered,
+        "published_msg_s": round(sum(float(r.get("msg_s", 0.0)) for r in pres), 1),
+        "delivered_msg_s_per_sub": round(statistics.fmean(per_sub), 1) if per_sub else 0.0,
+        "delivered_msg_s_min_sub": round(min(per_sub), 1) if per_sub else 0.0,
+        "delivered_msg_s_total": round(sum(per_sub), 1),
+        "latency_ms": worst,
+        "server_cpu_s": round(server_cpu, 4), "server_cpu_util": round(server_cpu / wall, 3) if wall else None,
+        "server_cpu_us_per_msg_hop": round(server_cpu / hop_msgs * 1e6, 2) if hop_msgs and cpu else None,
+        "server_cpu_us_per_delivery": round(server_cpu / delivered * 1e6, 2) if delivered and cpu else None,
+        "server_peak_rss_kb": peak or None,
+        "pub_cpu_us_per_msg": round(pub_cpu / outcomes * 1e6, 2) if outcomes else None,
+        "sub_cpu_us_per_msg": round(sub_cpu / measured * 1e6, 2) if measured else None,
+        "remote_rcv_settle_modes": dict(modes), "wall_s": round(wall, 3),
+    }
+    if prof is not None:
+        out["profile"] = prof
+    return out
+
+
+# ---------------------------------------------------------------------- profiling (py-spy)
+def _py_spy() -> str | None:
+    local = Path(sys.executable).parent / "py-spy"
+    return str(local) if local.exists() else shutil.which("py-spy")
+
+
+def _start_profiler(pid: int, seconds: float, wd: Path) -> tuple[subprocess.Popen[bytes], Path] | None:
+    exe = _py_spy()
+    if exe is None:
+        log("py-spy not found (pip install py-spy): no profile")
+        return None
+    out = wd / "profile.raw"
+    p = subprocess.Popen([exe, "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", "250", "-f", "raw",
+                          "-o", str(out), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return p, out
+
+
+def _finish_profiler(spy: tuple[subprocess.Popen[bytes], Path]) -> dict[str, Any]:
+    p, out = spy
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    if not out.exists():
+        return {"error": (err or b"").decode(errors="replace")[-500:] or "py-spy wrote nothing"}
+    return summarise_profile(out)
+
+
+def _frame_name(frame: str) -> str:
+    """'fn (path/to/file.py:123)' -> 'fn (file.py)': per function, not per line."""
+    name, _, loc = frame.partition(" (")
+    path = loc.rstrip(")").rsplit(":", 1)[0]
+    parts = Path(path).parts
+    short = "/".join(parts[-2:]) if len(parts) >= 2 else path
+    return f"{name} ({short})"
+
+
+def summarise_profile(raw: Path, top: int = 15) -> dict[str, Any]:
+    """Self and inclusive sample shares per function from py-spy's collapsed stacks."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        k = int(n)
+        total += k
+        frames = [_frame_name(f) for f in stack.split(";") if "(" in f]
+        if not frames:
+            continue
+        own[frames[-1]] += k
+        for f in set(frames):
+            incl[f] += k
+    if not total:
+        return {"samples": 0, "self": [], "inclusive": []}
+    return {"samples": total,
+            "self": [[f, round(100 * v / total, 1)] for f, v in own.most_common(top)],
+            "inclusive": [[f, round(100 * v / total, 1)] for f, v in incl.most_common(top)]}
+
+
+# ---------------------------------------------------------------------- aggregation
+_MEDIAN_KEYS = ("published_msg_s", "delivered_msg_s_per_sub", "delivered_msg_s_min_sub", "delivered_msg_s_total",
+                "server_cpu_us_per_msg_hop", "server_cpu_us_per_delivery", "server_cpu_util",
+                "server_peak_rss_kb", "pub_cpu_us_per_msg", "sub_cpu_us_per_msg")
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    good = [r for r in runs if r.get("ok")] or runs
+    out: dict[str, Any] = {}
+    for k in _MEDIAN_KEYS:
+        vals = [r[k] for r in good if r.get(k) is not None]
+        out[k] = round(statistics.median(vals), 2) if vals else None
+    out["latency_ms"] = {}
+    for k in ("p50", "p99", "p999", "max"):
+        vals = [r["latency_ms"][k] for r in good if r.get("latency_ms", {}).get(k) is not None]
+        out["latency_ms"][k] = round(statistics.median(vals), 3) if vals else None
+    out["ok_runs"] = sum(1 for r in runs if r.get("ok"))
+    out["runs"] = len(runs)
+    return out
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+# ---------------------------------------------------------------------- suites
+def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], list[str]]:
+    """The scenario, its 1:1 twin (the targets are defined on 1:1) and the baselines; then the same
+    at a fixed rate for latency. Returns (throughput cases, latency cases, notes)."""
+    notes: list[str] = []
+    presettled = args.mode == "presettled"
+    cases: list[Case] = []
+    lat: list[Case] = []
+    base = [b for b in args.baselines.split(",") if b] if args.baselines else []
+    for b in base:
+        if b not in ("direct", "container", "rabbitmq"):
+            raise SystemExit(f"oncemesh bench: unknown baseline {b!r} (direct, container, rabbitmq)")
+    if "rabbitmq" in base and (why := RabbitMQ.unavailable()):
+        notes.append(f"RabbitMQ skipped: {why}")
+        base.remove("rabbitmq")
+    if presettled:
+        notes.append("router skipped: it refuses pre-settled links (at-most-once); baselines only")
+    elif args.topology is not None:
+        from topology.load import load_topology
+
+        topo = load_topology(args.topology)
+        ids = sorted(topo.routers)
+        pub_at = args.pub_at.split(",") if args.pub_at else [ids[0]] * args.publishers
+        sub_at = args.sub_at.split(",") if args.sub_at else list(ids)
+        for r in [*pub_at, *sub_at]:
+            if r not in topo.routers:
+                raise SystemExit(f"oncemesh bench: router {r!r} is not in {args.topology} ({', '.join(ids)})")
+        scen = Case.fan("mesh", "mesh", 0, 0, args.rate, topology=args.topology, pub_at=pub_at, sub_at=sub_at)
+        cases.append(scen)
+        if args.latency_rate:
+            lat.append(Case.fan("mesh@rate", "mesh", 0, 0, args.latency_rate, topology=args.topology,
+                                pub_at=pub_at, sub_at=sub_at))
+    else:
+        cases.append(Case.fan("router", "router", args.publishers, args.subscribers, args.rate))
+        if args.latency_rate:
+            lat.append(Case.fan("router@rate", "router", args.publishers, args.subscribers, args.latency_rate))
+    one_to_one = args.topology is None and (args.publishers, args.subscribers) == (1, 1)
+    if not presettled and not one_to_one and base:  # the targets and the baselines are 1:1
+        cases.append(Case.fan("router-1:1", "router", 1, 1, args.rate))
+    for b in base:
+        cases.append(Case.fan(b, b, 1, 1, args.rate))
+        if args.latency_rate:
+            lat.append(Case.fan(f"{b}@rate", b, 1, 1, args.latency_rate))
+    for c in cases + lat:
+        c.label = c.shape() + (f" @ {c.rate:g} msg/s" if c.rate else "")
+    return cases, lat, notes
+
+
+def run_suite(cases: list[Case], cfg: Settings, workdir: Path, repeat: int, rabbit: RabbitMQ | None,
+              prefix: str = "") -> dict[str, dict[str, Any]]:
+    """Every case once per round, rounds repeated: side by side, so that noise hits them alike."""
+    runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in cases}
+    for rep in range(repeat):
+        for c in cases:
+            tag = f"{prefix}{c.name.replace(':', '_').replace('@', '_at_')}-{rep}"
+            log(f"round {rep + 1}/{repeat}: {c.label}")
+            try:
+                r = run_once(c, cfg, workdir, tag, rabbit if c.kind == "rabbitmq" else None)
+            except (BenchError, TimeoutError, OSError) as exc:
+                r = {"ok": False, "errors": [str(exc)[-1500:]], "latency_ms": {}}
+            if not r.get("ok"):
+                log(f"  {c.name}: problem: {'; '.join(r.get('errors', []))[:500]}")
+            else:
+                log(f"  {c.name}: {r['delivered_msg_s_per_sub']:.0f} msg/s/sub, server "
+                    f"{r['server_cpu_us_per_msg_hop']} CPU-us/msg/hop")
+            runs[c.name].append(r)
+    return {c.name: {"label": c.label, "kind": c.kind, "rate": c.rate, "median": median_of(runs[c.name]),
+                     "runs": runs[c.name]} for c in cases}
+
+
+def full_mesh_topology(n: int, path: Path) -> Path:
+    lines = [f'[mesh]\nname = "bench-full{n}"\nhello_interval = 1.0\ndead_after = 3.0\n']
+    ids = [f"R{i + 1}" for i in range(n)]
+    for r in ids:
+        lines.append(f'[routers.{r}]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n')
+    for i, a in enumerate(ids):
+        for b in ids[i + 1:]:
+            lines.append(f'[[links]]\nbetween = ["{a}", "{b}"]\n')
+    path.write_text("\n".join(lines))
+    return path
+
+
+def scale_out(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
+    """1, 2, 4 routers in a full mesh; topic i published at router i and subscribed at the next
+    router (each message crosses two routers when n > 1): aggregate delivered msg/s."""
+    cases = []
+    for n in args.scale_routers:
+        topo = full_mesh_topology(n, workdir / f"full{n}.toml")
+        ids = [f"R{i + 1}" for i in range(n)]
+        sub_at = [ids[(i + 1) % n] for i in range(n)] if args.scale_placement == "next" else list(ids)
+        c = Case(f"mesh{n}", "mesh", list(ids), sub_at, [f"t{i}" for i in range(n)], [f"t{i}" for i in range(n)],
+                 0.0, topo)
+        c.label = f"{n} router(s), full mesh, {n} topic(s): pub at R(i), sub at " + \
+            ("R(i+1)" if args.scale_placement == "next" else "R(i)")
+        cases.append(c)
+    if args.line3:
+        line = Path(__file__).resolve().parent.parent / "topology" / "examples" / "line3.toml"
+        c = Case.fan("line3-fanout", "mesh", 0, 0, 0.0, topology=line, pub_at=["A"], sub_at=["A", "B", "C"])
+        c.label = "line3 A-B-C fan-out: 1 pub at A, subs at A, B, C"
+        cases.append(c)
+    res = run_suite(cases, cfg, workdir, args.repeat, None, prefix="scale-")
+    return {"placement": args.scale_placement, "cases": res}
+
+
+def memory_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
+    """Router memory per 1,000 idle client connections and per 10,000 held messages, and a check
+    that one router holds `--connections` concurrent connections and still carries traffic."""
+    out: dict[str, Any] = {}
+    wd = workdir / "memory"
+    wd.mkdir(parents=True, exist_ok=True)
+    # idle connections
+    n = args.connections
+    router = RouterProcess("A", wd / "conns")
+    router.start()
+    hold: Proc | None = None
+    try:
+        rss0 = rss_kb(router.pid)
+        ready = wd / "hold.ready.json"
+        hold = Proc(python_cmd("-m", "router.benchclients", "hold", "--url", f"127.0.0.1:{router.port}",
+                               "--connections", str(n), "--ready", str(ready), "--timeout", "300"),
+                    wd / "hold.out")
+        info = _wait_files([(hold, ready)], 300, f"{n} client connections")[0]
+        held = int(info["connections"])
+        wait_for(lambda: router.stats().get("connections", 0) >= held, 30, "the router to count the connections")
+        rss1 = rss_kb(router.pid)
+        c0 = safe_cpu(router.pid)
+        t0 = time.monotonic()
+        probe = Case.fan("probe", "router", 1, 1)
+        probe_cfg = Settings(mode=cfg.mode, size=cfg.size, count=2000, duration=0, warmup=0, timeout=60)
+        traffic = _probe_traffic(router, probe, probe_cfg, wd)
+        idle_wait = max(0.0, 2.0 - (time.monotonic() - t0))
+        end = time.monotonic() + idle_wait
+        wait_for(lambda: time.monotonic() >= end, idle_wait + 1, "idle measurement window", 0.05)
+        cpu_share = (safe_cpu(router.pid) - c0) / (time.monotonic() - t0)
+        out["connections"] = {
+            "requested": n, "held": held, "failed": info.get("failed"), "errors": info.get("errors"),
+            "router_counted": router.stats().get("connections"), "fd_soft_limit": info.get("fd_limit"),
+            "rss_before_kb": rss0, "rss_after_kb": rss1,
+            "kb_per_1000": round((rss1 - rss0) / held * 1000, 1) if held else None,
+            "traffic_while_held": traffic, "router_cpu_share_while_held": round(cpu_share, 3),
+            "ok": held >= n and bool(traffic.get("ok"))}
+    finally:
+        if hold is not None:
+            hold.stop(10)
+        router.stop(15)
+    # held (unsettled) messages: a suspended durable subscriber, a publisher that keeps its link
+    m = args.held_messages
+    router = RouterProcess("A", wd / "held", settings={"max_inflight_messages": max(20_000, m + 1000)})
+    router.start()
+    procs: list[Proc] = []
+    try:
+        url = f"127.0.0.1:{router.port}"
+        sready = wd / "susp.ready.json"
+        s = Proc(python_cmd("-m", "router.benchclients", "sub", "--url", url, "--address", "held",
+                            "--ready", str(sready), "--expiry", "600", "--suspend", "--mode", cfg.mode),
+                 wd / "susp.out")
+        procs.append(s)
+        _wait_files([(s, sready)], 60, "the durable subscriber")
+        s.wait(30)
+        wait_for(lambda: router.stats().get("active_subscriptions", 1) == 0, 30, "the subscription to be suspended")
+        pready, presult = wd / "heldpub.ready.json", wd / "heldpub.result.json"
+        p = Proc(python_cmd("-m", "router.benchclients", "pub", "--url", url, "--address", "held", "--ready",
+                            str(pready), "--result", str(presult), "--count", str(m), "--window", str(m + 1),
+                            "--size", str(cfg.size), "--hold", "--mode", cfg.mode, "--timeout", "300"),
+                 wd / "heldpub.out")
+        procs.append(p)
+        _wait_files([(p, pready)], 60, "the publisher")
+        rss0 = rss_kb(router.pid)
+        p.signal(signal.SIGUSR1)
+        _wait_files([(p, presult)], 300, "the publisher to send everything")
+        wait_for(lambda: router.stats().get("undecided", 0) >= m, 120, f"the router to hold {m} messages", 0.1)
+        rss1 = rss_kb(router.pid)
+        out["held_messages"] = {"messages": m, "size": cfg.size, "held": router.stats().get("undecided"),
+                                "rss_before_kb": rss0, "rss_after_kb": rss1,
+                                "kb_per_10000": round((rss1 - rss0) / m * 10_000, 1),
+                                "bytes_per_message": round((rss1 - rss0) * 1024 / m, 1)}
+    finally:
+        for pr in procs:
+            pr.stop(5)
+        router.stop(15)
+    return out
+
+
+def _probe_traffic(router: RouterProcess, case: Case, cfg: Settings, wd: Path) -> dict[str, Any]:
+    """A short run through a router that is busy holding connections: does it still carry traffic?"""
+
+    class Existing(SingleRouter):
+        def __init__(self) -> None:  # the running router; not started (nor stopped) by run_once
+            self.router = router
+
+    try:
+        r = run_once(case, cfg, wd, "probe", server=Existing())
+    except (BenchError, TimeoutError) as exc:
+        return {"ok": False, "errors": [str(exc)[-500:]]}
+    return {"ok": r["ok"], "messages": r["published"], "msg_s": r["delivered_msg_s_per_sub"],
+            "p99_ms": r["latency_ms"].get("p99"), "errors": r["errors"]}
+
+
+def profile_router(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
+    """py-spy on the router of a 1:1 unbounded run (the hot path the targets are about)."""
+    case = Case.fan("profile", "router", 1, 1)
+    pcfg = dataclasses.replace(cfg, count=0, duration=args.profile + 1.0)
+    r = run_once(case, pcfg, workdir, "profile", profile=args.profile)
+    prof = r.get("profile") or {"error": "no profile"}
+    prof["run"] = {k: r.get(k) for k in ("delivered_msg_s_per_sub", "server_cpu_us_per_msg_hop", "ok")}
+    return prof
+
+
+# ---------------------------------------------------------------------- targets and report
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets of issue 2 / 6, evaluated where this run measured what they are about."""
+    t = report["throughput"]
+    sc = report["scenario"]
+    out: list[dict[str, Any]] = []
+    if sc["mode"] != "exactly-once" or sc["size"] != 100:
+        return out
+    one = t.get("router-1:1") or (t.get("router") if sc["publishers"] == 1 and sc["subscribers"] == 1
+                                  and not sc.get("topology") else None)
+    if one is not None:
+        m = one["median"]
+        out.append({"target": "router CPU-us per message per hop (1:1) <= 10",
+                    "value": m["server_cpu_us_per_msg_hop"],
+                    "met": m["server_cpu_us_per_msg_hop"] is not None and m["server_cpu_us_per_msg_hop"] <= 10})
+        for base, want in (("direct", 0.8), ("container", 15.0)):
+            if base in t:
+                v = ratio(m["delivered_msg_s_per_sub"], t[base]["median"]["delivered_msg_s_per_sub"])
+                out.append({"target": f"throughput router / {base} (1:1) >= {want:g}", "value": v,
+                            "met": v is not None and v >= want})
+    for cases in ((report.get("scale_out") or {}).get("cases") or {}, t):
+        for name, c in cases.items():
+            if name == "line3-fanout" or (c["kind"] == "mesh" and "line3" in str(sc.get("topology") or "")):
+                v = c["median"]["delivered_msg_s_min_sub"]
+                out.append({"target": "fan-out over the 3-router line >= 50000 msg/s per subscriber",
+                            "value": v, "met": v is not None and v >= 50_000})
+    return out
+
+
+def _fmt(v: Any, nd: int = 0) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float | int):
+        return f"{v:,.{nd}f}"
+    return str(v)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+                     for r in rows)
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    sc = rep["scenario"]
+    m = rep["machine"]
+    amount = f"{sc['count']} messages per publisher" if sc["count"] else f"{sc['duration']:g} s per run"
+    lines = [f"oncemesh bench: {sc['mode']}, {sc['size']}-byte messages, {amount}, median of {rep['repeat']} "
+             f"(cases interleaved in each round)",
+             f"machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, Proton {m['proton']}, "
+             f"Linux {m['kernel']}" + (f", RabbitMQ {m['rabbitmq']}" if m.get("rabbitmq") else "")
+             + f"; load at start {m['loadavg_at_start']}",
+             f"clients: {rep['clients']}", ""]
+    for note in rep.get("notes", []):
+        lines.append(f"note: {note}")
+    head = ["case", "published msg/s", "delivered msg/s/sub", "server CPU-us/msg/hop", "server CPU %",
+            "peak RSS MB", "pub / sub CPU-us/msg", "ok"]
+
+    def rows_of(section: dict[str, Any]) -> list[list[str]]:
+        rows = [head]
+        for c in section.values():
+            md = c["median"]
+            rows.append([c["label"], _fmt(md["published_msg_s"]), _fmt(md["delivered_msg_s_per_sub"]),
+                         _fmt(md["server_cpu_us_per_msg_hop"], 1),
+                         _fmt(md["server_cpu_util"] * 100 if md["server_cpu_util"] is not None else None),
+                         _fmt(md["server_peak_rss_kb"] / 1024 if md["server_peak_rss_kb"] else None, 1),
+                         f"{_fmt(md['pub_cpu_us_per_msg'], 1)} / {_fmt(md['sub_cpu_us_per_msg'], 1)}",
+                         f"{md['ok_runs']}/{md['runs']}"])
+        return rows
+
+    if rep["throughput"]:
+        lines += ["throughput (unbounded rate unless stated)", _table(rows_of(rep["throughput"])), ""]
+    if rep.get("latency"):
+        rows = [["case", "p50 ms", "p99 ms", "p999 ms", "max ms", "delivered msg/s/sub", "server CPU-us/msg/hop"]]
+        for c in rep["latency"].values():
+            md = c["median"]
+            lat = md["latency_ms"]
+            rows.append([c["label"], _fmt(lat["p50"], 3), _fmt(lat["p99"], 3), _fmt(lat["p999"], 3), _fmt(lat["max"], 3),
+                         _fmt(md["delivered_msg_s_per_sub"]), _fmt(md["server_cpu_us_per_msg_hop"], 1)])
+        lines += ["latency, publish -> hand-over (worst subscriber of each run; median of runs)", _table(rows), ""]
+    if rep.get("ratios"):
+        lines.append("ratios (delivered msg/s per subscriber, same run): " + ", ".join(
+            f"{k} = {_fmt(v, 3)}" for k, v in rep["ratios"].items()))
+        lines.append("")
+    so = rep.get("scale_out")
+    if so:
+        rows = [["case", "aggregate delivered msg/s", "per sub (min)", "router CPU-us/msg/hop", "routers CPU %", "ok"]]
+        for c in so["cases"].values():
+            md = c["median"]
+            rows.append([c["label"], _fmt(md["delivered_msg_s_total"]), _fmt(md["delivered_msg_s_min_sub"]),
+                         _fmt(md["server_cpu_us_per_msg_hop"], 1),
+                         _fmt(md["server_cpu_util"] * 100 if md["server_cpu_util"] is not None else None),
+                         f"{md['ok_runs']}/{md['runs']}"])
+        lines += ["scale-out", _table(rows), ""]
+    mem = rep.get("memory")
+    if mem:
+        c = mem.get("connections", {})
+        h = mem.get("held_messages", {})
+        if c:
+            lines.append(f"connections: held {c['held']}/{c['requested']} idle client connections "
+                         f"(router counted {c['router_counted']}); {_fmt(c['kb_per_1000'])} KB per 1,000; router CPU "
+                         f"{_fmt(c['router_cpu_share_while_held'] * 100, 1)}% while holding them; traffic while held: "
+                         f"{'ok' if c['traffic_while_held'].get('ok') else 'FAILED'} "
+                         f"({_fmt(c['traffic_while_held'].get('msg_s'))} msg/s)")
+        if h:
+            lines.append(f"held messages: {h['held']} unsettled {h['size']}-byte messages for a suspended "
+                         f"subscriber: {_fmt(h['kb_per_10000'])} KB per 10,000 ({_fmt(h['bytes_per_message'])} B each)")
+        lines.append("")
+    prof = rep.get("profile")
+    if prof:
+        if prof.get("self"):
+            lines.append(f"router profile (py-spy, {prof['samples']} samples; run: "
+                         f"{_fmt(prof['run'].get('delivered_msg_s_per_sub'))} msg/s, "
+                         f"{prof['run'].get('server_cpu_us_per_msg_hop')} CPU-us/msg)")
+            rows = [["self %", "function"]] + [[f"{p:.1f}", f] for f, p in prof["self"]]
+            lines += [_table(rows), ""]
+            rows = [["inclusive %", "function"]] + [[f"{p:.1f}", f] for f, p in prof["inclusive"]]
+            lines += [_table(rows), ""]
+        else:
+            lines += [f"profile: {prof.get('error')}", ""]
+    if rep.get("targets"):
+        lines.append("targets")
+        for t in rep["targets"]:
+            lines.append(f"  {'MET ' if t['met'] else 'NOT '} {t['target']}: {_fmt(t['value'], 2)}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------- CLI
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+    p = sub.add_parser(
+        "bench", help="measure throughput, latency, CPU and memory against baselines",
+        description="Benchmark a router (or a topology) with client processes, side by side with a direct\n"
+                    "sender->receiver link, a naive proton.reactor.Container relay and RabbitMQ (AMQP 1.0).\n"
+                    "Default: exactly-once, 100-byte messages, 1 publisher -> router -> 2 subscribers,\n"
+                    "3 s per run, median of 3, plus a latency pass at 2,000 msg/s.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Examples:\n"
+               "  oncemesh bench                                 # the default scenario and baselines\n"
+               "  oncemesh bench --json > bench.json\n"
+               "  oncemesh bench --topology topology/examples/line3.toml --pub-at A --sub-at C,C\n"
+               "  oncemesh bench --scale-out --memory --profile 3  # everything of docs/performance.md")
+    p.add_argument("--mode", choices=MODES, default="exactly-once")
+    p.add_argument("--size", type=int, default=100, help=f"encoded message size in bytes (>= {MIN_SIZE})")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--duration", type=float, default=3.0, help="seconds each publisher sends (default 3)")
+    g.add_argument("--count", type=int, default=0, help="messages per publisher instead of --duration")
+    p.add_argument("--rate", type=float, default=0.0, help="msg/s per publisher for the throughput cases "
+                                                            "(default 0: unbounded)")
+    p.add_argument("--latency-rate", type=float, default=2000.0,
+                   help="msg/s per publisher of the latency pass (0: no latency pass; default 2000)")
+    p.add_argument("--publishers", type=int, default=1)
+    p.add_argument("--subscribers", type=int, default=2)
+    p.add_argument("--topology", type=Path, default=None, help="run the scenario on this topology (TOML)")
+    p.add_argument("--pub-at", default=None, help="router ids of the publishers, comma-separated "
+                                                   "(default: --publishers at the first router)")
+    p.add_argument("--sub-at", default=None, help="router ids of the subscribers (default: one per router)")
+    p.add_argument("--baselines", default="direct,container,rabbitmq",
+                   help="comma-separated: direct, container, rabbitmq ('' for none)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds; figures are medians (default 3)")
+    p.add_argument("--warmup", type=float, default=0.5, help="seconds excluded from rates and latency")
+    p.add_argument("--window", type=int, default=1000, help="publisher: max messages without outcome")
+    p.add_argument("--credit", type=int, default=1000, help="subscriber link credit")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="router setting (repeatable)")
+    p.add_argument("--scale-out", action="store_true", help="also: 1, 2, 4 routers in a full mesh, and the "
+                                                           "line3 fan-out")
+    p.add_argument("--scale-placement", choices=("next", "local"), default="next",
+                   help="scale-out: subscriber of topic i at the next router (default) or the same one")
+    p.add_argument("--memory", action="store_true", help="also: memory per idle connection and per held "
+                                                        "message, and --connections held at once")
+    p.add_argument("--connections", type=int, default=5000, help="idle connections to hold (default 5000)")
+    p.add_argument("--held-messages", type=int, default=10_000)
+    p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
+                   help="also: py-spy profile of the router under 1:1 load for SECONDS")
+    p.add_argument("--json", action="store_true", help="print JSON only (progress goes to stderr)")
+    p.add_argument("--workdir", type=Path, default=None, help="keep run directories here (default: temporary)")
+    p.set_defaults(func=cmd_bench, scale_routers=(1, 2, 4), line3=True)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.size < MIN_SIZE:
+        print(f"oncemesh bench: --size must be at least {MIN_SIZE}", file=sys.stderr)
+        return 2
+    if args.topology is None and (args.pub_at or args.sub_at):
+        print("oncemesh bench: --pub-at/--sub-at need --topology", file=sys.stderr)
+        return 2
+    settings = dict(kv.split("=", 1) for kv in args.set)
+    cfg = Settings(mode=args.mode, size=args.size, duration=0.0 if args.count else args.duration,
+                   count=args.count, warmup=args.warmup, window=args.window, credit=args.credit,
+                   router_settings=settings)
+    fd = raise_fd_limit()
+    with _workdir(args.workdir) as workdir:
+        cases, lat_cases, notes = throughput_cases(args)
+        report: dict[str, Any] = {
+            "version": JSON_VERSION, "machine": machine_info(), "clients": CLIENTS_NOTE, "repeat": args.repeat,
+            "scenario": {"mode": args.mode, "size": args.size, "duration": cfg.duration, "count": cfg.count,
+                         "rate": args.rate, "latency_rate": args.latency_rate, "publishers": args.publishers,
+                         "subscribers": args.subscribers, "topology": str(args.topology) if args.topology else None,
+                         "warmup": args.warmup, "window": args.window, "credit": args.credit,
+                         "router_settings": settings, "fd_limit": fd[0]},
+            "notes": notes, "throughput": {}, "latency": {}, "ratios": {}}
+        rabbit: RabbitMQ | None = None
+        try:
+            if any(c.kind == "rabbitmq" for c in cases + lat_cases):
+                log("starting RabbitMQ (private node on loopback)")
+                try:
+                    rabbit = RabbitMQ(workdir / "rabbitmq")
+                except BenchError as exc:
+                    notes.append(f"RabbitMQ skipped: could not start it: {str(exc)[:300]}")
+                    cases = [c for c in cases if c.kind != "rabbitmq"]
+                    lat_cases = [c for c in lat_cases if c.kind != "rabbitmq"]
+            report["throughput"] = run_suite(cases, cfg, workdir, args.repeat, rabbit)
+            if lat_cases:
+                report["latency"] = run_suite(lat_cases, cfg, workdir, args.repeat, rabbit, prefix="lat-")
+        finally:
+            if rabbit is not None:
+                rabbit.stop()
+        t = report["throughput"]
+        main_name = next(iter(t), None)
+        one = "router-1:1" if "router-1:1" in t else ("router" if "router" in t else None)
+
+        def per_sub(name: str | None) -> float | None:
+            return t[name]["median"]["delivered_msg_s_per_sub"] if name in t else None
+
+        for base in ("direct", "container", "rabbitmq"):
+            if base in t and main_name and main_name != base:
+                report["ratios"][f"{main_name} / {base}"] = ratio(per_sub(main_name), per_sub(base))
+                if one and one != main_name:
+                    report["ratios"][f"{one} / {base}"] = ratio(per_sub(one), per_sub(base))
+        if args.scale_out:
+            report["scale_out"] = scale_out(args, cfg, workdir)
+        if args.memory:
+            report["memory"] = memory_suite(args, cfg, workdir)
+        if args.profile:
+            report["profile"] = profile_router(args, cfg, workdir)
+        report["targets"] = targets(report)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report), end="")
+    bad = [name for sec in ("throughput", "latency") for name, c in report[sec].items() if not c["median"]["ok_runs"]]
+    return 1 if bad else 0
+
+
+@contextlib.contextmanager
+def _workdir(path: Path | None) -> Iterator[Path]:
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path.resolve()
+        return
+    with tempfile.TemporaryDirectory(prefix="oncemesh-bench-") as d:
+        yield Path(d)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m router.bench relay --ready FILE`: the Container relay process (internal)."""
+    p = argparse.ArgumentParser(prog="python -m router.bench")
+    sub = p.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("relay", help="run the naive Container relay (used by oncemesh bench)")
+    r.add_argument("--ready", type=Path, required=True)
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    return run_container_relay(args.ready)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
