@@ -55,6 +55,7 @@ MODES = ("exactly-once", "at-least-once", "presettled")
 _OUTCOME_STATES = frozenset({F.ACCEPTED, F.REJECTED, F.RELEASED, F.MODIFIED})
 _DATA_SECTION = b"\x00\x53\x75"  # described type amqp:data:binary
 MIN_SIZE = len(_DATA_SECTION) + 2 + HEADER.size
+ATTACH_TIMEOUT = 20.0  # a peer that ends the session instead of answering (RabbitMQ on mode second)
 
 
 def message_template(size: int) -> tuple[bytearray, int]:
@@ -444,12 +445,21 @@ async def _connect(client: _Base, url: str) -> AmqpConnection:
     return conn
 
 
+async def _attached(client: BenchPublisher | BenchSubscriber, args: argparse.Namespace) -> None:
+    """Wait for the peer's ATTACH; a peer that ends the session instead is only noticed by time."""
+    try:
+        await asyncio.wait_for(client.attached, min(args.timeout, ATTACH_TIMEOUT))
+    except TimeoutError:
+        raise SystemExit(f"{args.kind}: no ATTACH from the peer within {min(args.timeout, ATTACH_TIMEOUT)}s "
+                         f"(refused? mode {args.mode})") from None
+
+
 async def run_pub(args: argparse.Namespace) -> int:
     pub = BenchPublisher(args)
     go = asyncio.Event()
     pub.loop.add_signal_handler(signal.SIGUSR1, go.set)
     await _connect(pub, args.url)
-    await asyncio.wait_for(pub.attached, args.timeout)
+    await _attached(pub, args)
     write_json(args.ready, {"pid": os.getpid(), "remote_rcv_settle_mode": pub.remote_rcv_mode})
     await asyncio.wait_for(go.wait(), args.timeout)
     pub.go()
@@ -476,7 +486,7 @@ async def run_sub(args: argparse.Namespace) -> int:
         await asyncio.wait_for(sub.attached, args.timeout)
     else:
         await _connect(sub, args.url)
-        await asyncio.wait_for(sub.attached, args.timeout)
+        await _attached(sub, args)
         if args.suspend:  # leave without detaching: a durable subscription is now suspended
             write_json(args.ready, {"pid": os.getpid(), "remote_rcv_settle_mode": sub.remote_rcv_mode})
             assert sub.conn is not None
