@@ -1,0 +1,703 @@
+"""`oncemesh chaos`: a mesh of real processes, real traffic, a seeded fault schedule, and a verdict.
+
+The promises (DESIGN.md section 1) must hold while routers, links and clients crash; this is where
+that is tried as a whole. Theory of operation:
+
+1. The fault schedule is generated from the seed before anything starts (`topology.faults`), printed
+   and saved (`chaos.json`), so that a failing run can be told and replayed by its seed.
+2. The mesh runs as router processes with a fault-injecting proxy on every link (`Mesh(...,
+   proxies=True)`). Durable subscriber workers and publisher workers (`clients.worker`, each with
+   its own state directory and every router's URL for failover) are spread over the routers;
+   every subscription is in force before the first message is sent, so every message is owed to
+   every subscription.
+3. The schedule is played: routers SIGKILLed and restarted, SIGSTOPped and SIGCONTed, links cut or
+   silenced through the proxies, client processes SIGKILLed and restarted with their state
+   directories. A router fault waits (a little) until the previous victim is back.
+4. Then everything is healed, and the run waits (against a deadline) for quiescence: every
+   publisher exited 0 with all its outcomes, every subscription has had every message.
+5. Everything started is stopped, by PID, always (errors, Ctrl-C, SIGTERM included).
+6. The verdict comes from the Spark reconciliation of every settlement log of the run
+   (`spark.job.reconcile_paths`), not from the absence of errors. Router crashes (exits we did not
+   cause) are findings too.
+
+Exit status: 0 the promises held and the run quiesced; 1 a promise was broken (lost, duplicated,
+unexpected, false ACCEPTED) or a process crashed; 3 no promise broken but the run did not quiesce
+in time (liveness); 2 the run could not be set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import heapq
+import json
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from router.testing import Proc, python_cmd
+from topology.faults import ALL_FAULTS, Fault, FaultKind, Limits, make_schedule, parse_faults
+from topology.launcher import Mesh, MeshError, RouterState
+from topology.load import TopologyError, load_topology
+from topology.progress import ClientLogs
+
+if TYPE_CHECKING:
+    from spark.reconcile import Summary
+
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+TOPIC = "chaos"
+TICK = 0.1  # seconds between looks at processes and logs while playing the schedule
+PROGRESS_EVERY = 10.0
+SETUP_TIMEOUT = 60.0
+WAIT_VICTIM = 10.0  # a router fault waits at most this long for the previous victim to be back
+
+
+class ChaosError(Exception):
+    """The run could not be set up (bad arguments, a mesh that would not start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosConfig:
+    topology: Path
+    duration: float = 60.0  # seconds of traffic with faults
+    seed: int | None = None  # None: a random one (printed)
+    faults: tuple[FaultKind, ...] = ALL_FAULTS
+    state_dir: Path | None = None  # None: a new temporary directory (kept)
+    publishers: int = 2
+    subscribers: int = 3
+    rate: float = 30.0  # messages per second, per publisher
+    size: int = 64  # message bytes
+    settle: float | None = None  # after healing, wait this long for quiescence (default max(60, duration/2))
+    limits: Limits = Limits()
+    reconcile: bool = True
+
+    @property
+    def settle_timeout(self) -> float:
+        return self.settle if self.settle is not None else max(60.0, self.duration / 2)
+
+    @property
+    def hard_deadline(self) -> float:
+        """Seconds the run may take before the reconciliation, whatever happens."""
+        return SETUP_TIMEOUT + self.duration + WAIT_VICTIM + self.settle_timeout + 60.0
+
+
+@dataclass(slots=True)
+class ChaosResult:
+    seed: int
+    state_dir: Path
+    schedule: list[Fault]
+    injected: Counter[str] = field(default_factory=Counter)  # fault kind -> applied
+    skipped: list[str] = field(default_factory=list)  # faults not applied, and why
+    published: int = 0
+    accepted: int = 0
+    in_doubt: int = 0
+    handed: dict[str, int] = field(default_factory=dict)  # subscriber name -> distinct messages
+    quiescent: bool = False
+    crashes: list[str] = field(default_factory=list)  # processes that exited without us causing it
+    client_violations: list[str] = field(default_factory=list)  # from the client logs alone
+    summary: Summary | None = None
+    subscriptions: dict[str, dict[str, int]] = field(default_factory=dict)  # name -> class -> pairs
+    seconds: float = 0.0
+    interrupted: bool = False
+    error: str | None = None
+
+    @property
+    def safety_failures(self) -> int:
+        """lost + duplicated + unexpected + false ACCEPTED (from the reconciliation)."""
+        return self.summary.failures if self.summary is not None else 0
+
+    @property
+    def false_outcomes(self) -> int:
+        return self.summary.false_accept if self.summary is not None else 0
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def exit_code(self) -> int:
+        if self.safety_failures or self.client_violations or self.crashes:
+            return 1
+        if self.error is not None:
+            return 2
+        if not self.quiescent or self.interrupted:
+            return 3
+        return 0
+
+    def verdict(self) -> str:
+        return {0: "PASS: nothing lost, duplicated, unexpected or falsely accepted; the run quiesced",
+                1: "FAIL: promises broken or processes crashed (see above)",
+                2: f"ERROR: {self.error}",
+                3: "LIVENESS: nothing broken, but the run did not quiesce in time"}[self.exit_code]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed, "state_dir": str(self.state_dir), "verdict": self.verdict(),
+            "exit_code": self.exit_code, "seconds": round(self.seconds, 1),
+            "faults_injected": dict(self.injected), "faults_skipped": self.skipped,
+            "schedule": [f.to_json() for f in self.schedule],
+            "published": self.published, "accepted": self.accepted, "in_doubt": self.in_doubt,
+            "handed": self.handed, "quiescent": self.quiescent, "crashes": self.crashes,
+            "client_violations": self.client_violations, "false_outcomes": self.false_outcomes,
+            "subscriptions": self.subscriptions, "interrupted": self.interrupted, "error": self.error,
+            "reconciliation": self.summary.to_dict() if self.summary is not None else None,
+        }
+
+
+@dataclass(slots=True)
+class _Client:
+    """One worker process that we may kill and restart (same command, same state directory)."""
+
+    name: str
+    kind: str  # "publish" | "consume"
+    home: str  # the router it is meant to use first
+    args: list[str]  # the worker's arguments, without --url
+    out: Path
+    urls: str = ""  # every router's URL, its home first (known once the mesh is up)
+    proc: Proc | None = None
+    down: bool = False  # killed by us, not restarted yet
+    finished: bool = False  # a publisher that exited 0
+    failures: int = 0
+
+    @property
+    def cmd(self) -> list[str]:
+        return [*python_cmd("-m", "clients.worker", self.kind), "--url", self.urls, *self.args]
+
+    def start(self) -> None:
+        self.proc = Proc(self.cmd, self.out)
+        self.down = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+
+@dataclass(order=True, slots=True)
+class _Action:
+    t: float
+    seq: int
+    fault: Fault = field(compare=False)
+    end: bool = field(compare=False, default=False)
+    waited: float = field(compare=False, default=0.0)
+
+
+def resolve_topology(text: str | Path) -> Path:
+    """A topology file, or the name of one in topology/examples (`line3`, `triangle`, ...)."""
+    p = Path(text)
+    if p.exists():
+        return p
+    example = EXAMPLES / f"{text}.toml"
+    if example.exists():
+        return example
+    raise ChaosError(f"no topology file {text} (nor topology/examples/{text}.toml)")
+
+
+class _Run:
+    """The state of one chaos run; `run_chaos` drives it."""
+
+    def __init__(self, cfg: ChaosConfig, say: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.say = say
+        self.seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(1, 2**31)
+        self.state = self._state_dir(cfg.state_dir)
+        self.client_logs = self.state / "clientlogs"
+        self.topology = load_topology(cfg.topology)
+        fixed = sorted(r.id for r in self.topology.routers.values() if r.inter_port)
+        if fixed:
+            raise ChaosError(f"{cfg.topology}: chaos puts a proxy on every link, which needs inter-router "
+                             f"ports 0; {', '.join(fixed)} have fixed ones")
+        self.routers = sorted(self.topology.routers)
+        self.clients = self._clients()
+        self.schedule = make_schedule(self.topology, [c.name for c in self.clients], cfg.duration, self.seed,
+                                      cfg.faults, cfg.limits)
+        self.result = ChaosResult(self.seed, self.state, self.schedule)
+        self.mesh: Mesh | None = None
+        self.watch = ClientLogs(self.client_logs)
+        self.expect: dict[str, str] = dict.fromkeys(self.routers, "up")  # up | killed | frozen
+        self.down_links: set[tuple[str, str]] = set()
+        self.t0 = 0.0
+        self.deadline = 0.0
+        self._reported_dups: set[str] = set()
+        self._events = (self.state / "chaos-events.log").open("a")
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _state_dir(given: Path | None) -> Path:
+        if given is None:
+            return Path(tempfile.mkdtemp(prefix="oncemesh-chaos-")).resolve()
+        given = given.resolve()
+        if given.exists() and any(given.iterdir()):
+            raise ChaosError(f"{given} is not empty: the verdict reads every log in the state directory, "
+                             f"so each run needs a fresh one")
+        given.mkdir(parents=True, exist_ok=True)
+        return given
+
+    def _clients(self) -> list[_Client]:
+        """Subscribers from the first router on, publishers from the last one back, so that most
+        messages cross the mesh; every client knows every router (its home first) for failover."""
+        cfg, n = self.cfg, len(self.routers)
+        out = []
+        reconnect = str(int(cfg.hard_deadline))
+        count = max(1, int(cfg.rate * cfg.duration))
+        for i in range(cfg.subscribers):
+            home = self.routers[i % n]
+            out.append(self._client(f"sub-{i}", "consume", home, [
+                "--topic", TOPIC, "--name", f"sub-{i}", "--reconnect-timeout", reconnect]))
+        for j in range(cfg.publishers):
+            home = self.routers[(n - 1 - j) % n]
+            out.append(self._client(f"pub-{j}", "publish", home, [
+                "--topic", TOPIC, "--name", f"pub-{j}", "--count", str(count), "--rate", str(cfg.rate),
+                "--size", str(cfg.size), "--reconnect-timeout", reconnect]))
+        return out
+
+    def _client(self, name: str, kind: str, home: str, args: list[str]) -> _Client:
+        return _Client(name, kind, home, [*args, "--state-dir", str(self.state / "clients" / name),
+                                          "--log-dir", str(self.client_logs)],
+                       self.state / "clients" / f"{name}.out")
+
+    def _urls(self, home: str) -> str:
+        assert self.mesh is not None
+        i = self.routers.index(home)
+        order = self.routers[i:] + self.routers[:i]
+        return ",".join(self.mesh.url(r) for r in order)
+
+    def event(self, what: str, **fields: Any) -> None:
+        t = time.monotonic() - self.t0 if self.t0 else 0.0
+        self._events.write(json.dumps({"t": round(t, 3), "ts": time.time(), "event": what, **fields}) + "\n")
+        self._events.flush()
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        (self.state / "chaos.json").write_text(json.dumps({
+            "seed": self.seed, "topology": str(cfg.topology.resolve()), "duration": cfg.duration,
+            "faults": [k.value for k in cfg.faults], "publishers": cfg.publishers,
+            "subscribers": cfg.subscribers, "rate": cfg.rate, "size": cfg.size,
+            "schedule": [f.to_json() for f in self.schedule]}, indent=2) + "\n")
+        self.say(f"oncemesh chaos: seed {self.seed}, topology {cfg.topology}, {cfg.duration:g}s of traffic, "
+                 f"faults {','.join(k.value for k in cfg.faults) or 'none'}; state and logs in {self.state}")
+        self.say(f"schedule ({len(self.schedule)} faults):")
+        for f in self.schedule:
+            self.say("  " + f.describe())
+        self.mesh = Mesh(cfg.topology, self.state, proxies=True)
+        statuses = self.mesh.up(timeout=min(SETUP_TIMEOUT, self.remaining()))
+        self.say("mesh up: " + ", ".join(f"{s.id} {s.url}" for s in statuses))
+        for c in self.clients:
+            c.urls = self._urls(c.home)
+        for c in self.clients:
+            if c.kind == "consume":
+                c.start()
+        subs = [c.name for c in self.clients if c.kind == "consume"]
+        self._wait(lambda: all((s := self.watch.by_link(n)) is not None and s.started for n in subs),
+                   min(SETUP_TIMEOUT, self.remaining()), "every subscription in force")
+        self.say(f"{len(subs)} subscriptions in force; starting {cfg.publishers} publishers at "
+                 f"{cfg.rate:g} msg/s each")
+
+    def _wait(self, pred: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.watch.poll()
+            self.check_processes()
+            if pred():
+                return
+            if time.monotonic() >= deadline:
+                raise ChaosError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(TICK)
+
+    # ------------------------------------------------------------------ the fault phase
+    def play(self) -> None:
+        cfg = self.cfg
+        self.t0 = time.monotonic()
+        for c in self.clients:
+            if c.kind == "publish":
+                c.start()
+        self.event("traffic_started")
+        heap = [_Action(f.at, i, f) for i, f in enumerate(self.schedule)]
+        heapq.heapify(heap)
+        seq = len(heap)
+        last_progress = 0.0
+        while True:
+            now = time.monotonic() - self.t0
+            while heap and heap[0].t <= now:
+                a = heapq.heappop(heap)
+                retry = self.apply(a, now)
+                if retry is not None:
+                    heapq.heappush(heap, retry)
+                elif not a.end:
+                    seq += 1
+                    heapq.heappush(heap, _Action(now + a.fault.duration, seq, a.fault, end=True))
+            if now >= cfg.duration and not heap:
+                return
+            if self.remaining() <= 0:
+                self.say("hard deadline reached during the fault phase: healing now")
+                return
+            self.tick()
+            if now - last_progress >= PROGRESS_EVERY:
+                last_progress = now
+                self.progress(now)
+            nxt = heap[0].t if heap else cfg.duration
+            time.sleep(max(0.0, min(TICK, nxt - (time.monotonic() - self.t0))))
+
+    def apply(self, a: _Action, now: float) -> _Action | None:
+        """Start or end one fault; returns the action again (later) if it must wait."""
+        f, mesh = a.fault, self.mesh
+        assert mesh is not None
+        if f.kind in (FaultKind.KILL, FaultKind.FREEZE) and not a.end:
+            others = [s for s in mesh.status() if s.id != f.target and s.state is not RouterState.RUNNING]
+            if others and a.waited < WAIT_VICTIM:  # keep to one router down: let the last victim come back
+                return _Action(a.t + 0.2, a.seq, f, a.end, a.waited + 0.2)
+            if self.expect[f.target] != "up" or not mesh.router_status(f.target).alive:
+                self.skip(f, f"router {f.target} is not running")
+                return None
+        label = "end" if a.end else "start"
+        self.say(f"[{now:7.2f}s] {label:<5} {f.kind.value:<11} {f.what()}")
+        self.event(f"fault_{label}", **f.to_json())
+        try:
+            if f.kind is FaultKind.KILL:
+                if a.end:
+                    self.expect[f.target] = "up"
+                    mesh.start_router(f.target)
+                else:
+                    self.expect[f.target] = "killed"
+                    mesh.kill_router(f.target)
+            elif f.kind is FaultKind.FREEZE:
+                if a.end:
+                    self.expect[f.target] = "up"
+                    mesh.thaw(f.target)
+                else:
+                    self.expect[f.target] = "frozen"
+                    mesh.freeze(f.target)
+            elif f.kind is FaultKind.PARTITION:
+                for x, y in f.links:
+                    if a.end:
+                        mesh.restore_link(x, y)
+                        self.down_links.discard((x, y))
+                    else:
+                        (mesh.blackhole_link if f.silent else mesh.cut_link)(x, y)
+                        self.down_links.add((x, y))
+            else:
+                self._client_fault(f, a.end)
+                return None
+        except MeshError as exc:
+            self.say(f"  could not apply: {exc}")
+            self.result.skipped.append(f"{f.describe()}: {exc}")
+            return None
+        if not a.end:
+            self.result.injected[f.kind.value] += 1
+        return None
+
+    def skip(self, f: Fault, why: str) -> None:
+        self.result.skipped.append(f"{f.describe()}: skipped, {why}")
+        self.say(f"  skipped ({why}): {f.describe()}")
+        self.event("fault_skipped", why=why, **f.to_json())
+
+    def _client_fault(self, f: Fault, end: bool) -> None:
+        c = next(c for c in self.clients if c.name == f.target)
+        if end:
+            if c.down:
+                c.start()
+                self.event("client_restarted", name=c.name, pid=c.pid)
+            return
+        if c.finished or c.proc is None or not c.proc.alive():
+            self.skip(f, f"client {c.name} is not running (finished)")
+            return
+        c.down = True
+        c.proc.kill()
+        self.result.injected[f.kind.value] += 1
+
+    # ------------------------------------------------------------------ watching
+    def tick(self) -> None:
+        self.watch.poll()
+        self.check_processes()
+        for d in self.watch.duplicates():
+            if d not in self._reported_dups:
+                self._reported_dups.add(d)
+                self.say(f"  VIOLATION seen in the client logs: {d}")
+
+    def check_processes(self) -> None:
+        mesh = self.mesh
+        if mesh is not None:
+            for s in mesh.status():
+                if s.state is RouterState.DEAD and self.expect.get(s.id) == "up":
+                    self._router_died(s.id)
+        for c in self.clients:
+            if c.proc is None or c.down or c.finished or c.proc.alive():
+                continue
+            code = c.proc.wait(1)
+            if c.kind == "publish" and code == 0:
+                c.finished = True
+                self.event("publisher_finished", name=c.name)
+                continue
+            c.failures += 1
+            tail = c.proc.tail(15)
+            self.result.crashes.append(f"client {c.name} exited with {code} (we did not kill it):\n{tail}")
+            self.say(f"  CRASH: client {c.name} exited with {code}; restarting it. The end of {c.out}:\n{tail}")
+            self.event("client_crashed", name=c.name, code=code)
+            if c.failures <= 3:
+                c.start()
+
+    def _router_died(self, rid: str) -> None:
+        """A router we did not kill is dead: it lost its old port while restarting (take a new one),
+        or it crashed (a finding: keep its output, restart it so the run goes on)."""
+        assert self.mesh is not None
+        tail = self.mesh.tail(rid, 40)
+        rec = self.mesh._load_state()["routers"].get(rid) or {}
+        if "cannot listen" in tail and rec.get("sticky"):
+            self.say(f"  router {rid}: its old client port was taken meanwhile; starting it on a new one")
+            self.mesh.start_router(rid, sticky=False)
+            return
+        self.result.crashes.append(f"router {rid} (pid {rec.get('pid')}) exited by itself; the end of "
+                                   f"{self.mesh.out_file(rid)}:\n{tail}")
+        self.say(f"  CRASH: router {rid} exited by itself; restarting it. The end of its output:\n{tail}")
+        self.event("router_crashed", router=rid, pid=rec.get("pid"))
+        self.mesh.start_router(rid)
+
+    def progress(self, now: float) -> None:
+        w = self.watch
+        acc = sum(1 for o in w.outcome.values() if o == "ACCEPTED")
+        handed = " ".join(f"{s.link}:{len(s.handed)}" for s in sorted(w.subs.values(), key=lambda s: s.link or ""))
+        assert self.mesh is not None
+        states = " ".join(f"{s.id}:{s.state.value}" for s in self.mesh.status())
+        self.say(f"[{now:7.2f}s] published {len(w.published)}, accepted {acc}, handed {handed}; "
+                 f"faults {sum(self.result.injected.values())}; routers {states}")
+
+    # ------------------------------------------------------------------ healing and quiescence
+    def heal(self) -> None:
+        mesh = self.mesh
+        assert mesh is not None
+        self.say(f"[{time.monotonic() - self.t0:7.2f}s] healing: links restored, routers thawed and "
+                 f"restarted, clients restarted")
+        self.event("heal")
+        with contextlib.suppress(MeshError):
+            mesh.heal()
+        self.down_links.clear()
+        for s in mesh.status():
+            if s.state is RouterState.FROZEN:
+                mesh.thaw(s.id)
+            elif not s.alive:
+                mesh.start_router(s.id)
+            self.expect[s.id] = "up"
+        for c in self.clients:
+            if c.down:
+                c.start()
+
+    def quiesce(self) -> bool:
+        """Wait until every publisher has finished and every subscription has had everything."""
+        deadline = time.monotonic() + min(self.cfg.settle_timeout, max(0.0, self.remaining()))
+        subs = [c.name for c in self.clients if c.kind == "consume"]
+        pubs = [c for c in self.clients if c.kind == "publish"]
+        last = time.monotonic()
+        while True:
+            self.tick()
+            done_pubs = all(c.finished for c in pubs)
+            missing = {n: len(self.watch.missing(s)) for n in subs if (s := self.watch.by_link(n)) is not None}
+            if done_pubs and len(missing) == len(subs) and not any(missing.values()):
+                self.say(f"[{time.monotonic() - self.t0:7.2f}s] quiescent: every publisher finished, "
+                         f"every subscription has every message")
+                return True
+            if time.monotonic() >= deadline:
+                self.say(f"NOT QUIESCENT after {self.cfg.settle_timeout:g}s: publishers still running: "
+                         f"{', '.join(c.name for c in pubs if not c.finished) or 'none'}; messages missing "
+                         f"per subscription: {missing}; in doubt: {len(self.watch.in_doubt())}")
+                return False
+            if time.monotonic() - last >= PROGRESS_EVERY:
+                last = time.monotonic()
+                self.progress(last - self.t0)
+            time.sleep(TICK)
+
+    def stop_all(self) -> None:
+        """Every process this run started, by PID: clients, then the routers and the proxies."""
+        for c in self.clients:
+            if c.proc is not None and c.proc.alive():
+                try:
+                    c.proc.stop(5)
+                except Exception as exc:  # the one place that must not give up: keep stopping the rest
+                    self.say(f"  could not stop client {c.name} (pid {c.pid}): {exc}")
+        if self.mesh is not None:
+            try:
+                self.mesh.down(timeout=10)
+            except MeshError as exc:
+                self.say(f"  oncemesh chaos: stopping the mesh: {exc}")
+        self.event("stopped")
+        self._events.close()
+
+    # ------------------------------------------------------------------ verdict
+    def judge(self) -> None:
+        r, w = self.result, self.watch
+        w.poll()
+        r.published = len(w.published)
+        r.accepted = sum(1 for o in w.outcome.values() if o == "ACCEPTED")
+        r.in_doubt = len(w.in_doubt())
+        names = {s.sub: s.link or s.sub for s in w.subs.values()}
+        r.handed = {names[s.sub]: len(s.handed) for s in w.subs.values()}
+        r.client_violations = w.violations() if r.quiescent else w.duplicates()
+        if not self.cfg.reconcile:
+            return
+        self.say("reconciling every settlement log of the run with Spark ...")
+        from spark.job import reconcile_paths
+
+        summary = reconcile_paths([self.state], out=self.state / "reconcile", chart=False)
+        r.summary = summary
+        for sc in summary.per_subscription:
+            r.subscriptions[names.get(sc.sub, sc.sub)] = dict(sc.counts)
+
+    def report(self) -> None:
+        r = self.result
+        self.say("")
+        self.say(f"seed {r.seed}: {r.seconds:.0f}s, {r.published} messages published, {r.accepted} ACCEPTED, "
+                 f"{r.in_doubt} in doubt; faults injected: "
+                 + (", ".join(f"{k} {n}" for k, n in sorted(r.injected.items())) or "none")
+                 + (f"; {len(r.skipped)} skipped" if r.skipped else ""))
+        if r.summary is not None:
+            s = r.summary
+            self.say(f"reconciliation: {s.messages} messages, {s.pairs} (message, subscription) pairs, "
+                     f"{s.valid_lines} log lines")
+            cols = ("ok", "lost", "duplicated", "unexpected", "in_doubt")
+            self.say("  " + "subscription".ljust(14) + "".join(c.rjust(12) for c in cols))
+            for name, counts in sorted(r.subscriptions.items()):
+                self.say("  " + name.ljust(14) + "".join(str(counts.get(c, 0)).rjust(12) for c in cols))
+            self.say(f"  false publisher outcomes (ACCEPTED before every subscription had it): {s.false_accept}")
+        for v in r.client_violations:
+            self.say(f"  VIOLATION (client logs): {v}")
+        for c in r.crashes:
+            self.say(f"  CRASH: {c.splitlines()[0]}")
+        self.say(f"verdict: {r.verdict()}")
+        self.say(f"replay: oncemesh chaos {self.cfg.topology} --seed {r.seed} --duration {self.cfg.duration:g} "
+                 f"--faults {','.join(k.value for k in self.cfg.faults) or 'none'} --publishers "
+                 f"{self.cfg.publishers} --subscribers {self.cfg.subscribers} --rate {self.cfg.rate:g}")
+
+
+@contextlib.contextmanager
+def _no_interrupts() -> Iterator[None]:
+    """Ctrl-C (or SIGTERM) while we clean up must not leave processes behind: ignore them until
+    we are done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None = None,
+              faults: Sequence[FaultKind] | str = ALL_FAULTS, state_dir: Path | str | None = None,
+              publishers: int = 2, subscribers: int = 3, rate: float = 30.0, size: int = 64,
+              settle: float | None = None, limits: Limits | None = None, reconcile: bool = True,
+              say: Callable[[str], None] | None = None) -> ChaosResult:
+    """One chaos run (see the module docstring); the result says what happened and the verdict.
+
+    Raises ChaosError when the run cannot even be set up with these arguments; every other
+    failure is in the result (`exit_code`, `error`), after everything started has been stopped."""
+    if isinstance(faults, str):
+        faults = parse_faults(faults)
+    if duration <= 0 or publishers < 1 or subscribers < 1 or rate <= 0:
+        raise ChaosError("duration, publishers, subscribers and rate must be positive")
+    cfg = ChaosConfig(resolve_topology(topology), duration, seed, tuple(faults),
+                      Path(state_dir) if state_dir is not None else None, publishers, subscribers, rate,
+                      size, settle, limits or Limits(), reconcile)
+    try:
+        run = _Run(cfg, say or (lambda text: print(text, flush=True)))
+    except TopologyError as exc:
+        raise ChaosError(str(exc)) from None
+    started = time.monotonic()
+    run.deadline = started + cfg.hard_deadline
+    r = run.result
+    try:
+        run.setup()
+        run.play()
+        run.heal()
+        r.quiescent = run.quiesce()
+    except KeyboardInterrupt:
+        r.interrupted = True
+        run.say("interrupted: stopping everything this run started")
+    except (ChaosError, MeshError, TimeoutError, OSError) as exc:
+        r.error = str(exc)
+        run.say(f"oncemesh chaos: {exc}")
+    finally:
+        with _no_interrupts():
+            run.stop_all()
+    r.seconds = time.monotonic() - started
+    if not r.interrupted:
+        try:
+            run.judge()
+        except Exception as exc:  # the reconciliation's own failure must not hide the run's state
+            r.error = f"reconciliation failed: {exc}"
+            run.say(f"oncemesh chaos: {r.error}")
+    (run.state / "chaos-result.json").write_text(json.dumps(r.to_json(), indent=2) + "\n")
+    run.report()
+    return r
+
+
+# ---------------------------------------------------------------------- CLI
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg, unused-ignore]
+    p = sub.add_parser(
+        "chaos", help="run a mesh under a seeded fault schedule and judge it by reconciliation",
+        description="Start the mesh of TOPOLOGY as local processes with a fault-injecting proxy on every\n"
+                    "link, run durable subscribers and publishers spread over the routers, play a fault\n"
+                    "schedule generated from --seed (router SIGKILL+restart, SIGSTOP/SIGCONT, link cuts\n"
+                    "and silences, client SIGKILL+restart), heal, wait for quiescence, stop everything,\n"
+                    "and judge every settlement log with the Spark reconciliation.\n\n"
+                    "Exit status: 0 pass; 1 a promise broken (lost, duplicated, unexpected, false\n"
+                    "ACCEPTED) or a process crashed; 3 nothing broken but no quiescence in time; 2 setup.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example:  oncemesh chaos line3 --duration 60 --seed 7\n"
+               "          oncemesh chaos topology/examples/mesh4.toml --duration 600 --faults kill,partition")
+    p.add_argument("topology", help="topology file, or the name of one in topology/examples (line3, triangle, "
+                                    "mesh4, hubs); inter-router ports must be 0")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of traffic under faults (default 60)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the fault schedule (default: random, printed)")
+    p.add_argument("--faults", default="all",
+                   help="comma-separated: kill,freeze,partition,client-kill (default all; 'none' for none)")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="a new or empty directory for the run's state and logs (default: a new temporary "
+                        "directory); kept afterwards")
+    p.add_argument("--publishers", type=int, default=2, help="publisher processes (default 2)")
+    p.add_argument("--subscribers", type=int, default=3, help="durable subscriber processes (default 3)")
+    p.add_argument("--rate", type=float, default=30.0, help="messages per second per publisher (default 30)")
+    p.add_argument("--size", type=int, default=64, help="message bytes (default 64)")
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds to wait for quiescence after healing (default max(60, duration/2))")
+    p.add_argument("--mean-gap", type=float, default=Limits().mean_gap,
+                   help=f"mean seconds between fault starts (default {Limits().mean_gap:g})")
+    p.add_argument("--no-reconcile", action="store_true", help="skip the Spark reconciliation (no verdict on "
+                                                                "safety beyond the client logs)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress on stderr)")
+    p.set_defaults(func=cmd_chaos)
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    out = sys.stderr if args.json else sys.stdout
+
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, terminate)
+    try:
+        result = run_chaos(args.topology, duration=args.duration, seed=args.seed, faults=parse_faults(args.faults),
+                           state_dir=args.state_dir, publishers=args.publishers, subscribers=args.subscribers,
+                           rate=args.rate, size=args.size, settle=args.settle,
+                           limits=Limits(mean_gap=args.mean_gap), reconcile=not args.no_reconcile, say=say)
+    except (ChaosError, ValueError) as exc:
+        print(f"oncemesh chaos: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    return 130 if result.interrupted else result.exit_code
