@@ -675,8 +675,18 @@ def _frame_name(frame: str) -> str:
     return f"{name} ({short})"
 
 
+_PROJECT_DIRS = ("router/", "interrouter/", "clients/")
+
+
+def _ours(frame: str) -> bool:
+    """A frame of the router's own code, below the entry point (whose share is always ~100%)."""
+    loc = frame.partition(" (")[2]  # py-spy gives paths relative to sys.path: "router/core.py:12)"
+    return any(loc.startswith(d) or f"/{d}" in loc for d in _PROJECT_DIRS) and "router/cli.py" not in loc
+
+
 def summarise_profile(raw: Path, top: int = 15) -> dict[str, Any]:
-    """Self and inclusive sample shares per function from py-spy's collapsed stacks."""
+    """Self sample shares per function (any code), and inclusive shares per function of the
+    project's own code, from py-spy's collapsed stacks."""
     own: Counter[str] = Counter()
     incl: Counter[str] = Counter()
     total = 0
@@ -690,7 +700,7 @@ def summarise_profile(raw: Path, top: int = 15) -> dict[str, Any]:
         if not frames:
             continue
         own[frames[-1]] += k
-        for f in set(frames):
+        for f in {_frame_name(f) for f in stack.split(";") if _ours(f)}:
             incl[f] += k
     if not total:
         return {"samples": 0, "self": [], "inclusive": []}

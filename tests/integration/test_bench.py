@@ -1,0 +1,130 @@
+"""`oncemesh bench`: the command runs, and its --json has the documented keys with plausible values.
+
+The quick tests use tiny counts (a few seconds in all); the full benchmark, which prints the figures
+of docs/performance.md, is marked `bench` and `slow` (excluded by default: `pytest -m bench`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import pytest
+
+from router.bench import RabbitMQ, summarise_profile
+from router.benchclients import HEADER, MAGIC, MIN_SIZE, message_template, percentiles
+from router.testing import ROOT
+
+CASE_KEYS = {"published_msg_s", "delivered_msg_s_per_sub", "delivered_msg_s_min_sub", "delivered_msg_s_total",
+             "latency_ms", "server_cpu_us_per_msg_hop", "server_cpu_us_per_delivery", "server_cpu_util",
+             "server_peak_rss_kb", "pub_cpu_us_per_msg", "sub_cpu_us_per_msg", "ok_runs", "runs"}
+
+
+def bench(*args: str, timeout: float = 240) -> dict:
+    out = subprocess.run([sys.executable, "-m", "router.cli", "bench", "--json", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"exit {out.returncode}\nstdout:\n{out.stdout[-3000:]}\nstderr:\n{out.stderr[-3000:]}"
+    report: dict = json.loads(out.stdout)
+    return report
+
+
+def test_message_template_is_the_requested_size_and_carries_the_header() -> None:
+    for size in (MIN_SIZE, 100, 255, 256, 300, 4096):
+        buf, off = message_template(size)
+        assert len(buf) == size
+        HEADER.pack_into(buf, off, MAGIC, 123, 7, 2, 1)
+        assert HEADER.unpack_from(bytes(buf), bytes(buf).find(MAGIC)) == (MAGIC, 123, 7, 2, 1)
+    with pytest.raises(ValueError):
+        message_template(MIN_SIZE - 1)
+
+
+def test_percentiles_use_nearest_rank_in_milliseconds() -> None:
+    samples = array("q", [i * 1_000_000 for i in range(1, 1001)])  # 1..1000 ms
+    p = percentiles(samples)
+    assert (p["p50"], p["p99"], p["p999"], p["max"]) == (500.0, 990.0, 999.0, 1000.0)
+    assert percentiles(array("q"))["p50"] is None
+
+
+def test_profile_summary_counts_self_and_inclusive_time(tmp_path: Path) -> None:
+    raw = tmp_path / "p.raw"
+    raw.write_text("main (router/cli.py:1);run (router/server.py:5);write (router/settlement_log.py:9) 3\n"
+                   "main (router/cli.py:1);run (router/server.py:5) 1\n")
+    s = summarise_profile(raw)
+    assert s["samples"] == 4
+    assert s["self"][0] == ["write (router/settlement_log.py)", 75.0]
+    assert ["run (router/server.py)", 100.0] in s["inclusive"]
+    assert not any("cli.py" in f for f, _ in s["inclusive"])  # the entry point is always 100%: left out
+
+
+def test_bench_json_has_the_documented_keys_and_plausible_values() -> None:
+    rep = bench("--count", "300", "--warmup", "0", "--repeat", "1", "--subscribers", "2",
+                "--baselines", "direct,container", "--latency-rate", "500")
+    assert rep["version"] == 1
+    assert {"cpu", "cores", "python", "proton"} <= set(rep["machine"])
+    assert rep["scenario"]["mode"] == "exactly-once" and rep["scenario"]["size"] == 100
+    assert "lean engine clients" in rep["clients"]
+    t = rep["throughput"]
+    assert set(t) == {"router", "router-1:1", "direct", "container"}
+    for name, case in t.items():
+        m = case["median"]
+        assert CASE_KEYS <= set(m), name
+        assert m["ok_runs"] == 1, case["runs"]
+        run = case["runs"][0]
+        assert run["published"] == 300
+        assert run["delivered"] == 300 * (2 if name == "router" else 1)
+        assert 0 < m["delivered_msg_s_per_sub"] < 10_000_000
+        assert 0 < m["pub_cpu_us_per_msg"] < 100_000
+    for name in ("router", "router-1:1", "container"):
+        m = t[name]["median"]
+        assert 0 < m["server_cpu_us_per_msg_hop"] < 100_000, name
+        assert m["server_peak_rss_kb"] > 1000
+    assert t["router"]["median"]["server_cpu_us_per_delivery"] < t["router"]["median"]["server_cpu_us_per_msg_hop"]
+    assert t["direct"]["median"]["server_cpu_us_per_msg_hop"] is None  # nothing in the middle
+    lat = rep["latency"]
+    assert set(lat) == {"router@rate", "direct@rate", "container@rate"}
+    for case in lat.values():
+        q = case["median"]["latency_ms"]
+        assert 0 < q["p50"] <= q["p99"] <= q["p999"] <= q["max"] < 10_000
+    assert set(rep["ratios"]) >= {"router / direct", "router-1:1 / direct", "router / container"}
+    assert all(v > 0 for v in rep["ratios"].values())
+    names = {x["target"] for x in rep["targets"]}
+    assert any("CPU-us per message per hop" in n for n in names)
+    assert any("router / container" in n for n in names)
+
+
+def test_bench_on_a_topology_counts_every_router_a_message_crosses() -> None:
+    line = ROOT / "topology" / "examples" / "line3.toml"
+    rep = bench("--topology", str(line), "--pub-at", "A", "--sub-at", "C", "--count", "200", "--warmup", "0",
+                "--repeat", "1", "--baselines", "", "--latency-rate", "0")
+    run = rep["throughput"]["mesh"]["runs"][0]
+    assert run["ok"], run
+    assert run["delivered"] == 200
+    # three routers on the path: per hop is a third of the routers' CPU per delivery
+    assert run["server_cpu_us_per_msg_hop"] == pytest.approx(run["server_cpu_us_per_delivery"] / 3, rel=0.02)
+
+
+@pytest.mark.skipif(RabbitMQ.unavailable() is not None, reason=str(RabbitMQ.unavailable()))
+def test_bench_against_rabbitmq_runs_it_at_least_once_and_cleans_up() -> None:
+    rep = bench("--count", "300", "--warmup", "0", "--repeat", "1", "--subscribers", "1", "--baselines",
+                "rabbitmq", "--latency-rate", "0", timeout=300)
+    rab = rep["throughput"]["rabbitmq"]
+    assert rab["median"]["ok_runs"] == 1, rab["runs"]
+    assert "at-least-once" in rab["label"]
+    assert rab["runs"][0]["delivered"] == 300
+    assert "router-1:1-alo / rabbitmq" in rep["ratios"]
+    assert any("refuses receiver-settle-mode second" in n for n in rep["notes"])
+
+
+@pytest.mark.bench
+@pytest.mark.slow
+def test_full_benchmark_prints_the_figures_of_docs_performance() -> None:
+    """The run docs/performance.md reports (several minutes): every case completes."""
+    rep = bench("--scale-out", "--memory", "--profile", "5", timeout=3600)
+    for sec in ("throughput", "latency"):
+        for name, case in rep[sec].items():
+            assert case["median"]["ok_runs"] == case["median"]["runs"], name
+    assert rep["memory"]["connections"]["ok"]
+    print(json.dumps(rep, indent=2))
