@@ -70,7 +70,7 @@ def test_bench_json_has_the_documented_keys_and_plausible_values() -> None:
     assert set(t) == {"router", "router-1:1", "direct", "container"}
     for name, case in t.items():
         m = case["median"]
-        assert CASE_KEYS <= set(m), name
+        assert set(m) >= CASE_KEYS, name
         assert m["ok_runs"] == 1, case["runs"]
         run = case["runs"][0]
         assert run["published"] == 300
