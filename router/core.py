@@ -686,7 +686,11 @@ class DeliveryCore:
                 self.out.append(SendAck(origin, rec.gid, sid, int(st), error))
         rec.pending -= 1
         if rec.pending == 0:
-            self._decide(rec, now)
+            if rec.origin is not None or rec.outcome is None:
+                self._decide(rec, now)
+            elif rec.payload:  # decided already (another origin's copy added this one): done again
+                self.inflight_bytes -= len(rec.payload)
+                rec.payload = b""
 
     # ================================================================ mesh: destination side
     def receive_copy(self, origin: str, origin_inc: str, gid: str, topic: str, sids: Iterable[str],

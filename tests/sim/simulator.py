@@ -593,11 +593,19 @@ class Simulation:
         if s.in_force_since is None:
             s.in_force_since = self.now
         r = self.routers[rid]
-        if not r.usable() or r.sub_links.get(s.sid, (None,))[0] is not link:
+        if not r.alive or r.sub_links.get(s.sid, (None,))[0] is not link:
             return
         s.credit = self.rng.randint(1, 30)
-        r.core.subscriber_credit(s.sid, s.credit)
-        r.process()
+
+        def grant() -> None:
+            if r.sub_links.get(s.sid, (None,))[0] is link:
+                r.core.subscriber_credit(s.sid, s.credit)
+                r.process()
+
+        if r.frozen:
+            r.late.append(grant)  # the flow frame waits in the socket until the router runs again
+        else:
+            grant()
         self.schedule(self.rng.uniform(0.001, 0.05), lambda: self.sub_work(s, link))
 
     def sub_receive(self, s: SimSubscriber, link: Token, gid: str, rid: str) -> None:
@@ -743,9 +751,15 @@ class Simulation:
         self.outcomes[gid] = outcome
         p.in_doubt.pop(gid, None)
         r = self.routers.get(rid)
-        if r is not None and r.usable() and p.link is not None and p.router == rid:
-            r.core.publisher_settled(tok, self.now)
-            r.process()
+        if r is not None and r.alive and p.link is not None and p.router == rid:
+            def settle() -> None:
+                r.core.publisher_settled(tok, self.now)
+                r.process()
+
+            if r.frozen:
+                r.late.append(settle)  # TCP holds the settlement until the router runs again
+            else:
+                settle()
 
     def pub_disconnect(self, p: SimPublisher) -> None:
         r = self.routers[p.router] if p.router else None
