@@ -1,7 +1,8 @@
 """The whole mesh in one process under a seeded simulator (see simulator.py for what is checked).
 
-Default run: a few hundred seeds per case, over the example topologies. More seeds:
-`pytest tests/sim --sim-seeds 5000`. Replay one: `pytest tests/sim -k replay --sim-seed N
+Default run: 500 seeds without faults and 300 per fault case (2,000 simulations, over the example
+topologies). More: `pytest tests/sim --sim-seeds 5000`, or `pytest tests/sim -m slow` (5,000 longer
+runs with every fault at once). Replay one: `pytest tests/sim -k replay --sim-seed N
 --sim-topology mesh4 --sim-faults kill,partition`. A failing seed prints that command.
 """
 
@@ -46,7 +47,7 @@ def seeds(config: pytest.Config, default: int) -> range:
 
 def test_mesh_without_faults(pytestconfig: pytest.Config) -> None:
     """Random publish / attach / detach / move schedules: exactly once, truthful outcomes."""
-    for seed in seeds(pytestconfig, 120):
+    for seed in seeds(pytestconfig, 500):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         sim = simulate(seed, topology, "", duration=6.0, messages=30)
         assert sum(len(v) for v in sim.owed.values()) > 0 or seed > 3
@@ -64,6 +65,16 @@ def test_replay(pytestconfig: pytest.Config) -> None:
 def test_mesh_with_faults(pytestconfig: pytest.Config, faults: str) -> None:
     """Crashes and restarts, freezes, partitions and connection resets, at random: no duplicate,
     no false ACCEPTED ever; once faults heal, every message reaches its outcome."""
-    for seed in seeds(pytestconfig, 40):
+    for seed in seeds(pytestconfig, 300):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         simulate(seed, topology, faults, duration=8.0, messages=30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("faults", ["kill,freeze,partition,loss"])
+def test_mesh_with_faults_long(pytestconfig: pytest.Config, faults: str) -> None:
+    """Behind `-m slow`: 5000 seeds (or --sim-seeds) of every fault at once, longer schedules."""
+    n = pytestconfig.getoption("--sim-seeds") or 5000
+    for seed in range(10_001, 10_001 + n):
+        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
+        simulate(seed, topology, faults, duration=15.0, messages=60)
