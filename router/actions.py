@@ -18,7 +18,7 @@ class Outcome(IntEnum):
     MODIFIED = 4
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Deliver:
     """Send `payload` to subscription `sid` on its current link, tag = gid, unsettled."""
 
@@ -28,7 +28,7 @@ class Deliver:
     redelivery: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SettleDelivery:
     """The message is final: settle its delivery on the subscription's current link."""
 
@@ -36,7 +36,7 @@ class SettleDelivery:
     gid: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NotifyFinal:
     """Tell a subscription (one of our clients) that ids it accepted on an earlier link are final."""
 
@@ -44,7 +44,7 @@ class NotifyFinal:
     gids: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendOutcome:
     """Tell the publisher delivery `pub` its outcome; `settle` for receiver-settle-mode first."""
 
@@ -54,14 +54,14 @@ class SendOutcome:
     settle: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SettlePublisher:
     """The publisher settled `pub`: settle our side and forget the delivery."""
 
     pub: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GrantCredit:
     link: Any
     credit: int
@@ -70,7 +70,7 @@ class GrantCredit:
 # ---------------------------------------------------------------- mesh: addressed to other routers
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Forward:
     """Send a copy of `gid` toward the routers in `dests`, each to deliver to the listed subscriptions."""
 
@@ -80,7 +80,7 @@ class Forward:
     dests: dict[str, tuple[str, ...]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendAck:
     """Tell origin router `to` what subscription `sid` (hosted here) did with `gid`."""
 
@@ -91,7 +91,7 @@ class SendAck:
     error: tuple[str, str] | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendFinal:
     """Tell router `to` that `gid` is final (its publisher settled it)."""
 
@@ -99,7 +99,7 @@ class SendFinal:
     gid: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendProbe:
     """Ask origin router `to` whether `gid` is still in flight (a FINAL may have been lost)."""
 
@@ -107,7 +107,7 @@ class SendProbe:
     gid: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendQuery:
     """Ask router `to` what it knows of `gid` (a record of ours lost its publisher and its origin)."""
 
@@ -115,7 +115,7 @@ class SendQuery:
     gid: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeclarePublisher:
     """One of our publishers attached here and declared what it holds in doubt: tell the mesh, so
     that routers holding its other messages stop waiting for it (or join the new origin's FINAL)."""
@@ -124,7 +124,7 @@ class DeclarePublisher:
     in_doubt: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendHold:
     """Tell router `to` (a new origin of `gid`) that we hold a record of it: include us in its FINAL."""
 
@@ -132,14 +132,14 @@ class SendHold:
     gid: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Announce:
     """A subscription homed here changed: tell the mesh (the entry is in the table)."""
 
     sid: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DetachLink:
     """Detach the local link of `sid` (the subscription moved to another router, or ended there)."""
 

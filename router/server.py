@@ -477,15 +477,9 @@ class Router:
                 self._perform(act)
         if core.log:
             entries, core.log = core.log, []
-            ts = time.time()
-            slog = self.slog
-            lifecycle = False
-            for entry in entries:
-                slog.write_core_event(ts, entry)
-                if entry[1] is None:  # subscription lifecycle: written through at once (rare)
-                    lifecycle = True
-            if lifecycle:
-                slog.flush()
+            self.slog.write_core_events(time.time(), entries)
+            if any(e[1] is None for e in entries):  # subscription lifecycle: written through at once
+                self.slog.flush()
         if self._pending_opens or self.table.version != self._saved_version:
             assert self.engine is not None
             self.engine.call_after_pass(self._after_pass)

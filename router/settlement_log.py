@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,8 @@ class SettlementLog:
         self._head = f'{{"v":{SCHEMA_VERSION},"ts":'
         self._tail = f',"src":{_enc(src)},"node":{_enc(node)},"inc":{_enc(inc)},"ev":"'
         self._topics: dict[str, str] = {}
+        self._ev_tails: dict[str, str] = {}
+        self._strs: dict[str, str] = {}  # JSON encodings of frequent string values
         self.last_flush = time.monotonic()
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,15 +114,61 @@ class SettlementLog:
 
     def write_core_event(self, ts: float, entry: tuple[Any, ...]) -> None:
         """A delivery-core log tuple: (ev, gid, topic, sid, info)."""
-        ev, gid, topic, sid, info = entry
-        if info is None:
-            self.write(ev, ts, gid, topic, sid)
-        elif isinstance(info, dict):
-            self.write(ev, ts, gid, topic, sid, **info)
-        elif isinstance(info, list | tuple):
-            self.write(ev, ts, gid, topic, sid, error=": ".join(map(str, info)))  # a condition
-        else:
-            self.write(ev, ts, gid, topic, sid, info=str(info))
+        self.write_core_events(ts, (entry,))
+
+    def write_core_events(self, ts: float, entries: Iterable[tuple[Any, ...]]) -> None:
+        """Delivery-core log tuples (ev, gid, topic, sid, info), all stamped `ts`: the hot path.
+        Global ids and subscription ids need no JSON escaping (ids.py keeps them to safe ASCII)."""
+        if self._fd is None:
+            return
+        head = f'{{"v":{SCHEMA_VERSION},"ts":{ts!r}'
+        tails = self._ev_tails
+        topic_of = self._topic
+        strs = self._strs
+        out = self._buf
+        for ev, gid, topic, sid, info in entries:
+            tail = tails.get(ev) or self._ev_tail(ev)
+            t = topic_of(topic) if topic is not None else None
+            if info is None and gid is not None and t is not None:  # the common shapes, one f-string
+                if sid is not None:
+                    out.append(f'{head}{tail},"gid":"{gid}","topic":{t},"sub":"{sid}"}}\n')
+                else:
+                    out.append(f'{head}{tail},"gid":"{gid}","topic":{t}}}\n')
+                continue
+            line = head + tail
+            if gid is not None:
+                line += ',"gid":"' + gid + '"'
+            if t is not None:
+                line += ',"topic":' + t
+            if sid is not None:
+                line += ',"sub":"' + sid + '"'
+            if type(info) is dict:
+                for k, v in info.items():
+                    if v is None:
+                        continue
+                    if type(v) is int:
+                        line += f',"{k}":{v}'
+                    else:
+                        enc = strs.get(v) if type(v) is str else None
+                        if enc is None:
+                            enc = _enc(v)
+                            if type(v) is str and len(strs) < 4096:
+                                strs[v] = enc
+                        line += f',"{k}":' + enc
+            elif type(info) is str:
+                enc = strs.get(info)
+                if enc is None:
+                    enc = strs[info] = _enc(info)
+                line += ',"info":' + enc
+            elif info is not None:  # a condition (name, description)
+                line += ',"error":' + _enc(": ".join(map(str, info)))
+            out.append(line + "}\n")
+        if len(out) >= self.max_buffer:
+            self.flush()
+
+    def _ev_tail(self, ev: str) -> str:
+        t = self._ev_tails[ev] = self._tail + ev + '"'
+        return t
 
     def flush(self) -> None:
         if self._fd is None or not self._buf:
