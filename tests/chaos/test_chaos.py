@@ -1,0 +1,121 @@
+"""`oncemesh chaos` end to end: real routers, proxies and clients, faults from a seed, and the
+verdict of the Spark reconciliation.
+
+The short run (default test run) plays 17 faults of every kind on the line A - B - C in 45 s; the
+long run (`-m slow`) plays ten minutes on mesh4. Both pass only when the reconciliation finds
+nothing lost, duplicated, unexpected or falsely accepted and the run quiesced.
+
+    ONCEMESH_CHAOS_DURATION=1800 ONCEMESH_CHAOS_SEED=5 .venv/bin/pytest -m slow tests/chaos -s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from topology.chaos import ChaosError, run_chaos
+from topology.faults import FaultKind, Limits
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def processes_of(state_dir: Path) -> list[str]:
+    """Live processes whose command line names the run's state directory (routers, clients)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(state_dir) in cmd and state not in ("Z", "X"):
+            out.append(f"{d.name}: {cmd}")
+    return out
+
+
+def oncemesh(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "router.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, check=False)
+
+
+def test_short_chaos_run_with_every_fault_keeps_the_promises(tmp_path: Path) -> None:
+    """45 s of traffic on line3, seed 8: 17 faults of all four kinds (router SIGKILL+restart,
+    SIGSTOP, partitions, client SIGKILL+restart), judged by reconciling every log of the run."""
+    state = tmp_path / "run"
+    proc = oncemesh("chaos", "line3", "--duration", "45", "--seed", "8", "--faults", "all",
+                    "--state-dir", str(state), "--json", timeout=400)
+    print(proc.stderr[-6000:])
+    result = json.loads(proc.stdout)
+    assert proc.returncode == 0, result["verdict"]
+    assert result["seed"] == 8 and result["quiescent"] and not result["crashes"]
+    assert set(result["faults_injected"]) == {k.value for k in FaultKind}
+    assert sum(result["faults_injected"].values()) >= 12
+    rec = result["reconciliation"]
+    total = 2 * 30 * 45  # publishers x rate x duration
+    assert rec["messages"] == result["published"] == result["accepted"] == total
+    assert rec["verdict"] == "pass" and rec["failures"] == 0 and result["false_outcomes"] == 0
+    assert rec["subscriptions"] == 3
+    for name, counts in result["subscriptions"].items():
+        assert counts["ok"] == total, name
+        assert counts["lost"] == counts["duplicated"] == counts["unexpected"] == 0
+    assert "seed 8" in proc.stderr and "schedule (17 faults)" in proc.stderr
+    assert (state / "chaos.json").exists() and (state / "reconcile").is_dir()
+    assert processes_of(state) == []
+
+
+def test_interrupted_run_stops_everything_it_started(tmp_path: Path) -> None:
+    """Ctrl-C in the middle of the fault phase: every router, proxy and client is stopped."""
+    state = tmp_path / "run"
+    said: list[str] = []
+    seen: list[list[str]] = []
+
+    def say(text: str) -> None:
+        said.append(text)
+        if "start kill" in text and not seen:
+            seen.append(processes_of(state))
+            raise KeyboardInterrupt
+
+    result = run_chaos("triangle", duration=30, seed=3, faults=[FaultKind.KILL], state_dir=state,
+                       limits=Limits(mean_gap=1.0, warmup=1.0), say=say)
+    assert seen and len(seen[0]) >= 3 + 5  # three routers and five clients were running
+    assert result.interrupted and result.exit_code == 3
+    assert processes_of(state) == []
+    assert any("interrupted" in line for line in said)
+
+
+def test_setup_errors_are_reported_and_start_nothing(tmp_path: Path) -> None:
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "old.jsonl").write_text("{}\n")
+    with pytest.raises(ChaosError, match="not empty"):
+        run_chaos("line3", state_dir=busy)
+    fixed = tmp_path / "fixed.toml"
+    fixed.write_text((ROOT / "topology/examples/line3.toml").read_text().replace(
+        'inter_router = "127.0.0.1:0"', 'inter_router = "127.0.0.1:1"', 1))
+    proc = oncemesh("chaos", str(fixed), "--state-dir", str(tmp_path / "x"), timeout=60)
+    assert proc.returncode == 2 and "inter-router ports 0" in proc.stderr
+    proc = oncemesh("chaos", "nosuch", "--state-dir", str(tmp_path / "y"), timeout=60)
+    assert proc.returncode == 2 and "no topology file nosuch" in proc.stderr
+    proc = oncemesh("chaos", "line3", "--faults", "kill,reboot", timeout=60)
+    assert proc.returncode == 2 and "unknown fault 'reboot'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_long_chaos_run_keeps_the_promises(tmp_path: Path) -> None:
+    """Ten minutes (ONCEMESH_CHAOS_DURATION) on mesh4 with every kind of fault."""
+    duration = float(os.environ.get("ONCEMESH_CHAOS_DURATION", "600"))
+    seed = int(os.environ.get("ONCEMESH_CHAOS_SEED", "11"))
+    topology = os.environ.get("ONCEMESH_CHAOS_TOPOLOGY", "mesh4")
+    result = run_chaos(topology, duration=duration, seed=seed, state_dir=tmp_path / "run")
+    assert result.exit_code == 0, result.verdict()
+    assert result.summary is not None and result.summary.passed
+    assert result.published == result.accepted == 2 * 30 * int(duration)
+    assert sum(result.injected.values()) >= duration / 10
+    assert processes_of(tmp_path / "run") == []
