@@ -114,6 +114,19 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
+def _git_commit() -> str | None:
+    """The code measured: the router is being optimised with this tool, so every figure names it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def machine_info() -> dict[str, Any]:
     import proton
 
@@ -124,7 +137,7 @@ def machine_info() -> dict[str, Any]:
                 model = line.split(":", 1)[1].strip()
                 break
     rabbit = sorted(p.name for p in RABBIT_LIB.glob("rabbitmq_server-*")) if RABBIT_LIB.exists() else []
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
+    return {"commit": _git_commit(), "cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
             "proton": ".".join(map(str, proton.VERSION)), "kernel": platform.release(),
             "rabbitmq": rabbit[-1].split("-", 1)[1] if rabbit else None,
             "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
@@ -1003,7 +1016,7 @@ def format_report(rep: dict[str, Any]) -> str:
              f"(cases interleaved in each round)",
              f"machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, Proton {m['proton']}, "
              f"Linux {m['kernel']}" + (f", RabbitMQ {m['rabbitmq']}" if m.get("rabbitmq") else "")
-             + f"; load at start {m['loadavg_at_start']}",
+             + f"; load at start {m['loadavg_at_start']}" + (f"; code {m['commit']}" if m.get("commit") else ""),
              f"clients: {rep['clients']}", ""]
     for note in rep.get("notes", []):
         lines.append(f"note: {note}")
