@@ -265,7 +265,8 @@ class BenchPublisher(_Base):
             now = clock()
             seq = self.seq
             last = (count and seq + 1 >= count) or (self.t_end and now >= self.t_end)
-            flags = (FLAG_LAST if last else 0) | (FLAG_WARMUP if now < self.t_warm else 0)
+            warm = now < self.t_warm and (not count or seq * 10 < count)  # at most 10% of a --count
+            flags = (FLAG_LAST if last else 0) | (FLAG_WARMUP if warm else 0)
             pack(buf, off, MAGIC, now, seq, index, flags)
             link.send(b"%x" % seq, buf, settled=presettled)
             self.seq = seq + 1
