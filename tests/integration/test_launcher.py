@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,12 +65,15 @@ def hostport(url: str) -> tuple[str, int]:
 
 @pytest.fixture
 def meshes(tmp_path: Path) -> Iterator[Callable[..., Mesh]]:
-    """`meshes(topology_file, name="mesh")` -> a Mesh in tmp_path/name; all are stopped afterwards."""
+    """`meshes(topology_file, name="mesh", **kw)` -> a Mesh in tmp_path/name; all are stopped afterwards
+    (and their link proxies, if any)."""
     dirs: list[Path] = []
+    made: list[Mesh] = []
 
-    def make(topology_file: Path = SINGLE, name: str = "mesh") -> Mesh:
+    def make(topology_file: Path = SINGLE, name: str = "mesh", **kw: Any) -> Mesh:
         dirs.append(tmp_path / name)
-        return Mesh(topology_file, tmp_path / name)
+        made.append(Mesh(topology_file, tmp_path / name, **kw))
+        return made[-1]
 
     try:
         yield make
@@ -81,6 +85,9 @@ def meshes(tmp_path: Path) -> Iterator[Callable[..., Mesh]]:
             for s in mesh.status():
                 print(f"--- router {s.id} ({s.state.value}), {mesh.out_file(s.id)}:\n{mesh.tail(s.id)}")
             mesh.down(timeout=5)
+        for m in made:
+            if m.proxies is not None:
+                m.proxies.close()
 
 
 # ---------------------------------------------------------------------- one router
@@ -326,3 +333,62 @@ def test_mesh_converges_and_a_killed_router_rejoins(meshes: Callable[..., Mesh],
     assert restarted["A"].pid == pids["A"] and restarted["C"].pid == pids["C"]
     assert restarted["B"].pid != pids["B"]
     assert all(set(s.peers) == ids - {s.id} for s in restarted.values())
+
+
+# ---------------------------------------------------------------------- links through proxies
+@needs_router
+@needs_mesh
+def test_proxied_links_go_through_the_proxies_and_survive_a_listener_restart(meshes: Callable[..., Mesh]) -> None:
+    """line3 with proxies: A dials B and B dials C through them; each dialer's own peers dir names
+    the proxy and the listener's pid; a restarted listener (new inter-router port) is found again."""
+    mesh = meshes(EXAMPLES / "line3.toml", proxies=True)
+    statuses = {s.id: s for s in mesh.up(timeout=60)}
+    d = mesh.state_dir
+    assert mesh.router_command("A")[-2:] == ["--peers-dir", f"{d}/peers/A"]
+    assert mesh.proxies is not None and mesh.proxies.names() == ["A-B", "B-C"]
+    for dialer, listener in (("A", "B"), ("B", "C")):
+        peer = json.loads((d / "peers" / dialer / f"{listener}.json").read_text())
+        assert peer["inter_router"] == mesh.proxies.address(f"{dialer}-{listener}")
+        assert peer["pid"] == statuses[listener].pid
+        assert peer["inter_router"] != statuses[listener].inter_router
+        st = mesh.link_stats(dialer, listener)
+        assert st.open == 1 and st.bytes_up > 0 and st.bytes_down > 0  # the link runs through it
+    assert not (d / "peers" / "B" / "A.json").exists() and not (d / "peers" / "C").exists()
+
+    mesh.kill_router("B")
+    mesh.wait_converged(30, up=["A", "C"])
+    assert mesh.link_stats("A", "B").open == 0
+    restarted = {s.id: s for s in mesh.up(timeout=60)}
+    assert restarted["B"].inter_router != statuses["B"].inter_router  # a new port, found via the proxy
+    assert json.loads((d / "peers" / "A" / "B.json").read_text())["pid"] == restarted["B"].pid
+    assert all(set(s.peers) == {"A", "B", "C"} - {s.id} for s in restarted.values())
+    assert mesh.link_stats("A", "B").open == 1
+
+
+@needs_router
+@needs_mesh
+def test_only_the_owner_of_the_proxies_starts_routers_of_a_proxied_mesh(meshes: Callable[..., Mesh]) -> None:
+    mesh = meshes(EXAMPLES / "line3.toml", proxies=True)
+    mesh.up(timeout=60)
+    mesh.kill_router("C")
+    other = Mesh.open(mesh.state_dir)
+    assert [s.id for s in other.status() if s.alive] == ["A", "B"]  # status works from anywhere
+    with pytest.raises(MeshError, match="through proxies owned by the process that started it"):
+        other.up(timeout=5)
+    with pytest.raises(MeshError, match="through proxies owned by"):
+        Mesh(EXAMPLES / "line3.toml", mesh.state_dir, proxies=True).start_router("C")
+    assert mesh.router_status("C").state is RouterState.DEAD  # nothing was started
+    mesh.start_router("C", wait=30)
+    mesh.wait_converged(30)
+
+
+def test_proxies_need_inter_router_ports_0(tmp_path: Path) -> None:
+    fixed = tmp_path / "fixed.toml"
+    fixed.write_text((EXAMPLES / "line3.toml").read_text().replace(
+        'inter_router = "127.0.0.1:0"', 'inter_router = "127.0.0.1:1"', 1))
+    with pytest.raises(MeshError, match="inter-router ports 0"):
+        Mesh(fixed, tmp_path / "m", proxies=True)
+    with pytest.raises(MeshError, match="no link proxies running"):
+        Mesh(EXAMPLES / "line3.toml", tmp_path / "n").cut_link("A", "B")
+    with pytest.raises(MeshError, match="no link A–C"):
+        Mesh(EXAMPLES / "line3.toml", tmp_path / "n").link_name("A", "C")
