@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 
 GID_MAX = 32
 PLID_LEN = 12
 _TAG_MAX_PLAIN = GID_MAX - PLID_LEN - 1
-_PRINTABLE = frozenset(range(0x21, 0x7F)) - {ord('"'), ord("\\")}
 
 
 def _b32(data: bytes) -> str:
@@ -38,8 +38,11 @@ def subscription_id(container_id: str, link_name: str, topic: str) -> str:
     return _b32(h)[:16]
 
 
+_PLAIN_TAG = re.compile(rb'[\x21\x23-\x5b\x5d-\x7e]{1,%d}' % _TAG_MAX_PLAIN)  # printable, no " or \\
+
+
 def global_id(plid: str, tag: bytes) -> str:
-    if 0 < len(tag) <= _TAG_MAX_PLAIN and all(b in _PRINTABLE for b in tag):
+    if _PLAIN_TAG.fullmatch(tag):
         return f"{plid}:{tag.decode('ascii')}"
     h = hashlib.blake2b(tag, digest_size=12).digest()
     return f"{plid}#{_b32(h)[: GID_MAX - PLID_LEN - 1]}"

@@ -477,9 +477,7 @@ class Router:
                 self._perform(act)
         if core.log:
             entries, core.log = core.log, []
-            self.slog.write_core_events(time.time(), entries)
-            if any(e[1] is None for e in entries):  # subscription lifecycle: written through at once
-                self.slog.flush()
+            self.slog.write_core_events(time.time(), entries)  # flushes subscription lifecycle lines at once
         if self._pending_opens or self.table.version != self._saved_version:
             assert self.engine is not None
             self.engine.call_after_pass(self._after_pass)

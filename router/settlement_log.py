@@ -126,6 +126,7 @@ class SettlementLog:
         topic_of = self._topic
         strs = self._strs
         out = self._buf
+        lifecycle = False
         for ev, gid, topic, sid, info in entries:
             tail = tails.get(ev) or self._ev_tail(ev)
             t = topic_of(topic) if topic is not None else None
@@ -138,6 +139,8 @@ class SettlementLog:
             line = head + tail
             if gid is not None:
                 line += ',"gid":"' + gid + '"'
+            else:
+                lifecycle = True  # a subscription's lifecycle: the reconciliation needs it promptly
             if t is not None:
                 line += ',"topic":' + t
             if sid is not None:
@@ -163,7 +166,7 @@ class SettlementLog:
             elif info is not None:  # a condition (name, description)
                 line += ',"error":' + _enc(": ".join(map(str, info)))
             out.append(line + "}\n")
-        if len(out) >= self.max_buffer:
+        if lifecycle or len(out) >= self.max_buffer:
             self.flush()
 
     def _ev_tail(self, ev: str) -> str:

@@ -27,6 +27,35 @@ from router.engine.ffi import ffi, lib
 
 log = logging.getLogger("oncemesh.engine")
 
+# the per-message C calls, bound once (a `lib.` attribute lookup per call is measurable)
+_peek = lib.pn_collector_peek
+_pop = lib.pn_collector_pop
+_etype = lib.pn_event_type
+_edelivery = lib.pn_event_delivery
+_elink = lib.pn_event_link
+_dlink = lib.pn_delivery_link
+_dupdated = lib.pn_delivery_updated
+_dremote_state = lib.pn_delivery_remote_state
+_dsettled = lib.pn_delivery_settled
+_dsettle = lib.pn_delivery_settle
+_daborted = lib.pn_delivery_aborted
+_dpartial = lib.pn_delivery_partial
+_dreadable = lib.pn_delivery_readable
+_dpending = lib.pn_delivery_pending
+_dtag = lib.pn_delivery_tag
+_lcurrent = lib.pn_link_current
+_lrecv = lib.pn_link_recv
+_ladvance = lib.pn_link_advance
+_lsend = lib.pn_link_send
+_ldelivery = lib.pn_delivery
+_lcredit = lib.pn_link_credit
+_lis_sender = lib.pn_link_is_sender
+_unpack = ffi.unpack
+_from_buffer = ffi.from_buffer
+_NULL = ffi.NULL
+_E_DELIVERY = F.E_DELIVERY
+_E_LINK_FLOW = F.E_LINK_FLOW
+
 DEFAULT_IDLE_TIMEOUT = 2.0
 DEFAULT_MAX_FRAME = 1024 * 1024
 _READ_CHUNK = 64 * 1024
@@ -56,6 +85,9 @@ class Engine:
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.loop = loop or asyncio.get_event_loop()
+        # one output buffer for every connection: flushing is synchronous, one at a time
+        self.out_buf, self.out_cbuf = F.new_buffer(_READ_CHUNK)
+        self.out_view = memoryview(self.out_buf)
         self._dirty: set[AmqpConnection] = set()
         self._scheduled = False
         self._after_pass: list[Callable[[], None]] = []
@@ -98,7 +130,7 @@ class Link:
         self.name: str = F.cstr(lib.pn_link_name(ptr)) or ""
         self.is_sender: bool = bool(lib.pn_link_is_sender(ptr))
         self.ctx: Any = None
-        self.key = F.ptr_key(ptr)
+        self.key = ptr  # cffi pointers hash and compare by address
         self.freed = False
 
     # -- what the peer asked for -------------------------------------------------------------
@@ -184,7 +216,7 @@ class Link:
     # -- traffic -------------------------------------------------------------------------------
     @property
     def credit(self) -> int:
-        return int(lib.pn_link_credit(self.ptr))
+        return int(_lcredit(self.ptr))
 
     @property
     def queued(self) -> int:
@@ -201,12 +233,13 @@ class Link:
 
     def send(self, tag: bytes, payload: bytes | bytearray | memoryview, settled: bool = False) -> Any:
         """Send one complete message; returns the delivery pointer (None when pre-settled)."""
-        d = lib.pn_delivery(self.ptr, (len(tag), ffi.from_buffer(tag)))
-        lib.pn_link_send(self.ptr, ffi.from_buffer(payload), len(payload))
-        lib.pn_link_advance(self.ptr)
+        ptr = self.ptr
+        d = _ldelivery(ptr, (len(tag), _from_buffer(tag)))
+        _lsend(ptr, _from_buffer(payload), len(payload))
+        _ladvance(ptr)
         self.conn.touch()
         if settled:
-            lib.pn_delivery_settle(d)
+            _dsettle(d)
             return None
         return d
 
@@ -285,12 +318,11 @@ class AmqpConnection(asyncio.Protocol):
         self.ctx: Any = None  # handler-owned
         self.sock: asyncio.Transport | None = None
         self.peer: str = "?"
-        self.links: dict[int, Link] = {}
+        self.links: dict[Any, Link] = {}  # keyed by the link pointer
         self.closed = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline = 0
         self._close_reported = False
-        self._out_buf, self._out_cbuf = F.new_buffer(_READ_CHUNK)
 
         self.pn_conn = lib.pn_connection()
         self.pn_transport = lib.pn_transport()
@@ -404,8 +436,7 @@ class AmqpConnection(asyncio.Protocol):
         return link
 
     def _link_of(self, ptr: Any) -> Link:
-        key = F.ptr_key(ptr)
-        link = self.links.get(key)
+        link = self.links.get(ptr)
         if link is None:
             link = self._add_link(ptr)
         return link
@@ -433,95 +464,106 @@ class AmqpConnection(asyncio.Protocol):
     def _dispatch_events(self) -> None:
         coll = self.pn_collector
         handler = self.handler
+        links = self.links
         while True:
-            ev = lib.pn_collector_peek(coll)
-            if ev == F.NULL:
+            ev = _peek(coll)
+            if ev == _NULL:
                 break
-            etype = lib.pn_event_type(ev)
-            if etype == F.E_DELIVERY:
-                self._on_delivery(lib.pn_event_delivery(ev))
-            elif etype == F.E_LINK_FLOW:
-                lptr = lib.pn_event_link(ev)
-                if lib.pn_link_is_sender(lptr):
-                    link = self.links.get(F.ptr_key(lptr))
+            etype = _etype(ev)
+            if etype == _E_DELIVERY:
+                self._on_delivery(_edelivery(ev))
+            elif etype == _E_LINK_FLOW:
+                lptr = _elink(ev)
+                if _lis_sender(lptr):
+                    link = links.get(lptr)
                     if link is not None and not link.freed:
                         handler.on_credit(link)
-            elif etype == F.E_LINK_REMOTE_OPEN:
-                link = self._link_of(lib.pn_event_link(ev))
-                handler.on_link_open(link)
-            elif etype in (F.E_LINK_REMOTE_CLOSE, F.E_LINK_REMOTE_DETACH):
-                lptr = lib.pn_event_link(ev)
-                link = self.links.get(F.ptr_key(lptr))
-                if link is not None and not link.freed:
-                    cond = F.get_condition(lib.pn_link_remote_condition(lptr))
-                    st = lib.pn_link_state(lptr)
-                    was_open = not (st & F.LOCAL_CLOSED)
-                    if was_open:
-                        if etype == F.E_LINK_REMOTE_CLOSE:
-                            lib.pn_link_close(lptr)
-                        else:
-                            lib.pn_link_detach(lptr)
-                    try:  # reported whoever closed first: a local close waits for this answer
-                        handler.on_link_closed(link, etype == F.E_LINK_REMOTE_CLOSE, cond)
-                    finally:
-                        self._maybe_free_link(link)
-            elif etype == F.E_SESSION_REMOTE_OPEN:
-                ssn = lib.pn_event_session(ev)
-                if lib.pn_session_state(ssn) & F.LOCAL_UNINIT:
-                    lib.pn_session_open(ssn)
-            elif etype == F.E_SESSION_REMOTE_CLOSE:
-                ssn = lib.pn_event_session(ev)
-                if not (lib.pn_session_state(ssn) & F.LOCAL_CLOSED):
-                    lib.pn_session_close(ssn)
-            elif etype == F.E_CONNECTION_REMOTE_OPEN:
-                if lib.pn_connection_state(self.pn_conn) & F.LOCAL_UNINIT:
-                    lib.pn_connection_open(self.pn_conn)
-                handler.on_connection_open(self)
-            elif etype == F.E_CONNECTION_REMOTE_CLOSE:
-                cond = F.get_condition(lib.pn_connection_remote_condition(self.pn_conn))
-                if not (lib.pn_connection_state(self.pn_conn) & F.LOCAL_CLOSED):
-                    lib.pn_connection_close(self.pn_conn)
-                self._report_closed(cond)
-            elif etype == F.E_TRANSPORT_ERROR:
-                cond = F.get_condition(lib.pn_transport_condition(self.pn_transport))
-                log.warning("connection.transport_error peer=%s condition=%s", self.peer, cond)
-                self._report_closed(cond)
-            elif etype == F.E_TRANSPORT_CLOSED:
-                self._report_closed(None)
-            lib.pn_collector_pop(coll)
+            else:
+                self._on_endpoint_event(etype, ev)
+            _pop(coll)
+
+    def _on_endpoint_event(self, etype: int, ev: Any) -> None:
+        handler = self.handler
+        if etype == F.E_LINK_REMOTE_OPEN:
+            handler.on_link_open(self._link_of(lib.pn_event_link(ev)))
+        elif etype in (F.E_LINK_REMOTE_CLOSE, F.E_LINK_REMOTE_DETACH):
+            lptr = lib.pn_event_link(ev)
+            link = self.links.get(lptr)
+            if link is not None and not link.freed:
+                cond = F.get_condition(lib.pn_link_remote_condition(lptr))
+                st = lib.pn_link_state(lptr)
+                was_open = not (st & F.LOCAL_CLOSED)
+                if was_open:
+                    if etype == F.E_LINK_REMOTE_CLOSE:
+                        lib.pn_link_close(lptr)
+                    else:
+                        lib.pn_link_detach(lptr)
+                try:  # reported whoever closed first: a local close waits for this answer
+                    handler.on_link_closed(link, etype == F.E_LINK_REMOTE_CLOSE, cond)
+                finally:
+                    self._maybe_free_link(link)
+        elif etype == F.E_SESSION_REMOTE_OPEN:
+            ssn = lib.pn_event_session(ev)
+            if lib.pn_session_state(ssn) & F.LOCAL_UNINIT:
+                lib.pn_session_open(ssn)
+        elif etype == F.E_SESSION_REMOTE_CLOSE:
+            ssn = lib.pn_event_session(ev)
+            if not (lib.pn_session_state(ssn) & F.LOCAL_CLOSED):
+                lib.pn_session_close(ssn)
+        elif etype == F.E_CONNECTION_REMOTE_OPEN:
+            if lib.pn_connection_state(self.pn_conn) & F.LOCAL_UNINIT:
+                lib.pn_connection_open(self.pn_conn)
+            handler.on_connection_open(self)
+        elif etype == F.E_CONNECTION_REMOTE_CLOSE:
+            cond = F.get_condition(lib.pn_connection_remote_condition(self.pn_conn))
+            if not (lib.pn_connection_state(self.pn_conn) & F.LOCAL_CLOSED):
+                lib.pn_connection_close(self.pn_conn)
+            self._report_closed(cond)
+        elif etype == F.E_TRANSPORT_ERROR:
+            cond = F.get_condition(lib.pn_transport_condition(self.pn_transport))
+            log.warning("connection.transport_error peer=%s condition=%s", self.peer, cond)
+            self._report_closed(cond)
+        elif etype == F.E_TRANSPORT_CLOSED:
+            self._report_closed(None)
 
     def _on_delivery(self, d: Any) -> None:
-        lptr = lib.pn_delivery_link(d)
-        link = self.links.get(F.ptr_key(lptr))
+        lptr = _dlink(d)
+        link = self.links.get(lptr)
         if link is None or link.freed:
             return
         if link.is_sender:
-            if lib.pn_delivery_updated(d):
-                self.handler.on_delivery_update(link, d, int(lib.pn_delivery_remote_state(d)),
-                                                bool(lib.pn_delivery_settled(d)))
+            if _dupdated(d):
+                self.handler.on_delivery_update(link, d, _dremote_state(d), bool(_dsettled(d)))
             return
-        if lib.pn_delivery_aborted(d):
-            if lib.pn_link_current(lptr) == d:
-                lib.pn_link_advance(lptr)
-            lib.pn_delivery_settle(d)
-            lib.pn_link_flow(lptr, 1)  # an aborted transfer consumed credit
-            return
-        if lib.pn_link_current(lptr) == d:
-            if lib.pn_delivery_partial(d) or not lib.pn_delivery_readable(d):
+        if _lcurrent(lptr) == d:
+            if _daborted(d):
+                _ladvance(lptr)
+                _dsettle(d)
+                lib.pn_link_flow(lptr, 1)  # an aborted transfer consumed credit
+                return
+            if _dpartial(d) or not _dreadable(d):
                 self.handler_partial(link, d)
                 return
-            n = lib.pn_delivery_pending(d)
-            buf = bytearray(n)
-            got = lib.pn_link_recv(lptr, ffi.from_buffer(buf), n) if n else 0
-            lib.pn_link_advance(lptr)
-            payload = bytes(buf) if got == n else bytes(buf[: max(got, 0)])
-            settled = bool(lib.pn_delivery_settled(d))
-            self.handler.on_message(link, d, F.delivery_tag(d), payload, settled)
+            n = _dpending(d)
+            eng = self.engine
+            if n <= len(eng.out_buf):  # read through the shared scratch: one copy, into the payload
+                got = _lrecv(lptr, eng.out_cbuf, n) if n else 0
+                payload = bytes(eng.out_view[:got]) if got > 0 else b""
+            else:
+                buf = bytearray(n)
+                got = _lrecv(lptr, _from_buffer(buf), n)
+                payload = bytes(buf[:max(got, 0)])
+            _ladvance(lptr)
+            t = _dtag(d)
+            tag = _unpack(t.start, t.size) if t.size else b""
+            settled = bool(_dsettled(d))
+            self.handler.on_message(link, d, tag, payload, settled)
             if settled:  # pre-settled: nothing more will happen to it
-                lib.pn_delivery_settle(d)
-        elif lib.pn_delivery_updated(d):
-            self.handler.on_delivery_update(link, d, int(lib.pn_delivery_remote_state(d)),
-                                            bool(lib.pn_delivery_settled(d)))
+                _dsettle(d)
+        elif _daborted(d):
+            _dsettle(d)
+        elif _dupdated(d):
+            self.handler.on_delivery_update(link, d, _dremote_state(d), bool(_dsettled(d)))
 
     def handler_partial(self, link: Link, d: Any) -> None:
         """A transfer still arriving: enforce the link's max message size while it grows."""
@@ -560,8 +602,10 @@ class AmqpConnection(asyncio.Protocol):
         if sock is None or self.closed:
             return
         t = self.pn_transport
-        out = self._out_cbuf
-        buf = self._out_buf
+        eng = self.engine
+        out = eng.out_cbuf
+        view = eng.out_view
+        size = len(view)
         while True:
             pending = lib.pn_transport_pending(t)
             if pending < 0:  # head closed: everything we had to say is written
@@ -570,10 +614,11 @@ class AmqpConnection(asyncio.Protocol):
                 break
             if pending == 0:
                 break
-            n = lib.pn_transport_peek(t, out, min(pending, len(buf)))
+            n = lib.pn_transport_peek(t, out, pending if pending < size else size)
             if n <= 0:
                 break
-            sock.write(bytes(buf[:n]))
+            # asyncio sends at once or copies what it could not send: the buffer is free again after
+            sock.write(view[:n])
             lib.pn_transport_pop(t, n)
 
     def _release(self) -> None:
