@@ -68,7 +68,7 @@ def _to_list(m: Control) -> list[Any]:
     if t is Finals:
         return ["F", m.src, m.dst, m.gids]  # type: ignore[union-attr]
     if t is Probes:
-        return ["P", m.src, m.dst, m.gids]  # type: ignore[union-attr]
+        return ["P", m.src, m.dst, m.gids, m.inc]  # type: ignore[union-attr]
     if t is Hello:
         return ["H", m.src, m.inc]  # type: ignore[union-attr]
     if t is LinkState:
@@ -97,7 +97,7 @@ def _from_list(x: list[Any]) -> Control | None:
     if kind == "F":
         return Finals(x[1], x[2], list(x[3]))
     if kind == "P":
-        return Probes(x[1], x[2], list(x[3]))
+        return Probes(x[1], x[2], list(x[3]), str(x[4]) if len(x) > 4 else "")
     if kind == "H":
         return Hello(x[1], x[2])
     if kind == "L":

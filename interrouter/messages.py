@@ -96,11 +96,14 @@ class Finals:
 
 @dataclass(frozen=True, slots=True)
 class Probes:
-    """From a destination to an origin: are these gids still in flight? (A FINAL may be lost.)"""
+    """From a destination to an origin: are these gids still in flight? (A FINAL may be lost.)
+    `inc` is the origin incarnation that forwarded them: only that incarnation may answer (a
+    restarted origin has no record of them, which says nothing about whether they are final)."""
 
     src: str
     dst: str
     gids: list[str]
+    inc: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,11 +77,11 @@ class MeshNode:
         self._control: dict[str, list[Control]] = {}
         self._acks: dict[str, list[tuple[str, str, int, tuple[str, str] | None]]] = {}
         self._finals: dict[str, list[str]] = {}
-        self._probes: dict[str, list[str]] = {}
+        self._probes: dict[tuple[str, str], list[str]] = {}
         self._holds: dict[str, list[str]] = {}
         self._queries: dict[str, list[str]] = {}
         self.awaiting: dict[int, str] = {}  # gossip request -> sid whose ATTACH waits for it
-        self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0}
+        self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0, "stale_probes": 0}
         self.lsdb.set_neighbours({})
 
     # ------------------------------------------------------------------ connections
@@ -165,6 +165,11 @@ class MeshNode:
             for gid in msg.gids:  # type: ignore[union-attr]
                 core.handle_final(gid, now)
         elif t is Probes:
+            if msg.inc != self.inc:  # type: ignore[union-attr]
+                # asked of an earlier life of ours: we cannot know; the asker learns our new
+                # incarnation from the link state and asks everybody instead
+                self.stats["stale_probes"] += 1
+                return
             for gid in msg.gids:  # type: ignore[union-attr]
                 core.handle_probe(gid, msg.src)  # type: ignore[union-attr]
         elif t is Queries:
@@ -226,8 +231,8 @@ class MeshNode:
             self._route_control(Acks(self.me, dst, items))
         for dst, gids in self._finals.items():
             self._route_control(Finals(self.me, dst, gids))
-        for dst, gids in self._probes.items():
-            self._route_control(Probes(self.me, dst, gids))
+        for (dst, inc), gids in self._probes.items():
+            self._route_control(Probes(self.me, dst, gids, inc))
         for dst, gids in self._holds.items():
             self._route_control(Holds(self.me, dst, gids))
         for dst, gids in self._queries.items():
@@ -254,7 +259,7 @@ class MeshNode:
         elif t is SendFinal:
             self._finals.setdefault(act.to, []).append(act.gid)
         elif t is SendProbe:
-            self._probes.setdefault(act.to, []).append(act.gid)
+            self._probes.setdefault((act.to, act.inc), []).append(act.gid)
         elif t is SendHold:
             self._holds.setdefault(act.to, []).append(act.gid)
         elif t is SendQuery:

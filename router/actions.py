@@ -101,10 +101,12 @@ class SendFinal:
 
 @dataclass(slots=True)
 class SendProbe:
-    """Ask origin router `to` whether `gid` is still in flight (a FINAL may have been lost)."""
+    """Ask origin router `to` whether `gid` is still in flight (a FINAL may have been lost).
+    `inc` is the incarnation of `to` that forwarded it: another incarnation knows nothing of it."""
 
     to: str
     gid: str
+    inc: str
 
 
 @dataclass(slots=True)

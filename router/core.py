@@ -1120,17 +1120,17 @@ class DeliveryCore:
                 # an origin whose publisher left: it resends elsewhere, or settled, or is gone
                 if rec.pub_settled or rec.created >= probe_before or len(reach) < 2:
                     continue
-                live: list[str] = []
+                live: list[tuple[str, str]] = []
             else:
                 if rec.pending or rec.decided >= probe_before:
                     continue
-                live = [o for o, i in (rec.origins or {}).items() if reach.get(o) == i and o != self.router_id]
+                live = [(o, i) for o, i in (rec.origins or {}).items() if reach.get(o) == i and o != self.router_id]
             rec.probed = now
             if self._settled_by_local_publisher(rec.gid):
                 final_now.append(rec.gid)
             elif live:
-                for origin in live:
-                    self.out.append(SendProbe(origin, rec.gid))
+                for origin, inc in live:
+                    self.out.append(SendProbe(origin, rec.gid, inc))
             else:
                 for r in sorted(reach):
                     if r != self.router_id:

@@ -221,7 +221,7 @@ def test_every_control_message_round_trips() -> None:
         SubUpdate("A", "B", {"sid": "s", "x": [1, 2]}, 7, ("g1", "g2")), SubUpdate("A", "B", {"sid": "s"}, None),
         SubAck("B", "A", "s", 7, False, "ended"), TableSync("A", "B", "1", [{"sid": "s"}], True),
         Acks("B", "A", [("g", "s", 2, None), ("h", "s", 3, ("app:bad", "no"))]), Finals("A", "B", ["g"]),
-        Probes("B", "A", ["g"]), Queries("B", "C", ["g"]), PubDeclare("A", "B", "plid", ["g"]),
+        Probes("B", "A", ["g"], "17"), Queries("B", "C", ["g"]), PubDeclare("A", "B", "plid", ["g"]),
         Holds("B", "A", ["g"]),
     ]
     assert codec.decode_control(codec.encode_control(msgs)) == msgs
@@ -245,3 +245,23 @@ def test_unknown_kinds_are_skipped_and_garbage_is_an_error() -> None:
 def test_copies_round_trip_with_their_payload_untouched(payload: bytes, dests: dict[str, list[str]]) -> None:
     c = Copy("A", "12", "p:1", "topic", {k: tuple(v) for k, v in dests.items()}, payload)
     assert codec.decode_copy(codec.encode_copy(c)) == c
+
+
+# ---------------------------------------------------------------------- probes
+
+
+def test_only_the_incarnation_that_forwarded_a_copy_answers_a_probe() -> None:
+    """A restarted origin has no record of anything: that must not read as 'final' (seed 12397)."""
+    from interrouter.node import MeshNode
+    from router.actions import SendFinal
+    from router.core import CoreConfig, DeliveryCore
+
+    def finals_after(probe_inc: str) -> list[str]:
+        core = DeliveryCore("A", SubscriptionTable(), CoreConfig())
+        node = MeshNode("A", "2000", core, {"A", "B"}, {"B": 1.0}, 1.0, 3.0, 0.0)
+        node.peer_up("B", "1000", 0.0)
+        node.frame("B", codec.encode_control([Probes("B", "A", ["p:1"], probe_inc)]), 0.1)
+        return [a.gid for a in core.out if isinstance(a, SendFinal) and a.to == "B"]
+
+    assert finals_after("2000") == ["p:1"]  # this life forwarded it and has no record: final
+    assert finals_after("1000") == []  # an earlier life did: we cannot know
