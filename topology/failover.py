@@ -85,6 +85,11 @@ def measure(topology: str | Path, fault: str, *, repeat: int = 3, publisher: str
         s = watch.by_link("sub")
         assert s is not None
 
+        def transit(rid: str) -> int:
+            """Copies the router passed on without a record (its ready file's mesh counters)."""
+            info = json.loads(mesh.ready_file(rid).read_text() or "{}")
+            return int(info.get("mesh", {}).get("transit", 0))
+
         def handed_at_least(n: int) -> Callable[[], bool]:
             def check() -> bool:
                 watch.poll()
@@ -96,7 +101,13 @@ def measure(topology: str | Path, fault: str, *, repeat: int = 3, publisher: str
                                       "--state-dir", str(tmp / f"pub-{i}"), "--log-dir", str(logs)],
                           tmp / f"pub-{i}.out")
             procs.append(pub)
+            wait_for(lambda: len(mesh.live_links()) == len(mesh.topology.links), 60,
+                     "every link up (else traffic may not cross the victim)")
             wait_for(handed_at_least(len(s.handed) + int(rate * 2)), 30, "steady traffic")
+            if victim not in (publisher, subscriber):  # a transit router: traffic must cross it now
+                start = transit(victim)
+                wait_for(lambda n=start: transit(victim) >= n + rate / 2, 30,  # type: ignore[misc]
+                         f"traffic to cross {victim}")
             t_fault = time.time()
             if fault == "kill":
                 mesh.kill_router(victim)

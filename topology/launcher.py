@@ -461,6 +461,15 @@ class Mesh:
     def link_stats(self, a: str, b: str) -> ProxyStats:
         return self._hub().stats(self.link_name(a, b))
 
+    def live_links(self) -> list[LinkSpec]:
+        """Links both of whose routers run and list each other as live neighbours (in their ready
+        files). `wait_converged` looks at reachability only: a router can reach a peer over another
+        path before their direct link is back."""
+        ready = {s.id: self._read_ready(s.id) or {} for s in self.status() if s.state is RouterState.RUNNING}
+        return [link for link in self.topology.links
+                if link.b in ready.get(link.a, {}).get("neighbours", ())
+                and link.a in ready.get(link.b, {}).get("neighbours", ())]
+
     def links_down(self) -> list[LinkSpec]:
         """Links whose proxy is cut or blackholed (none without proxies)."""
         if self.proxies is None or not self.proxies.running:
