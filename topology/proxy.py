@@ -128,22 +128,25 @@ class _Connection:
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE_CHUNKS)
 
         async def pump_out() -> None:
-            while True:
-                due, data = await queue.get()
-                if not data:  # the sender closed its side: pass the half-close on
-                    if writer.can_write_eof():
-                        writer.write_eof()
-                    return
-                wait = due - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                await p.flowing.wait()
-                writer.write(data)
-                await writer.drain()
-                if up:
-                    p.bytes_up += len(data)
-                else:
-                    p.bytes_down += len(data)
+            try:
+                while True:
+                    due, data = await queue.get()
+                    if not data:  # the sender closed its side: pass the half-close on
+                        if writer.can_write_eof():
+                            writer.write_eof()
+                        return
+                    wait = due - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    await p.flowing.wait()
+                    writer.write(data)
+                    await writer.drain()
+                    if up:
+                        p.bytes_up += len(data)
+                    else:
+                        p.bytes_down += len(data)
+            except OSError:
+                self.close()  # the receiving side is gone: so is the connection
 
         out = asyncio.ensure_future(pump_out())
         try:
