@@ -57,6 +57,7 @@ TOPIC = "chaos"
 TICK = 0.1  # seconds between looks at processes and logs while playing the schedule
 PROGRESS_EVERY = 10.0
 SETUP_TIMEOUT = 60.0
+DEFAULT_SIZE = 64
 WAIT_VICTIM = 10.0  # a router fault waits at most this long for the previous victim to be back
 
 
@@ -74,7 +75,7 @@ class ChaosConfig:
     publishers: int = 2
     subscribers: int = 3
     rate: float = 30.0  # messages per second, per publisher
-    size: int = 64  # message bytes
+    size: int = DEFAULT_SIZE  # message bytes
     settle: float | None = None  # after healing, wait this long for quiescence (default max(60, duration/2))
     limits: Limits = Limits()
     reconcile: bool = True
@@ -574,7 +575,10 @@ class _Run:
         self.say(f"verdict: {r.verdict()}")
         self.say(f"replay: oncemesh chaos {self.cfg.topology} --seed {r.seed} --duration {self.cfg.duration:g} "
                  f"--faults {','.join(k.value for k in self.cfg.faults) or 'none'} --publishers "
-                 f"{self.cfg.publishers} --subscribers {self.cfg.subscribers} --rate {self.cfg.rate:g}")
+                 f"{self.cfg.publishers} --subscribers {self.cfg.subscribers} --rate {self.cfg.rate:g}"
+                 + (f" --size {self.cfg.size}" if self.cfg.size != DEFAULT_SIZE else "")
+                 + (f" --mean-gap {self.cfg.limits.mean_gap:g}" if self.cfg.limits.mean_gap != Limits().mean_gap
+                    else ""))
 
 
 @contextlib.contextmanager
@@ -594,7 +598,7 @@ def _no_interrupts() -> Iterator[None]:
 
 def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None = None,
               faults: Sequence[FaultKind] | str = ALL_FAULTS, state_dir: Path | str | None = None,
-              publishers: int = 2, subscribers: int = 3, rate: float = 30.0, size: int = 64,
+              publishers: int = 2, subscribers: int = 3, rate: float = 30.0, size: int = DEFAULT_SIZE,
               settle: float | None = None, limits: Limits | None = None, reconcile: bool = True,
               say: Callable[[str], None] | None = None) -> ChaosResult:
     """One chaos run (see the module docstring); the result says what happened and the verdict.
