@@ -171,7 +171,7 @@ class MeshNode:
                 self.stats["stale_probes"] += 1
                 return
             for gid in msg.gids:  # type: ignore[union-attr]
-                core.handle_probe(gid, msg.src)  # type: ignore[union-attr]
+                core.handle_probe(gid, msg.src, now)  # type: ignore[union-attr]
         elif t is Queries:
             for gid in msg.gids:  # type: ignore[union-attr]
                 core.handle_query(gid, msg.src, now)  # type: ignore[union-attr]

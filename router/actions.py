@@ -11,6 +11,19 @@ from enum import IntEnum
 from typing import Any
 
 
+class SizeCount(tuple[int, int]):
+    """Info of a core "received" log event: (size, count), written as "size" and "count" fields.
+    A tuple subclass, not a dict: the commonest event of the hot path is formatted in one step."""
+
+    __slots__ = ()
+
+
+class AcceptedBy(int):
+    """Info of a core "outcome" event when the outcome is ACCEPTED: the number of subscriptions."""
+
+    __slots__ = ()
+
+
 class Outcome(IntEnum):
     ACCEPTED = 1
     REJECTED = 2

@@ -50,6 +50,7 @@ from typing import Any
 
 from router import errors
 from router.actions import (
+    AcceptedBy,
     Action,
     Announce,
     DeclarePublisher,
@@ -67,6 +68,7 @@ from router.actions import (
     SendQuery,
     SettleDelivery,
     SettlePublisher,
+    SizeCount,
 )
 from router.ids import global_id, plid_of
 from router.subscriptions import Subscription, SubscriptionTable, SubState
@@ -298,7 +300,7 @@ class DeliveryCore:
             else:
                 self.remote_pending.setdefault(sid, {})[gid] = rec
                 remote = True
-        self.log.append(("received", gid, topic, None, {"size": len(payload), "count": len(rec.owed)}))
+        self.log.append(("received", gid, topic, None, SizeCount((len(payload), len(rec.owed)))))
         if rec.pending == 0:
             self._decide(rec, now)
             return rec
@@ -363,9 +365,12 @@ class DeliveryCore:
         self.inflight_bytes -= len(rec.payload)
         rec.payload = b""
         self._unblock()
-        self.log.append(("outcome", rec.gid, rec.topic, None, {
-            "outcome": rec.outcome.name, "count": len(rec.owed),
-            "error": f"{rec.error[0]}: {rec.error[1]}" if rec.error else None}))
+        if rec.outcome is Outcome.ACCEPTED and rec.error is None:
+            self.log.append(("outcome", rec.gid, rec.topic, None, AcceptedBy(len(rec.owed))))
+        else:
+            self.log.append(("outcome", rec.gid, rec.topic, None, {
+                "outcome": rec.outcome.name, "count": len(rec.owed),
+                "error": f"{rec.error[0]}: {rec.error[1]}" if rec.error else None}))
         for pub in list(rec.pubs):
             entry = self.pub_of.get(pub)
             if entry is not None:
@@ -784,10 +789,26 @@ class DeliveryCore:
         rec.pub_settled = True
         self._finalize(rec, now)
 
-    def handle_probe(self, gid: str, frm: str) -> None:
-        """A destination asks whether `gid` is still in flight here (its origin)."""
-        if gid not in self.records:
+    def handle_probe(self, gid: str, frm: str, now: float) -> None:
+        """A destination asks whether `gid` is still in flight here (its origin). It asks only when
+        it resolved every subscription of it long ago: if we still wait for one that `frm` told us
+        it holds, its resolution was lost on the way (a connection reset between other routers
+        loses acks without changing who is reachable). Send the copy again: it answers with what
+        it knows."""
+        rec = self.records.get(gid)
+        if rec is None:
             self.out.append(SendFinal(frm, gid))
+            return
+        if rec.origin is not None or rec.outcome is not None or not rec.held or rec.fwd is None:
+            return
+        fwd = rec.fwd
+        lost = [sid for sid in rec.held if fwd.get(sid) == frm]
+        if lost and self._driving(rec):
+            self._now = now
+            rec.held.difference_update(lost)
+            for sid in lost:
+                del fwd[sid]
+            self._route(rec, force=False)
 
     def handle_query(self, gid: str, frm: str, now: float) -> None:
         """Router `frm` holds a record of `gid` that lost its publisher and its origin: answer with

@@ -121,6 +121,7 @@ class Router:
         self.pub_deliveries: dict[Any, Link] = {}  # unsettled publisher delivery pointer -> its link
         self.bound: tuple[str, int] | None = None
         self._saved_version = -1
+        self._drain_scheduled = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._stopped = asyncio.Event()
         self._pending_opens: list[Link] = []
@@ -260,6 +261,7 @@ class Router:
     def on_link_open(self, link: Link) -> None:
         if not link.local_uninit:
             return
+        self.drain()
         try:
             if link.is_sender:
                 self._open_subscriber(link)
@@ -389,7 +391,7 @@ class Router:
                 amqp.update(delivery, F.RELEASED)
                 amqp.settle(delivery)
             self._close_publisher(link, exc.condition, str(exc))
-        self.drain()
+        self._drain_later()
 
     def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:
         ctx = link.ctx
@@ -413,12 +415,13 @@ class Router:
                 settled = True
             if self.sub_links.get(ctx.sid) is link:
                 self.core.subscriber_outcome(ctx.sid, gid, outcome, settled, error, undeliverable, time.time())
-                self.drain()
+                self._drain_later()
         elif isinstance(ctx, PubLinkCtx) and settled and delivery in self.pub_deliveries:
             self.core.publisher_settled(delivery, time.time())  # -> SettlePublisher
-            self.drain()
+            self._drain_later()
 
     def on_link_closed(self, link: Link, closed: bool, condition: tuple[str, str] | None) -> None:
+        self.drain()  # what the core decided while the link was still there goes out first
         ctx = link.ctx
         if isinstance(ctx, SubLinkCtx):
             if condition:
@@ -431,6 +434,7 @@ class Router:
         self.drain()
 
     def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
+        self.drain()
         self.connections.discard(conn)
         now = time.time()
         for link in list(conn.links.values()):
@@ -467,8 +471,21 @@ class Router:
             link.close(condition, description)
 
     # ------------------------------------------------------------------ actions
+    def _drain_later(self) -> None:
+        """The hot handlers (transfers, dispositions, credit) leave the core's actions for one drain
+        at the end of the loop pass: actions and log lines of every connection's input batch are
+        performed together. Every other handler drains first, so actions keep their order."""
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            assert self.engine is not None
+            self.engine.call_after_pass(self._deferred_drain)
+
+    def _deferred_drain(self) -> None:
+        self._drain_scheduled = False
+        self.drain()
+
     def drain(self) -> None:
-        """Perform the core's actions and write its log events. Called after each input batch."""
+        """Perform the core's actions and write its log events."""
         core = self.core
         out = core.out
         if out:

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from router.actions import AcceptedBy, SizeCount
+
 SCHEMA_VERSION = 1
 
 # field name -> JSON type, in line order. Every line has v, ts, src, node, inc, ev; the rest are
@@ -130,12 +132,20 @@ class SettlementLog:
         for ev, gid, topic, sid, info in entries:
             tail = tails.get(ev) or self._ev_tail(ev)
             t = topic_of(topic) if topic is not None else None
-            if info is None and gid is not None and t is not None:  # the common shapes, one f-string
-                if sid is not None:
-                    out.append(f'{head}{tail},"gid":"{gid}","topic":{t},"sub":"{sid}"}}\n')
-                else:
-                    out.append(f'{head}{tail},"gid":"{gid}","topic":{t}}}\n')
-                continue
+            if gid is not None and t is not None:  # the common shapes, one f-string
+                if info is None:
+                    if sid is not None:
+                        out.append(f'{head}{tail},"gid":"{gid}","topic":{t},"sub":"{sid}"}}\n')
+                    else:
+                        out.append(f'{head}{tail},"gid":"{gid}","topic":{t}}}\n')
+                    continue
+                ti = type(info)
+                if ti is SizeCount:
+                    out.append(f'{head}{tail},"gid":"{gid}","topic":{t},"size":{info[0]},"count":{info[1]}}}\n')
+                    continue
+                if ti is AcceptedBy:
+                    out.append(f'{head}{tail},"gid":"{gid}","topic":{t},"outcome":"ACCEPTED","count":{info}}}\n')
+                    continue
             line = head + tail
             if gid is not None:
                 line += ',"gid":"' + gid + '"'

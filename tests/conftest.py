@@ -117,3 +117,5 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--sim-seed", type=int, default=None, help="replay one seed (test_replay)")
     g.addoption("--sim-topology", default="mesh4", help="topology for --sim-seed")
     g.addoption("--sim-faults", default="", help="faults for --sim-seed: kill,freeze,partition,loss")
+    g.addoption("--sim-duration", type=float, default=8.0, help="schedule length for --sim-seed (seconds)")
+    g.addoption("--sim-messages", type=int, default=30, help="messages per publisher for --sim-seed")

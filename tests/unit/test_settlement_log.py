@@ -1,0 +1,43 @@
+"""The settlement log writer: the hot-path shapes write exactly what the generic path writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.actions import AcceptedBy, SizeCount
+from router.settlement_log import FIELDS, SettlementLog
+
+ids = st.from_regex(r"[a-z0-9]{1,12}:[a-z0-9]{1,6}", fullmatch=True)
+topics = st.text(min_size=1, max_size=20)  # any text: topics are JSON-escaped
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(gid=ids, topic=topics, sid=st.one_of(st.none(), st.from_regex(r"[a-z0-9]{16}", fullmatch=True)),
+       size=st.integers(0, 10**9), count=st.integers(0, 10**4))
+def test_fast_shapes_equal_the_generic_ones(tmp_path_factory, gid: str, topic: str, sid: str | None,
+                                            size: int, count: int) -> None:
+    path = tmp_path_factory.mktemp("log") / "r.jsonl"
+    log = SettlementLog(path, src="router", node="A", inc="7")
+    log.write_core_events(1.5, [
+        ("received", gid, topic, None, SizeCount((size, count))),
+        ("received", gid, topic, None, {"size": size, "count": count}),
+        ("outcome", gid, topic, None, AcceptedBy(count)),
+        ("outcome", gid, topic, None, {"outcome": "ACCEPTED", "count": count, "error": None}),
+        ("delivered", gid, topic, sid, None),
+        ("delivered", gid, topic, sid, {}),
+    ])
+    log.close()
+    lines = read(path)
+    assert lines[0] == lines[1] and lines[2] == lines[3] and lines[4] == lines[5]
+    assert lines[0]["size"] == size and lines[0]["count"] == count and lines[0]["topic"] == topic
+    assert lines[2]["outcome"] == "ACCEPTED" and lines[2]["gid"] == gid
+    assert lines[4].get("sub") == sid
+    assert all(set(line) <= set(FIELDS) for line in lines)
