@@ -33,6 +33,7 @@ import heapq
 import json
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -283,10 +284,11 @@ class _Run:
         (self.state / "chaos.json").write_text(json.dumps({
             "seed": self.seed, "topology": str(cfg.topology.resolve()), "duration": cfg.duration,
             "faults": [k.value for k in cfg.faults], "publishers": cfg.publishers,
-            "subscribers": cfg.subscribers, "rate": cfg.rate, "size": cfg.size,
+            "subscribers": cfg.subscribers, "rate": cfg.rate, "size": cfg.size, "code": _code_version(),
             "schedule": [f.to_json() for f in self.schedule]}, indent=2) + "\n")
         self.say(f"oncemesh chaos: seed {self.seed}, topology {cfg.topology}, {cfg.duration:g}s of traffic, "
-                 f"faults {','.join(k.value for k in cfg.faults) or 'none'}; state and logs in {self.state}")
+                 f"faults {','.join(k.value for k in cfg.faults) or 'none'}; state and logs in {self.state}; "
+                 f"code {_code_version()}")
         self.say(f"schedule ({len(self.schedule)} faults):")
         for f in self.schedule:
             self.say("  " + f.describe())
@@ -579,6 +581,20 @@ class _Run:
                  + (f" --size {self.cfg.size}" if self.cfg.size != DEFAULT_SIZE else "")
                  + (f" --mean-gap {self.cfg.limits.mean_gap:g}" if self.cfg.limits.mean_gap != Limits().mean_gap
                     else ""))
+
+
+def _code_version() -> str:
+    """Which code ran (a finding must name it): the git commit of this tree, `+dirty` when it
+    has uncommitted changes; the directory when it is not a git checkout."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return str(root)
+    return sha + ("+dirty" if dirty else "")
 
 
 @contextlib.contextmanager
