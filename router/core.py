@@ -405,14 +405,16 @@ class DeliveryCore:
                 if rec.outcome is not None:
                     self.out.append(SendOutcome(pub, rec.outcome, rec.error, True))
         me = self.router_id
-        table = self.table
-        tell: set[str] = set(rec.holders) if rec.holders else set()
+        tell: set[str] | None = set(rec.holders) if rec.holders else None
+        subs = self.subs
         for sid, st in rec.owed.items():
-            rt = self.subs.get(sid)
+            rt = subs.get(sid)
             if rt is None:
                 if rec.origin is None:
-                    sub = table.get(sid)
+                    sub = self.table.get(sid)
                     if sub is not None and sub.live and sub.home != me:
+                        if tell is None:
+                            tell = set()
                         tell.add(sub.home)  # its new home may hold a placeholder for it
                     pend = self.remote_pending.get(sid)
                     if pend is not None:
@@ -429,7 +431,7 @@ class DeliveryCore:
                     self._pump(rt)
                 elif rt.capable:
                     rt.final_unnotified.add(gid)
-        if rec.origin is None:
+        if rec.origin is None and tell:
             tell.discard(me)
             for router in sorted(tell):
                 self.out.append(SendFinal(router, gid))
@@ -473,6 +475,7 @@ class DeliveryCore:
             "info": f"expiry={'never' if math.isinf(expiry) else expiry} presented={len(presented_set)}"}))
         # The client already holds what it presents, whether this is a resume or a new life of the
         # same identity (a non-durable one that ended): never hand those ids to it again.
+        declared: dict[str, list[set[str]]] | None = None  # plid -> in-doubt sets of its links here
         for gid in presented_set:
             rec = rt.owed.get(gid)
             if rec is not None:
@@ -483,7 +486,17 @@ class DeliveryCore:
                 rec2 = self.records.get(gid)
                 if rec2 is None and gid in self.recent_final:
                     rt.notify.append(gid)  # we were its origin and it is final
-                elif rec2 is None:  # not here (yet): a copy or a resend may bring it
+                elif rec2 is None:
+                    if declared is None:
+                        declared = {}
+                        for pl in self.pub_links.values():
+                            if pl.declared is not None:
+                                declared.setdefault(pl.plid, []).append(pl.declared)
+                    held_by = declared.get(plid_of(gid))
+                    if held_by is not None and not any(gid in d for d in held_by):
+                        rt.notify.append(gid)  # its publisher is here and settled it: final
+                        continue
+                    # not here (yet): a copy or a resend may bring it
                     self.placeholders.setdefault(gid, {})[sid] = now
                     self.log.append(("placeholder", gid, topic, sid, None))
                 elif rec2.owed.get(sid) is not S.ACCEPTED:

@@ -57,6 +57,7 @@ EXAMPLES = Path(__file__).resolve().parent / "examples"
 TOPIC = "chaos"
 TICK = 0.1  # seconds between looks at processes and logs while playing the schedule
 PROGRESS_EVERY = 10.0
+STALL = 20.0  # after every publisher finished: this long without a client log line means stuck
 SETUP_TIMEOUT = 60.0
 DEFAULT_SIZE = 64
 WAIT_VICTIM = 10.0  # a router fault waits at most this long for the previous victim to be back
@@ -419,13 +420,15 @@ class _Run:
         self.result.injected[f.kind.value] += 1
 
     # ------------------------------------------------------------------ watching
-    def tick(self) -> None:
-        self.watch.poll()
+    def tick(self) -> int:
+        """Look at the logs and the processes; returns the number of new client log lines."""
+        n = self.watch.poll()
         self.check_processes()
         for d in self.watch.duplicates():
             if d not in self._reported_dups:
                 self._reported_dups.add(d)
                 self.say(f"  VIOLATION seen in the client logs: {d}")
+        return n
 
     def check_processes(self) -> None:
         mesh = self.mesh
@@ -499,15 +502,24 @@ class _Run:
         deadline = time.monotonic() + min(self.cfg.settle_timeout, max(0.0, self.remaining()))
         subs = [c.name for c in self.clients if c.kind == "consume"]
         pubs = [c for c in self.clients if c.kind == "publish"]
-        last = time.monotonic()
+        last = quiet_since = time.monotonic()
         while True:
-            self.tick()
+            if self.tick():
+                quiet_since = time.monotonic()
             done_pubs = all(c.finished for c in pubs)
-            missing = {n: len(self.watch.missing(s)) for n in subs if (s := self.watch.by_link(n)) is not None}
+            gaps = {n: self.watch.missing(s) for n in subs if (s := self.watch.by_link(n)) is not None}
+            missing = {n: len(g) for n, g in gaps.items()}
             if done_pubs and len(missing) == len(subs) and not any(missing.values()):
                 self.say(f"[{time.monotonic() - self.t0:7.2f}s] quiescent: every publisher finished, "
                          f"every subscription has every message")
                 return True
+            decided = all(self.watch.outcome.get(g) in ("ACCEPTED", "REJECTED") for g in set().union(*gaps.values()))
+            if done_pubs and decided and time.monotonic() - quiet_since >= STALL:
+                # every outcome told, nothing moving: what is missing will not come (a broken promise)
+                self.say(f"NOT QUIESCENT: every publisher finished with every outcome, nothing moved for "
+                         f"{STALL:g}s, and messages are missing: "
+                         + "; ".join(f"{n}: {len(g)}, e.g. {sorted(g)[:3]}" for n, g in gaps.items() if g))
+                return False
             if time.monotonic() >= deadline:
                 self.say(f"NOT QUIESCENT after {self.cfg.settle_timeout:g}s: publishers still running: "
                          f"{', '.join(c.name for c in pubs if not c.finished) or 'none'}; messages missing "
@@ -543,7 +555,7 @@ class _Run:
         r.in_doubt = len(w.in_doubt())
         names = {s.sub: s.link or s.sub for s in w.subs.values()}
         r.handed = {names[s.sub]: len(s.handed) for s in w.subs.values()}
-        r.client_violations = w.violations() if r.quiescent else w.duplicates()
+        r.client_violations = w.violations()  # the writers are stopped: no transient reports
         if not self.cfg.reconcile:
             return
         self.say("reconciling every settlement log of the run with Spark ...")

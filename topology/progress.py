@@ -160,7 +160,7 @@ class ClientLogs:
                            and s.handed.get(g, float("inf")) > t_acc + skew)
             if early:
                 out.append(f"subscription {s.link or s.sub}: {len(early)} message(s) told ACCEPTED before "
-                           f"it had them, e.g. {early[:3]}")
+                           f"it had them (or though it never had them), e.g. {early[:3]}")
         return out
 
     def last_handed(self) -> float | None:

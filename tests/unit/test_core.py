@@ -315,6 +315,22 @@ def test_publisher_declaration_finalises_what_it_no_longer_holds() -> None:
     assert gid not in h.core.records
 
 
+def test_presented_id_its_attached_publisher_settled_is_final_at_once() -> None:
+    """Found by the stateful model: after a restart the publisher re-attached first and declared
+    nothing in doubt; the subscriber presenting the id later must learn it is final (no placeholder
+    waiting for a resend that will never come)."""
+    h = Harness()
+    gid = global_id(PL, b"1")
+    h.attach_pub(in_doubt=[])  # it got its outcome and settled before the restart
+    sid, _, acts = h.sub("a", presented=[gid])
+    assert gid not in h.core.placeholders
+    assert [g for a in acts if isinstance(a, NotifyFinal) for g in a.gids] == [gid]
+    h.attach_pub(in_doubt=[b"2"])  # a link still holding another id in doubt: no answer for that one
+    gid2 = global_id(PL, b"2")
+    _, _, acts = h.sub("b", presented=[gid2])
+    assert gid2 in h.core.placeholders and not any(isinstance(a, NotifyFinal) for a in acts)
+
+
 def test_orphan_horizon_finalises_records_whose_publisher_never_returns() -> None:
     h = Harness(orphan_horizon=100.0)
     s1, _, _ = h.sub("a")
