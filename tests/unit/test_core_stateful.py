@@ -374,8 +374,9 @@ class CoreMachine(RuleBasedStateMachine):
                     if gid not in p.token_of.values() and p.credit > 0:
                         self._send(p, gid, tag)
                 self.pub_settle(j)
-            if not self.core.records and all(not p.in_doubt for p in self.pubs):
-                break
+            if (not self.core.records and all(not p.in_doubt for p in self.pubs)
+                    and all(not s.accepted for s in self.subs if s.link is not None)):
+                break  # (a FINAL for a presented id waits for credit: keep granting until it came)
         assert not self.core.records, f"records left: {list(self.core.records)[:5]}"
         for p in self.pubs:
             assert not p.in_doubt, f"{p.name} still in doubt: {list(p.in_doubt)[:5]}"
@@ -396,3 +397,28 @@ class CoreMachine(RuleBasedStateMachine):
 TestCore = CoreMachine.TestCase
 TestCore.settings = settings(max_examples=600, stateful_step_count=60, deadline=None,
                              suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_final_for_a_presented_id_waits_for_credit_then_comes() -> None:
+    """Found by a long run of the machine (its teardown stopped granting credit too early): s0
+    accepts, suspends before the publisher settles, resumes presenting the id while it has no credit
+    left; the FINAL is owed, held until credit comes, then sent."""
+    m = CoreMachine()
+    m.setup()
+    m.pub_attach(j=0)
+    m.sub_attach(credit=0, i=0)
+    for _ in range(10):
+        m.publish(j=0)
+    m.sub_credit(i=0, more=1)
+    m.sub_acknowledge(i=0, k=0, what="accept")
+    m.sub_detach(closed=False, i=0)
+    s = m.subs[0]
+    assert s.accepted
+    m.sub_attach(credit=9, i=0)  # resumes presenting the accepted id; the 9 others use the credit
+    m.pub_settle(j=0)
+    assert s.accepted and s.credit == 0  # FINAL owed, no credit to carry it
+    s.credit += 1
+    m.core.subscriber_credit(s.sid, s.credit)
+    m._process()
+    assert not s.accepted
+    m.teardown()
