@@ -190,6 +190,26 @@ class ClientState:
                 self.db.execute("DELETE FROM dedup WHERE settled IS NOT NULL AND settled < ?",
                                 (now - self.retention,))
 
+    def last_hand_over(self, sub: str) -> tuple[float, list[str]] | None:
+        """The most recent hand-over still unsettled (its time and ids): the only one a crash can
+        have cut off between its COMMIT and its settlement-log line."""
+        with self._lock:
+            row = self.db.execute("SELECT MAX(handed) FROM dedup WHERE sub=? AND settled IS NULL",
+                                  (sub,)).fetchone()
+            if row is None or row[0] is None:
+                return None
+            t = float(row[0])
+            cur = self.db.execute("SELECT gid FROM dedup WHERE sub=? AND settled IS NULL AND handed=?", (sub, t))
+            return t, [str(r[0]) for r in cur.fetchall()]
+
+    def forget_hand_over(self, sub: str, gids: Iterable[str]) -> None:
+        """Undo the record of a hand-over that never reached the application."""
+        with self._lock:
+            self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM dedup WHERE sub=? AND gid=? AND settled IS NULL",
+                                [(sub, g) for g in gids])
+            self.db.execute("COMMIT")
+
     def unsettled(self, sub: str) -> list[str]:
         """Ids accepted but not seen settled: presented when the subscription resumes."""
         with self._lock:

@@ -4,7 +4,9 @@ A message is *handed over* when its global id is committed to the deduplication 
 `handed` line is in the settlement log); only then is it accepted at the router and returned to the
 application. A process killed before the commit gets it again (it was never handed over); one
 killed after the commit presents the id when it resumes (`oncemesh.resume`), so the routers count
-it as accepted and never redeliver it. Anything that arrives again anyway (a resend racing a
+it as accepted and never redeliver it. The one window in between (committed, killed before the
+`handed` lines were written) is closed on restart: ids of the last hand-over that the log does not
+show are forgotten and redelivered (`_repair_last_hand_over`). Anything that arrives again anyway (a resend racing a
 failover, a foreign router) is found in the store and accepted without being handed over twice.
 
 An id leaves the "accepted, not settled" set when the router settles the delivery or reports it
@@ -88,6 +90,7 @@ class Subscriber:
         self._refused: LinkRefused | None = None
         self._closing = False
         self._slog = client.settlement_log("subscriber")
+        self._repair_last_hand_over()
         self.handed_count = 0
         self.duplicates = 0
         self._failed: BaseException | None = None
@@ -174,6 +177,28 @@ class Subscriber:
                     raise ClientError(f"router did not confirm the unsubscribe of {self.topic!r} "
                                       f"within {timeout}s") from None
         self.client.remove_owner(self)
+
+    def _repair_last_hand_over(self) -> None:
+        """A process killed between the state's COMMIT of a hand-over and its `handed` log lines
+        never gave those messages to the application (the lines are written, and flushed, before
+        anything is returned or accepted). Ids of that last hand-over that the log does not show
+        are forgotten, so they are not presented as accepted and the routers redeliver them.
+        Without a settlement log there is nothing to check against and the store is trusted."""
+        path = self._slog.path
+        if path is None or not self.client.state.durable:
+            return
+        last = self.client.state.last_hand_over(self.sid)
+        if last is None:
+            return
+        t, gids = last
+        logged = handed_in_log(path, self.sid, set(gids), since=t - 1.0)
+        if logged is None:  # an empty log (a new log directory): no evidence either way
+            return
+        lost = [g for g in gids if g not in logged]
+        if lost:
+            log.warning("subscriber.unfinished_hand_over sub=%s ids=%d: the process died between the "
+                        "state's commit and the hand-over; they will be redelivered", self.sid, len(lost))
+            self.client.state.forget_hand_over(self.sid, lost)
 
     def _hand_over(self, n: int) -> list[Delivered]:
         batch = [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
@@ -346,3 +371,41 @@ class Subscriber:
             self._attached.set()
             if condition[0] != "amqp:link:stolen":
                 self.fail(self._refused)
+
+
+def handed_in_log(path: Any, sid: str, gids: set[str], since: float, chunk: int = 1 << 20) -> set[str] | None:
+    """Which of `gids` a subscriber settlement log shows as `handed` to subscription `sid`, reading
+    backwards from the end until every one is found or the lines are older than `since`. None when
+    the log is empty."""
+    import json
+    import os
+
+    found: set[str] = set()
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return None
+        pos, carry = end, b""
+        while pos > 0 and len(found) < len(gids):
+            step = min(chunk, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + carry
+            lines = data.split(b"\n")
+            carry = lines.pop(0) if pos > 0 else b""  # maybe cut: completed by the next read
+            oldest = math.inf
+            for line in reversed(lines):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by the kill
+                ts = rec.get("ts")
+                if isinstance(ts, int | float):
+                    oldest = min(oldest, ts)
+                if rec.get("ev") == "handed" and rec.get("sub") == sid and rec.get("gid") in gids:
+                    found.add(rec["gid"])
+            if oldest < since:
+                break
+    return found

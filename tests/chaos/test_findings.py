@@ -1,12 +1,13 @@
-"""Violations chaos runs found, each reproduced deterministically (strict xfail until fixed: when the
-fix lands, the test passes, pytest reports XPASS as a failure, and the marker must go).
+"""Violations chaos runs found, each reproduced deterministically and kept as a regression test.
 
 Finding 1 (oncemesh chaos triangle --duration 300 --seed 5 --mean-gap 1 --publishers 3
 --subscribers 4 --rate 40, code 5c54553; sub-2 lost 1, the publisher was told ACCEPTED): a
 subscriber process SIGKILLed after its state recorded a batch as handed over
 (`ClientState.hand_over`, SQLite COMMIT) but before its settlement log said so and before the batch
-reached the application. On restart it presents those ids as accepted, so they are never
-redelivered: the application never gets them, and the publisher is told ACCEPTED.
+reached the application. On restart it presented those ids as accepted, so they were never
+redelivered: the application never got them, and the publisher was told ACCEPTED. Fixed: a
+restarting subscriber checks the ids of its last hand-over against its settlement log and forgets
+those the log does not show (`Subscriber._repair_last_hand_over`), so the routers redeliver them.
 
     one router A;  subscriber (dies right after the COMMIT)  <- A <-  publisher, 1 message
 """
@@ -16,8 +17,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from router.testing import Proc, RouterProcess, wait_for, worker
 from topology.progress import ClientLogs
@@ -36,8 +35,6 @@ sys.exit(worker.main(sys.argv[1:]))
 """
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: clients/subscriber.py commits the hand-over to its state "
-                                       "before logging it and handing it to the application")
 def test_subscriber_killed_between_state_commit_and_hand_over_still_gets_the_message(
         router: RouterProcess, procs: Any, tmp_path: Path) -> None:
     logs = tmp_path / "logs"

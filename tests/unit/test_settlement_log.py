@@ -41,3 +41,21 @@ def test_fast_shapes_equal_the_generic_ones(tmp_path_factory, gid: str, topic: s
     assert lines[2]["outcome"] == "ACCEPTED" and lines[2]["gid"] == gid
     assert lines[4].get("sub") == sid
     assert all(set(line) <= set(FIELDS) for line in lines)
+
+
+def test_handed_in_log_reads_backwards_across_chunks_and_stops_at_older_lines(tmp_path: Path) -> None:
+    from clients.subscriber import handed_in_log
+
+    path = tmp_path / "c.subscriber.jsonl"
+    assert handed_in_log(path.open("w").name, "s", {"g"}, since=0) is None  # empty: no evidence
+    log = SettlementLog(path, src="subscriber", node="c", inc="r1")
+    for i in range(200):
+        log.write("handed", 1000.0 + i, f"p:{i}", "t", "s", link="l")
+        log.write("handed", 1000.0 + i, f"p:{i}", "t", "other", link="l")
+    log.flush()
+    with open(path, "ab") as f:
+        f.write(b'{"v":1,"ts":1199.5,"ev":"hand')  # a line cut by a SIGKILL
+    got = handed_in_log(path, "s", {"p:199", "p:150", "p:3", "p:999"}, since=1100.0, chunk=97)
+    assert got == {"p:199", "p:150"}  # p:3 is older than `since`: not looked for; p:999 never handed
+    assert handed_in_log(path, "s", {"p:3"}, since=0.0, chunk=97) == {"p:3"}
+    assert handed_in_log(path, "other", {"p:3", "p:4"}, since=0.0, chunk=1 << 20) == {"p:3", "p:4"}
