@@ -392,3 +392,14 @@ def test_proxies_need_inter_router_ports_0(tmp_path: Path) -> None:
         Mesh(EXAMPLES / "line3.toml", tmp_path / "n").cut_link("A", "B")
     with pytest.raises(MeshError, match="no link A–C"):
         Mesh(EXAMPLES / "line3.toml", tmp_path / "n").link_name("A", "C")
+
+
+def test_convergence_tool_measures_a_death_and_a_join(tmp_path: Path) -> None:
+    from topology.convergence import measure
+
+    rounds = measure("line3", "C", fault="kill", repeat=1, state_dir=tmp_path / "m")
+    assert len(rounds) == 1
+    r = rounds[0]
+    # a SIGKILL resets B's link to C at once: no need to wait for dead_after (3 s) of heartbeats
+    assert 0 < r.death < 3.0, r
+    assert 0 < r.join < 30 and r.start > 0, r
