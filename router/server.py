@@ -339,10 +339,17 @@ class Router:
 
     def on_credit(self, link: Link) -> None:
         ctx = link.ctx
-        if link.credit < 0:
+        if self.core.out:
+            # Deliver actions not yet performed are not in Proton's count yet: perform them before
+            # the core's credit is set from it, or it would send them twice over (found by a fast
+            # publisher against a slow durable subscriber: the link's credit went negative)
+            self.drain()
+        credit = link.credit  # Proton's: the peer's grant less what we sent, counting transfers not yet written
+        if credit < -link.queued:
             # Proton keeps credit in a signed 32-bit int: a grant past 2**31-1 wraps negative and the
-            # link would stall silently. Refuse it with a condition the peer can act on.
-            log.warning("link.abusive_credit peer=%s link=%s", link.conn.peer, link.name)
+            # link would stall silently. Refuse it with a condition the peer can act on. (A grant
+            # the peer lowered below what is already queued for it is legal: at most -queued.)
+            log.warning("link.abusive_credit peer=%s link=%s credit=%d", link.conn.peer, link.name, credit)
             if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link:
                 self._forget_sub_link(link)
                 self.core.detach_subscriber(link, ctx.sid, False, time.time())
@@ -350,7 +357,7 @@ class Router:
             self.drain()
             return
         if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link and not link.local_uninit:
-            self.core.subscriber_credit(ctx.sid, link.credit)
+            self.core.subscriber_credit(ctx.sid, max(credit, 0))
             self.drain()
             if link.draining and self.core.queued(ctx.sid) == 0:
                 link.drained()

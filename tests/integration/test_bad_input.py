@@ -271,3 +271,72 @@ def test_begin_with_an_abusive_window_and_many_sessions(router: RouterProcess, c
     assert got == 200
     raw.close()
     canary.check()
+
+
+def test_never_sends_beyond_the_credit_window_of_a_receiver_that_tops_it_up(router: RouterProcess,
+                                                                           tmp_path: Any) -> None:
+    """A receiver keeping a window of 16 (topped up by a FLOW whenever half of it is used) while a
+    publisher sends as fast as it can: no transfer may arrive past the latest limit
+    (delivery-count + link-credit) the receiver granted, and the link stays up. The publisher's
+    connection is the older one, so the router reads its transfers before the receiver's FLOW in a
+    loop pass: the order in which the core's credit could be reset from Proton's count while
+    deliveries were still waiting to be performed (`Router.on_credit` now performs them first).
+    A link whose credit went negative that way was closed as 'abusive credit' once, in a
+    benchmark of a durable library subscriber; this run did not reproduce that race before the fix,
+    so it guards the invariant rather than replaying the incident."""
+    window, total = 16, 4000
+    raw: RawClient | None = None
+
+    def grant(received: int) -> int:
+        assert raw is not None
+        raw.send(frame(FLOW, [uint(received), uint(0x7FFFFFFF), uint(0), uint(0x7FFFFFFF), uint(0),
+                              uint(received), uint(window), None, False]))
+        return received + window
+
+    received = 0
+
+    def receive() -> None:
+        nonlocal received
+        assert raw is not None
+        limit = grant(0)
+        while received < total:
+            f = raw.read_frame(timeout=20)
+            assert f is not None, f"stalled after {received} transfers"
+            code, fields = f
+            assert code != DETACH, f"link closed after {received} transfers: {fields}"
+            if code != TRANSFER:
+                continue
+            received += 1
+            assert received <= limit, f"transfer {received} arrived past the granted limit {limit}"
+            if limit - received <= window // 2:
+                limit = grant(received)
+
+    async def publish() -> None:
+        # the publisher's connection is older than the receiver's, so the router reads the
+        # publisher's transfers before the receiver's FLOW in a loop pass: the order of the race
+        c = await Client(router.url).start()
+        try:
+            pub = c.publisher("windowed", "fast", window=total)
+            await pub.wait_attached(10)
+            await asyncio.to_thread(attach)
+            receiving = asyncio.ensure_future(asyncio.to_thread(receive))
+            for i in range(total):
+                await pub.send(b"%d" % i)
+            await receiving
+        finally:
+            await c.close()
+
+    def attach() -> None:
+        nonlocal raw
+        raw = RawClient(*host_port(router))
+        raw.handshake()
+        raw.send(frame(ATTACH, ["windowed", uint(0), True, ubyte(0), ubyte(1), described(0x28, ["windowed"]),
+                                described(0x29, [None]), None, None]))
+        raw.expect(ATTACH)
+
+    try:
+        run(publish())
+    finally:
+        if raw is not None:
+            raw.close()
+    assert received == total
