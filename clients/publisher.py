@@ -81,7 +81,25 @@ class Pending:
         self.sends = 0
 
 
+# What Proton writes for Message(body=x): an empty header, empty properties, then the body as an
+# amqp-value section. Bytes and str bodies (nearly every message) are encoded here directly, byte for
+# byte the same (tests/unit/test_clients.py checks it against Proton), at a fifth of the cost.
+_VALUE_PREFIX = bytes.fromhex("0053704500537345005377")
+
+
 def encode_body(body: Any) -> bytes:
+    t = type(body)
+    if t is bytes or t is str:
+        if t is str:
+            data = body.encode("utf-8")
+            short, long = 0xA1, 0xB1  # str8-utf8, str32-utf8
+        else:
+            data = body
+            short, long = 0xA0, 0xB0  # vbin8, vbin32
+        n = len(data)
+        if n < 256:
+            return b"".join((_VALUE_PREFIX, bytes((short, n)), data))
+        return b"".join((_VALUE_PREFIX, bytes((long,)), n.to_bytes(4, "big"), data))
     if isinstance(body, Message):
         return bytes(body.encode())
     return bytes(Message(body=body).encode())

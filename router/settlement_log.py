@@ -106,8 +106,21 @@ class SettlementLog:
             parts.append(f',"topic":{self._topic(topic)}')
         if sub is not None:
             parts.append(f',"sub":"{sub}"')
+        strs = self._strs
         for k, v in fields.items():
-            if v is not None:
+            if v is None:
+                continue
+            tv = type(v)
+            if tv is int:
+                parts.append(f',"{k}":{v}')
+            elif tv is str:
+                enc = strs.get(v)
+                if enc is None:
+                    enc = _enc(v)
+                    if len(strs) < 1000:  # links, publishers, outcomes: a handful of values
+                        strs[v] = enc
+                parts.append(f',"{k}":{enc}')
+            else:
                 parts.append(f',"{k}":{_enc(v)}')
         parts.append("}\n")
         self._buf.append("".join(parts))
