@@ -35,6 +35,12 @@ log = logging.getLogger("oncemesh.subscriber")
 
 FINAL_SUBJECT = "oncemesh.final"
 
+# Settlement-log fields this writer adds to router.settlement_log.FIELDS (name -> JSON type), in line
+# order; spark/schema.py reads them too (tests/spark/test_schema.py keeps the two in step).
+#   n: the position of a `handed` line's hand-over in this process for this subscription (1, 2, ...):
+#      the lines of one batch share their ts, n keeps their order.
+SETTLEMENT_FIELDS: dict[str, str] = {"n": "int"}
+
 
 class Delivered:
     """One message handed to the application."""
@@ -92,6 +98,7 @@ class Subscriber:
         self._slog = client.settlement_log("subscriber")
         self._repair_last_hand_over()
         self.handed_count = 0
+        self._hand_n = 0  # position of the last hand-over in this process: `n` of the `handed` line
         self.duplicates = 0
         self._failed: BaseException | None = None
         client.state.remember_subscription(self.sid, topic, name, None if math.isinf(expiry) else expiry)
@@ -217,8 +224,11 @@ class Subscriber:
         self.client.state.hand_over(self.sid, gids)  # durable from here on: handed over
         now = time.time()
         slog = self._slog
-        for g in gids:
-            slog.write("handed", now, g, self.topic, self.sid, link=self.name)
+        n = self._hand_n
+        for g in gids:  # one ts for the batch; `n` keeps the order within it
+            n += 1
+            slog.write("handed", now, g, self.topic, self.sid, link=self.name, n=n)
+        self._hand_n = n
         slog.flush()
         link = self.link
         for g, d, _ in batch:

@@ -65,6 +65,8 @@ class Outputs:
     anomalies_parquet: str
     anomalies_json: str
     chart: str | None
+    order_anomalies_parquet: str | None = None
+    order_disagreements_parquet: str | None = None
 
 
 # ================================================================ inputs
@@ -290,7 +292,9 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
                   say: TextIO) -> Outputs:
     """Under `out` (a local directory, or a URI such as hdfs://.../run42): anomalies.parquet and
     anomalies.json (the non-ok pairs), summary.json, summary.parquet (its scalars),
-    subscriptions.parquet, and reconcile.png (local `out` only)."""
+    subscriptions.parquet, order_anomalies.parquet (the (subscription, publisher link) rows with a
+    reversal or a gap), order_disagreements.parquet (the pairs of subscriptions handed messages in
+    opposite orders), and reconcile.png (local `out` only)."""
     from spark import chart as C
     from spark import reconcile as R
 
@@ -305,6 +309,11 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
     anomalies = R.anomalies(rec.pairs).orderBy("class", "t_pub", "gid", "sub")
     anomalies.coalesce(1).write.mode("overwrite").parquet(a_parquet)
     spark.read.parquet(a_parquet).coalesce(1).write.mode("overwrite").json(a_json)
+    o_parquet, d_parquet = f"{target}/order_anomalies.parquet", f"{target}/order_disagreements.parquet"
+    (R.order_anomalies(rec.order).orderBy("sub", "pub").coalesce(1)
+     .write.mode("overwrite").parquet(o_parquet))
+    (rec.sub_pairs.where("disagree").orderBy("topic", "sub_a", "sub_b").coalesce(1)
+     .write.mode("overwrite").parquet(d_parquet))
     d = summary.to_dict()
     s_parquet, subs_parquet = f"{target}/summary.parquet", f"{target}/subscriptions.parquet"
     summary_frame(spark, d).coalesce(1).write.mode("overwrite").parquet(s_parquet)
@@ -327,7 +336,7 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
         bucket, timeline = anomaly_timeline(rec, summary)
         png = str(C.render(curves, timeline, Path(target) / "reconcile.png", bucket=bucket,
                            title=f"oncemesh reconciliation: {'PASS' if summary.passed else 'FAIL'}"))
-    return Outputs(target, s_json, s_parquet, subs_parquet, a_parquet, a_json, png)
+    return Outputs(target, s_json, s_parquet, subs_parquet, a_parquet, a_json, png, o_parquet, d_parquet)
 
 
 def anomaly_timeline(rec: Reconciliation, summary: Summary, collect_limit: int = 200_000
@@ -403,6 +412,14 @@ def format_summary(s: Summary) -> str:
         n = getattr(s, c)
         flag = "  <-- FAIL" if c in FAILURES and n else ""
         lines.append(f"  {c:<24}{n:>10}{flag}")
+    lines += ["", "order (reported, not part of the verdict):",
+              f"  {'fifo_reversals':<28}{s.fifo_reversals:>6}  handed after a higher seq of the same publisher",
+              f"  {'fifo_gaps':<28}{s.fifo_gaps:>6}  skipped: a later message of the publisher was handed",
+              f"  {'total_order_disagreements':<28}{s.total_order_disagreements:>6}  subscription pairs of a "
+              f"topic in opposite orders"]
+    for t in s.order_per_topic:
+        if t.disagreements:
+            lines.append(f"    topic {t.topic}: {t.disagreements} of {t.compared} subscription pair(s)")
     if s.per_subscription:
         lines += ["", "per subscription:",
                   f"  {'sub':<20}{'topic':<16}{'pairs':>8}{'ok':>8}  anomalies"]

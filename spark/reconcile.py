@@ -16,6 +16,8 @@ rejections, per-hop latency and records left unsettled.
 4. `pairs` builds every (message, subscription) pair that was owed (the subscription's life had
    begun at or before the first send and had not ended) or handed, and `classify` gives each pair
    exactly one class (precedence in `classify`; docs/settlement-log.md says why).
+   `handed_order`, `fifo_order` and `subscription_pair_order` check order (reported, not judged):
+   per-publisher reversals and gaps, and pairs of subscriptions handed messages in opposite orders.
 5. `router_records`, `router_stats`, `hop_latencies`, `latency_quantiles` measure the routers.
 6. `summarize` collects the counts into a `Summary` (the step that brings data to the driver; also
    `anomaly_span`).
@@ -85,7 +87,8 @@ def line_counts(parsed: DataFrame) -> DataFrame:
 
 
 # The columns the reconciliation reads (a job may keep only these, plus `status`, in memory).
-USED = ("ts", "src", "node", "inc", "ev", "gid", "topic", "sub", "pub", "peer", "outcome", "error", "info")
+USED = ("ts", "src", "node", "inc", "ev", "gid", "topic", "sub", "pub", "peer", "outcome", "error", "info",
+        "seq", "n")
 
 
 def valid_events(parsed: DataFrame) -> DataFrame:
@@ -140,7 +143,8 @@ def _first_received(ev: Column) -> Column:
 
 
 def messages(events: DataFrame) -> DataFrame:
-    """One row per published global id: gid, topic, pub, t_pub (first send, any run), sends,
+    """One row per published global id: gid, topic, pub, seq (of the first send), t_pub (first send,
+    any run), sends,
     outcome (the last final outcome line, any run; null when none or not final), t_outcome (its ts),
     t_accepted (the first ACCEPTED told), error, received (array of (ts, node): every record routers
     created for it, for the publish-hop latency). One pass over publisher and router lines."""
@@ -154,6 +158,7 @@ def messages(events: DataFrame) -> DataFrame:
            .agg(F.min(t_pub).alias("t_pub"),
                 F.min_by(F.when(is_pub, _c("topic")), t_pub).alias("topic"),
                 F.min_by(F.when(is_pub, _c("pub")), t_pub).alias("pub"),
+                F.min_by(F.when(is_pub, _c("seq")), t_pub).alias("seq"),
                 F.sum(is_pub.cast("long")).alias("sends"),
                 F.max_by(F.when(is_out, _c("outcome")), t_out).alias("last_outcome"),
                 F.max(t_out).alias("t_last"),
@@ -162,7 +167,7 @@ def messages(events: DataFrame) -> DataFrame:
                 F.collect_list(F.when(is_recv, F.struct(_c("ts"), _c("node")))).alias("received")))
     final = F.when(_c("last_outcome").isin(*S.FINAL_OUTCOMES), _c("last_outcome"))
     return (agg.where(_c("t_pub").isNotNull())
-            .select("gid", "topic", "pub", "t_pub", "sends", final.alias("outcome"),
+            .select("gid", "topic", "pub", "seq", "t_pub", "sends", final.alias("outcome"),
                     F.when(final.isNotNull(), _c("t_last")).alias("t_outcome"),
                     "t_accepted", "error", "received"))
 
@@ -250,7 +255,7 @@ def classify(skew: float = 0.0) -> Column:
             .otherwise("lost"))
 
 
-PAIR_COLUMNS = ("gid", "sub", "topic", "class", "owed", "handed", "suppressed", "pub", "t_pub",
+PAIR_COLUMNS = ("gid", "sub", "topic", "class", "owed", "handed", "suppressed", "pub", "seq", "t_pub",
                 "t_handed", "latency", "outcome", "t_outcome", "t_accepted", "rejected_here",
                 "deliveries", "t_delivered", "delivered_by", "life", "life_start", "life_end",
                 "life_end_ev", "error")
@@ -277,7 +282,7 @@ def pairs(events: DataFrame, msgs: DataFrame, subs_lives: DataFrame, skew: float
         F.coalesce(_c("owed"), F.lit(False)).alias("owed"),
         F.coalesce(_c("handed"), F.lit(0)).alias("handed"),
         F.coalesce(_c("suppressed"), F.lit(0)).alias("suppressed"),
-        "pub", "t_pub", "t_handed", (_c("t_handed") - _c("t_pub")).alias("latency"),
+        "pub", "seq", "t_pub", "t_handed", (_c("t_handed") - _c("t_pub")).alias("latency"),
         "outcome", "t_outcome", "t_accepted", "rejected_here",
         F.coalesce(_c("deliveries"), F.lit(0)).alias("deliveries"), "t_delivered", "delivered_by",
         "life", "life_start", "life_end", "life_end_ev", "error")
@@ -318,6 +323,98 @@ def anomaly_timeline(classified: DataFrame, bucket: float = 1.0) -> DataFrame:
     return (anomaly_times(classified)
             .groupBy("class", (F.floor(_c("t") / bucket) * bucket).alias("t"))
             .agg(F.count(F.lit(1)).alias("n")))
+
+
+# ================================================================ 4b. order
+# Owed pairs never handed that count as a gap in a publisher's sequence (when a later message of the
+# same publisher link was handed): not `ended_before_delivery` (the subscription ended first), not
+# `ok` (the subscription rejected it: it did get it).
+GAP_CLASSES = ("lost", "in_doubt", "false_accept")
+# A subscription's hand-over order: its first hand-over's (ts, inc, n), then, for lines without `n`
+# (logs older than the field), the publisher link, seq and gid: the lines of a batch share their ts,
+# and this tie-break puts them in publish order, so an inversion inside one batch of such a log is
+# not seen.
+HAND_ORDER = ("h_ts", "h_inc", "h_n", "pub", "seq", "gid")
+# How many seqs / examples an order row keeps as evidence.
+ORDER_EXAMPLES = 20
+
+
+def handed_order(events: DataFrame, msgs: DataFrame) -> DataFrame:
+    """One row per (subscription, message) handed at least once: sub, gid, topic, pub, seq (null when
+    never published), h_ts, h_inc, h_n: the first hand-over by (ts, inc, n); a duplicate hand-over
+    does not move a message. Sorted by HAND_ORDER within a subscription: its hand-over order."""
+    is_hand = ((_c("src") == S.SUBSCRIBER) & (_c("ev") == "handed")
+               & _c("gid").isNotNull() & _c("sub").isNotNull())
+    first = (events.where(is_hand).groupBy("sub", "gid")
+             .agg(F.min(F.struct(_c("ts"), _c("inc"), _c("n"))).alias("h"),
+                  F.first("topic", ignorenulls=True).alias("topic")))
+    return (first.join(msgs.select("gid", "pub", "seq"), "gid", "left")
+            .select("sub", "gid", "topic", "pub", "seq", _c("h.ts").alias("h_ts"),
+                    _c("h.inc").alias("h_inc"), _c("h.n").alias("h_n")))
+
+
+def fifo_order(handed: DataFrame, classified: DataFrame) -> DataFrame:
+    """Per-publisher (FIFO) order, one row per (subscription, publisher link) with a hand-over of a
+    published message: sub, topic, pub, handed (messages), fifo_reversals (messages handed after a
+    message of the same link with a higher seq: positions where seq < the maximum seq handed
+    before), fifo_gaps (owed pairs of the link never handed, of class GAP_CLASSES, with a seq below
+    the highest seq handed), reversed_seqs, gap_seqs (the lowest ORDER_EXAMPLES of each)."""
+    w = (Window.partitionBy("sub", "pub").orderBy(*HAND_ORDER)
+         .rowsBetween(Window.unboundedPreceding, -1))
+    marked = (handed.where(_c("pub").isNotNull() & _c("seq").isNotNull())
+              .withColumn("reversed", F.coalesce(_c("seq") < F.max("seq").over(w), F.lit(False))))
+    per = (marked.groupBy("sub", "pub")
+           .agg(F.first("topic", ignorenulls=True).alias("topic"),
+                F.count(F.lit(1)).alias("handed"),
+                F.sum(_c("reversed").cast("long")).alias("fifo_reversals"),
+                F.max("seq").alias("max_seq"),
+                F.slice(F.sort_array(F.collect_list(F.when(_c("reversed"), _c("seq")))), 1,
+                        ORDER_EXAMPLES).alias("reversed_seqs")))
+    missing = classified.where(_c("owed") & (_c("handed") == 0) & _c("class").isin(*GAP_CLASSES)
+                               & _c("pub").isNotNull() & _c("seq").isNotNull()).select("sub", "pub", "seq")
+    gaps = (missing.join(per.select("sub", "pub", "max_seq"), ["sub", "pub"])
+            .where(_c("seq") < _c("max_seq"))
+            .groupBy("sub", "pub")
+            .agg(F.count(F.lit(1)).alias("fifo_gaps"),
+                 F.slice(F.sort_array(F.collect_list("seq")), 1, ORDER_EXAMPLES).alias("gap_seqs")))
+    return (per.join(gaps, ["sub", "pub"], "left")
+            .select("sub", "topic", "pub", "handed", "fifo_reversals",
+                    F.coalesce(_c("fifo_gaps"), F.lit(0)).alias("fifo_gaps"), "max_seq",
+                    "reversed_seqs", F.coalesce(_c("gap_seqs"), F.array().cast("array<long>")).alias("gap_seqs")))
+
+
+def order_anomalies(fifo: DataFrame) -> DataFrame:
+    """The (subscription, publisher link) rows of `fifo_order` with a reversal or a gap."""
+    return fifo.where((_c("fifo_reversals") > 0) | (_c("fifo_gaps") > 0))
+
+
+def subscription_pair_order(handed: DataFrame) -> DataFrame:
+    """Total order: one row per pair of subscriptions of one topic with messages in common: topic,
+    sub_a, sub_b (sub_a < sub_b), common (messages both were handed), disagree (some two of them
+    were handed in opposite orders), example (two such messages, in sub_a's order). The common
+    messages in sub_a's hand-over order must be in sub_b's order too; they disagree iff one of them
+    comes, in sub_b's order, before the message sub_a had just before it. Quadratic in the
+    subscriptions of a topic: every pair is joined on every message both got."""
+    key = F.struct(*HAND_ORDER)
+    a = handed.select("topic", "gid", _c("sub").alias("sub_a"), key.alias("key_a"))
+    b = handed.select("topic", "gid", _c("sub").alias("sub_b"), key.alias("key_b"))
+    w = Window.partitionBy("topic", "sub_a", "sub_b").orderBy("key_a")
+    j = (a.join(b, ["topic", "gid"]).where(_c("sub_a") < _c("sub_b"))
+         .withColumn("prev_b", F.lag("key_b").over(w))
+         .withColumn("prev_gid", F.lag("gid").over(w)))
+    inv = F.coalesce(_c("key_b") < _c("prev_b"), F.lit(False))
+    return (j.groupBy("topic", "sub_a", "sub_b")
+            .agg(F.count(F.lit(1)).alias("common"),
+                 F.max(inv).alias("disagree"),
+                 F.first(F.when(inv, F.array(_c("prev_gid"), _c("gid"))), ignorenulls=True).alias("example")))
+
+
+def topic_order(sub_pairs: DataFrame) -> DataFrame:
+    """Per topic: topic, compared (subscription pairs with messages in common),
+    total_order_disagreements (of which disagree)."""
+    return (sub_pairs.groupBy("topic")
+            .agg(F.count(F.lit(1)).alias("compared"),
+                 F.sum(_c("disagree").cast("long")).alias("total_order_disagreements")))
 
 
 # ================================================================ 5. routers and hops
@@ -414,6 +511,8 @@ class Reconciliation:
     records: DataFrame
     incarnations: DataFrame
     hops: DataFrame
+    order: DataFrame  # fifo_order: per (subscription, publisher link)
+    sub_pairs: DataFrame  # subscription_pair_order: per pair of subscriptions of a topic
     since: float | None = None
     skew: float = 0.0
 
@@ -438,14 +537,21 @@ def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
     if persist:
         classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
     incs = incarnations(ev)
+    handed = handed_order(ev, msgs)
+    fifo = fifo_order(handed, classified)
+    sub_pairs = subscription_pair_order(handed)
+    if persist:
+        fifo = fifo.persist(StorageLevel.MEMORY_AND_DISK)
+        sub_pairs = sub_pairs.persist(StorageLevel.MEMORY_AND_DISK)
     return Reconciliation(parsed=parsed, events=ev, lives=lv, messages=msgs, pairs=classified,
                           records=router_records(ev), incarnations=incs,
-                          hops=hop_latencies(ev, msgs, classified), since=since, skew=skew)
+                          hops=hop_latencies(ev, msgs, classified), order=fifo, sub_pairs=sub_pairs,
+                          since=since, skew=skew)
 
 
 def unpersist(r: Reconciliation) -> None:
     """Free what `reconcile(..., persist=True)` kept (the caller's `parsed` stays)."""
-    for df in (r.events, r.lives, r.messages, r.pairs):
+    for df in (r.events, r.lives, r.messages, r.pairs, r.order, r.sub_pairs):
         df.unpersist()
 
 
@@ -496,6 +602,17 @@ class SubscriptionCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicOrder:
+    topic: str | None
+    compared: int  # pairs of subscriptions with messages in common
+    disagreements: int  # of which were handed two messages in opposite orders
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "compared": self.compared,
+                "total_order_disagreements": self.disagreements}
+
+
+@dataclass(frozen=True, slots=True)
 class Summary:
     """The verdict of one reconciliation. The class counts are named as in docs/settlement-log.md."""
 
@@ -521,6 +638,11 @@ class Summary:
     ignored_lines: int = 0  # valid lines left out by --since
     unsettled_live: int = 0
     unsettled_dead: int = 0
+    # order: reported, not part of the verdict (docs/reconcile.md, "Order")
+    fifo_reversals: int = 0  # messages handed after a higher seq of the same publisher link
+    fifo_gaps: int = 0  # owed messages skipped: a later one of the same link was handed, not this one
+    total_order_disagreements: int = 0  # pairs of subscriptions of a topic handed messages in opposite orders
+    order_per_topic: tuple[TopicOrder, ...] = ()
     per_subscription: tuple[SubscriptionCounts, ...] = ()
     routers: tuple[RouterStats, ...] = ()
     latencies: tuple[Quantiles, ...] = ()
@@ -543,13 +665,15 @@ class Summary:
         for name in ("messages", "messages_in_doubt", "pairs", "owed_pairs", "subscriptions",
                      "unobserved_subscriptions", "log_lines", "valid_lines", "malformed_lines",
                      "newer_version_lines", "unknown_event_lines", "ignored_lines", "unsettled_live",
-                     "unsettled_dead", "since"):
+                     "unsettled_dead", "fifo_reversals", "fifo_gaps", "total_order_disagreements",
+                     "since"):
             d[name] = getattr(self, name)
         d["failures"] = self.failures
         d["verdict"] = "pass" if self.passed else "fail"
         d["per_subscription"] = [s.to_dict() for s in self.per_subscription]
         d["routers"] = [r.to_dict() for r in self.routers]
         d["latency"] = [q.to_dict() for q in self.latencies]
+        d["order_per_topic"] = [t.to_dict() for t in self.order_per_topic]
         d.update(self.extra)
         return d
 
@@ -591,6 +715,9 @@ def summarize(r: Reconciliation) -> Summary:
         _quantiles(row["kind"], row["hop"], row["n"], row["q"], row["max"])
         for row in sorted(latency_quantiles(r.hops).collect(),
                           key=lambda x: (order.get(x["kind"], 9), x["hop"])))
+    fifo = r.order.agg(F.sum("fifo_reversals").alias("rev"), F.sum("fifo_gaps").alias("gaps")).first()
+    topics = tuple(TopicOrder(row["topic"], int(row["compared"]), int(row["total_order_disagreements"] or 0))
+                   for row in sorted(topic_order(r.sub_pairs).collect(), key=lambda x: x["topic"] or ""))
     return Summary(
         ok=totals["ok"], lost=totals["lost"], duplicated=totals["duplicated"],
         unexpected=totals["unexpected"], in_doubt=totals["in_doubt"], recovered=totals["recovered"],
@@ -609,6 +736,10 @@ def summarize(r: Reconciliation) -> Summary:
         ignored_lines=valid - used,
         unsettled_live=sum(x.unsettled_live for x in routers),
         unsettled_dead=sum(x.unsettled_dead for x in routers),
+        fifo_reversals=int((fifo["rev"] or 0) if fifo else 0),
+        fifo_gaps=int((fifo["gaps"] or 0) if fifo else 0),
+        total_order_disagreements=sum(t.disagreements for t in topics),
+        order_per_topic=topics,
         per_subscription=per_sub,
         routers=routers,
         latencies=lat,

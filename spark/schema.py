@@ -11,7 +11,8 @@ from pyspark.sql.types import DataType, DoubleType, LongType, StringType, Struct
 
 SCHEMA_VERSION = 1
 
-# One column per field of a line, in the writer's order. JSON int -> LongType, float -> DoubleType.
+# One column per field of a line, in the writers' order (router.settlement_log.FIELDS, then the
+# subscriber's own: clients.subscriber.SETTLEMENT_FIELDS). JSON int -> LongType, float -> DoubleType.
 LOG_SCHEMA = StructType([
     StructField("v", LongType()),
     StructField("ts", DoubleType()),
@@ -32,6 +33,9 @@ LOG_SCHEMA = StructType([
     StructField("count", LongType()),
     StructField("seq", LongType()),
     StructField("info", StringType()),
+    # written by the subscriber only (clients.subscriber.SETTLEMENT_FIELDS); optional: older logs
+    # do not have it
+    StructField("n", LongType()),
 ])
 
 # JSON type name (as in FIELDS) -> Spark type.

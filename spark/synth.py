@@ -19,6 +19,7 @@ right after the first send. Lines are written with plain string formatting, one 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import multiprocessing
 import os
@@ -125,6 +126,26 @@ def _subs_of_topic(cfg: SynthConfig) -> list[list[int]]:
     return by_topic
 
 
+# Hand-overs per message to its subscription(s), by class (normal messages: 1).
+_HANDS = {"lost": 0, "in_doubt": 0, "duplicated": 2}
+
+
+def _order_expected(cfg: SynthConfig, p: Plan) -> dict[str, int]:
+    """The order counts. Every subscription is handed its messages in publish order, except on the
+    anomaly topic: there a `lost` or `in_doubt` message with a later message of its publisher handed
+    (published: not `unexpected`) is a FIFO gap. A `false_accept` message is handed late; with one
+    or two publishers a later anomaly of its publisher may come first (a reversal, depending on the
+    random latencies): then `fifo_reversals` is left out (not predicted)."""
+    anomaly = sorted((n, c) for n, c in p.anomaly_of.items() if c != "ended_before_delivery")
+    handed = [(n, c) for n, c in anomaly if _HANDS.get(c, 1) and c != "unexpected"]
+    gaps = sum(1 for n, c in anomaly if c in ("lost", "in_doubt")
+               and any(m > n and m % cfg.publishers == n % cfg.publishers for m, _ in handed))
+    risky = any(c == "false_accept" and any(n < m <= n + 2 and m % cfg.publishers == n % cfg.publishers
+                                            for m, _ in handed) for n, c in handed)
+    counts = {"fifo_gaps": gaps, "total_order_disagreements": 0}
+    return counts if risky else {"fifo_reversals": 0, **counts}
+
+
 def expected(cfg: SynthConfig, p: Plan) -> dict[str, int]:
     """The counts the reconciliation must find."""
     by_topic = _subs_of_topic(cfg)
@@ -153,7 +174,8 @@ def expected(cfg: SynthConfig, p: Plan) -> dict[str, int]:
             "malformed_lines": cfg.malformed,
             "newer_version_lines": cfg.newer,
             "unsettled_live": live,
-            "unsettled_dead": dead}
+            "unsettled_dead": dead,
+            **_order_expected(cfg, p)}
 
 
 # ================================================================ hand-built logs
@@ -213,6 +235,15 @@ def _write_chunk(args: tuple[SynthConfig, Plan, int, int, int, str]) -> int:
     pbuf: list[str] = []
     sbuf: list[str] = []
     head = '{"v":1,"ts":'
+    # `n` of the handed lines: a subscription's hand-overs before message n, counted without the
+    # other chunks (a normal subscription gets every message of its topic but the anomalies; the
+    # anomaly subscription the anomalies, by their hand-overs)
+    anomalous = sorted(p.anomaly_of)
+    by_residue = [[a for a in anomalous if a % cfg.topics == t] for t in range(cfg.topics)]
+    anomaly_handed = [a for a in anomalous if p.anomaly_of[a] != "ended_before_delivery"]
+    anomaly_before = [0]
+    for a in anomaly_handed:
+        anomaly_before.append(anomaly_before[-1] + _HANDS.get(p.anomaly_of[a], 1))
 
     for n in range(lo, hi):
         pi = n % cfg.publishers
@@ -261,12 +292,17 @@ def _write_chunk(args: tuple[SynthConfig, Plan, int, int, int, str]) -> int:
         for r in remote:
             rl(t + 0.07 * lat, r0, f'"ev":"forwarded","gid":"{gid}","topic":"{topic}","peer":"R{r}"')
             rl(t + 0.09 * lat, r, f'"ev":"forward_received","gid":"{gid}","topic":"{topic}","peer":"R{r0}"')
-        hand = 0 if cls in ("lost", "in_doubt") else (2 if cls == "duplicated" else 1)
+        hand = 1 if cls is None else _HANDS.get(cls, 1)
+        if cls is None:
+            before = len(range(topic_i, n, cfg.topics)) - bisect.bisect_left(by_residue[topic_i], n)
+        else:
+            before = anomaly_before[bisect.bisect_left(anomaly_handed, n)]
         for sid, r in subs:
             rl(t + 0.1 * lat, r, f'"ev":"delivered","gid":"{gid}","topic":"{topic}","sub":"{sid}"')
             for k in range(hand):
                 sbuf.append(f'{head}{handed_at + k * 0.01 * lat:.6f},"src":"subscriber","node":"subc-{sid}",'
-                            f'"inc":"run","ev":"handed","gid":"{gid}","topic":"{topic}","sub":"{sid}","link":"l"}}\n')
+                            f'"inc":"run","ev":"handed","gid":"{gid}","topic":"{topic}","sub":"{sid}","link":"l",'
+                            f'"n":{before + k + 1}}}\n')
             if hand:
                 rl(handed_at + 0.05 * lat, r, f'"ev":"accepted","gid":"{gid}","topic":"{topic}","sub":"{sid}"')
         if cls in ("in_doubt", "recovered"):

@@ -8,6 +8,7 @@ import pytest
 from pyspark.sql import Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from clients.subscriber import SETTLEMENT_FIELDS as SUBSCRIBER_FIELDS
 from router import settlement_log as W
 from spark import reconcile as R
 from spark import schema as S
@@ -16,9 +17,12 @@ pytestmark = pytest.mark.spark
 
 
 def test_struct_type_has_one_column_per_writer_field_in_order_with_the_json_type() -> None:
-    assert [f.name for f in S.LOG_SCHEMA.fields] == list(W.FIELDS)
+    """The common writer's fields, then the subscriber's own (`n` of `handed`), none twice."""
+    writers = {**W.FIELDS, **SUBSCRIBER_FIELDS}
+    assert len(writers) == len(W.FIELDS) + len(SUBSCRIBER_FIELDS)
+    assert [f.name for f in S.LOG_SCHEMA.fields] == list(writers)
     assert {f.name: f.dataType for f in S.LOG_SCHEMA.fields} == {
-        name: S.JSON_TYPES[kind] for name, kind in W.FIELDS.items()}
+        name: S.JSON_TYPES[kind] for name, kind in writers.items()}
     assert S.SCHEMA_VERSION == W.SCHEMA_VERSION
 
 
@@ -44,7 +48,7 @@ def test_lines_of_the_real_writer_read_back_with_the_schema(spark: SparkSession,
                error="oncemesh:subscriber-rejected: rejected by subscription(s) s1")
     plog.close()
     got = spark.read.schema(S.LOG_SCHEMA).json([str(path), str(tmp_path / "p.jsonl")])
-    common = {f: None for f in W.FIELDS}
+    common = {f: None for f in (*W.FIELDS, *SUBSCRIBER_FIELDS)}
 
     def row(**kw: object) -> Row:
         return Row(**{**common, "v": 1, **kw})
@@ -67,6 +71,30 @@ def test_lines_of_the_real_writer_read_back_with_the_schema(spark: SparkSession,
     # and the reconciliation's parser takes every one of them as a valid line
     parsed = R.parse(spark.read.text([str(path), str(tmp_path / "p.jsonl")]))
     assert {r["status"] for r in parsed.select("status").collect()} == {R.OK}
+
+
+def test_the_subscriber_numbers_its_hand_overs_across_batches(spark: SparkSession, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`n` of the `handed` lines: 1, 2, ... in hand-over order, across batches (which share a ts)."""
+    from types import SimpleNamespace
+
+    import clients.subscriber as sub_mod
+
+    path = tmp_path / "c.subscriber.jsonl"
+    slog = W.SettlementLog(path, src="subscriber", node="c", inc="r1")
+    state = SimpleNamespace(durable=False, remember_subscription=lambda *a: None, hand_over=lambda *a: None)
+    client = SimpleNamespace(container_id="c", state=state, settlement_log=lambda role: slog,
+                             add_owner=lambda owner: None)
+    monkeypatch.setattr(sub_mod.amqp, "update", lambda d, s: None)
+    s = sub_mod.Subscriber(client, "t", "l")  # type: ignore[arg-type]
+    for batch in (["g1", "g2", "g3"], ["g4", "g5"]):
+        s._buffer.extend((g, f"d-{g}", b"") for g in batch)
+        s._buffered.update(f"d-{g}" for g in batch)
+        assert [m.gid for m in s._hand_over(10)] == batch
+    slog.close()
+    rows = spark.read.schema(S.LOG_SCHEMA).json(str(path)).select("gid", "ts", "n").collect()
+    assert [(r["gid"], r["n"]) for r in rows] == [("g1", 1), ("g2", 2), ("g3", 3), ("g4", 4), ("g5", 5)]
+    assert len({r["ts"] for r in rows[:3]}) == 1
 
 
 def test_parse_counts_bad_lines_and_ignores_unknown_fields(spark: SparkSession) -> None:
