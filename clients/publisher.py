@@ -138,6 +138,7 @@ class Publisher:
         self.resends = 0
         self.closed = False
         self._failed: BaseException | None = None
+        self._load_outbox()  # before the first attach: its in-doubt declaration must name them
         client.add_owner(self)
 
     # ------------------------------------------------------------------ public API
@@ -193,12 +194,29 @@ class Publisher:
     def in_doubt(self) -> int:
         return len(self.inflight)
 
+    def _load_outbox(self) -> None:
+        """A restarted publisher's outbox is in doubt from the start: it is declared in the first
+        attach (`oncemesh.in-doubt`) and resent first. Were it declared later, the routers would
+        take the messages they still hold of this link for settled (found by a test: a restarted
+        publisher was told ACCEPTED before its subscriber had the message)."""
+        if not self.client.state.durable:
+            return
+        for _link, seq, tag, _topic, payload in self.client.state.outbox(self.name):
+            p = Pending(seq, tag, global_id(self.plid, tag), payload, None)
+            self.inflight[seq] = p
+            self.unsent.append(p)
+            self._seq_next = max(self._seq_next, seq + 1)
+
     def resend_outbox(self) -> list[asyncio.Future[Result]]:
         """Take over what the outbox holds for this link (a restarted publisher): resend it all.
         Returns the futures of their outcomes."""
         rows = self.client.state.outbox(self.name)
         loop = asyncio.get_running_loop()
         futs: list[asyncio.Future[Result]] = []
+        for p in self.inflight.values():  # loaded at start: give them futures
+            if p.future is None:
+                p.future = loop.create_future()
+                futs.append(p.future)
         for _link, seq, tag, _topic, payload in rows:
             if seq in self.inflight:
                 continue

@@ -13,6 +13,7 @@ neighbour (`flush`).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from interrouter import codec
@@ -50,6 +51,8 @@ from router.subscriptions import SubState
 
 MAX_CONTROL_BATCH = 2000
 
+log = logging.getLogger("oncemesh.mesh")
+
 
 class MeshNode:
     def __init__(self, me: str, inc: str, core: DeliveryCore, routers: set[str],
@@ -81,7 +84,8 @@ class MeshNode:
         self._holds: dict[str, list[str]] = {}
         self._queries: dict[str, list[str]] = {}
         self.awaiting: dict[int, str] = {}  # gossip request -> sid whose ATTACH waits for it
-        self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0, "stale_probes": 0}
+        self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0, "stale_probes": 0,
+                      "finals_ignored": 0}
         self.lsdb.set_neighbours({})
 
     # ------------------------------------------------------------------ connections
@@ -163,7 +167,10 @@ class MeshNode:
                 core.handle_ack(gid, sid, state, err, now)
         elif t is Finals:
             for gid in msg.gids:  # type: ignore[union-attr]
-                core.handle_final(gid, now)
+                if not core.handle_final(gid, now):
+                    self.stats["finals_ignored"] += 1
+                    log.warning("mesh.final_ignored from=%s gid=%s: its publisher's delivery is open here",
+                                msg.src, gid)  # type: ignore[union-attr]
         elif t is Probes:
             if msg.inc != self.inc:  # type: ignore[union-attr]
                 # asked of an earlier life of ours: we cannot know; the asker learns our new

@@ -187,6 +187,7 @@ class DeliveryCore:
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
         self.inflight_bytes = 0
         self.undecided = 0  # records of this origin still waiting: what the budget counts
+        self.stats_final_ignored = 0  # FINALs refused: the publisher's delivery is open here
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
         self._blocked: deque[PubLink] = deque()
@@ -787,12 +788,20 @@ class DeliveryCore:
                     rec.owed[sid] = S.ACCEPTED
                     self.log.append(("accepted", rec.gid, rec.topic, sid, "placeholder"))
 
-    def handle_final(self, gid: str, now: float) -> None:
+    def handle_final(self, gid: str, now: float) -> bool:
+        """`gid` is final: its publisher settled it (here or through another origin). Returns False
+        when that cannot be true and is ignored: its publisher's delivery of it is open on a link
+        here, waiting for the outcome we have not given (a publisher settles only after an outcome,
+        and one that moved away would have left this link). Delivery carries on; a stale FINAL can
+        cost at most a query later, a wrong one would be a false ACCEPTED."""
         rec = self.records.get(gid)
         if rec is None:
             if gid in self.placeholders:
                 self._placeholder_final(gid)
-            return
+            return True
+        if rec.pubs and rec.outcome is None and not rec.pub_settled:
+            self.stats_final_ignored += 1
+            return False
         if rec.origin is None and rec.outcome is None:
             # we are an origin too, still waiting, but its publisher settled it through another
             # origin: it is final everywhere. Stop: withdraw what is pending here.
@@ -801,6 +810,7 @@ class DeliveryCore:
             self.log.append(("ended", gid, rec.topic, None, "final elsewhere"))
         rec.pub_settled = True
         self._finalize(rec, now)
+        return True
 
     def handle_probe(self, gid: str, frm: str, now: float) -> None:
         """A destination asks whether `gid` is still in flight here (its origin). It asks only when

@@ -101,6 +101,22 @@ class ConnCtx:
         self.peer_kind = "client"
 
 
+
+def in_doubt_tags(value: list[Any] | tuple[Any, ...]) -> list[bytes]:
+    """The delivery tags a publisher declares in doubt (`oncemesh.in-doubt`), as bytes. Proton
+    decodes AMQP binary as memoryview: anything else but bytes-like or text is refused, since a tag
+    mis-read here would make the router take the publisher's real in-doubt messages for settled."""
+    out: list[bytes] = []
+    for t in value:
+        if isinstance(t, bytes | bytearray | memoryview):
+            out.append(bytes(t))
+        elif isinstance(t, str):
+            out.append(t.encode("utf-8"))
+        else:
+            raise errors.RemoteProtocolError(
+                f"link property {PROP_IN_DOUBT} must list delivery tags (binary), not {type(t).__name__}")
+    return out
+
 class Router:
     """One router. `start()` binds and loads state; `stop()` shuts down cleanly."""
 
@@ -334,7 +350,7 @@ class Router:
         link.set_max_message_size(self.cfg.max_message_size)
         link.set_properties({PROP_ROUTER: self.id})
         link.open()
-        tags = [t if isinstance(t, bytes) else str(t).encode() for t in in_doubt] if in_doubt else None
+        tags = in_doubt_tags(in_doubt) if in_doubt is not None else None
         self.core.attach_publisher(link, plid, topic, second, tags, time.time())
 
     def on_credit(self, link: Link) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from tests.integration.rawamqp import (
     BEGIN,
     CLOSE,
     DETACH,
+    DISPOSITION,
     FLOW,
     OPEN,
     TRANSFER,
@@ -340,3 +342,65 @@ def test_never_sends_beyond_the_credit_window_of_a_receiver_that_tops_it_up(rout
         if raw is not None:
             raw.close()
     assert received == total
+
+
+def test_in_doubt_tags_are_read_as_proton_decodes_them() -> None:
+    """Proton decodes AMQP binary as memoryview: the declared tags must be the bytes themselves (a
+    str() of the view made every declaration name nothing, and the router took every message of a
+    re-attached publisher for settled: false ACCEPTED in a chaos run)."""
+    from proton import Data, symbol
+
+    from router.engine import ffi as F
+    from router.server import PROP_IN_DOUBT, in_doubt_tags
+
+    d = Data()
+    d.put_object({symbol("oncemesh.in-doubt"): [b"3", b"a\x00b"]})
+    decoded = F.data_to_obj(d._data)[PROP_IN_DOUBT]
+    assert in_doubt_tags(decoded) == [b"3", b"a\x00b"]
+    assert in_doubt_tags(["x"]) == [b"x"]
+    with pytest.raises(Exception, match="delivery tags"):
+        in_doubt_tags([7])
+
+
+def test_a_restarted_publisher_declaring_its_message_in_doubt_gets_no_outcome_before_the_subscriber(
+        router: RouterProcess, tmp_path: Any) -> None:
+    """Real processes, deterministic: a publisher (with its outbox) is SIGKILLed while its one
+    message waits at a subscriber that has not accepted yet; restarted, it re-attaches declaring
+    the message in doubt and resends it. Its outcome must wait for the subscriber. (With the
+    declaration mis-read, the router took the message for settled at the re-attach and answered
+    the resend ACCEPTED at once.)"""
+    import signal
+
+    from router.testing import worker
+
+    raw = RawClient(*host_port(router))
+    raw.handshake()
+    raw.send(frame(ATTACH, ["holder", uint(0), True, ubyte(0), ubyte(1), described(0x28, ["decl"]),
+                            described(0x29, [None]), None, None]))
+    raw.expect(ATTACH)
+    raw.send(frame(FLOW, [uint(0), uint(0x7FFFFFFF), uint(0), uint(0x7FFFFFFF), uint(0), uint(0), uint(10),
+                          None, False]))
+    args = ["publish", "--url", router.url, "--topic", "decl", "--count", "1", "--name", "p",
+            "--state-dir", str(tmp_path / "pub"), "--timeout", "30"]
+    first = worker(*args, workdir=tmp_path, name="first")
+    try:
+        transfer = raw.expect(TRANSFER, timeout=20)
+        first.signal(signal.SIGKILL)
+        first.wait(10)
+        second = worker(*args, workdir=tmp_path, name="second")
+        try:
+            # re-attached and resent: it must still wait for the subscriber (3 s of heartbeats
+            # from the raw subscriber, which would otherwise be idle-timed out and end)
+            until = time.monotonic() + 3.0
+            while time.monotonic() < until:
+                assert second.p.poll() is None, f"an outcome before the subscriber accepted: {second.tail()}"
+                raw.send(b"\x00\x00\x00\x08\x02\x00\x00\x00")  # an empty frame: a heartbeat
+                time.sleep(0.25)
+            delivery_id = transfer[1]
+            raw.send(frame(DISPOSITION, [True, delivery_id, delivery_id, False, described(0x24, [])]))
+            assert second.wait(20) == 0, second.tail()  # ACCEPTED once the subscriber accepted
+        finally:
+            second.kill()
+    finally:
+        first.kill()
+        raw.close()

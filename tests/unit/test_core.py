@@ -373,3 +373,31 @@ def test_the_core_uses_the_table_it_is_given_even_when_empty() -> None:
     core = DeliveryCore("R", t)
     core.attach_subscriber(object(), "s1", "t", "c", "a", 60.0, True, None, 0.0)
     assert t.get("s1") is not None and t.version == 1
+
+
+def test_a_final_for_a_message_whose_publisher_delivery_is_open_here_is_ignored() -> None:
+    """Found by a long chaos run (mesh4 seed 21) and reproduced on a triangle: a router thawed after
+    a freeze answered a query with FINAL for a message its stale publisher link had never declared
+    (first published elsewhere, after that link's attach). The origin that holds the publisher's
+    open delivery must not believe it: the publisher settles only after an outcome we have not
+    given, so the FINAL is wrong, and taking it would tell the publisher ACCEPTED."""
+    h = Harness()
+    s1, _, _ = h.sub("a", credit=0)
+    h.attach_pub()
+    tok, gid, _ = h.publish(b"1")
+    assert h.core.handle_final(gid, h.now) is False
+    acts = h.take()
+    assert gid in h.core.records and not outcomes(acts)
+    assert h.core.stats_final_ignored == 1
+    h.core.subscriber_credit(s1, 5)
+    assert (s1, gid) in delivered(h.take())  # delivery carries on
+    [o] = outcomes(h.outcome(s1, gid, Outcome.ACCEPTED))
+    assert o.pub is tok and o.outcome is Outcome.ACCEPTED
+    h.core.publisher_settled(tok, h.now)
+    h.take()
+    assert not h.core.records
+    # once the publisher left without an outcome, a FINAL is taken (it settled it elsewhere)
+    tok2, gid2, _ = h.publish(b"2")
+    h.core.detach_publisher(h.pub_link)
+    assert h.core.handle_final(gid2, h.now) is True
+    assert gid2 not in h.core.records
