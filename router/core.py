@@ -205,6 +205,9 @@ class DeliveryCore:
     # ================================================================ publishers
     def attach_publisher(self, token: Any, plid: str, topic: str, second: bool,
                          in_doubt: Iterable[bytes] | None, now: float) -> None:
+        for old in self.pub_links.values():
+            if old.plid == plid:  # an older attach of this link, its connection not yet noticed
+                old.declared = None  # dead: what it declared is superseded, never evidence again
         pl = PubLink(token, plid, topic, second)
         self.pub_links[token] = pl
         if in_doubt is not None:
@@ -846,21 +849,29 @@ class DeliveryCore:
         if gid in self.recent_final:
             self.out.append(SendFinal(frm, gid))
             return
-        plid = plid_of(gid)
-        for pl in self.pub_links.values():
-            if pl.plid != plid or pl.declared is None:
-                continue
-            if gid not in pl.declared:  # its publisher is attached here and settled it
-                self.out.append(SendFinal(frm, gid))
-            else:  # it holds it in doubt and resends it here: the asker gets our FINAL
-                self.held_for.setdefault(gid, {}).setdefault(frm, now)
+        pl = self._newest_link(plid_of(gid))
+        if pl is None or pl.declared is None:
             return
+        if gid not in pl.declared:  # its publisher is attached here and settled it
+            self.out.append(SendFinal(frm, gid))
+        else:  # it holds it in doubt and resends it here: the asker gets our FINAL
+            self.held_for.setdefault(gid, {}).setdefault(frm, now)
+
+    def _newest_link(self, plid: str) -> PubLink | None:
+        """The most recent attach of publisher link `plid` here. Only its declaration counts: an
+        older link still open here (its connection not yet noticed dead, e.g. after a freeze)
+        declared before messages published since, and would take them for settled (chaos mesh4
+        seed 21). A newer declaration names everything still in doubt when it was made."""
+        newest = None
+        for pl in self.pub_links.values():  # in attach order
+            if pl.plid == plid:
+                newest = pl
+        return newest
 
     def _settled_by_local_publisher(self, gid: str) -> bool:
         """Its publisher is attached here and declared it no longer in doubt: it settled it."""
-        plid = plid_of(gid)
-        return any(pl.plid == plid and pl.declared is not None and gid not in pl.declared
-                   for pl in self.pub_links.values())
+        pl = self._newest_link(plid_of(gid))
+        return pl is not None and pl.declared is not None and gid not in pl.declared
 
     # ================================================================ mesh: origin side
     def handle_ack(self, gid: str, sid: str, state: int, error: tuple[str, str] | None, now: float) -> None:

@@ -401,3 +401,26 @@ def test_a_final_for_a_message_whose_publisher_delivery_is_open_here_is_ignored(
     h.core.detach_publisher(h.pub_link)
     assert h.core.handle_final(gid2, h.now) is True
     assert gid2 not in h.core.records
+
+
+def test_an_older_link_of_the_same_publisher_is_no_evidence_of_settlement() -> None:
+    """Chaos mesh4 seed 21 (after the first fix): a publisher re-attached at the same router while
+    its older link there was not yet noticed dead; a message published on the newer link, whose
+    connection then dropped, was taken for settled because the older link's declaration (made
+    before the message existed) did not name it. The router answered FINAL, and the publisher's
+    resend ACCEPTED, with two subscriptions still owed it."""
+    h = Harness()
+    s1, _, _ = h.sub("a", credit=0)
+    old_link = object()
+    h.core.attach_publisher(old_link, PL, "t", True, [], h.now)  # declared nothing in doubt
+    h.take()
+    h.pub_link = object()
+    h.attach_pub(in_doubt=[])  # the same publisher again, on a new connection
+    tok, gid, _ = h.publish(b"9")
+    h.core.detach_publisher(h.pub_link)  # the new connection drops; the old link lingers
+    h.take()
+    assert not h.core._settled_by_local_publisher(gid)
+    h.now += 1000.0
+    h.core.tick(h.now)
+    acts = h.take()
+    assert gid in h.core.records and not outcomes(acts)
