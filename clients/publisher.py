@@ -281,6 +281,7 @@ class Publisher:
         if self._outcomes_done:
             done, self._outcomes_done = self._outcomes_done, []
             if self.durable:
+                self._slog.flush()  # their outcome lines are on record before the outbox forgets them
                 state.outbox_remove(self.name, done)
         self._pump()
         self._slog.flush()
