@@ -188,6 +188,7 @@ class DeliveryCore:
         self.inflight_bytes = 0
         self.undecided = 0  # records of this origin still waiting: what the budget counts
         self.stats_final_ignored = 0  # FINALs refused: the publisher's delivery is open here
+        self.newest_link: dict[str, PubLink] = {}  # plid -> its most recent attach here
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
         self._blocked: deque[PubLink] = deque()
@@ -205,11 +206,12 @@ class DeliveryCore:
     # ================================================================ publishers
     def attach_publisher(self, token: Any, plid: str, topic: str, second: bool,
                          in_doubt: Iterable[bytes] | None, now: float) -> None:
-        for old in self.pub_links.values():
-            if old.plid == plid:  # an older attach of this link, its connection not yet noticed
-                old.declared = None  # dead: what it declared is superseded, never evidence again
         pl = PubLink(token, plid, topic, second)
         self.pub_links[token] = pl
+        # the newest attach of a link name supersedes older ones still open here (their connections
+        # not yet noticed dead, e.g. after a freeze): only its declaration is evidence (chaos mesh4
+        # seed 21: an older declaration, made before a message existed, took it for settled)
+        self.newest_link[plid] = pl
         if in_doubt is not None:
             gids = {global_id(plid, t) for t in in_doubt}
             pl.declared = gids
@@ -222,6 +224,8 @@ class DeliveryCore:
         pl = self.pub_links.pop(token, None)
         if pl is None:
             return
+        if self.newest_link.get(pl.plid) is pl:
+            del self.newest_link[pl.plid]
         self.reserved_credit -= pl.outstanding
         pl.outstanding = 0
         for pub, gid in pl.pubs.items():
@@ -479,7 +483,6 @@ class DeliveryCore:
             "info": f"expiry={'never' if math.isinf(expiry) else expiry} presented={len(presented_set)}"}))
         # The client already holds what it presents, whether this is a resume or a new life of the
         # same identity (a non-durable one that ended): never hand those ids to it again.
-        declared: dict[str, list[set[str]]] | None = None  # plid -> in-doubt sets of its links here
         for gid in presented_set:
             rec = rt.owed.get(gid)
             if rec is not None:
@@ -491,13 +494,7 @@ class DeliveryCore:
                 if rec2 is None and gid in self.recent_final:
                     rt.notify.append(gid)  # we were its origin and it is final
                 elif rec2 is None:
-                    if declared is None:
-                        declared = {}
-                        for pl in self.pub_links.values():
-                            if pl.declared is not None:
-                                declared.setdefault(pl.plid, []).append(pl.declared)
-                    held_by = declared.get(plid_of(gid))
-                    if held_by is not None and not any(gid in d for d in held_by):
+                    if self._settled_by_local_publisher(gid):
                         rt.notify.append(gid)  # its publisher is here and settled it: final
                         continue
                     # not here (yet): a copy or a resend may bring it
@@ -849,29 +846,24 @@ class DeliveryCore:
         if gid in self.recent_final:
             self.out.append(SendFinal(frm, gid))
             return
-        pl = self._newest_link(plid_of(gid))
-        if pl is None or pl.declared is None:
+        declared = self._declared(plid_of(gid))
+        if declared is None:
             return
-        if gid not in pl.declared:  # its publisher is attached here and settled it
+        if gid not in declared:  # its publisher is attached here and settled it
             self.out.append(SendFinal(frm, gid))
         else:  # it holds it in doubt and resends it here: the asker gets our FINAL
             self.held_for.setdefault(gid, {}).setdefault(frm, now)
 
-    def _newest_link(self, plid: str) -> PubLink | None:
-        """The most recent attach of publisher link `plid` here. Only its declaration counts: an
-        older link still open here (its connection not yet noticed dead, e.g. after a freeze)
-        declared before messages published since, and would take them for settled (chaos mesh4
-        seed 21). A newer declaration names everything still in doubt when it was made."""
-        newest = None
-        for pl in self.pub_links.values():  # in attach order
-            if pl.plid == plid:
-                newest = pl
-        return newest
+    def _declared(self, plid: str) -> set[str] | None:
+        """What the newest attach of publisher link `plid` here declared in doubt (None: not
+        attached here, or not one of our clients)."""
+        pl = self.newest_link.get(plid)
+        return pl.declared if pl is not None else None
 
     def _settled_by_local_publisher(self, gid: str) -> bool:
         """Its publisher is attached here and declared it no longer in doubt: it settled it."""
-        pl = self._newest_link(plid_of(gid))
-        return pl is not None and pl.declared is not None and gid not in pl.declared
+        declared = self._declared(plid_of(gid))
+        return declared is not None and gid not in declared
 
     # ================================================================ mesh: origin side
     def handle_ack(self, gid: str, sid: str, state: int, error: tuple[str, str] | None, now: float) -> None:
