@@ -21,7 +21,7 @@ import uuid
 from collections import OrderedDict, deque
 from typing import Any
 
-from proton import Message, symbol
+from proton import Message, symbol, ulong
 
 from clients.runtime import Client, ClientError, LinkRefused
 from router.actions import Outcome
@@ -206,6 +206,10 @@ class Publisher:
             self.inflight[seq] = p
             self.unsent.append(p)
             self._seq_next = max(self._seq_next, seq + 1)
+        # past everything an earlier run may have published (our declaration's mark covers it all;
+        # the next message reserves a fresh block)
+        self._seq_next = max(self._seq_next, self.client.state.seqs_reserved(self.name))
+        self._seq_limit = self._seq_next
 
     def resend_outbox(self) -> list[asyncio.Future[Result]]:
         """Take over what the outbox holds for this link (a restarted publisher): resend it all.
@@ -317,8 +321,12 @@ class Publisher:
         link.set_target(self.topic)
         link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND if self.second else F.RCV_FIRST)
         props: dict[Any, Any] = {symbol("oncemesh.client"): 1}
-        tags = [p.tag for p in self.inflight.values() if p.sends > 0 or self.durable]
-        props[symbol("oncemesh.in-doubt")] = tags
+        declared = [p for p in self.inflight.values() if p.sends > 0 or self.durable]
+        props[symbol("oncemesh.in-doubt")] = [p.tag for p in declared]
+        # what we published by now and do not list is settled; nothing is said of later messages
+        # (the first one not on the wire yet and every one after it)
+        unsent = [p.seq for p in self.inflight.values() if not (p.sends > 0 or self.durable)]
+        props[symbol("oncemesh.next-seq")] = ulong(min(unsent, default=self._seq_next))
         if self.want_received:
             props[symbol("oncemesh.received")] = True
         link.set_properties(props)

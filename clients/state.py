@@ -99,6 +99,13 @@ class ClientState:
             self.db.execute("COMMIT")
             return first
 
+    def seqs_reserved(self, link: str) -> int:
+        """The first sequence number not reserved yet for a publisher link: everything below it was
+        used or skipped by an earlier run."""
+        with self._lock:
+            row = self.db.execute("SELECT next FROM pubseq WHERE link=?", (link,)).fetchone()
+            return int(row[0]) if row else 0
+
     def outbox_add(self, rows: Iterable[tuple[str, int, bytes, str, bytes]],
                    meta: dict[str, str] | None = None) -> None:
         """Persist messages before their first send; `meta` is written in the same transaction."""

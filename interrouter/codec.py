@@ -82,7 +82,7 @@ def _to_list(m: Control) -> list[Any]:
     if t is Bye:
         return ["B", m.src, m.inc]  # type: ignore[union-attr]
     if t is PubDeclare:
-        return ["PD", m.src, m.dst, m.plid, m.gids]  # type: ignore[union-attr]
+        return ["PD", m.src, m.dst, m.plid, m.gids, m.mark]  # type: ignore[union-attr]
     if t is Holds:
         return ["HO", m.src, m.dst, m.gids]  # type: ignore[union-attr]
     if t is Queries:
@@ -111,7 +111,7 @@ def _from_list(x: list[Any]) -> Control | None:
     if kind == "B":
         return Bye(x[1], x[2])
     if kind == "PD":
-        return PubDeclare(x[1], x[2], x[3], list(x[4]))
+        return PubDeclare(x[1], x[2], x[3], list(x[4]), int(x[5]) if len(x) > 5 and x[5] is not None else None)
     if kind == "HO":
         return Holds(x[1], x[2], list(x[3]))
     if kind == "Q":

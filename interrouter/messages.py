@@ -117,12 +117,15 @@ class Queries:
 
 @dataclass(frozen=True, slots=True)
 class PubDeclare:
-    """Publisher link `plid` attached at `src` and holds `gids` in doubt (everything else it settled)."""
+    """Publisher link `plid` attached at `src` and holds `gids` in doubt; everything else it had
+    published by then it settled. `mark`: the next sequence number it would use then (our clients'
+    counter tags; None: every other tag of the link counts as settled)."""
 
     src: str
     dst: str
     plid: str
     gids: list[str]
+    mark: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

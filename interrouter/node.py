@@ -186,7 +186,7 @@ class MeshNode:
             for gid in msg.gids:  # type: ignore[union-attr]
                 core.handle_hold(gid, msg.src, now)  # type: ignore[union-attr]
         elif t is PubDeclare:
-            core.publisher_declared_elsewhere(msg.plid, set(msg.gids), msg.src, now)  # type: ignore[union-attr]
+            core.publisher_declared_elsewhere(msg.plid, set(msg.gids), msg.src, now, msg.mark)  # type: ignore[union-attr]
         elif t is SubUpdate:
             old = self.gossip.handle_update(msg)  # type: ignore[arg-type]
             if msg.presented:  # type: ignore[union-attr]
@@ -274,7 +274,7 @@ class MeshNode:
         elif t is DeclarePublisher:
             for r in sorted(self.core.reachable):
                 if r != self.me:
-                    self._route_control(PubDeclare(self.me, r, act.plid, list(act.in_doubt)))
+                    self._route_control(PubDeclare(self.me, r, act.plid, list(act.in_doubt), act.mark))
         elif t is Announce:
             self._announce(act.sid)
 

@@ -137,6 +137,7 @@ class DeclarePublisher:
 
     plid: str
     in_doubt: tuple[str, ...]
+    mark: int | None = None  # the next sequence number it will use (counter tags): see PubLink.mark
 
 
 @dataclass(slots=True)

@@ -70,7 +70,7 @@ from router.actions import (
     SettlePublisher,
     SizeCount,
 )
-from router.ids import global_id, plid_of
+from router.ids import counter_seq, global_id, plid_of
 from router.subscriptions import Subscription, SubscriptionTable, SubState
 
 
@@ -155,7 +155,7 @@ class SubRuntime:
 
 
 class PubLink:
-    __slots__ = ("token", "plid", "topic", "second", "outstanding", "pubs", "blocked", "declared")
+    __slots__ = ("token", "plid", "topic", "second", "outstanding", "pubs", "blocked", "declared", "mark")
 
     def __init__(self, token: Any, plid: str, topic: str, second: bool) -> None:
         self.token = token
@@ -166,6 +166,22 @@ class PubLink:
         self.pubs: dict[Any, str] = {}  # publisher delivery token -> gid
         self.blocked = False  # waiting in DeliveryCore._blocked for room in the budget
         self.declared: set[str] | None = None  # gids it held in doubt when it attached (our clients)
+        # the next sequence number (counter tags) it would use when it attached: what it declared
+        # says nothing of messages it published later (None: a client without counter tags)
+        self.mark: int | None = None
+
+
+def declared_settled(in_doubt: set[str], mark: int | None, gid: str) -> bool:
+    """Does a publisher's declaration (what it held in doubt when it attached, and the next
+    sequence number it would use then) say it settled `gid`? Only what it had published by then
+    and no longer holds in doubt: a message published after the declaration is not in it either
+    (a frozen router that comes back holds an old attach: chaos mesh4, the known limit of stop 9)."""
+    if gid in in_doubt:
+        return False
+    if mark is None:
+        return True
+    seq = counter_seq(gid)
+    return seq is not None and seq < mark
 
 
 class DeliveryCore:
@@ -205,7 +221,7 @@ class DeliveryCore:
 
     # ================================================================ publishers
     def attach_publisher(self, token: Any, plid: str, topic: str, second: bool,
-                         in_doubt: Iterable[bytes] | None, now: float) -> None:
+                         in_doubt: Iterable[bytes] | None, now: float, mark: int | None = None) -> None:
         pl = PubLink(token, plid, topic, second)
         self.pub_links[token] = pl
         # the newest attach of a link name supersedes older ones still open here (their connections
@@ -215,9 +231,10 @@ class DeliveryCore:
         if in_doubt is not None:
             gids = {global_id(plid, t) for t in in_doubt}
             pl.declared = gids
-            self._publisher_declared(plid, gids, now)
+            pl.mark = mark
+            self._publisher_declared(plid, gids, mark, now)
             if len(self.reachable) > 1:
-                self.out.append(DeclarePublisher(plid, tuple(sorted(gids))))
+                self.out.append(DeclarePublisher(plid, tuple(sorted(gids)), mark))
         self._grant(pl)
 
     def detach_publisher(self, token: Any) -> None:
@@ -846,24 +863,25 @@ class DeliveryCore:
         if gid in self.recent_final:
             self.out.append(SendFinal(frm, gid))
             return
-        declared = self._declared(plid_of(gid))
-        if declared is None:
+        pl = self._declaring(plid_of(gid))
+        if pl is None:
             return
-        if gid not in declared:  # its publisher is attached here and settled it
-            self.out.append(SendFinal(frm, gid))
-        else:  # it holds it in doubt and resends it here: the asker gets our FINAL
-            self.held_for.setdefault(gid, {}).setdefault(frm, now)
+        if declared_settled(pl.declared, pl.mark, gid):  # type: ignore[arg-type]
+            self.out.append(SendFinal(frm, gid))  # its publisher is attached here and settled it
+        elif gid in pl.declared:  # type: ignore[operator]
+            self.held_for.setdefault(gid, {}).setdefault(frm, now)  # resent here: the asker gets our FINAL
+        # else: published after that attach, elsewhere (this link is stale): we know nothing
 
-    def _declared(self, plid: str) -> set[str] | None:
-        """What the newest attach of publisher link `plid` here declared in doubt (None: not
-        attached here, or not one of our clients)."""
+    def _declaring(self, plid: str) -> PubLink | None:
+        """The newest attach of publisher link `plid` here, if it declared what it holds in doubt
+        (None: not attached here, or not one of our clients)."""
         pl = self.newest_link.get(plid)
-        return pl.declared if pl is not None else None
+        return pl if pl is not None and pl.declared is not None else None
 
     def _settled_by_local_publisher(self, gid: str) -> bool:
         """Its publisher is attached here and declared it no longer in doubt: it settled it."""
-        declared = self._declared(plid_of(gid))
-        return declared is not None and gid not in declared
+        pl = self._declaring(plid_of(gid))
+        return pl is not None and declared_settled(pl.declared, pl.mark, gid)  # type: ignore[arg-type]
 
     # ================================================================ mesh: origin side
     def handle_ack(self, gid: str, sid: str, state: int, error: tuple[str, str] | None, now: float) -> None:
@@ -1041,30 +1059,32 @@ class DeliveryCore:
                 rec.held.discard(sid)
 
     # ================================================================ publisher resume
-    def _publisher_declared(self, plid: str, in_doubt: set[str], now: float) -> None:
+    def _publisher_declared(self, plid: str, in_doubt: set[str], mark: int | None, now: float) -> None:
         """One of our publishers re-attached and listed what it still holds in doubt: everything
-        else of that link that we hold is settled on its side (it will never be resent)."""
+        else of that link that we hold and it had published by then is settled on its side (it will
+        never be resent)."""
         for rec in [r for r in self.records.values()
-                    if r.plid == plid and r.gid not in in_doubt and r.origin is None]:
+                    if r.plid == plid and r.origin is None and declared_settled(in_doubt, mark, r.gid)]:
             if not rec.pubs:  # it settled it (here, the settlement lost with its link, or elsewhere)
                 self.handle_final(rec.gid, now)
-        for gid in [g for g in self.placeholders if plid_of(g) == plid and g not in in_doubt]:
+        for gid in [g for g in self.placeholders if plid_of(g) == plid and declared_settled(in_doubt, mark, g)]:
             if gid not in self.records:
                 self._placeholder_final(gid)
 
-    def publisher_declared_elsewhere(self, plid: str, in_doubt: set[str], at: str, now: float) -> None:
+    def publisher_declared_elsewhere(self, plid: str, in_doubt: set[str], at: str, now: float,
+                                     mark: int | None = None) -> None:
         """Publisher link `plid` attached at router `at`, holding `in_doubt` in doubt. Records of it we
         hold without its publisher: not in doubt any more means settled on its side (final); still in
-        doubt means `at` becomes an origin for it: we ask to be told its FINAL."""
+        doubt means `at` becomes an origin for it: we ask to be told its FINAL. Messages it published
+        after that attach (at or past `mark`) are in neither set: the declaration says nothing of them."""
         for rec in [r for r in self.records.values() if r.plid == plid and not r.pubs]:
-            if rec.gid not in in_doubt:
-                if rec.origin is None:
-                    # our publishers settle only once they have an outcome: it is final (here, or at
-                    # the router that gave the outcome): stop whatever is still pending here
-                    self.handle_final(rec.gid, now)
-            else:
+            if rec.gid in in_doubt:
                 self.out.append(SendHold(at, rec.gid))
-        for gid in [g for g in self.placeholders if plid_of(g) == plid and g not in in_doubt]:
+            elif declared_settled(in_doubt, mark, rec.gid) and rec.origin is None:
+                # our publishers settle only once they have an outcome: it is final (here, or at
+                # the router that gave the outcome): stop whatever is still pending here
+                self.handle_final(rec.gid, now)
+        for gid in [g for g in self.placeholders if plid_of(g) == plid and declared_settled(in_doubt, mark, g)]:
             if gid not in self.records:
                 self._placeholder_final(gid)
 

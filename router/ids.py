@@ -59,6 +59,17 @@ def is_control_tag(tag: bytes) -> bool:
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
 
+_COUNTER = re.compile(r"(?:0|[1-9a-z][0-9a-z]*)")
+
+
+def counter_seq(gid: str) -> int | None:
+    """The sequence number of a gid made from a `counter_tag` tag (None: some other tag)."""
+    if gid[PLID_LEN:PLID_LEN + 1] != ":":
+        return None
+    tag = gid[PLID_LEN + 1:]
+    return int(tag, 36) if _COUNTER.fullmatch(tag) else None
+
+
 def counter_tag(n: int) -> bytes:
     """Compact ASCII delivery tags for our publishers (base36 counter)."""
     if n == 0:

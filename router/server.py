@@ -46,6 +46,7 @@ log = logging.getLogger("oncemesh.router")
 PROP_CLIENT = symbol("oncemesh.client")  # our client library (understands final notifications)
 PROP_RESUME = symbol("oncemesh.resume")  # subscriber: ids accepted but not seen settled
 PROP_IN_DOUBT = symbol("oncemesh.in-doubt")  # publisher: tags it still holds in doubt
+PROP_NEXT_SEQ = symbol("oncemesh.next-seq")  # publisher: the next counter-tag sequence number it uses
 PROP_RESUMED = symbol("oncemesh.resumed")  # router -> subscriber: the subscription resumed
 PROP_RECEIVED = symbol("oncemesh.received")  # publisher: send RECEIVED once a router holds a message
 PROP_EPOCH = symbol("oncemesh.epoch")  # subscription epoch: answered on attach, presented on resume
@@ -342,6 +343,9 @@ class Router:
         in_doubt = props.get(PROP_IN_DOUBT)
         if in_doubt is not None and not isinstance(in_doubt, list | tuple):
             raise errors.RemoteProtocolError(f"link property {PROP_IN_DOUBT} must be a list of tags")
+        mark = props.get(PROP_NEXT_SEQ)
+        if mark is not None and (isinstance(mark, bool) or not isinstance(mark, int) or mark < 0):
+            raise errors.RemoteProtocolError(f"link property {PROP_NEXT_SEQ} must be a non-negative integer")
         second = link.remote_rcv_settle_mode == F.RCV_SECOND
         link.ctx = PubLinkCtx(topic, plid, bool(props.get(PROP_RECEIVED)))
         link.set_target(topic)
@@ -351,7 +355,8 @@ class Router:
         link.set_properties({PROP_ROUTER: self.id})
         link.open()
         tags = in_doubt_tags(in_doubt) if in_doubt is not None else None
-        self.core.attach_publisher(link, plid, topic, second, tags, time.time())
+        self.core.attach_publisher(link, plid, topic, second, tags, time.time(),
+                                   int(mark) if mark is not None and tags is not None else None)
 
     def on_credit(self, link: Link) -> None:
         ctx = link.ctx

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from proton import ubyte, uint
+from proton import symbol, ubyte, uint
 
 from clients.runtime import Client, LinkRefused
 from router.testing import RouterProcess
@@ -103,6 +103,21 @@ def test_missing_address_is_an_invalid_field(router: RouterProcess, canary: Cana
     raw.handshake()
     raw.send(frame(ATTACH, ["no-target", uint(0), False, ubyte(0), ubyte(1), described(0x28, ["src"]),
                             described(0x29, [None]), None, None, uint(0)]))
+    raw.expect(ATTACH)
+    detach = raw.expect(DETACH)
+    assert error_condition(detach, 2) == "amqp:invalid-field"
+    raw.close()
+    canary.check()
+
+
+@pytest.mark.parametrize("mark", ["7", -1, True], ids=["string", "negative", "bool"])
+def test_a_next_seq_that_is_not_a_sequence_number_is_an_invalid_field(router: RouterProcess, canary: Canary,
+                                                                      mark: Any) -> None:
+    raw = RawClient(*host_port(router))
+    raw.handshake()
+    props = {symbol("oncemesh.in-doubt"): [], symbol("oncemesh.next-seq"): mark}
+    raw.send(frame(ATTACH, ["bad-mark", uint(0), False, ubyte(0), ubyte(1), described(0x28, ["src"]),
+                            described(0x29, ["marked"]), None, None, uint(0), None, None, None, props]))
     raw.expect(ATTACH)
     detach = raw.expect(DETACH)
     assert error_condition(detach, 2) == "amqp:invalid-field"

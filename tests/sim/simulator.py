@@ -698,7 +698,7 @@ class Simulation:
         p.router, p.link, p.credit = r.id, link, 0
         p.token_of.clear()
         r.pub_links[link] = p
-        r.core.attach_publisher(link, p.plid, TOPIC, True, list(p.in_doubt.values()), self.now)
+        r.core.attach_publisher(link, p.plid, TOPIC, True, list(p.in_doubt.values()), self.now, p.seq)
         r.process()
         self.schedule(0.001, lambda: self.pub_work(p, link))
 

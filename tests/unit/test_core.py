@@ -7,9 +7,9 @@ import math
 import pytest
 
 from router import errors
-from router.actions import Deliver, GrantCredit, NotifyFinal, Outcome, SendOutcome, SettleDelivery
+from router.actions import Deliver, GrantCredit, NotifyFinal, Outcome, SendFinal, SendOutcome, SettleDelivery
 from router.core import CoreConfig, DeliveryCore
-from router.ids import global_id, publisher_link_id, subscription_id
+from router.ids import counter_seq, counter_tag, global_id, publisher_link_id, subscription_id
 from router.subscriptions import SubscriptionTable, SubState
 
 PL = publisher_link_id("pub", "p")
@@ -424,3 +424,45 @@ def test_an_older_link_of_the_same_publisher_is_no_evidence_of_settlement() -> N
     h.core.tick(h.now)
     acts = h.take()
     assert gid in h.core.records and not outcomes(acts)
+
+
+def test_a_declaration_says_nothing_of_messages_published_after_it() -> None:
+    """The known limit of stop 9: a frozen router that comes back still holds an old attach of a
+    publisher. Its declaration (nothing in doubt then) must not make it answer FINAL for a message
+    the publisher published later, elsewhere: only what came before the declaration's mark."""
+    h = Harness()
+    h.core.reachable = {"R": "", "S": ""}
+    h.core.attach_publisher(h.pub_link, PL, "t", True, [counter_tag(2)], h.now, 5)
+    h.take()
+    before, in_doubt, after = (global_id(PL, counter_tag(n)) for n in (3, 2, 7))
+    for gid in (before, in_doubt, after):
+        h.core.handle_query(gid, "S", h.now)
+    finals = [a.gid for a in h.take() if isinstance(a, SendFinal)]
+    assert finals == [before]  # settled by then; 2 it resends; 7 did not exist when it attached
+    assert h.core._settled_by_local_publisher(before)
+    assert not h.core._settled_by_local_publisher(after)
+    assert not h.core._settled_by_local_publisher(global_id(PL, b"not-a-counter"))
+
+
+def test_declaration_mark_from_another_router_finalises_only_older_records() -> None:
+    h = Harness()
+    s1, _, _ = h.sub("a", credit=0)
+    h.attach_pub(in_doubt=[])
+    _, old, _ = h.publish(counter_tag(1))
+    _, new, _ = h.publish(counter_tag(9))
+    h.core.detach_publisher(h.pub_link)  # it failed over; both records wait here without it
+    h.take()
+    h.core.publisher_declared_elsewhere(PL, set(), "S", h.now, 5)
+    h.take()
+    assert old not in h.core.records and new in h.core.records
+    h.core.publisher_declared_elsewhere(PL, set(), "S", h.now, 10)
+    h.take()
+    assert new not in h.core.records
+
+
+def test_counter_seq_reads_back_counter_tags() -> None:
+    for n in (0, 1, 35, 36, 10**9):
+        assert counter_seq(global_id(PL, counter_tag(n))) == n
+    assert counter_seq(global_id(PL, b"x-1")) is None
+    assert counter_seq(global_id(PL, b"\x00\x01")) is None  # hashed tag
+    assert counter_seq(global_id(PL, b"01")) is None  # not how counter_tag writes it
