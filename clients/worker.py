@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import math
 import signal
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "consume" and not args.name:
         p.error("consume needs --name")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    faulthandler.enable()  # a crash in C code (SIGSEGV) leaves every thread's stack in our output
     return asyncio.run(publish(args) if args.kind == "publish" else consume(args))
 
 

@@ -63,8 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
 
 
 def cmd_router(args: argparse.Namespace) -> int:
+    import faulthandler
+
     from router.server import configure_logging, run_router
 
+    faulthandler.enable()  # a crash in C code (SIGSEGV) leaves every thread's stack on stderr
     cfg = RouterConfig(id=args.id)
     if args.topology is not None:
         from topology.load import TopologyError, load_topology
