@@ -70,7 +70,7 @@ from router.actions import (
     SettlePublisher,
     SizeCount,
 )
-from router.ids import counter_seq, global_id, plid_of
+from router.ids import PLID_LEN, counter_seq, global_id, plid_of
 from router.subscriptions import Subscription, SubscriptionTable, SubState
 
 
@@ -487,9 +487,11 @@ class DeliveryCore:
     # ================================================================ subscriptions (local links)
     def attach_subscriber(self, link: Any, sid: str, topic: str, container: str, link_name: str,
                           expiry: float, capable: bool, presented: Iterable[str] | None,
-                          now: float, epoch: int | None = None) -> bool:
+                          now: float, epoch: int | None = None, handed_last: Iterable[str] = ()) -> bool:
         """A subscriber link attached here (new or resuming). Returns True when it resumed.
-        `epoch`: the subscription's epoch its client last attached with (our clients present it)."""
+        `epoch`: the subscription's epoch its client last attached with (our clients present it).
+        `handed_last`: per publisher link, the latest message its client was handed (FIFO: an
+        earlier one that comes only now is not handed after it)."""
         self._now = now
         old_rt = self.subs.get(sid)
         if old_rt is not None and old_rt.link is not None:
@@ -540,6 +542,12 @@ class DeliveryCore:
                     # count it as accepted so that the final settlement reaches it
                     rec2.owed[sid] = S.ACCEPTED
         rt.final_unnotified.clear()
+        acc = rt.fifo_acc
+        for gid in (*presented_set, *handed_last):
+            seq = counter_seq(gid)
+            if seq is not None and seq > acc.get(gid[:PLID_LEN], -1):
+                acc[gid[:PLID_LEN]] = seq
+        rt.fifo_sent = dict(acc)
         rt.queue = deque(rt.owed)
         self.out.append(Announce(sid))
         return resumed

@@ -584,8 +584,11 @@ class Simulation:
         r.sub_links[s.sid] = (link, s)
         if old is not None and old[0] is not link:
             pass
+        # our client presents the latest message of each publisher it was handed (FIFO)
+        last = [global_id(plid, counter_tag(seq)) for (sid, plid), seq in sorted(self.last_seq.items())
+                if sid == s.sid and seq >= 0]
         r.core.attach_subscriber(link, s.sid, TOPIC, "c-sub", s.name, float("inf"), True, sorted(s.accepted),
-                                 self.now, s.epoch)
+                                 self.now, s.epoch, last)
         r.awaiting[s.sid] = (link, s, False)
         r.process()
         if s.sid in r.awaiting and not r.node.attach_pending(s.sid):
