@@ -173,6 +173,12 @@ class Router:
         self._schedule_tick()
         self.write_ready_file()
         log.info("router.started id=%s incarnation=%s listen=%s:%d", self.id, self.incarnation, *self.bound)
+        topo = self.cfg.topology
+        for name, t in sorted(topo.topics.items()) if topo is not None else ():
+            if t.order.value != "fifo":
+                # say so rather than pretend: per-publisher FIFO is what these topics get for now
+                log.warning("topic.order_not_enforced topic=%s order=%s: only per-publisher FIFO is enforced "
+                            "so far; causal and total order are not implemented yet", name, t.order.value)
 
     def ready_info(self) -> dict[str, Any]:
         assert self.bound is not None
