@@ -217,6 +217,11 @@ class ClientState:
                                 [(sub, g) for g in gids])
             self.db.execute("COMMIT")
 
+    def handed(self, sub: str) -> list[str]:
+        """Every id this subscription's store holds as handed over (settled or not)."""
+        with self._lock:
+            return [str(r[0]) for r in self.db.execute("SELECT gid FROM dedup WHERE sub=?", (sub,))]
+
     def unsettled(self, sub: str) -> list[str]:
         """Ids accepted but not seen settled: presented when the subscription resumes."""
         with self._lock:

@@ -29,7 +29,7 @@ from clients.runtime import Client, ClientError, LinkRefused
 from router.engine import amqp
 from router.engine import ffi as F
 from router.engine.amqp import AmqpConnection, Link
-from router.ids import is_control_tag, subscription_id
+from router.ids import PLID_LEN, counter_seq, is_control_tag, subscription_id
 
 log = logging.getLogger("oncemesh.subscriber")
 
@@ -97,6 +97,10 @@ class Subscriber:
         self._closing = False
         self._slog = client.settlement_log("subscriber")
         self._repair_last_hand_over()
+        # FIFO: per publisher link, the latest message handed over (seq, id): presented on attach,
+        # so that a router never hands an earlier one that comes only now after it
+        self._handed_last: dict[str, tuple[int, str]] = {}
+        self._note_handed(client.state.handed(self.sid))
         self.handed_count = 0
         self._hand_n = 0  # position of the last hand-over in this process: `n` of the `handed` line
         self.duplicates = 0
@@ -207,6 +211,15 @@ class Subscriber:
                         "state's commit and the hand-over; they will be redelivered", self.sid, len(lost))
             self.client.state.forget_hand_over(self.sid, lost)
 
+    def _note_handed(self, gids: list[str]) -> None:
+        last = self._handed_last
+        for g in gids:
+            seq = counter_seq(g)
+            if seq is not None:
+                cur = last.get(g[:PLID_LEN])
+                if cur is None or cur[0] < seq:
+                    last[g[:PLID_LEN]] = (seq, g)
+
     def _hand_over(self, n: int) -> list[Delivered]:
         batch = [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
         if self._withdrawn:
@@ -222,6 +235,7 @@ class Subscriber:
         self._buffered.difference_update(d for _, d, _ in batch)
         gids = [g for g, _, _ in batch]
         self.client.state.hand_over(self.sid, gids)  # durable from here on: handed over
+        self._note_handed(gids)
         now = time.time()
         slog = self._slog
         n = self._hand_n
@@ -302,7 +316,8 @@ class Subscriber:
         link.set_target(None)
         link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND)
         presented = self.client.state.unsettled(self.sid)
-        props: dict[Any, Any] = {symbol("oncemesh.client"): 1, symbol("oncemesh.resume"): presented}
+        props: dict[Any, Any] = {symbol("oncemesh.client"): 1, symbol("oncemesh.resume"): presented,
+                                 symbol("oncemesh.handed-last"): [g for _, g in self._handed_last.values()]}
         epoch = self.client.state.get_meta(f"epoch:{self.sid}")
         if epoch:  # where it last attached: a router with an older view distrusts what it held
             props[symbol("oncemesh.epoch")] = int(epoch)

@@ -40,23 +40,28 @@ class FrameError(ValueError):
     """A frame that does not parse: the peer is broken or not an oncemesh router."""
 
 
-def encode_copy_header(origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]]) -> bytes:
-    header = _dumps([origin, inc, gid, topic, {k: list(v) for k, v in dests.items()}]).encode()
+def encode_copy_header(origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]],
+                       preds: tuple[str, ...] = ()) -> bytes:
+    fields: list[Any] = [origin, inc, gid, topic, {k: list(v) for k, v in dests.items()}]
+    if preds:
+        fields.append(list(preds))
+    header = _dumps(fields).encode()
     if len(header) > 0xFFFF:
         raise ValueError(f"copy header of {len(header)} bytes exceeds 65535 (too many subscriptions)")
     return b"D" + _HDR.pack(len(header)) + header
 
 
 def encode_copy(c: Copy) -> bytes:
-    return encode_copy_header(c.origin, c.inc, c.gid, c.topic, c.dests) + c.payload
+    return encode_copy_header(c.origin, c.inc, c.gid, c.topic, c.dests, c.preds) + c.payload
 
 
 def decode_copy(frame: bytes) -> Copy:
     try:
         (n,) = _HDR.unpack_from(frame, 1)
-        origin, inc, gid, topic, dests = _loads(frame[3:3 + n].decode())
+        origin, inc, gid, topic, dests, *rest = _loads(frame[3:3 + n].decode())
         return Copy(str(origin), str(inc), str(gid), str(topic),
-                    {str(k): tuple(str(s) for s in v) for k, v in dests.items()}, frame[3 + n:])
+                    {str(k): tuple(str(s) for s in v) for k, v in dests.items()}, frame[3 + n:],
+                    tuple(str(p) for p in rest[0]) if rest and rest[0] else ())
     except (struct.error, ValueError, TypeError, AttributeError) as exc:
         raise FrameError(f"malformed data frame: {exc}") from None
 

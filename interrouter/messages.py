@@ -148,6 +148,7 @@ class Copy:
     topic: str
     dests: dict[str, tuple[str, ...]]
     payload: bytes
+    preds: tuple[str, ...] = ()  # FIFO: earlier messages of its publisher it must not overtake
 
 
 Control = (Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds

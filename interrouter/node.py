@@ -135,7 +135,7 @@ class MeshNode:
         if kind == b"D":
             c = codec.decode_copy(data)
             self.stats["copies_in"] += 1
-            self._route_copy(c.origin, c.inc, c.gid, c.topic, c.dests, c.payload, now)
+            self._route_copy(c.origin, c.inc, c.gid, c.topic, c.dests, c.payload, now, c.preds)
         elif kind == b"C":
             for msg in codec.decode_control(data):
                 self._on_control(peer, msg, now)
@@ -206,12 +206,12 @@ class MeshNode:
 
     # ------------------------------------------------------------------ routing out
     def _route_copy(self, origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]],
-                    payload: bytes, now: float) -> None:
+                    payload: bytes, now: float, preds: tuple[str, ...] = ()) -> None:
         hops = self.lsdb.routes().next_hop
         by_hop: dict[str, dict[str, tuple[str, ...]]] = {}
         for router, sids in dests.items():
             if router == self.me:
-                self.core.receive_copy(origin, inc, gid, topic, sids, payload, now)
+                self.core.receive_copy(origin, inc, gid, topic, sids, payload, now, preds)
                 continue
             hop = hops.get(router)
             if hop is None or hop not in self.connected:
@@ -222,7 +222,7 @@ class MeshNode:
             if origin != self.me:
                 self.stats["transit"] += 1
             self.stats["copies_out"] += 1
-            self.sends.append((hop, codec.encode_copy_header(origin, inc, gid, topic, d) + payload))
+            self.sends.append((hop, codec.encode_copy_header(origin, inc, gid, topic, d, preds) + payload))
 
     def _route_control(self, msg: Routed) -> None:
         if msg.dst == self.me:
@@ -260,7 +260,7 @@ class MeshNode:
     def perform(self, act: Any, now: float) -> None:
         t = type(act)
         if t is Forward:
-            self._route_copy(self.me, self.inc, act.gid, act.topic, act.dests, act.payload, now)
+            self._route_copy(self.me, self.inc, act.gid, act.topic, act.dests, act.payload, now, act.preds)
         elif t is SendAck:
             self._acks.setdefault(act.to, []).append((act.gid, act.sid, act.state, act.error))
         elif t is SendFinal:

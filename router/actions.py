@@ -91,6 +91,7 @@ class Forward:
     topic: str
     payload: bytes
     dests: dict[str, tuple[str, ...]]
+    preds: tuple[str, ...] = ()  # FIFO: earlier messages of its publisher it must not overtake
 
 
 @dataclass(slots=True)

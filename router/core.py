@@ -70,7 +70,7 @@ from router.actions import (
     SettlePublisher,
     SizeCount,
 )
-from router.ids import counter_seq, global_id, plid_of
+from router.ids import PLID_LEN, counter_seq, global_id, plid_of
 from router.subscriptions import Subscription, SubscriptionTable, SubState
 
 
@@ -107,7 +107,7 @@ class CoreConfig:
 class Record:
     __slots__ = ("gid", "topic", "payload", "plid", "pubs", "owed", "pending", "outcome", "error",
                  "pub_settled", "created", "decided", "redeliveries", "rejected_by", "origin", "origins",
-                 "fwd", "holders", "probed", "held", "sent_at", "asked_at", "listed")
+                 "fwd", "holders", "probed", "held", "sent_at", "asked_at", "listed", "preds", "seq")
 
     def __init__(self, gid: str, topic: str, payload: bytes, now: float) -> None:
         self.gid = gid
@@ -133,13 +133,17 @@ class Record:
         self.sent_at = 0.0  # origin: when copies were last sent
         self.asked_at = 0.0  # origin without its publisher: when we last asked the mesh about it
         self.listed: dict[str, float] | None = None  # origin: local sid -> when another origin listed it
+        # FIFO: the earlier messages of its publisher not yet final at an origin when this one came
+        # there (the latest of them, one per origin): no subscription is handed it before them
+        self.preds: tuple[str, ...] = ()
+        self.seq = counter_seq(gid)  # its place in its publisher's order (None: not a counter tag)
 
 
 class SubRuntime:
     """Delivery-side state of one subscription homed here."""
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
-                 "notify", "arrived_at")
+                 "notify", "arrived_at", "fifo_sent", "fifo_acc")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
@@ -152,6 +156,10 @@ class SubRuntime:
         self.final_unnotified: set[str] = set()  # accepted on an earlier link, final since
         self.notify: list[str] = []  # final ids to report on the current link
         self.arrived_at = 0.0  # when it came (back) here from elsewhere (0: it never left)
+        # FIFO: per publisher link, the latest seq sent on the current link or accepted, and the
+        # latest accepted: an earlier message that comes only now is not handed after it
+        self.fifo_sent: dict[str, int] = {}
+        self.fifo_acc: dict[str, int] = {}
 
 
 class PubLink:
@@ -205,6 +213,11 @@ class DeliveryCore:
         self.undecided = 0  # records of this origin still waiting: what the budget counts
         self.stats_final_ignored = 0  # FINALs refused: the publisher's delivery is open here
         self.newest_link: dict[str, PubLink] = {}  # plid -> its most recent attach here
+        # FIFO: per publisher link, our records of it not final yet, in publish order: gid -> seq
+        self.chain: dict[str, dict[str, int]] = {}
+        self._arrivals = 0  # the order of messages without counter tags (any AMQP client)
+        self.awaited: dict[str, list[float]] = {}  # predecessors unknown here -> [first wanted, last asked]
+        self.stats_fifo_held = 0  # times a delivery was held back behind an earlier message of its publisher
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
         self._blocked: deque[PubLink] = deque()
@@ -303,6 +316,7 @@ class DeliveryCore:
         self.records[gid] = rec
         self.inflight_bytes += len(payload)
         self.undecided += 1
+        self._chain(rec)
         asked = self.held_for.pop(gid, None)
         if asked:
             rec.holders = set(asked)
@@ -345,6 +359,7 @@ class DeliveryCore:
             rec.payload = payload
             self.inflight_bytes += len(payload)
         self.undecided += 1  # counted until decided, like any record of ours
+        self._chain(rec)
         self._absorb_placeholders(rec)
         for sub in self.table.live_for_topic(rec.topic):
             if sub.sid in rec.owed:
@@ -420,6 +435,9 @@ class DeliveryCore:
     def _finalize(self, rec: Record, now: float) -> None:
         gid = rec.gid
         del self.records[gid]
+        chain = self.chain.get(rec.plid)
+        if chain is not None and chain.pop(gid, None) is not None and not chain:
+            del self.chain[rec.plid]
         if rec.payload:
             self.inflight_bytes -= len(rec.payload)
             rec.payload = b""
@@ -469,9 +487,11 @@ class DeliveryCore:
     # ================================================================ subscriptions (local links)
     def attach_subscriber(self, link: Any, sid: str, topic: str, container: str, link_name: str,
                           expiry: float, capable: bool, presented: Iterable[str] | None,
-                          now: float, epoch: int | None = None) -> bool:
+                          now: float, epoch: int | None = None, handed_last: Iterable[str] = ()) -> bool:
         """A subscriber link attached here (new or resuming). Returns True when it resumed.
-        `epoch`: the subscription's epoch its client last attached with (our clients present it)."""
+        `epoch`: the subscription's epoch its client last attached with (our clients present it).
+        `handed_last`: per publisher link, the latest message its client was handed (FIFO: an
+        earlier one that comes only now is not handed after it)."""
         self._now = now
         old_rt = self.subs.get(sid)
         if old_rt is not None and old_rt.link is not None:
@@ -522,6 +542,12 @@ class DeliveryCore:
                     # count it as accepted so that the final settlement reaches it
                     rec2.owed[sid] = S.ACCEPTED
         rt.final_unnotified.clear()
+        acc = rt.fifo_acc
+        for gid in (*presented_set, *handed_last):
+            seq = counter_seq(gid)
+            if seq is not None and seq > acc.get(gid[:PLID_LEN], -1):
+                acc[gid[:PLID_LEN]] = seq
+        rt.fifo_sent = dict(acc)
         rt.queue = deque(rt.owed)
         self.out.append(Announce(sid))
         return resumed
@@ -570,6 +596,7 @@ class DeliveryCore:
                 rec.owed[rt.sid] = S.QUEUED
         rt.on_link.clear()
         rt.queue.clear()
+        rt.fifo_sent = dict(rt.fifo_acc)  # what was sent and not accepted is sent again, in order
 
     def _end(self, sid: str, now: float, reason: str) -> None:
         """End a subscription homed here (unsubscribe, not durable, expiry)."""
@@ -610,24 +637,105 @@ class DeliveryCore:
         q = rt.queue
         sid = rt.sid
         parked: list[str] | None = None
+        late: list[Record] | None = None
         while q and rt.credit > 0:
             gid = q.popleft()
             rec = rt.owed.get(gid)
             if rec is None or rec.owed.get(sid) is not S.QUEUED:
                 continue
-            if rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt):
+            if (rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt)) \
+                    or (rec.preds and not self._fifo_ready(rec, sid)):
                 if parked is None:
                     parked = []
                 parked.append(gid)
                 continue
+            redelivery = bool(rec.redeliveries and sid in rec.redeliveries)
+            seq = rec.seq
+            if seq is not None:
+                hi = rt.fifo_sent.get(rec.plid, -1)
+                if seq < hi and not redelivery:
+                    if late is None:
+                        late = []
+                    late.append(rec)
+                    continue
+                if seq > hi:
+                    rt.fifo_sent[rec.plid] = seq
             rec.owed[sid] = S.SENT
             rt.on_link.add(gid)
             rt.credit -= 1
-            redelivery = bool(rec.redeliveries and sid in rec.redeliveries)
             out.append(Deliver(sid, gid, rec.payload, redelivery))
             self.log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
         if parked:
             q.extendleft(reversed(parked))  # kept in order; tick() pumps again
+        if late:
+            # a later message of its publisher was handed first: it came here only after that
+            # (re-originated with a newer subscription table after its publisher failed over, for
+            # a subscription not in force when it was first sent: a message it is owed holds every
+            # later one back). Handing it now would break FIFO: it ends for this subscription.
+            for rec in late:
+                self._resolve(rec, sid, S.ENDED, None, self._now, "fifo: a later message was handed first")
+
+    def _chain(self, rec: Record) -> None:
+        """A record of ours (we are its origin): its predecessor is the latest earlier message of
+        its publisher link that is not final here. Our publishers send in publish order and resend
+        what is in doubt first, so every earlier message still in doubt came here before it."""
+        seq = rec.seq
+        if seq is None:
+            self._arrivals += 1
+            seq = -(1 << 62) + self._arrivals  # any AMQP client: arrival order
+        chain = self.chain.get(rec.plid)
+        if chain is None:
+            self.chain[rec.plid] = {rec.gid: seq}
+            return
+        if rec.gid in chain:
+            return
+        last = next(reversed(chain))
+        if chain[last] < seq:
+            pred: str | None = last
+        else:  # it came late (a resend of an older message): the latest one before it
+            below = [(s, g) for g, s in chain.items() if s < seq]
+            pred = max(below)[1] if below else None
+        chain[rec.gid] = seq
+        if chain[last] > seq:  # keep the dict in publish order
+            self.chain[rec.plid] = dict(sorted(chain.items(), key=lambda kv: kv[1]))
+        if pred is not None and pred not in rec.preds:
+            rec.preds = (*rec.preds, pred)
+
+    def _fifo_ready(self, rec: Record, sid: str) -> bool:
+        """May `sid` be handed `rec` now? Only once each predecessor is resolved for it here: sent
+        or resolved (it was, in turn, sent only after its own predecessors), or final (its
+        subscriptions all had it). A predecessor queued here, or held here without a part for
+        `sid` (its copy for `sid` may still come, e.g. re-routed after `sid` moved here), or not
+        known here at all (we ask the mesh whether it is final), holds `rec` back."""
+        for p in rec.preds:
+            r = self.records.get(p)
+            if r is None:
+                if p in self.recent_final or self._await(p):
+                    continue
+                self.stats_fifo_held += 1
+                return False
+            st = r.owed.get(sid)
+            if st is S.QUEUED or st is None:
+                self.stats_fifo_held += 1
+                return False
+        return True
+
+    def _await(self, gid: str) -> bool:
+        """A predecessor unknown here: ask the mesh whether it is final (a FINAL answer makes it
+        known). Returns True when there is nobody to wait for: a standalone router (it would be
+        here), or nobody answered for longer than we remember finals."""
+        now = self._now
+        times = self.awaited.get(gid)
+        if times is None:
+            times = self.awaited[gid] = [now, -math.inf]
+        if self.mesh_size < 2 or now - times[0] > self.cfg.final_memory:
+            return True
+        if now - times[1] >= 4 * self.cfg.stale_wait:
+            times[1] = now
+            for r in sorted(self.reachable):
+                if r != self.router_id:
+                    self.out.append(SendQuery(r, gid))
+        return False
 
     def _withhold(self, rec: Record, rt: SubRuntime) -> bool:
         """A record of ours whose publisher left (it may have resent it elsewhere, where it may be
@@ -670,6 +778,8 @@ class DeliveryCore:
         if rec is None:
             return  # already resolved (e.g. presented on resume, or a duplicate disposition)
         if outcome is Outcome.ACCEPTED:
+            if rec.seq is not None and rec.seq > rt.fifo_acc.get(rec.plid, -1):
+                rt.fifo_acc[rec.plid] = rec.seq
             self._resolve(rec, sid, S.ACCEPTED, None, now, None)
         elif outcome is Outcome.REJECTED:
             self._resolve(rec, sid, S.REJECTED, error, now, None)
@@ -730,7 +840,7 @@ class DeliveryCore:
 
     # ================================================================ mesh: destination side
     def receive_copy(self, origin: str, origin_inc: str, gid: str, topic: str, sids: Iterable[str],
-                     payload: bytes, now: float) -> None:
+                     payload: bytes, now: float, preds: tuple[str, ...] = ()) -> None:
         """A copy from `origin` for the listed subscriptions (those homed here deliver it)."""
         self._now = now
         rec = self.records.get(gid)
@@ -755,6 +865,8 @@ class DeliveryCore:
             if rec.origins is None:
                 rec.origins = {}
             rec.origins[origin] = origin_inc
+        if preds:  # every origin's predecessors count (each saw its own part of the publisher's order)
+            rec.preds = preds if not rec.preds else tuple(dict.fromkeys(rec.preds + preds))
         self._absorb_placeholders(rec)
         new_pending = False
         for sid in sids:
@@ -815,6 +927,8 @@ class DeliveryCore:
         if rec is None:
             if gid in self.placeholders:
                 self._placeholder_final(gid)
+            if self.awaited.pop(gid, None) is not None:
+                self.recent_final[gid] = now  # a predecessor something waits for here
             return True
         if rec.pubs and rec.outcome is None and not rec.pub_settled:
             self.stats_final_ignored += 1
@@ -935,7 +1049,7 @@ class DeliveryCore:
                 rec.fwd[sid] = home
             rec.holders.add(home)
         rec.sent_at = self._now
-        self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}))
+        self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, rec.preds))
         self.log.append(("forwarded", rec.gid, rec.topic, None, {"peer": ",".join(sorted(dests))}))
 
     def set_reachable(self, reachable: dict[str, str], now: float) -> None:
@@ -1207,6 +1321,9 @@ class DeliveryCore:
         forget = now - self.cfg.final_memory
         for gid in [g for g, rs in self.held_for.items() if max(rs.values()) < forget]:
             del self.held_for[gid]
+        for gid in [g for g, (first, _) in self.awaited.items()
+                    if g in self.records or g in self.recent_final or first < forget]:
+            del self.awaited[gid]
         while self.recent_final:
             gid, t = next(iter(self.recent_final.items()))
             if t >= forget and len(self.recent_final) <= 1_000_000:
@@ -1254,4 +1371,5 @@ class DeliveryCore:
             "local_subscriptions": sum(1 for s in live if s.home == self.router_id),
             "active_subscriptions": sum(1 for s in live if s.state is SubState.ACTIVE),
             "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
+            "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.awaited),
         }

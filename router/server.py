@@ -51,6 +51,7 @@ PROP_RESUMED = symbol("oncemesh.resumed")  # router -> subscriber: the subscript
 PROP_RECEIVED = symbol("oncemesh.received")  # publisher: send RECEIVED once a router holds a message
 PROP_EPOCH = symbol("oncemesh.epoch")  # subscription epoch: answered on attach, presented on resume
 PROP_ROUTER = symbol("oncemesh.router")
+PROP_HANDED_LAST = symbol("oncemesh.handed-last")  # subscriber: per publisher link, the latest id handed over
 FINAL_SUBJECT = "oncemesh.final"
 
 _OUTCOME_OF_STATE = {F.ACCEPTED: Outcome.ACCEPTED, F.REJECTED: Outcome.REJECTED,
@@ -172,6 +173,12 @@ class Router:
         self._schedule_tick()
         self.write_ready_file()
         log.info("router.started id=%s incarnation=%s listen=%s:%d", self.id, self.incarnation, *self.bound)
+        topo = self.cfg.topology
+        for name, t in sorted(topo.topics.items()) if topo is not None else ():
+            if t.order.value != "fifo":
+                # say so rather than pretend: per-publisher FIFO is what these topics get for now
+                log.warning("topic.order_not_enforced topic=%s order=%s: only per-publisher FIFO is enforced "
+                            "so far; causal and total order are not implemented yet", name, t.order.value)
 
     def ready_info(self) -> dict[str, Any]:
         assert self.bound is not None
@@ -307,6 +314,10 @@ class Router:
         presented = props.get(PROP_RESUME)
         if presented is not None and not isinstance(presented, list | tuple):
             raise errors.RemoteProtocolError(f"link property {PROP_RESUME} must be a list of ids")
+        handed_last = props.get(PROP_HANDED_LAST)
+        if handed_last is not None and not isinstance(handed_last, list | tuple):
+            raise errors.RemoteProtocolError(f"link property {PROP_HANDED_LAST} must be a list of ids")
+        last = tuple(str(g) for g in handed_last) if handed_last else ()
         sid = subscription_id(container, link.name, topic)
         old = self.sub_links.get(sid)
         if old is not None and old is not link:
@@ -318,9 +329,9 @@ class Router:
         ids = [str(g) for g in presented] if presented else None
         epoch = props.get(PROP_EPOCH)
         epoch = int(epoch) if isinstance(epoch, int) and epoch > 0 else None
-        link.ctx.attach_args = (sid, topic, container, link.name, expiry, capable, ids, epoch)
+        link.ctx.attach_args = (sid, topic, container, link.name, expiry, capable, ids, epoch, last)
         link.ctx.resumed = self.core.attach_subscriber(link, sid, topic, container, link.name, expiry,
-                                                       capable, ids, time.time(), epoch)
+                                                       capable, ids, time.time(), epoch, last)
         link.set_source(topic, 0 if math.isinf(expiry) else int(expiry),
                         F.EXPIRE_NEVER if math.isinf(expiry) else F.EXPIRE_WITH_LINK)
         link.set_target(link.remote_target_address)
@@ -561,8 +572,9 @@ class Router:
             log.info("subscription.resume_refused sid=%s reason=%s", sid, refused)
             now = time.time()
             self.core.detach_subscriber(link, sid, True, now)
-            sid_, topic, container, name, expiry, capable, ids, epoch = link.ctx.attach_args
-            self.core.attach_subscriber(link, sid_, topic, container, name, expiry, capable, ids, now, epoch)
+            sid_, topic, container, name, expiry, capable, ids, epoch, last = link.ctx.attach_args
+            self.core.attach_subscriber(link, sid_, topic, container, name, expiry, capable, ids, now, epoch,
+                                        last)
             link.ctx.resumed = False
             self._pending_opens.append(link)
             self.drain()

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from router.ids import PLID_LEN, counter_seq
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -228,6 +230,7 @@ class LogSummary:
         self.published: dict[str, dict[str, Any]] = {}
         self.outcome: dict[str, str] = {}
         self.handed: Counter[tuple[str, str]] = Counter()  # (sub, gid) -> hand-overs
+        self.hand_order: dict[str, list[tuple[float, int, str]]] = {}  # sub -> (ts, n, gid) handed
         self.duplicates: Counter[tuple[str, str]] = Counter()
         self.router_events: Counter[str] = Counter()
         for e in iter_log_lines(*dirs):
@@ -240,6 +243,7 @@ class LogSummary:
             elif src == "subscriber":
                 if ev == "handed":
                     self.handed[(e["sub"], e["gid"])] += 1
+                    self.hand_order.setdefault(e["sub"], []).append((float(e["ts"]), int(e.get("n", 0)), e["gid"]))
                 elif ev == "duplicate":
                     self.duplicates[(e["sub"], e["gid"])] += 1
             elif src == "router":
@@ -250,6 +254,27 @@ class LogSummary:
 
     def subs(self) -> set[str]:
         return {s for s, _ in self.handed}
+
+    def check_fifo(self, subs: Iterable[str]) -> list[str]:
+        """Problems (empty when fine): per subscription and publisher link, hand-overs in publish
+        order (the seq of our publishers' counter tags)."""
+        problems = []
+        for sub in subs:
+            last: dict[str, tuple[int, str]] = {}
+            reversals = []
+            for _, _, gid in sorted(self.hand_order.get(sub, [])):
+                seq = counter_seq(gid)
+                if seq is None:
+                    continue
+                prev = last.get(gid[:PLID_LEN])
+                if prev is not None and prev[0] > seq:
+                    reversals.append((prev[1], gid))
+                if prev is None or prev[0] < seq:
+                    last[gid[:PLID_LEN]] = (seq, gid)
+            if reversals:
+                problems.append(f"{sub}: {len(reversals)} handed after a later message of their publisher, "
+                                f"e.g. {reversals[:3]}")
+        return problems
 
     def check_exactly_once(self, subs: Iterable[str], gids: Iterable[str] | None = None) -> list[str]:
         """Problems (empty when fine): each gid published handed exactly once to each sub."""

@@ -122,12 +122,18 @@ class ChaosResult:
         return self.summary.false_accept if self.summary is not None else 0
 
     @property
+    def order_failures(self) -> int:
+        """FIFO reversals: messages handed after a later one of the same publisher (the chaos
+        topic has the default order, per-publisher FIFO across failover)."""
+        return self.summary.fifo_reversals if self.summary is not None else 0
+
+    @property
     def passed(self) -> bool:
         return self.exit_code == 0
 
     @property
     def exit_code(self) -> int:
-        if self.safety_failures or self.client_violations or self.crashes:
+        if self.safety_failures or self.order_failures or self.client_violations or self.crashes:
             return 1
         if self.error is not None:
             return 2
@@ -136,7 +142,8 @@ class ChaosResult:
         return 0
 
     def verdict(self) -> str:
-        return {0: "PASS: nothing lost, duplicated, unexpected or falsely accepted; the run quiesced",
+        return {0: "PASS: nothing lost, duplicated, unexpected, falsely accepted or out of FIFO order; the run "
+                   "quiesced",
                 1: "FAIL: promises broken or processes crashed (see above)",
                 2: f"ERROR: {self.error}",
                 3: "LIVENESS: nothing broken, but the run did not quiesce in time"}[self.exit_code]
@@ -150,6 +157,7 @@ class ChaosResult:
             "published": self.published, "accepted": self.accepted, "in_doubt": self.in_doubt,
             "handed": self.handed, "quiescent": self.quiescent, "crashes": self.crashes,
             "client_violations": self.client_violations, "false_outcomes": self.false_outcomes,
+            "fifo_reversals": self.order_failures,
             "subscriptions": self.subscriptions, "interrupted": self.interrupted, "error": self.error,
             "reconciliation": self.summary.to_dict() if self.summary is not None else None,
         }
@@ -582,6 +590,8 @@ class _Run:
             for name, counts in sorted(r.subscriptions.items()):
                 self.say("  " + name.ljust(14) + "".join(str(counts.get(c, 0)).rjust(12) for c in cols))
             self.say(f"  false publisher outcomes (ACCEPTED before every subscription had it): {s.false_accept}")
+            self.say(f"  FIFO: {s.fifo_reversals} handed after a later message of their publisher, "
+                     f"{s.fifo_gaps} skipped while a later one was handed")
         for v in r.client_violations:
             self.say(f"  VIOLATION (client logs): {v}")
         for c in r.crashes:

@@ -805,7 +805,8 @@ def describe(topo: Topology) -> str:
         out.append(f"  link {link}: cost {link.cost:g}, {topo.dialer(link.a, link.b)} dials")
     for name, t in sorted(topo.topics.items()):
         extra = t.total or t.causal_group
-        out.append(f"  topic {name}: order {t.order}" + (f" ({extra})" if extra else ""))
+        out.append(f"  topic {name}: order {t.order}" + (f" ({extra})" if extra else "")
+                   + (" - not enforced yet: routers give it per-publisher FIFO" if t.order.value != "fifo" else ""))
     return "\n".join(out)
 
 

@@ -61,6 +61,7 @@ def test_short_chaos_run_with_every_fault_keeps_the_promises(tmp_path: Path) -> 
     total = 2 * 30 * 45  # publishers x rate x duration
     assert rec["messages"] == result["published"] == result["accepted"] == total
     assert rec["verdict"] == "pass" and rec["failures"] == 0 and result["false_outcomes"] == 0
+    assert result["fifo_reversals"] == rec["fifo_reversals"] == 0  # the chaos topic's order: FIFO
     assert rec["subscriptions"] == 3
     for name, counts in result["subscriptions"].items():
         assert counts["ok"] == total, name

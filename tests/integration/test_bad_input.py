@@ -125,6 +125,19 @@ def test_a_next_seq_that_is_not_a_sequence_number_is_an_invalid_field(router: Ro
     canary.check()
 
 
+def test_a_handed_last_that_is_not_a_list_of_ids_is_an_invalid_field(router: RouterProcess, canary: Canary) -> None:
+    raw = RawClient(*host_port(router))
+    raw.handshake()
+    props = {symbol("oncemesh.client"): 1, symbol("oncemesh.handed-last"): "abc:1"}
+    raw.send(frame(ATTACH, ["bad-last", uint(0), True, ubyte(0), ubyte(1), described(0x28, ["fifo-topic"]),
+                            described(0x29, [None]), None, None, None, None, None, None, props]))
+    raw.expect(ATTACH)
+    detach = raw.expect(DETACH)
+    assert error_condition(detach, 2) == "amqp:invalid-field"
+    raw.close()
+    canary.check()
+
+
 @pytest.mark.parametrize("role", [False, True], ids=["publisher", "subscriber"])
 def test_presettled_modes_are_not_implemented(router: RouterProcess, canary: Canary, role: bool) -> None:
     raw = RawClient(*host_port(router))

@@ -47,6 +47,8 @@ def verdict(logs: Path, n_subs: int, n_msgs: int) -> None:
     assert len(subs) == n_subs
     problems = s.check_exactly_once(subs)
     assert not problems, problems
+    fifo = s.check_fifo(subs)  # per publisher FIFO across the failover (the default order)
+    assert not fifo, fifo
 
 
 def run_all(procs: list[Proc], timeout: float) -> None:

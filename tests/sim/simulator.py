@@ -47,7 +47,7 @@ from router.actions import (
     SettlePublisher,
 )
 from router.core import CoreConfig, DeliveryCore
-from router.ids import counter_tag, global_id, publisher_link_id, subscription_id
+from router.ids import PLID_LEN, counter_seq, counter_tag, global_id, publisher_link_id, subscription_id
 from router.subscriptions import SubscriptionTable
 
 TOPIC = "t"
@@ -189,17 +189,17 @@ class SimRouter:
             entry = self.sub_links.get(a.sid)
             if entry is not None:
                 link, sub = entry
-                sim.client_event(lambda: sim.sub_receive(sub, link, a.gid, self.id))
+                sim.client_event(lambda: sim.sub_receive(sub, link, a.gid, self.id), link)
         elif t is SettleDelivery:
             entry = self.sub_links.get(a.sid)
             if entry is not None:
                 link, sub = entry
-                sim.client_event(lambda: sim.sub_final(sub, link, [a.gid], settle=True))
+                sim.client_event(lambda: sim.sub_final(sub, link, [a.gid], settle=True), link)
         elif t is NotifyFinal:
             entry = self.sub_links.get(a.sid)
             if entry is not None:
                 link, sub = entry
-                sim.client_event(lambda: sim.sub_final(sub, link, list(a.gids), settle=False))
+                sim.client_event(lambda: sim.sub_final(sub, link, list(a.gids), settle=False), link)
         elif t is SendOutcome:
             pub = self.pub_tokens.get(a.pub)
             if pub is not None:
@@ -378,6 +378,8 @@ class Simulation:
         for p in self.pubs:
             p.to_publish = messages
         self.handed: dict[tuple[str, str], int] = {}
+        self.last_seq: dict[tuple[str, str], int] = {}  # (sid, plid) -> the latest seq handed (FIFO)
+        self._link_clock: dict[object, float] = {}  # link -> when its latest event reaches the client
         self.owed: dict[str, set[str]] = {}  # gid -> sids in force at publish
         self.published_at: dict[str, float] = {}
         self.outcomes: dict[str, Outcome] = {}
@@ -394,8 +396,14 @@ class Simulation:
         self.seq += 1
         heapq.heappush(self.events, (at, self.seq, fn))
 
-    def client_event(self, fn: Callable[[], None]) -> None:
-        self.schedule(self.rng.uniform(0.0002, 0.002), fn)
+    def client_event(self, fn: Callable[[], None], link: object = None) -> None:
+        """Something reaches a client after a random delay; on one link (a TCP connection) in the
+        order it was sent."""
+        at = self.now + self.rng.uniform(0.0002, 0.002)
+        if link is not None:
+            at = max(at, self._link_clock.get(link, 0.0) + 1e-6)
+            self._link_clock[link] = at
+        self.schedule_at(at, fn)
 
     def note(self, text: str) -> None:
         self.log.append(f"{self.now - 1000:9.4f} {text}")
@@ -576,8 +584,11 @@ class Simulation:
         r.sub_links[s.sid] = (link, s)
         if old is not None and old[0] is not link:
             pass
+        # our client presents the latest message of each publisher it was handed (FIFO)
+        last = [global_id(plid, counter_tag(seq)) for (sid, plid), seq in sorted(self.last_seq.items())
+                if sid == s.sid and seq >= 0]
         r.core.attach_subscriber(link, s.sid, TOPIC, "c-sub", s.name, float("inf"), True, sorted(s.accepted),
-                                 self.now, s.epoch)
+                                 self.now, s.epoch, last)
         r.awaiting[s.sid] = (link, s, False)
         r.process()
         if s.sid in r.awaiting and not r.node.attach_pending(s.sid):
@@ -628,14 +639,23 @@ class Simulation:
             return
         rng = self.rng
         n = rng.randint(0, len(s.arrived))
-        for _ in range(n):
-            gid = s.arrived.pop(rng.randrange(len(s.arrived)))
+        batch = s.arrived[:n]  # handed in arrival order (as our client does), accepted in any order
+        del s.arrived[:n]
+        for gid in batch:
             self.handed[(s.sid, gid)] = self.handed.get((s.sid, gid), 0) + 1
             if self.handed[(s.sid, gid)] > 1:
                 raise Violation(f"{gid} handed twice to {s.name}")
+            seq = counter_seq(gid)
+            last = self.last_seq.get((s.sid, gid[:PLID_LEN]), -1)
+            if seq is not None and seq < last:
+                raise Violation(f"FIFO: {gid} (seq {seq}) handed to {s.name} after seq {last} of its publisher")
+            self.last_seq[(s.sid, gid[:PLID_LEN])] = max(last, seq if seq is not None else -1)
+        rng.shuffle(batch)
+        for i, gid in enumerate(batch):
             s.accepted.add(gid)
             if rng.random() < 0.03:  # the ACCEPTED is lost with the connection
                 self.note(f"{s.name} loses its connection after handing {gid}")
+                s.accepted.update(batch[i + 1:])  # handed: the store holds them all
                 self.sub_disconnect(s)
                 self.schedule(rng.uniform(0.01, 0.3), lambda: self.sub_connect(s))
                 return

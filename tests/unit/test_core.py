@@ -7,8 +7,18 @@ import math
 import pytest
 
 from router import errors
-from router.actions import Deliver, GrantCredit, NotifyFinal, Outcome, SendFinal, SendOutcome, SettleDelivery
-from router.core import CoreConfig, DeliveryCore
+from router.actions import (
+    Deliver,
+    GrantCredit,
+    NotifyFinal,
+    Outcome,
+    SendAck,
+    SendFinal,
+    SendOutcome,
+    SendQuery,
+    SettleDelivery,
+)
+from router.core import CoreConfig, DeliveryCore, S
 from router.ids import counter_seq, counter_tag, global_id, publisher_link_id, subscription_id
 from router.subscriptions import SubscriptionTable, SubState
 
@@ -466,3 +476,95 @@ def test_counter_seq_reads_back_counter_tags() -> None:
     assert counter_seq(global_id(PL, b"x-1")) is None
     assert counter_seq(global_id(PL, b"\x00\x01")) is None  # hashed tag
     assert counter_seq(global_id(PL, b"01")) is None  # not how counter_tag writes it
+
+
+# ---------------------------------------------------------------- FIFO per publisher
+def _mesh_harness() -> Harness:
+    h = Harness()
+    h.core.mesh_size = 2
+    h.core.reachable = {"R": "", "O": "o1"}
+    return h
+
+
+def test_a_copy_waits_for_its_predecessor_that_comes_later() -> None:
+    """Copies of one publisher's messages reach a destination out of order (two origins after a
+    failover, or a re-route after the subscription moved): the later one waits."""
+    h = _mesh_harness()
+    s1, _, _ = h.sub("a")
+    j, k = global_id(PL, counter_tag(4)), global_id(PL, counter_tag(5))
+    h.core.receive_copy("O", "o1", k, "t", [s1], b"k", h.now, (j,))
+    assert delivered(h.take()) == []
+    h.core.receive_copy("O", "o1", j, "t", [s1], b"j", h.now, ())
+    assert delivered(h.take()) == [(s1, j)]
+    h.core.tick(h.now)  # parked deliveries are pumped again
+    assert delivered(h.take()) == [(s1, k)]
+
+
+def test_an_unknown_predecessor_is_asked_about_and_its_final_releases_the_copy() -> None:
+    h = _mesh_harness()
+    s1, _, _ = h.sub("a")
+    j, k = global_id(PL, counter_tag(4)), global_id(PL, counter_tag(5))
+    h.core.receive_copy("O", "o1", k, "t", [s1], b"k", h.now, (j,))
+    acts = h.take()
+    assert delivered(acts) == [] and any(isinstance(a, SendQuery) and a.gid == j for a in acts)
+    h.core.handle_final(j, h.now)  # j was final (its subscriptions had it, not this one)
+    h.core.tick(h.now)
+    assert delivered(h.take()) == [(s1, k)]
+
+
+def test_a_predecessor_held_here_without_a_part_for_the_subscription_holds_it_back() -> None:
+    """j is here for another subscription only: its copy for `a` may still come (re-routed after
+    `a` moved here), so k waits until j is final."""
+    h = _mesh_harness()
+    s1, _, _ = h.sub("a")
+    s2, _, _ = h.sub("b", credit=0)
+    j, k = global_id(PL, counter_tag(4)), global_id(PL, counter_tag(5))
+    h.core.receive_copy("O", "o1", j, "t", [s2], b"j", h.now, ())
+    h.core.receive_copy("O", "o1", k, "t", [s1], b"k", h.now, (j,))
+    assert delivered(h.take()) == []
+    h.core.handle_final(j, h.now)
+    h.core.tick(h.now)
+    assert delivered(h.take()) == [(s1, k)]
+
+
+def test_an_earlier_message_that_comes_after_a_later_one_was_accepted_is_not_handed() -> None:
+    """Re-originated after a failover with a newer table, an earlier message can be owed to a
+    subscription that was not in force when it was first sent: handing it after a later one would
+    break FIFO. It ends for that subscription (and does not hold up the outcome)."""
+    h = _mesh_harness()
+    s1, _, _ = h.sub("a")
+    j, k = global_id(PL, counter_tag(4)), global_id(PL, counter_tag(5))
+    h.core.receive_copy("O", "o1", k, "t", [s1], b"k", h.now, ())
+    assert delivered(h.take()) == [(s1, k)]
+    h.outcome(s1, k, Outcome.ACCEPTED)
+    h.core.receive_copy("O", "o1", j, "t", [s1], b"j", h.now, ())
+    acts = h.take()
+    assert delivered(acts) == []
+    assert any(isinstance(a, SendAck) and a.gid == j and a.state == int(S.ENDED) for a in acts)
+
+
+def test_what_was_sent_and_not_accepted_is_sent_again_in_order_after_a_resume() -> None:
+    h = _mesh_harness()
+    s1, link, _ = h.sub("a")
+    gids = [global_id(PL, counter_tag(n)) for n in (1, 2, 3)]
+    for i, g in enumerate(gids):
+        h.core.receive_copy("O", "o1", g, "t", [s1], b"m", h.now, tuple(gids[:i][-1:]))
+    assert delivered(h.take()) == [(s1, g) for g in gids]
+    h.outcome(s1, gids[0], Outcome.ACCEPTED)
+    h.core.detach_subscriber(link, s1, False, h.now)
+    h.take()
+    s1b, _, acts = h.sub("a", presented=[gids[0]])
+    assert delivered(acts) == [(s1, gids[1]), (s1, gids[2])]  # redelivered, not taken for late
+
+
+def test_origin_chains_each_message_to_the_latest_earlier_one_not_final() -> None:
+    h = Harness()
+    h.sub("a", credit=0)
+    h.attach_pub()
+    _, g1, _ = h.publish(counter_tag(1))
+    _, g3, _ = h.publish(counter_tag(3))
+    _, g2, _ = h.publish(counter_tag(2))  # a resend of an older message, late
+    assert h.core.records[g1].preds == ()
+    assert h.core.records[g3].preds == (g1,)
+    assert h.core.records[g2].preds == (g1,)
+    assert list(h.core.chain[PL]) == [g1, g2, g3]

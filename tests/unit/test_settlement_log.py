@@ -59,3 +59,21 @@ def test_handed_in_log_reads_backwards_across_chunks_and_stops_at_older_lines(tm
     assert got == {"p:199", "p:150"}  # p:3 is older than `since`: not looked for; p:999 never handed
     assert handed_in_log(path, "s", {"p:3"}, since=0.0, chunk=97) == {"p:3"}
     assert handed_in_log(path, "other", {"p:3", "p:4"}, since=0.0, chunk=1 << 20) == {"p:3", "p:4"}
+
+
+def test_log_summary_finds_fifo_reversals_across_processes(tmp_path: Path) -> None:
+    """The failover tests' FIFO check: hand-overs ordered by (ts, n) across a subscriber's
+    processes; a message handed after a later one of its publisher is reported."""
+    from router.testing import LogSummary
+
+    def handed(ts: float, n: int, gid: str) -> str:
+        return json.dumps({"v": 1, "ts": ts, "src": "subscriber", "ev": "handed", "gid": gid, "sub": "s", "n": n})
+
+    p = "abcdefghijkl"
+    (tmp_path / "a.subscriber.jsonl").write_text("\n".join([
+        handed(1.0, 1, f"{p}:1"), handed(1.0, 2, f"{p}:2"), handed(2.0, 3, f"{p}:5")]) + "\n")
+    (tmp_path / "b.subscriber.jsonl").write_text(handed(3.0, 1, f"{p}:6") + "\n")  # a later process
+    assert LogSummary(tmp_path).check_fifo(["s"]) == []
+    (tmp_path / "c.subscriber.jsonl").write_text(handed(4.0, 1, f"{p}:4") + "\n")
+    [problem] = LogSummary(tmp_path).check_fifo(["s"])
+    assert f"{p}:4" in problem and "1 handed after" in problem
