@@ -1,0 +1,548 @@
+"""Total order by Lamport clocks and acknowledgements for one ordered stream (seed 002, section 2.2).
+
+Theory of operation
+-------------------
+Normal case. Routers run in views: a view is a member set (router -> incarnation) named by the
+ballot that created it. Every member may originate: the router that first accepts a publish stamps
+it with key (view, clock + 1, router id) and sends it to the other members; a receiver sets
+clock = max(clock, ts) + 1, queues the entry by key and sends a timestamped ACK to every other
+member. A router delivers the head of its queue once every member other than itself and the origin
+has ACKed that entry. Why this orders totally: q's ACK for m carries ts > ts(m), q sent everything
+it stamped earlier before that ACK, and channels are FIFO, so nothing with a smaller key can still
+come from q: the classic "a later timestamp from every sender" rule, every member counted as a
+sender (a router that gains a publisher needs no view change). We wait for the ACK *of m*, not any
+later timestamp, because it also makes delivery uniform: whatever one router delivered, every member
+holds. So each router's deliveries in a view are a prefix of the key order of all the view's entries.
+A gid is stamped at most once per router; a second copy (resent elsewhere) is skipped where it falls
+in the order, identically everywhere, so no router delivers a gid twice.
+
+View changes (crash, restart, partition, a link reset) follow the failure detector's `member_down` /
+`member_up`: the lowest id of the reachable set coordinates (the others after staggered timeouts).
+One Paxos instance per view, so a coordinator dying half-way cannot split the outcome:
+  1. Prepare: a router promises, then freezes (no stamping, ACK or delivery in its view) and answers
+     with its view, its last delivered key, the entries it holds, and its history after the key the
+     coordinator asks for (the lowest position among stale or restarted routers).
+  2. A read quorum of the latest view must answer: ceil(n/2) of its n members, and n//2 + 1 minus
+     the members known to have restarted since (an amnesic incarnation never votes again, so quorums
+     of the remaining ones still intersect every earlier majority). If one of them accepted a
+     decision for that view it is proposed again unchanged; else the new decision says how the old
+     view ends: all entries up to the highest key any member delivered (every member holds those:
+     uniformity) plus the union of the held entries above it (the flush: a dead router's message that
+     any survivor holds), and carries the history the stale members miss.
+  3. Accept from every promiser, then Commit. Members that were current deliver the cut in key order,
+     skipping what they had; stale and restarted ones deliver the carried history and the cut. Old
+     entries outside the cut are dropped and reported `Orphaned` (nobody delivered them): the
+     exactly-once core has the publisher resend them, under the same gid, to be stamped anew.
+Installing implies being caught up, so any member of a quorum can tell the whole story; a member
+that missed the Commit of the latest view is sent it before it is counted. Assumed of the adapter:
+channels are FIFO while connected, and a connection that breaks (frames lost) is reported to both
+ends (`member_down`, later `member_up` with the incarnation, which changes on every restart).
+
+What waits. Partition: only the side holding a read quorum of the latest view can form a view; the
+other side freezes when it tries, and cannot deliver anyway (it lacks ACKs): no router delivers past
+an entry it cannot rule out. After a crash every router waits one view change (Prepare, Accept,
+Commit). If fewer than ceil(n/2) members of the latest view keep their state (amnesic restarts
+before the next view forms), the stream blocks: the survivors cannot know what the lost ones
+decided, and an operator must recover from the settlement log. Histories older than
+`history_limit` entries are not carried: a router that needs them reports `HistoryGap`.
+
+Cost per published message in a stable view of R routers: R - 1 data frames and (R - 1)^2 ACKs
+(R(R - 1) in all; the origin's data frame stands for its own ACK), counted in `stats`. A view change
+costs 5(R - 1) control frames (7(R - 1) when a second Prepare asks for the history of stale
+members), carrying the held entries and that history.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+Ballot = tuple[int, str]  # (round number, coordinator id); a view is named by the ballot that created it
+Key = tuple[Ballot, int, str]  # (view, Lamport timestamp, origin router): the total order
+GENESIS: Ballot = (0, "")
+MIN_KEY: Key = ((-1, ""), 0, "")
+Members = tuple[tuple[str, int], ...]  # (router id, incarnation), sorted
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    key: Key
+    gid: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """How view `base` ends and view `view` begins: the value one Paxos instance agrees on."""
+
+    view: Ballot
+    base: Ballot
+    members: Members
+    upto: Key  # entries of `base` up to this key are in the cut ...
+    extra: tuple[Entry, ...]  # ... and these above it
+    history: tuple[Entry, ...]  # what stale members miss, up to `upto`
+    floor: Key | None  # `history` may lack entries up to this key (retention)
+
+
+# -- router-to-router messages -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Data:
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    key: Key
+    ts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    ballot: Ballot
+    after: Key | None  # send your history after this key (None: not needed)
+
+
+@dataclass(frozen=True, slots=True)
+class Promise:
+    ballot: Ballot
+    incarnation: int
+    installed: Ballot | None
+    view_members: Members
+    last: Key
+    held: tuple[Entry, ...]
+    history: tuple[Entry, ...]
+    floor: Key | None
+    accepted: tuple[Ballot, Decision] | None
+    commit: Commit | None  # the commit that installed `installed` (None for genesis)
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    ballot: Ballot
+    promised: Ballot
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    ballot: Ballot
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    ballot: Ballot
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    ballot: Ballot
+    decision: Decision
+
+
+Wire = Data | Ack | Prepare | Promise | Refuse | Accept | Accepted | Commit
+
+
+# -- actions for the adapter -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Send:
+    to: str
+    msg: Wire
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    gid: str
+    payload: bytes
+    key: Key
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A publish of a gid this router already delivered: the publisher may take it as settled."""
+
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Orphaned:
+    """Entries nobody delivered before a view change; their publishers must resend (same gids)."""
+
+    gids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryGap:
+    """This router will never deliver what was ordered after `after` and up to `upto`."""
+
+    after: Key
+    upto: Key
+
+
+@dataclass(frozen=True, slots=True)
+class ViewInstalled:
+    view: Ballot
+    members: tuple[str, ...]
+
+
+Action = Send | Deliver | Duplicate | Orphaned | HistoryGap | ViewInstalled
+
+
+@dataclass(slots=True)
+class Counters:
+    stamped: int = 0
+    delivered: int = 0
+    data_sent: int = 0
+    acks_sent: int = 0
+    control_sent: int = 0
+    view_changes: int = 0
+
+
+@dataclass(slots=True)
+class _Round:
+    ballot: Ballot
+    targets: dict[str, int]
+    after: Key | None
+    promises: dict[str, Promise] = field(default_factory=dict)
+    decision: Decision | None = None
+    accepted: set[str] = field(default_factory=set)
+
+
+class LamportNode:
+    """One router's share of one ordered stream. Inputs: `publish`, `handle` (a message from a
+    peer), `member_down` / `member_up` (failure detector), `tick`; each returns the actions."""
+
+    def __init__(self, me: str, universe: Iterable[str], incarnation: int = 0, *, restarted: bool = False,
+                 view_timeout: float = 0.5, history_limit: int | None = None) -> None:
+        self.me = me
+        self.incarnation = incarnation
+        self.view_timeout = view_timeout
+        self.history_limit = history_limit
+        genesis = {r: 0 for r in universe}
+        self.installed: Ballot | None = None if restarted else GENESIS
+        self.members: dict[str, int] = {} if restarted else dict(genesis)
+        self.up: dict[str, int] = {me: incarnation} if restarted else dict(genesis)
+        self.promised: Ballot = GENESIS
+        self.seen: Ballot = GENESIS
+        self.accepted: tuple[Ballot, Decision] | None = None
+        self.commit: Commit | None = None
+        self.damaged = False  # a member was reported down since the view was installed
+        self.since: float | None = None  # when this router started wanting a view change
+        self.round: _Round | None = None
+        self.clock = 0
+        self.last: Key = MIN_KEY
+        self.floor: Key | None = None  # the history may lack entries up to this key
+        self.history: deque[Entry] = deque()
+        self.delivered: set[str] = set()
+        self.queue: dict[Key, Entry] = {}
+        self._heap: list[Key] = []
+        self.acks: dict[Key, set[str]] = {}
+        self.queued: dict[str, int] = {}  # gid -> copies in the queue
+        self.pending: dict[str, bytes] = {}  # accepted from a publisher, not stamped yet
+        self.future: list[tuple[str, Data | Ack]] = []  # for a view not installed yet
+        self.stats = Counters()
+        self._out: list[Action] = []
+        self._loop: deque[Wire] = deque()
+
+    @property
+    def frozen(self) -> bool:
+        return self.installed is None or self.promised > self.installed
+
+    # -- inputs -----------------------------------------------------------------------------------
+    def publish(self, gid: str, payload: bytes, now: float) -> list[Action]:
+        if gid in self.delivered:
+            self._out.append(Duplicate(gid))
+        elif gid not in self.pending and gid not in self.queued:
+            self.pending[gid] = payload
+            self._stamp()
+        return self._finish(now)
+
+    def handle(self, frm: str, msg: Wire, now: float) -> list[Action]:
+        self._dispatch(frm, msg, now)
+        return self._finish(now)
+
+    def member_down(self, r: str, now: float) -> list[Action]:
+        if r != self.me:
+            self.up.pop(r, None)
+            self.damaged = self.damaged or r in self.members
+            self._review(now, start=True)
+        return self._finish(now)
+
+    def member_up(self, r: str, incarnation: int, now: float) -> list[Action]:
+        if r != self.me:
+            self.up[r] = incarnation
+            self._review(now, start=True)
+        return self._finish(now)
+
+    def tick(self, now: float) -> list[Action]:
+        if self._wants_change() and self.since is not None:
+            rank = sorted(self.up).index(self.me)
+            if now - self.since >= self.view_timeout * (rank + 1):
+                self._start_round(now, None)
+        return self._finish(now)
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _finish(self, now: float) -> list[Action]:
+        while self._loop:
+            self._dispatch(self.me, self._loop.popleft(), now)
+        out, self._out = self._out, []
+        return out
+
+    def _send(self, to: str, msg: Wire) -> None:
+        if to == self.me:
+            self._loop.append(msg)
+            return
+        self._out.append(Send(to, msg))
+        if isinstance(msg, Data):
+            self.stats.data_sent += 1
+        elif isinstance(msg, Ack):
+            self.stats.acks_sent += 1
+        else:
+            self.stats.control_sent += 1
+
+    def _dispatch(self, frm: str, msg: Wire, now: float) -> None:
+        match msg:
+            case Data():
+                if self._in_view(frm, msg.entry.key[0], msg):
+                    self._on_data(frm, msg.entry)
+            case Ack():
+                if self._in_view(frm, msg.key[0], msg):
+                    self._on_ack(frm, msg)
+            case Prepare():
+                self._on_prepare(frm, msg, now)
+            case Promise():
+                self._on_promise(frm, msg, now)
+            case Refuse():
+                self._on_refuse(msg, now)
+            case Accept():
+                self._on_accept(frm, msg)
+            case Accepted():
+                self._on_accepted(frm, msg)
+            case Commit():
+                self._on_commit(msg, now)
+
+    def _in_view(self, frm: str, view: Ballot, msg: Data | Ack) -> bool:
+        if self.installed is None or view > self.installed:
+            self.future.append((frm, msg))  # a member installed it before us: keep it for then
+            return False
+        return view == self.installed and frm in self.members  # older views: the change decided
+
+    # -- the ordered stream -----------------------------------------------------------------------
+    def _stamp(self) -> None:
+        if self.frozen or self.me not in self.members:
+            return
+        assert self.installed is not None
+        for gid, payload in self.pending.items():
+            if gid in self.queued or gid in self.delivered:
+                continue
+            self.clock += 1
+            e = Entry((self.installed, self.clock, self.me), gid, payload)
+            self._enqueue(e)
+            self.stats.stamped += 1
+            for r in self.members:
+                if r != self.me:
+                    self._send(r, Data(e))
+        self.pending.clear()
+        self._deliver()
+
+    def _enqueue(self, e: Entry) -> None:
+        self.queue[e.key] = e
+        heapq.heappush(self._heap, e.key)
+        self.queued[e.gid] = self.queued.get(e.gid, 0) + 1
+
+    def _unqueue(self, key: Key) -> Entry:
+        e = self.queue.pop(key)
+        self.acks.pop(key, None)
+        n = self.queued[e.gid] - 1
+        if n:
+            self.queued[e.gid] = n
+        else:
+            del self.queued[e.gid]
+        return e
+
+    def _on_data(self, frm: str, e: Entry) -> None:
+        if e.key[2] != frm or e.key in self.queue or e.key <= self.last:
+            return
+        self.clock = max(self.clock, e.key[1]) + 1
+        self._enqueue(e)
+        if not self.frozen:
+            for r in self.members:
+                if r != self.me:
+                    self._send(r, Ack(e.key, self.clock))
+        self._deliver()
+
+    def _on_ack(self, frm: str, a: Ack) -> None:
+        self.clock = max(self.clock, a.ts) + 1
+        if a.key > self.last:
+            self.acks.setdefault(a.key, set()).add(frm)
+            self._deliver()
+
+    def _deliver(self) -> None:
+        if self.frozen:
+            return
+        heap, members, me = self._heap, self.members, self.me
+        while heap:
+            key = heap[0]
+            if key not in self.queue:
+                heapq.heappop(heap)
+                continue
+            got = self.acks.get(key, ())
+            if any(r not in got for r in members if r != me and r != key[2]):
+                return
+            heapq.heappop(heap)
+            self._consume(self._unqueue(key))
+
+    def _consume(self, e: Entry) -> None:
+        if e.key <= self.last:
+            return
+        self.last = e.key
+        if e.gid in self.delivered:
+            return  # a second copy of a gid (resent elsewhere): skipped at the same place everywhere
+        self.delivered.add(e.gid)
+        self.pending.pop(e.gid, None)
+        self.history.append(e)
+        if self.history_limit is not None and len(self.history) > self.history_limit:
+            self.floor = self.history.popleft().key
+        self.stats.delivered += 1
+        self._out.append(Deliver(e.gid, e.payload, e.key))
+
+    # -- view changes -----------------------------------------------------------------------------
+    def _wants_change(self) -> bool:
+        return self.damaged or self.frozen or self.members != self.up
+
+    def _review(self, now: float, start: bool) -> None:
+        if not self._wants_change():
+            self.since = None
+            return
+        if self.since is None:
+            self.since = now
+        rd = self.round
+        if start and min(self.up) == self.me and (rd is None or rd.targets != self.up):
+            self._start_round(now, None)
+
+    def _start_round(self, now: float, after: Key | None) -> None:
+        ballot = (max(self.promised[0], self.seen[0]) + 1, self.me)
+        self.seen, self.since = ballot, now
+        self.round = _Round(ballot, dict(self.up), after)
+        for r in sorted(self.up):
+            self._send(r, Prepare(ballot, after))
+
+    def _on_prepare(self, frm: str, m: Prepare, now: float) -> None:
+        self.seen = max(self.seen, m.ballot)
+        if m.ballot < self.promised:
+            self._send(frm, Refuse(m.ballot, self.promised))
+            return
+        self.promised = m.ballot
+        history = () if m.after is None else tuple(e for e in self.history if e.key > m.after)
+        self._send(frm, Promise(m.ballot, self.incarnation, self.installed, tuple(sorted(self.members.items())),
+                                self.last, tuple(self.queue[k] for k in sorted(self.queue)), history,
+                                self.floor, self.accepted, self.commit))
+        self._review(now, start=False)
+
+    def _on_promise(self, frm: str, m: Promise, now: float) -> None:
+        rd = self.round
+        if rd is None or m.ballot != rd.ballot or rd.targets.get(frm) != m.incarnation or rd.decision:
+            return
+        rd.promises[frm] = m
+        if len(rd.promises) == len(rd.targets):
+            self._propose(rd, now)
+
+    def _propose(self, rd: _Round, now: float) -> None:
+        ps = rd.promises
+        base = max((p.installed for p in ps.values() if p.installed is not None), default=None)
+        current = {r: p for r, p in ps.items() if p.installed == base}
+        base_members = next(iter(current.values())).view_members if current else ()
+        lagging = [r for r, p in ps.items() if p.installed != base and (r, p.incarnation) in base_members]
+        commit = next((p.commit for p in current.values() if p.commit is not None), None)
+        if lagging and commit is not None:
+            for r in lagging:  # members that missed the commit of the latest view get it first
+                self._send(r, commit)
+            self._start_round(now, rd.after)
+            return
+        n = len(base_members)
+        lost = sum(1 for r, i in base_members if rd.targets.get(r, i) != i)  # restarted: never votes again
+        if base is None or len(current) < max(n - n // 2, n // 2 + 1 - lost):
+            self.round = None  # no quorum of the latest view here: wait (minority side)
+            return
+        stale = [p.last for p in ps.values() if p.installed != base]
+        if stale and (rd.after is None or rd.after > min(stale)):
+            self._start_round(now, min(stale))  # again, asking for the history they miss
+            return
+        prior = [p.accepted for p in current.values() if p.accepted and p.accepted[1].base == base]
+        if prior:
+            decision = max(prior, key=lambda a: a[0])[1]  # Paxos: keep what may have been chosen
+        else:
+            donor = max(current.values(), key=lambda p: p.last)
+            extra = {e.key: e for p in current.values() for e in p.held if e.key > donor.last}
+            floor = donor.floor if stale and donor.floor is not None and min(stale) < donor.floor else None
+            decision = Decision(rd.ballot, base, tuple(sorted(rd.targets.items())), donor.last,
+                                tuple(extra[k] for k in sorted(extra)), donor.history if stale else (), floor)
+        rd.decision = decision
+        for r in sorted(rd.targets):
+            self._send(r, Accept(rd.ballot, decision))
+
+    def _on_refuse(self, m: Refuse, now: float) -> None:
+        self.seen = max(self.seen, m.promised)
+        rd = self.round
+        if rd is not None and rd.ballot == m.ballot:
+            self.round = None
+            self._review(now, start=True)  # we now know the higher ballot: outbid it once
+
+    def _on_accept(self, frm: str, m: Accept) -> None:
+        self.seen = max(self.seen, m.ballot)
+        if m.ballot < self.promised:
+            self._send(frm, Refuse(m.ballot, self.promised))
+            return
+        self.promised = m.ballot
+        if self.installed is not None and m.decision.base == self.installed:
+            self.accepted = (m.ballot, m.decision)  # only a current member's acceptance counts
+        self._send(frm, Accepted(m.ballot))
+
+    def _on_accepted(self, frm: str, m: Accepted) -> None:
+        rd = self.round
+        if rd is None or rd.decision is None or m.ballot != rd.ballot or frm not in rd.targets:
+            return
+        rd.accepted.add(frm)
+        if len(rd.accepted) == len(rd.targets):
+            self.round = None
+            to = set(rd.targets) | {r for r, _ in rd.decision.members if r in self.up}
+            for r in sorted(to):
+                self._send(r, Commit(rd.ballot, rd.decision))
+
+    def _on_commit(self, m: Commit, now: float) -> None:
+        d = m.decision
+        self.seen = max(self.seen, m.ballot)
+        if (self.installed is not None and d.view <= self.installed) or (self.me, self.incarnation) not in d.members:
+            return
+        self.promised = max(self.promised, m.ballot)
+        old = [self.queue[k] for k in sorted(self.queue)]
+        if self.installed == d.base:
+            cut = {e.key: e for e in old if e.key <= d.upto}
+        else:  # stale or restarted: the decision carries what this router misses
+            if d.floor is not None and d.floor > self.last:
+                self._out.append(HistoryGap(self.last, d.floor))
+                self.last = self.floor = d.floor
+            cut = {e.key: e for e in d.history}
+        cut.update((e.key, e) for e in d.extra)
+        for k in sorted(cut):
+            self._consume(cut[k])
+        self.last = max(self.last, d.upto)
+        orphans = tuple(dict.fromkeys(e.gid for e in old if e.gid not in self.delivered))
+        if orphans:
+            self._out.append(Orphaned(orphans))
+        self.queue.clear()
+        self._heap.clear()
+        self.acks.clear()
+        self.queued.clear()
+        self.installed, self.members, self.accepted, self.commit = d.view, dict(d.members), None, m
+        self.damaged = False
+        self.stats.view_changes += 1
+        self._out.append(ViewInstalled(d.view, tuple(r for r, _ in d.members)))
+        future, self.future = self.future, []
+        for frm, msg in future:
+            if (msg.entry.key[0] if isinstance(msg, Data) else msg.key[0]) >= d.view:
+                self._dispatch(frm, msg, now)
+        self._stamp()
+        self._deliver()
+        self._review(now, start=True)
