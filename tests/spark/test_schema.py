@@ -82,7 +82,8 @@ def test_the_subscriber_numbers_its_hand_overs_across_batches(spark: SparkSessio
 
     path = tmp_path / "c.subscriber.jsonl"
     slog = W.SettlementLog(path, src="subscriber", node="c", inc="r1")
-    state = SimpleNamespace(durable=False, remember_subscription=lambda *a: None, hand_over=lambda *a: None)
+    state = SimpleNamespace(durable=False, remember_subscription=lambda *a: None, hand_over=lambda *a: None,
+                            handed=lambda sub: [])
     client = SimpleNamespace(container_id="c", state=state, settlement_log=lambda role: slog,
                              add_owner=lambda owner: None)
     monkeypatch.setattr(sub_mod.amqp, "update", lambda d, s: None)
