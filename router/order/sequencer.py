@@ -1,0 +1,720 @@
+"""Total-order numbering of one ordered stream (one topic) across a mesh of routers (seed 002, 2.1).
+
+Theory of operation
+-------------------
+Any member router takes messages (`gid`s) for the stream; one member, the sequencer, numbers them;
+every member delivers numbers 1, 2, 3, ... in order with no gap. The sequencer is the bully
+coordinator, the highest member id a router believes alive (ELECTION / ANSWER / COORDINATOR, timeouts
+driven by `tick`). Beliefs come from a failure detector that can be wrong (freezes, partitions), so two
+routers may both act as sequencer: bully only chooses who *tries* to number; a quorum protocol in the
+manner of Multi-Paxos decides the numbers. Bully additions, for liveness only: a leader's heartbeat
+counts as its COORDINATOR; a leader outbid by a higher router it believes alive yields to it; a
+restart of the coordinator (its first message of a new life) starts an election.
+
+1. Ballots. A leader works in a ballot (round, member index, life): unique to one incarnation of one
+   member, totally ordered. It takes a round above every round it has seen.
+2. Promise. The leader asks every member to promise its ballot. A member promises only a ballot above
+   the one it promised last, and answers with what it holds from the leader's delivery frontier on:
+   committed entries, and accepted ones with their ballots. With promises from a majority
+   (Q = N//2 + 1) the leader learns those committed entries, re-proposes every other reported slot
+   with the value of the highest ballot reported (what may be committed is neither lost nor
+   renumbered), and only then numbers new gids.
+3. Accept. An entry is a batch (slot, ballot, first number, gids). A member accepts it if the ballot is
+   at least the one it promised. Q acceptances commit it; the leader sends it to every member (SYNC),
+   and members deliver entries in slot order. A leader proposes a new batch only when every slot below
+   is committed, so a new leader finds no hole below the highest reported slot, and a batch's first
+   number is the previous batch's first plus its size: no gap, no number twice. A gid is numbered
+   only if it is not committed, in flight or queued, and the leader knows every committed slot below
+   the new one: a resent gid keeps its number. A REQUEST carries the requester's delivery frontier;
+   the leader ignores one from behind its compaction base (below), where it could not tell.
+4. Amnesia. A restarted router has lost its promises and acceptances; counting its old and its new
+   votes alike could make two quorums that do not intersect. Rules (crash vectors, after Michael,
+   Ports, Sharma, Szekeres, DISC 2017):
+   - Every message carries the sender's `life` (incarnation number) and crash vector (highest life
+     known per member). A receiver drops messages of an older life than it knows; a leader counts a
+     promise or acceptance only if, when it counts, that life is still the newest it knows.
+   - A restarted router first learns its life: one above the highest that K = N - Q + 1 other members
+     (a majority of the others) know; its previous life told K others, and K + K > N - 1, so the new
+     life is higher than any before. Then it sends RECOVER with that life; members that hold state
+     raise their crash vectors (from then on they ignore and discount its old incarnation) and answer
+     with their promise and entries. With K answers it adopts the highest promise, every committed
+     entry and the highest-ballot accepted entry per slot; only then does it vote or stand for
+     election. Why safe: a quorum that counted an old vote has Q - 1 other members, and
+     K + Q - 1 > N - 1, so one of them answered RECOVER. If it voted before answering, its answer
+     brought that ballot or entry to the new life; if after, its vote carried the new crash vector and
+     the leader discounted the old vote.
+   - Assumption: at most N - Q members are crashed or recovering at once (a majority always holds its
+     state; frozen or partitioned members count as holding it). Losing more loses committed entries.
+   - `bootstrap=True` only for the first incarnations of a new group; any restart recovers.
+5. Partitions. A side holding a majority keeps numbering. A minority side elects its own coordinator,
+   whose promise round never completes: its routers keep (and retry) their gids, and nothing is
+   committed or delivered there until the partition heals; then the highest member wins, its promise
+   round learns everything, and the others catch up from its SYNCs.
+
+Cost in messages. Steady state, per batch of B gids: up to B REQUESTs (gids taken at routers other
+than the leader), N-1 ACCEPT, N-1 ACCEPTED and N-1 SYNC: 3(N-1) + B, so 3N-2 per gid unbatched; plus
+2(N-1) per heartbeat. Per election: N-1 COORDINATOR when the highest live router starts it, O(N^2)
+ELECTION/ANSWER when the lowest does; then 2(N-1) for the promise round and 3(N-1) per re-proposed
+slot. A restart costs 4(N-1), the answers carrying the retained log. Numbering needs Q routers up and
+connected; a restart needs K others holding state.
+
+What grows: committed entries and the gid -> number map (which recognises resends) until
+`compact(upto)` drops entries that every member has delivered (`stable`, from the leader's SYNC). A
+client's resend of a compacted gid would get a new number: the embedding compacts behind the in-doubt
+horizon of its publishers. A restarted router delivers again from the highest compaction base among
+the peers that answered it (slot 1 if none compacted): downstream dedups by gid, as for any resend.
+Skipping compacted history, it cannot tell whether the gids it holds were numbered there: it hands
+them back (`Unresolved`) rather than guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from itertools import islice
+
+from router.errors import OncemeshError, RemoteProtocolError
+
+Ballot = tuple[int, int, int]  # (round, member index, life)
+NO_BALLOT: Ballot = (0, -1, 0)
+
+
+class UnknownMember(RemoteProtocolError):
+    """A message came from a router that is not a member of this stream's group."""
+
+
+class SequencerInvariantError(OncemeshError):
+    """Our own state contradicts itself (a bug here, or the amnesia assumption was broken)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    slot: int
+    ballot: Ballot
+    first: int  # number of gids[0]
+    gids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Election:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Coordinator:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CvQuery:
+    nonce: str  # the asker's incarnation: answers to an older incarnation are not mistaken for ours
+
+
+@dataclass(frozen=True, slots=True)
+class CvReply:
+    nonce: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    nonce: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverReply:
+    nonce: str
+    promised: Ballot
+    base: int  # lowest retained slot and the number of its first gid
+    base_num: int
+    chosen: tuple[Entry, ...]
+    accepted: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    ballot: Ballot
+    from_slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class Promise:
+    ballot: Ballot
+    frontier: int  # next slot the promiser will deliver
+    base: int
+    base_num: int
+    chosen: tuple[Entry, ...]
+    accepted: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    ballot: Ballot
+    promised: Ballot
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    ballot: Ballot
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    ballot: Ballot
+    slot: int
+    frontier: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """Committed entries (facts: anyone may learn them), the sender's frontier, compaction mark."""
+
+    entries: tuple[Entry, ...]
+    top: int
+    stable: int
+    base: int
+    base_num: int
+    beat: bool  # a heartbeat: always answered with SyncAck
+
+
+@dataclass(frozen=True, slots=True)
+class SyncAck:
+    frontier: int
+    promised: Ballot  # tells a stale leader (one that proposes nothing) that it has been replaced
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    gid: str
+    frontier: int  # the requester's next slot: below the leader's base, the leader cannot dedup
+
+
+Body = (Election | Answer | Coordinator | CvQuery | CvReply | Recover | RecoverReply | Prepare | Promise
+        | Nack | Accept | Accepted | Sync | SyncAck | Request)
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """One message: sender's life (-1 while it does not know it yet), crash vector (member order)."""
+
+    life: int
+    cv: tuple[int, ...]
+    body: Body
+
+
+@dataclass(frozen=True, slots=True)
+class SendTo:
+    to: str
+    msg: Wire
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """Hand number `n` (gid) to the application: consecutive numbers, from where this life started."""
+
+    n: int
+    gid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Numbered:
+    """A gid submitted here has its number (tell its publisher)."""
+
+    gid: str
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unresolved:
+    """This router cannot tell whether a gid submitted here has a number: it restarted (or caught up)
+    past compacted history. Resubmit it if its publisher is still in doubt (then it is retained)."""
+
+    gid: str
+
+
+Action = SendTo | Delivered | Numbered | Unresolved
+
+
+class Status(Enum):
+    LEARN_LIFE = 1
+    RECOVER = 2
+    NORMAL = 3
+
+
+class Lead(Enum):
+    IDLE = 1
+    PREPARING = 2
+    LEADING = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    retry: float = 0.3  # resend unanswered RECOVER / PREPARE / ACCEPT / REQUEST; back off after NACK
+    heartbeat: float = 0.5
+    answer: float = 0.3  # bully: wait this long for an ANSWER
+    coordinator: float = 1.0  # bully: then this long for COORDINATOR
+    batch: int = 64
+    sync_cap: int = 64
+
+
+class SequencerNode:
+    """One router's part in numbering one stream. Inputs: `submit`, `handle`, `peer_up`/`peer_down`,
+    `tick`, `compact`, each with `now`; outputs appended to `out` (SendTo, Delivered, Numbered,
+    Unresolved) for the adapter to drain. `members` is the fixed group; `incarnation` names this life."""
+
+    def __init__(self, me: str, members: Sequence[str], incarnation: str, now: float, *,
+                 bootstrap: bool = False, timing: Timing | None = None) -> None:
+        self.members = tuple(sorted(set(members)))
+        if me not in self.members:
+            raise ValueError(f"{me!r} is not a member of {self.members}")
+        self.me, self.inc, self.t = me, incarnation, timing or Timing()
+        self.idx = {m: i for i, m in enumerate(self.members)}
+        self.i, n = self.idx[me], len(self.members)
+        self.quorum, self.k = n // 2 + 1, n - (n // 2 + 1) + 1
+        self.others = tuple(m for m in self.members if m != me)
+        self.out: list[Action] = []
+        self.life = 0 if bootstrap else -1
+        self.cv = [0] * n
+        self.status = Status.NORMAL if bootstrap else Status.LEARN_LIFE
+        self.replies: dict[str, RecoverReply | None] = {}
+        # acceptor and learner
+        self.promised: Ballot = NO_BALLOT
+        self.top_round = 0
+        self.acc: dict[int, Entry] = {}
+        self.chosen: dict[int, Entry] = {}
+        self.numbers: dict[str, int] = {}
+        self.base = self.base_num = self.next_slot = self.next_num = 1
+        self.top_chosen = 0  # highest slot learned committed
+        self.delivered_any = False
+        self.stable = 1  # slots below it are delivered everywhere (the leader says)
+        # bully
+        self.alive: set[str] = set()
+        self.coordinator: str | None = None
+        self.electing_until: float | None = None
+        self.awaiting_until: float | None = None
+        # leader
+        self.lead = Lead.IDLE
+        self.ballot: Ballot = NO_BALLOT
+        self.promises: dict[str, tuple[int, Promise]] = {}
+        self.inflight: dict[int, Entry] = {}
+        self.votes: dict[int, dict[str, int]] = {}
+        self.queue: dict[str, None] = {}  # ordered set
+        self.known: dict[str, int] = {}  # members' delivery frontiers
+        self.retry_at = now
+        self.beat_at = now
+        # submitter: gid -> when to resend
+        self.pending: dict[str, float] = {}
+        if bootstrap:
+            self._start_election(now)
+        else:
+            self._recover_send(now)
+
+    # ------------------------------------------------------------------ inputs
+    def submit(self, gid: str, now: float) -> None:
+        n = self.numbers.get(gid)
+        if n is not None:
+            self.out.append(Numbered(gid, n))
+        elif gid not in self.pending:
+            self._push(gid, now)
+
+    def peer_up(self, r: str, now: float) -> None:
+        self.alive.add(r)
+        if self.status is not Status.NORMAL:
+            return
+        if self.coordinator == self.me:
+            self._send(r, Coordinator())
+        elif r > self.me and (self.coordinator is None or r > self.coordinator):
+            self._start_election(now)
+
+    def peer_down(self, r: str, now: float) -> None:
+        self.alive.discard(r)
+        if r == self.coordinator and self.status is Status.NORMAL:
+            self._start_election(now)
+
+    def handle(self, frm: str, msg: Wire, now: float) -> None:
+        j = self.idx.get(frm)
+        if j is None or frm == self.me:
+            raise UnknownMember(f"order message from {frm!r}, not a peer in {self.members}")
+        if 0 <= msg.life < self.cv[j]:
+            return  # an older incarnation of frm
+        for x, life in enumerate(msg.cv):
+            if life > self.cv[x] and (x != self.i or self.life < 0):
+                self.cv[x] = life
+        if msg.life > self.cv[j]:
+            self.cv[j] = msg.life
+        body = msg.body
+        if self.status is not Status.NORMAL:
+            self._handle_recovering(frm, body, now)
+            return
+        match body:
+            case CvQuery(nonce):
+                self._send(frm, CvReply(nonce))
+                if frm == self.coordinator:  # it restarted
+                    self._start_election(now)
+            case Recover(nonce):
+                self.known.pop(frm, None)
+                self._send(frm, RecoverReply(nonce, self.promised, self.base, self.base_num,
+                                             tuple(self.chosen[s] for s in sorted(self.chosen)),
+                                             tuple(self.acc[s] for s in sorted(self.acc))))
+            case Election():
+                self._send(frm, Answer())
+                if self.coordinator == self.me:
+                    self._send(frm, Coordinator())
+                elif self.electing_until is None and self.awaiting_until is None:
+                    self._start_election(now)
+            case Answer():
+                if self.electing_until is not None:
+                    self.electing_until, self.awaiting_until = None, now + self.t.coordinator
+            case Coordinator():
+                if frm > self.me:
+                    self._set_coordinator(frm, now)
+                elif self.coordinator == self.me:
+                    self._send(frm, Coordinator())
+                else:
+                    self._start_election(now)
+            case Prepare(ballot, from_slot):
+                self._prepare(frm, ballot, from_slot, now)
+            case Promise(ballot):
+                if self.lead is Lead.PREPARING and ballot == self.ballot:
+                    self.promises[frm] = (msg.life, body)
+                    self.known[frm] = body.frontier
+                    self._try_take_over(now)
+            case Nack(ballot, promised):
+                self.top_round = max(self.top_round, promised[0])
+                if self.lead is not Lead.IDLE and ballot == self.ballot and promised > self.ballot:
+                    self._preempted(promised, now)
+            case Accept(ballot, entry):
+                self._accept(frm, ballot, entry, now)
+            case Accepted(ballot, slot, frontier):
+                self.known[frm] = frontier
+                if self.lead is Lead.LEADING and ballot == self.ballot and slot in self.inflight:
+                    self.votes[slot][frm] = msg.life
+                    self._check_commit(slot, now)
+            case Sync():
+                self._sync_in(frm, body, now)
+            case SyncAck(frontier, promised):
+                self.known[frm] = frontier
+                self.top_round = max(self.top_round, promised[0])
+                if self.lead is not Lead.IDLE and promised > self.ballot:
+                    self._preempted(promised, now)
+                elif frontier < self.next_slot:
+                    self._sync_to(frm, frontier, False)
+            case Request(gid, frontier):
+                if self.coordinator == self.me and frontier >= self.base:
+                    self._enqueue(gid, now)
+
+    def tick(self, now: float) -> None:
+        if self.status is not Status.NORMAL:
+            if now >= self.retry_at:
+                self._recover_send(now)
+            return
+        if self.electing_until is not None and now >= self.electing_until:
+            self._become_coordinator(now)
+        if self.awaiting_until is not None and now >= self.awaiting_until:
+            self._start_election(now)
+        if self.coordinator == self.me:
+            if self.lead is Lead.IDLE and now >= self.retry_at:
+                self._start_promise_round(now)
+            elif self.lead is Lead.PREPARING and now >= self.retry_at:
+                self.retry_at = now + self.t.retry
+                for m in self.others:
+                    if not self._counts(m, self.promises[m][0] if m in self.promises else -1):
+                        self._send(m, Prepare(self.ballot, self.next_slot))
+            elif self.lead is Lead.LEADING:
+                if now >= self.retry_at:
+                    self.retry_at = now + self.t.retry
+                    for slot, e in self.inflight.items():
+                        for m in self.others:
+                            if not self._counts(m, self.votes[slot].get(m, -1)):
+                                self._send(m, Accept(self.ballot, e))
+                if now >= self.beat_at:
+                    self.beat_at = now + self.t.heartbeat
+                    for m in self.others:
+                        self._sync_to(m, self.known.get(m, self.next_slot), True)
+        for gid, due in list(self.pending.items()):
+            if now >= due:
+                self._push(gid, now)
+
+    def compact(self, upto: int) -> None:
+        """Forget committed entries whose numbers are all <= `upto` and that every member delivered."""
+        while self.base < min(self.stable, self.next_slot):
+            e = self.chosen[self.base]
+            if e.first + len(e.gids) - 1 > upto:
+                break
+            del self.chosen[self.base]
+            for g in e.gids:
+                self.numbers.pop(g, None)
+            self.base, self.base_num = self.base + 1, e.first + len(e.gids)
+
+    @property
+    def leading(self) -> bool:
+        return self.lead is Lead.LEADING
+
+    # ------------------------------------------------------------------ recovery
+    def _recover_send(self, now: float) -> None:
+        self.retry_at = now + self.t.retry
+        body: Body = CvQuery(self.inc) if self.status is Status.LEARN_LIFE else Recover(self.inc)
+        for m in self.others:
+            if m not in self.replies:
+                self._send(m, body)
+
+    def _handle_recovering(self, frm: str, body: Body, now: float) -> None:
+        if self.status is Status.LEARN_LIFE and isinstance(body, CvReply) and body.nonce == self.inc:
+            self.replies[frm] = None
+            if len(self.replies) >= self.k:
+                self.life = self.cv[self.i] = self.cv[self.i] + 1
+                self.status, self.replies = Status.RECOVER, {}
+                self._recover_send(now)
+        elif self.status is Status.RECOVER and isinstance(body, RecoverReply) and body.nonce == self.inc:
+            self.replies[frm] = body
+            if len(self.replies) >= self.k:
+                self._adopt([r for r in self.replies.values() if r is not None], now)
+
+    def _adopt(self, replies: list[RecoverReply], now: float) -> None:
+        self.promised = max(r.promised for r in replies)
+        self.top_round = self.promised[0]
+        self.base, self.base_num = max((r.base, r.base_num) for r in replies)
+        self.next_slot, self.next_num = self.base, self.base_num
+        for r in replies:
+            for e in r.chosen:
+                self._learn(e)
+        for r in replies:
+            for e in r.accepted:
+                old = self.acc.get(e.slot)
+                if e.slot >= self.base and e.slot not in self.chosen and (old is None or e.ballot > old.ballot):
+                    self.acc[e.slot] = e
+        self.status, self.replies = Status.NORMAL, {}
+        self._deliver()
+        if self.base > 1:
+            self._give_back()
+        self._start_election(now)
+
+    # ------------------------------------------------------------------ bully
+    def _start_election(self, now: float) -> None:
+        higher = sorted(m for m in self.alive if m > self.me)
+        if not higher:
+            self._become_coordinator(now)
+            return
+        if self.coordinator != self.me:
+            self.coordinator = None
+        for m in higher:
+            self._send(m, Election())
+        self.electing_until, self.awaiting_until = now + self.t.answer, None
+
+    def _become_coordinator(self, now: float) -> None:
+        self.electing_until = self.awaiting_until = None
+        if self.coordinator != self.me:
+            self._set_coordinator(self.me, now)
+        for m in self.others:
+            self._send(m, Coordinator())
+
+    def _set_coordinator(self, c: str, now: float) -> None:
+        self.electing_until = self.awaiting_until = None
+        if c == self.coordinator:
+            return
+        self.coordinator = c
+        if c != self.me:
+            self._stop_leading(now)
+            self.queue.clear()
+        else:
+            self.retry_at = now
+            if self.lead is Lead.IDLE:
+                self._start_promise_round(now)
+        for gid in self.pending:
+            self.pending[gid] = now  # resend to the new coordinator at the next tick
+
+    # ------------------------------------------------------------------ leader
+    def _start_promise_round(self, now: float) -> None:
+        self.ballot = (max(self.top_round, self.promised[0]) + 1, self.i, self.life)
+        self.top_round = self.ballot[0]
+        self.promised = self.ballot
+        self.lead, self.retry_at = Lead.PREPARING, now + self.t.retry
+        self.inflight.clear()
+        self.votes.clear()
+        self.promises = {self.me: (self.life, self._promise(self.ballot, self.next_slot))}
+        for m in self.others:
+            self._send(m, Prepare(self.ballot, self.next_slot))
+        self._try_take_over(now)
+
+    def _counts(self, m: str, life: int) -> bool:
+        """A vote counts only while its life is the newest we know of its member."""
+        return life >= 0 and life >= self.cv[self.idx[m]]
+
+    def _counted(self, votes: dict[str, int]) -> int:
+        return sum(1 for m, life in votes.items() if self._counts(m, life))
+
+    def _try_take_over(self, now: float) -> None:
+        if self._counted({m: life for m, (life, _) in self.promises.items()}) < self.quorum:
+            return
+        valid = [p for m, (life, p) in self.promises.items() if self._counts(m, life)]
+        top = max(valid, key=lambda p: p.base)
+        if top.base > self.next_slot:
+            self._jump(top.base, top.base_num)
+        for p in valid:
+            for e in p.chosen:
+                self._learn(e)
+        self._deliver()
+        best: dict[int, Entry] = {}
+        for p in valid:
+            for e in p.accepted:
+                if e.slot >= self.next_slot and e.slot not in self.chosen and (
+                        e.slot not in best or e.ballot > best[e.slot].ballot):
+                    best[e.slot] = e
+        self.lead, self.promises = Lead.LEADING, {}
+        self.beat_at = now
+        for slot in sorted(best):
+            self._propose(Entry(slot, self.ballot, best[slot].first, best[slot].gids))
+        self._propose_new()
+
+    def _propose(self, e: Entry) -> None:
+        self.inflight[e.slot] = self.acc[e.slot] = e
+        self.votes[e.slot] = {self.me: self.life}
+        for m in self.others:
+            self._send(m, Accept(self.ballot, e))
+
+    def _propose_new(self) -> None:
+        if self.lead is not Lead.LEADING or self.inflight or not self.queue or self.top_chosen >= self.next_slot:
+            return
+        gids = tuple(islice(self.queue, self.t.batch))  # never numbered: _learn unqueues
+        for g in gids:
+            del self.queue[g]
+        self._propose(Entry(self.next_slot, self.ballot, self.next_num, gids))
+
+    def _enqueue(self, gid: str, now: float) -> None:
+        if gid in self.numbers or gid in self.queue or any(gid in e.gids for e in self.inflight.values()):
+            return
+        self.queue[gid] = None
+        self._propose_new()
+
+    def _check_commit(self, slot: int, now: float) -> None:
+        if self._counted(self.votes[slot]) < self.quorum:
+            return
+        e = self.inflight[slot]
+        self._learn(e)
+        self._deliver()
+        for m in self.others:
+            self._sync_to(m, min(self.known.get(m, slot), slot), False)
+        self._propose_new()
+
+    def _preempted(self, higher: Ballot, now: float) -> None:
+        self._stop_leading(now)
+        owner = self.members[higher[1]]
+        if owner > self.me and owner in self.alive:
+            self._set_coordinator(owner, now)
+
+    def _stop_leading(self, now: float) -> None:
+        self.lead, self.retry_at = Lead.IDLE, now + self.t.retry
+        self.inflight.clear()
+        self.votes.clear()
+        self.promises = {}
+
+    # ------------------------------------------------------------------ acceptor and learner
+    def _promise(self, ballot: Ballot, from_slot: int) -> Promise:
+        above = range(max(from_slot, self.base), self.top_chosen + 1)
+        return Promise(ballot, self.next_slot, self.base, self.base_num,
+                       tuple(self.chosen[s] for s in above if s in self.chosen),
+                       tuple(self.acc[s] for s in sorted(self.acc) if s >= from_slot))
+
+    def _prepare(self, frm: str, ballot: Ballot, from_slot: int, now: float) -> None:
+        self.top_round = max(self.top_round, ballot[0])
+        if ballot < self.promised:
+            self._send(frm, Nack(ballot, self.promised))
+            return
+        if ballot > self.promised:
+            self.promised = ballot
+            if self.lead is not Lead.IDLE:
+                self._preempted(ballot, now)
+        self._send(frm, self._promise(ballot, from_slot))  # again if equal: our promise was lost
+
+    def _accept(self, frm: str, ballot: Ballot, e: Entry, now: float) -> None:
+        self.top_round = max(self.top_round, ballot[0])
+        if ballot < self.promised:
+            self._send(frm, Nack(ballot, self.promised))
+            return
+        if e.slot < self.next_slot or e.slot in self.chosen:  # decided: tell, do not vote
+            self._sync_to(frm, e.slot, False)
+            return
+        if ballot > self.promised:
+            self.promised = ballot
+            if self.lead is not Lead.IDLE:
+                self._preempted(ballot, now)
+        self.acc[e.slot] = e
+        self._send(frm, Accepted(ballot, e.slot, self.next_slot))
+
+    def _learn(self, e: Entry) -> None:
+        if e.slot < self.next_slot or e.slot in self.chosen:
+            return
+        self.chosen[e.slot] = e
+        self.top_chosen = max(self.top_chosen, e.slot)
+        self.acc.pop(e.slot, None)
+        self.inflight.pop(e.slot, None)
+        self.votes.pop(e.slot, None)
+        for k, g in enumerate(e.gids):
+            self.numbers[g] = e.first + k
+            self.queue.pop(g, None)
+            if self.pending.pop(g, None) is not None:
+                self.out.append(Numbered(g, e.first + k))
+
+    def _deliver(self) -> None:
+        while (e := self.chosen.get(self.next_slot)) is not None:
+            if e.first != self.next_num:
+                raise SequencerInvariantError(f"slot {e.slot} starts at {e.first}, expected {self.next_num}")
+            for k, g in enumerate(e.gids):
+                self.out.append(Delivered(e.first + k, g))
+            self.next_slot, self.next_num = self.next_slot + 1, e.first + len(e.gids)
+            self.delivered_any = True
+
+    def _jump(self, base: int, base_num: int) -> None:
+        """Start delivering at `base`: only before this life delivered anything (a gap otherwise)."""
+        if not self.delivered_any and base > self.next_slot:
+            for log in (self.chosen, self.acc):
+                for s in [s for s in log if s < base]:
+                    del log[s]
+            self.base = self.next_slot = base
+            self.base_num = self.next_num = base_num
+            self._give_back()
+
+    def _give_back(self) -> None:
+        """Pending gids could be numbered in the history skipped: numbering them would be a guess."""
+        self.out.extend(Unresolved(g) for g in self.pending)
+        self.pending.clear()
+
+    def _sync_in(self, frm: str, m: Sync, now: float) -> None:
+        c = self.coordinator
+        if m.beat and frm > self.me and frm != c and (c is None or frm > c or c not in self.alive):
+            self._set_coordinator(frm, now)  # a leader's heartbeat doubles as its COORDINATOR
+        if m.entries and m.entries[0].slot > self.next_slot and m.base > self.next_slot:
+            self._jump(m.base, m.base_num)
+        for e in m.entries:
+            self._learn(e)
+        self._deliver()
+        self.stable = max(self.stable, min(m.stable, self.next_slot))
+        if m.beat or self.next_slot < m.top:
+            self._send(frm, SyncAck(self.next_slot, self.promised))
+        self._propose_new()
+
+    def _sync_to(self, m: str, start: int, beat: bool) -> None:
+        start = max(start, self.base)
+        entries = tuple(self.chosen[s] for s in range(start, start + self.t.sync_cap) if s in self.chosen)
+        if self.lead is Lead.LEADING:
+            self.stable = min([self.next_slot] + [self.known.get(o, self.base) for o in self.others])
+        self._send(m, Sync(entries, self.next_slot, self.stable, self.base, self.base_num, beat))
+
+    # ------------------------------------------------------------------ submitter
+    def _push(self, gid: str, now: float) -> None:
+        self.pending[gid] = now + self.t.retry
+        if self.status is not Status.NORMAL or self.coordinator is None:
+            return
+        if self.coordinator == self.me:
+            self._enqueue(gid, now)
+        else:
+            self._send(self.coordinator, Request(gid, self.next_slot))
+
+    def _send(self, to: str, body: Body) -> None:
+        self.out.append(SendTo(to, Wire(self.life, tuple(self.cv), body)))

@@ -1,0 +1,435 @@
+"""A seeded simulation of `router.order.sequencer` on N = 3..5 routers, everything drawn from one seed.
+
+Network: per ordered pair a FIFO channel with random delays; a cut or the receiver's crash resets the
+channel (what is in flight to it is lost), but what a crashed router sent before dying still arrives,
+sometimes late (old-life messages must be harmless). Faults while the workload runs:
+- crash (amnesia) and restart as a new incarnation -- often the current leader, mid-stream, or a router
+  right after it voted -- within the core's assumption: at most N - Q crashed or recovering at once;
+- freeze: the router processes nothing (messages, detector news and submissions wait in order) and
+  resumes with stale beliefs; peers' detectors take it for dead meanwhile;
+- partitions: a majority/minority split or arbitrary cut pairs, overlapping, healed later;
+- a failure detector that reports after a random delay, and sometimes suspects a live router.
+Each seed draws a profile: N, network speed and delay spikes, fault rate, quick restarts, false
+suspicions, crashes after votes, compaction. Clients submit gids at random routers; a client whose
+router crashed, or that heard nothing for a while, resends elsewhere; some resend anyway.
+
+Checked at every action: one gid per number, one number per gid, each incarnation delivers
+consecutive numbers (from 1 unless the seed compacts) agreeing with every other, `Numbered` agrees.
+At the end, after healing every fault (and calming the network) and running on: numbers are exactly
+1..M, every gid has one and every client was told it, every router delivered all M, all take the
+highest router for coordinator and it leads.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.order.sequencer import (
+    Accepted,
+    Delivered,
+    Numbered,
+    Promise,
+    RecoverReply,
+    SendTo,
+    SequencerNode,
+    Status,
+    Unresolved,
+    Wire,
+)
+
+TICK = 0.05
+
+
+class Violation(AssertionError):
+    pass
+
+
+@dataclass
+class Client:
+    gid: str
+    at: str | None = None  # router and incarnation it last submitted to
+    inc: str | None = None
+    number: int | None = None
+    resend_at: float | None = None
+
+
+@dataclass
+class Router:
+    rid: str
+    node: SequencerNode | None
+    inc: str
+    frozen_until: float | None = None
+    inbox: deque[tuple[Any, ...]] = field(default_factory=deque)
+    belief: dict[str, bool] = field(default_factory=dict)
+    last: int | None = None  # last number this incarnation delivered
+
+
+class OrderSim:
+    def __init__(self, seed: int, *, duration: float = 20.0, settle: float = 10.0, gids: int | None = None) -> None:
+        self.seed = seed
+        self.rng = rng = random.Random(seed)
+        self.n = rng.choice([3, 3, 4, 5, 5])
+        self.ids = [chr(ord("A") + i) for i in range(self.n)]
+        self.quorum = self.n // 2 + 1
+        self.duration, self.settle = duration, settle
+        self.compacting = rng.random() < 0.3
+        # a profile per seed: network speed and spikes, how fast crashed routers return, how often
+        # the detector suspects a live router (wrong beliefs: more elections, competing leaders)
+        self.slow = rng.choice([0.02, 0.04, 0.1, 0.3])
+        self.spike = rng.choice([0.02, 0.05, 0.15])
+        self.quick_restart = rng.random() < 0.5
+        self.suspicion = rng.choice([0.0, 0.0, 0.3, 1.0])  # false suspicions per second per router
+        self.vote_crash = rng.choice([0.0, 0.01, 0.03])  # chance a router dies right after it votes
+        self.profile = (f"N={self.n} compacting={self.compacting} slow={self.slow} spike={self.spike} "
+                        f"quick_restart={self.quick_restart} suspicion={self.suspicion} vote_crash={self.vote_crash}")
+        self.now = 0.0
+        self.seq = 0
+        self.events: list[tuple[float, int, str, tuple[Any, ...]]] = []
+        self.trace: deque[str] = deque(maxlen=80)
+        self.routers = {r: Router(r, SequencerNode(r, self.ids, f"{r}.0", 0.0, bootstrap=True), f"{r}.0")
+                        for r in self.ids}
+        self.restarts = dict.fromkeys(self.ids, 0)
+        self.conn: dict[tuple[str, str], int] = {}
+        self.arrive: dict[tuple[str, str], float] = {}
+        self.cuts: dict[frozenset[str], int] = {}
+        self.num2gid: dict[int, str] = {}
+        self.gid2num: dict[str, int] = {}
+        self.clients: dict[str, Client] = {}
+        self.stats = {"crash": 0, "leader_crash": 0, "freeze": 0, "partition": 0, "msgs": 0, "resend": 0,
+                      "unresolved": 0}
+        count = gids if gids is not None else rng.randint(40, 240)
+        for k in range(count):
+            self._at(rng.uniform(0.0, duration), "submit", f"g{k}", None)
+        t = rng.uniform(0.2, 1.0)
+        rate = self.rate = rng.choice([0.15, 0.4, 0.8, 1.5])  # mean time between faults
+        while t < duration:
+            self._at(t, "fault", rng.choice(["crash", "crash", "freeze", "partition", "partition"]))
+            t += rng.expovariate(1 / rate)
+        t = 0.0
+        while self.suspicion and (t := t + rng.expovariate(self.suspicion * self.n)) < duration:
+            self._at(t, "suspect", rng.choice(self.ids), rng.choice(self.ids))
+        self._at(duration, "heal")
+        self._at(TICK, "tick")
+        for r in self.ids:
+            self._drain(self.routers[r])
+        self._detect_all(0.0)
+
+    # ------------------------------------------------------------------ plumbing
+    def _at(self, t: float, kind: str, *args: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, args))
+
+    def _log(self, text: str) -> None:
+        self.trace.append(f"{self.now:7.3f} {text}")
+
+    def fail(self, text: str) -> None:
+        raise Violation(text)
+
+    def up(self, r: str) -> bool:
+        return self.routers[r].node is not None
+
+    def reachable(self, a: str, b: str) -> bool:
+        rb = self.routers[b]
+        return self.up(a) and self.up(b) and rb.frozen_until is None and not self.cuts.get(frozenset((a, b)))
+
+    def _detect_all(self, now: float) -> None:
+        for a in self.ids:
+            for b in self.ids:
+                if a != b:
+                    self._at(now + self.rng.uniform(0.05, 0.6), "detect", a, b)
+
+    def _reset(self, a: str, b: str) -> None:
+        self.conn[(a, b)] = self.conn.get((a, b), 0) + 1
+
+    def _send(self, src: str, dst: str, wire: Wire) -> None:
+        if self.cuts.get(frozenset((src, dst))) or not self.up(dst):
+            return
+        self.stats["msgs"] += 1
+        spike = self.rng.random() < self.spike
+        delay = self.rng.uniform(0.2, 1.5) if spike else self.rng.uniform(0.001, self.slow)
+        t = max(self.now + delay, self.arrive.get((src, dst), 0.0))
+        self.arrive[(src, dst)] = t
+        self._at(t, "msg", src, dst, self.conn.get((src, dst), 0), wire)
+
+    def _drain(self, r: Router) -> None:
+        node = r.node
+        assert node is not None
+        out, node.out = node.out, []
+        voted = False
+        for a in out:
+            if isinstance(a, SendTo):
+                self._send(r.rid, a.to, a.msg)
+                voted = voted or isinstance(a.msg.body, Accepted | Promise | RecoverReply)
+            elif isinstance(a, Delivered):
+                self._delivered(r, a.n, a.gid)
+            elif isinstance(a, Numbered):
+                self._numbered(r, a.gid, a.n)
+            elif isinstance(a, Unresolved):
+                self.stats["unresolved"] += 1
+                c = self.clients[a.gid]
+                if c.number is None:  # still in doubt: the client resends, soon
+                    c.resend_at = min(c.resend_at or 1e9, self.now + self.rng.uniform(0.01, 0.3))
+        if voted and self.now < self.duration and self.rng.random() < self.vote_crash:
+            self._at(self.now, "fault", "crash", r.rid)  # its vote is on the way; its memory is not
+
+    # ------------------------------------------------------------------ checks
+    def _commit(self, n: int, gid: str, who: str) -> None:
+        if self.num2gid.setdefault(n, gid) != gid:
+            self.fail(f"number {n} committed for {self.num2gid[n]} and {gid} ({who})")
+        if self.gid2num.setdefault(gid, n) != n:
+            self.fail(f"gid {gid} committed as {self.gid2num[gid]} and {n} ({who})")
+
+    def _delivered(self, r: Router, n: int, gid: str) -> None:
+        self._commit(n, gid, f"{r.inc} delivered")
+        if r.last is None:
+            if n != 1 and not self.compacting:
+                self.fail(f"{r.inc} started delivering at {n}, not 1")
+        elif n != r.last + 1:
+            self.fail(f"{r.inc} delivered {n} after {r.last}: a gap or a repeat")
+        r.last = n
+
+    def _numbered(self, r: Router, gid: str, n: int) -> None:
+        self._commit(n, gid, f"{r.inc} numbered")
+        c = self.clients[gid]
+        if c.number is not None and c.number != n:
+            self.fail(f"client of {gid} told {c.number} then {n}")
+        c.number, c.resend_at = n, None
+
+    def check_end(self) -> None:
+        m = len(self.num2gid)
+        if sorted(self.num2gid) != list(range(1, m + 1)):
+            self.fail(f"numbers in use are not 1..{m}: gaps {sorted(set(range(1, m + 1)) - set(self.num2gid))}")
+        missing = sorted(set(self.clients) - set(self.gid2num))
+        if missing:
+            self.fail(f"never numbered after healing: {missing}")
+        top = max(self.ids)
+        for r in self.routers.values():
+            node = r.node
+            if node is None or node.status is not Status.NORMAL:
+                self.fail(f"{r.inc} did not recover after healing")
+            assert node is not None
+            if node.next_num - 1 != m:
+                self.fail(f"{r.inc} delivered up to {node.next_num - 1} of {m}")
+            if node.coordinator != top:
+                self.fail(f"{r.inc} takes {node.coordinator} for coordinator, not {top}")
+            for s, e in node.chosen.items():
+                for k, g in enumerate(e.gids):
+                    if self.gid2num.get(g) != e.first + k:
+                        self.fail(f"{r.inc} holds slot {s} numbering {g} as {e.first + k}")
+        leader = self.routers[top].node
+        assert leader is not None
+        if not leader.leading:
+            self.fail(f"coordinator {top} is not leading after healing")
+        for c in self.clients.values():
+            if c.number is None:
+                self.fail(f"client of {c.gid} never told its number")
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> OrderSim:
+        end = self.duration + self.settle
+        steps = 0
+        while self.events and self.events[0][0] <= end:
+            t, _, kind, args = heapq.heappop(self.events)
+            self.now = t
+            steps += 1
+            if steps > 400_000:
+                self.fail("runaway simulation")
+            getattr(self, f"_ev_{kind}")(*args)
+        self.check_end()
+        return self
+
+    def _input(self, r: Router, item: tuple[Any, ...]) -> None:
+        if r.node is None:
+            return
+        if r.frozen_until is not None:
+            r.inbox.append(item)
+            return
+        self._apply(r, item)
+
+    def _apply(self, r: Router, item: tuple[Any, ...]) -> None:
+        node = r.node
+        assert node is not None
+        kind = item[0]
+        if kind == "msg":
+            node.handle(item[1], item[2], self.now)
+        elif kind == "detect":
+            b = item[1]
+            truth = self.reachable(r.rid, b) if len(item) == 2 else item[2]
+            if r.belief.get(b, False) != truth:
+                r.belief[b] = truth
+                self._log(f"{r.rid} believes {b} {'up' if truth else 'down'}")
+                (node.peer_up if truth else node.peer_down)(b, self.now)
+        elif kind == "submit":
+            node.submit(item[1], self.now)
+        self._drain(r)
+
+    def _ev_msg(self, src: str, dst: str, conn: int, wire: Wire) -> None:
+        if conn != self.conn.get((src, dst), 0):
+            return
+        self._log(f"{src}->{dst} {type(wire.body).__name__} life={wire.life}")
+        self._input(self.routers[dst], ("msg", src, wire))
+
+    def _ev_detect(self, a: str, b: str) -> None:
+        self._input(self.routers[a], ("detect", b))
+
+    def _ev_tick(self) -> None:
+        for r in self.routers.values():
+            if r.node is not None and r.frozen_until is None:
+                r.node.tick(self.now)
+                self._drain(r)
+        for c in self.clients.values():
+            if c.resend_at is not None and self.now >= c.resend_at:
+                self._submit(c, exclude=c.at)
+        self._at(self.now + TICK, "tick")
+        if self.compacting and self.rng.random() < 0.1:
+            self._compact()
+
+    def _compact(self) -> None:
+        doubt = [self.gid2num.get(c.gid, 1 << 30) for c in self.clients.values() if c.number is None]
+        horizon = min(doubt, default=1 << 30) - 1
+        for r in self.routers.values():
+            if r.node is not None and r.frozen_until is None:
+                r.node.compact(horizon)
+
+    def _submit(self, c: Client, exclude: str | None = None) -> None:
+        live = [r for r in self.ids if self.up(r) and r != exclude] or [r for r in self.ids if self.up(r)]
+        if not live:
+            c.resend_at = self.now + 0.5
+            return
+        r = self.routers[self.rng.choice(live)]
+        c.at, c.inc = r.rid, r.inc
+        if c.number is None:
+            c.resend_at = self.now + self.rng.uniform(2.0, 4.0)  # the client's own timeout
+        self._log(f"submit {c.gid} at {r.rid}")
+        self._input(r, ("submit", c.gid))
+
+    def _ev_submit(self, gid: str, _: None) -> None:
+        c = self.clients.setdefault(gid, Client(gid))
+        if c.at is not None:
+            if self.compacting and c.number is not None:
+                return  # compaction assumes no resend once the client knows its number
+            self.stats["resend"] += 1
+        self._submit(c)
+        if self.rng.random() < 0.15:  # a duplicate resend, whatever happens
+            self._at(self.now + self.rng.uniform(0.0, 3.0), "submit", gid, None)
+
+    def _ev_fault(self, kind: str, target: str | None = None) -> None:
+        rng = self.rng
+        live = [r for r in self.ids if self.up(r)]
+        if kind == "crash":
+            weak = sum(1 for r in self.routers.values() if r.node is None or r.node.status is not Status.NORMAL)
+            if weak >= self.n - self.quorum or (target is not None and not self.up(target)):
+                return
+            leaders = [r for r in live if self.routers[r].node.leading]  # type: ignore[union-attr]
+            victim = target or (rng.choice(leaders) if leaders and rng.random() < 0.5 else rng.choice(live))
+            self._crash(victim, leaders)
+            back = rng.uniform(0.005, 0.15) if self.quick_restart and rng.random() < 0.7 else rng.uniform(0.3, 2.0)
+            self._at(self.now + back, "restart", victim)
+        elif kind == "freeze":
+            victim = rng.choice(live)
+            r = self.routers[victim]
+            if r.frozen_until is None:
+                self.stats["freeze"] += 1
+                r.frozen_until = self.now + rng.uniform(0.3, 2.5)
+                self._log(f"freeze {victim} until {r.frozen_until:.3f}")
+                self._at(r.frozen_until, "thaw", victim, r.inc)
+                self._detect_all(self.now)
+        else:
+            self.stats["partition"] += 1
+            if rng.random() < 0.6:
+                side = sorted(rng.sample(self.ids, rng.randint(1, self.n // 2)))
+                pairs = [frozenset((a, b)) for a in side for b in self.ids if b not in side]
+            else:
+                every = [frozenset((a, b)) for a in self.ids for b in self.ids if a < b]
+                pairs = rng.sample(every, rng.randint(1, len(every)))
+            self._log(f"cut {sorted(tuple(sorted(p)) for p in pairs)}")
+            for p in pairs:
+                self.cuts[p] = self.cuts.get(p, 0) + 1
+                a, b = tuple(p)
+                self._reset(a, b)
+                self._reset(b, a)
+            self._at(self.now + rng.uniform(0.2, 1.0) * (3 if self.rate > 0.3 else 1), "heal_cut", pairs)
+            self._detect_all(self.now)
+
+    def _crash(self, victim: str, leaders: list[str]) -> None:
+        r = self.routers[victim]
+        self.stats["crash"] += 1
+        self.stats["leader_crash"] += victim in leaders
+        self._log(f"crash {r.inc}{' (leader)' if victim in leaders else ''}")
+        r.node, r.frozen_until, r.last = None, None, None
+        r.inbox.clear()
+        for o in self.ids:
+            self._reset(o, victim)
+        if self.rng.random() < 0.5:  # what it sent before dying crawls in late (order kept per channel)
+            lag = {o: self.rng.uniform(0.1, 1.0) for o in self.ids}
+            self.events = [(t + lag[a[1]], q, k, a) if k == "msg" and a[0] == victim else (t, q, k, a)
+                           for t, q, k, a in self.events]
+            heapq.heapify(self.events)
+            for o in self.ids:
+                if (victim, o) in self.arrive:
+                    self.arrive[(victim, o)] += lag[o]
+        self._detect_all(self.now)
+
+    def _ev_restart(self, victim: str) -> None:
+        r = self.routers[victim]
+        if r.node is not None:
+            return
+        self.restarts[victim] += 1
+        r.inc = f"{victim}.{self.restarts[victim]}"
+        r.belief = {}
+        r.node = SequencerNode(victim, self.ids, r.inc, self.now)
+        self._log(f"restart {r.inc}")
+        self._drain(r)
+        self._detect_all(self.now)
+        for c in self.clients.values():  # clients of the dead incarnation fail over
+            if c.number is None and c.at == victim and c.inc != r.inc:
+                c.resend_at = self.now + self.rng.uniform(0.05, 1.0)
+
+    def _ev_thaw(self, victim: str, inc: str) -> None:
+        r = self.routers[victim]
+        if r.inc != inc or r.frozen_until is None:
+            return
+        self._log(f"thaw {victim} ({len(r.inbox)} inputs waiting)")
+        r.frozen_until = None
+        while r.inbox and r.node is not None:
+            self._apply(r, r.inbox.popleft())
+        self._detect_all(self.now)
+
+    def _ev_suspect(self, a: str, b: str) -> None:
+        """The detector of `a` wrongly takes live `b` for dead; it finds out after a while."""
+        if a != b and self.reachable(a, b):
+            self._input(self.routers[a], ("detect", b, False))
+            self._at(self.now + self.rng.uniform(0.1, 1.0), "detect", a, b)
+
+    def _ev_heal_cut(self, pairs: list[frozenset[str]]) -> None:
+        for p in pairs:
+            self.cuts[p] = max(0, self.cuts.get(p, 0) - 1)
+        self._log("heal a cut")
+        self._detect_all(self.now)
+
+    def _ev_heal(self) -> None:
+        self._log("heal everything")
+        self.cuts.clear()
+        self.slow, self.spike, self.suspicion = 0.02, 0.0, 0.0  # and the network calms down
+        for r in self.routers.values():
+            if r.node is None:
+                self._ev_restart(r.rid)
+            elif r.frozen_until is not None:
+                self._ev_thaw(r.rid, r.inc)
+        self._detect_all(self.now)
+
+    def describe(self) -> str:
+        lines = [f"seed {self.seed}: {self.profile} fault_every={self.rate}s stats={self.stats}"]
+        for r in self.routers.values():
+            node = r.node
+            if node is None:
+                lines.append(f"  {r.inc}: down")
+            else:
+                lines.append(f"  {r.inc}: {node.status.name} life={node.life} coord={node.coordinator} "
+                             f"lead={node.lead.name} ballot={node.ballot} promised={node.promised} "
+                             f"next={node.next_slot}/{node.next_num} pending={sorted(node.pending)}")
+        return "\n".join(lines + ["  last events:"] + [f"    {t}" for t in self.trace])

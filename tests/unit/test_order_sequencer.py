@@ -1,0 +1,519 @@
+"""Unit and property tests of `router.order.sequencer` on a network the test moves by hand.
+
+`Net` holds one FIFO channel per ordered pair; nothing moves unless the test delivers it, so a test
+can hold a message back, lose it, or let a router die with its vote still on the way. Every delivery
+and every `Numbered` is checked against one global number -> gid map as it happens.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from collections import defaultdict, deque
+from dataclasses import asdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from router.order.sequencer import (
+    Accept,
+    Accepted,
+    Body,
+    CvQuery,
+    Delivered,
+    Entry,
+    Nack,
+    Numbered,
+    Prepare,
+    Promise,
+    Request,
+    SendTo,
+    SequencerNode,
+    Status,
+    UnknownMember,
+    Unresolved,
+    Wire,
+)
+
+
+class Net:
+    def __init__(self, ids: str) -> None:
+        self.ids = list(ids)
+        self.nodes: dict[str, SequencerNode | None] = {
+            r: SequencerNode(r, self.ids, f"{r}.0", 0.0, bootstrap=True) for r in ids}
+        self.lives = dict.fromkeys(ids, 0)
+        self.chan: dict[tuple[str, str], deque[Wire]] = defaultdict(deque)
+        self.committed: dict[int, str] = {}
+        self.numbers: dict[str, int] = {}
+        self.delivered: dict[str, list[tuple[int, str]]] = defaultdict(list)  # by incarnation
+        self.told: dict[str, int] = {}
+        self.bodies: set[type] = set()
+        self.unresolved: list[tuple[str, str]] = []
+        self.collect()
+
+    def node(self, r: str) -> SequencerNode:
+        n = self.nodes[r]
+        assert n is not None, f"{r} is down"
+        return n
+
+    def inc(self, r: str) -> str:
+        return f"{r}.{self.lives[r]}"
+
+    def _commit(self, n: int, gid: str) -> None:
+        assert self.committed.setdefault(n, gid) == gid, f"number {n}: {self.committed[n]} and {gid}"
+        assert self.numbers.setdefault(gid, n) == n, f"gid {gid}: {self.numbers[gid]} and {n}"
+
+    def collect(self) -> None:
+        for r, node in self.nodes.items():
+            if node is None:
+                continue
+            out, node.out = node.out, []
+            for a in out:
+                if isinstance(a, SendTo):
+                    json.dumps(asdict(a.msg))  # plain data all the way down
+                    self.bodies.add(type(a.msg.body))
+                    self.chan[(r, a.to)].append(a.msg)
+                elif isinstance(a, Delivered):
+                    self._commit(a.n, a.gid)
+                    seq = self.delivered[self.inc(r)]
+                    assert not seq or a.n == seq[-1][0] + 1, f"{self.inc(r)} delivered {a.n} after {seq[-1]}"
+                    seq.append((a.n, a.gid))
+                elif isinstance(a, Numbered):
+                    self._commit(a.n, a.gid)
+                    self.told[a.gid] = a.n
+                elif isinstance(a, Unresolved):
+                    self.unresolved.append((self.inc(r), a.gid))
+
+    def step(self, src: str, dst: str, now: float = 1.0) -> type:
+        """Deliver the head of the channel src -> dst; return the type of its body."""
+        wire = self.chan[(src, dst)].popleft()
+        self.node(dst).handle(src, wire, now)
+        self.collect()
+        return type(wire.body)
+
+    def drop(self, src: str | None = None, dst: str | None = None) -> None:
+        for (a, b), q in self.chan.items():
+            if src in (None, a) and dst in (None, b):
+                q.clear()
+
+    def tick(self, r: str, now: float) -> None:
+        self.node(r).tick(now)
+        self.collect()
+
+    def submit(self, r: str, gid: str, now: float = 1.0) -> None:
+        self.node(r).submit(gid, now)
+        self.collect()
+
+    def crash(self, r: str) -> None:
+        self.nodes[r] = None
+        self.drop(dst=r)  # what was on the way to it is lost; what it sent still arrives
+
+    def restart(self, r: str, now: float) -> None:
+        self.lives[r] += 1
+        self.nodes[r] = SequencerNode(r, self.ids, self.inc(r), now)
+        self.collect()
+
+    def view(self, *groups: str, now: float = 1.0) -> None:
+        """Each router believes exactly the routers of its own group alive."""
+        for g in groups:
+            for a in g:
+                for b in self.ids:
+                    if a != b and self.nodes[a] is not None:
+                        (self.node(a).peer_up if b in g else self.node(a).peer_down)(b, now)
+        self.collect()
+
+    def flush(self, among: str, now: float, hold: bool = False) -> None:
+        """Deliver everything between routers of `among`; what crosses out is lost, or held."""
+        moved = True
+        while moved:
+            moved = False
+            for (a, b), q in list(self.chan.items()):
+                if not q:
+                    continue
+                if a in among and b in among and self.nodes[b] is not None:
+                    self.step(a, b, now)
+                    moved = True
+                elif not hold:
+                    q.clear()
+
+    def run(self, among: str, t0: float, t1: float, dt: float = 0.05, hold: bool = False) -> float:
+        t = t0
+        while t < t1:
+            for r in among:
+                if self.nodes[r] is not None:
+                    self.node(r).tick(t)
+            self.collect()
+            self.flush(among, t, hold)
+            t += dt
+        return t
+
+
+def settled(ids: str = "ABC") -> tuple[Net, float]:
+    net = Net(ids)
+    net.view(ids)
+    return net, net.run(ids, 0.0, 3.0)
+
+
+# ---------------------------------------------------------------------- plain data, happy path
+def test_every_message_is_plain_data() -> None:
+    net, t = settled("ABCDE")
+    for k, r in enumerate("ABCDE"):
+        net.submit(r, f"g{k}", t)
+    net.node("A").handle("B", Wire(0, (0,) * 5, Accept((0, 1, 0), Entry(1, (0, 1, 0), 1, ("x",)))), t)
+    net.collect()  # a Nack
+    net.crash("C")
+    net.restart("C", t)
+    net.view("ABCDE")
+    net.run("ABCDE", t, t + 3.0)
+    assert set(typing.get_args(Body)) == net.bodies  # every kind went through json.dumps
+
+
+def test_bully_elects_the_highest_live_router_and_again_when_it_dies() -> None:
+    net, t = settled("ABCD")
+    assert {net.node(r).coordinator for r in "ABCD"} == {"D"} and net.node("D").leading
+    net.crash("D")
+    net.view("ABC", now=t)
+    net.run("ABC", t, t + 3.0)
+    assert {net.node(r).coordinator for r in "ABC"} == {"C"} and net.node("C").leading
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ABC"), st.integers(0, 7)), min_size=1, max_size=20))
+def test_numbers_run_1_2_3_everywhere_and_a_resent_gid_keeps_its_number(subs: list[tuple[str, int]]) -> None:
+    net, t = settled()
+    for r, g in subs:
+        net.submit(r, f"g{g}", t)
+        t = net.run("ABC", t, t + 0.1)
+    t = net.run("ABC", t, t + 2.0)
+    gids = {f"g{g}" for _, g in subs}
+    assert sorted(net.committed) == list(range(1, len(gids) + 1))
+    assert set(net.committed.values()) == gids
+    for r in "ABC":
+        assert [n for n, _ in net.delivered[net.inc(r)]] == list(range(1, len(gids) + 1))
+    assert net.told.keys() == gids  # every submitter learned its number (one number per gid: _commit)
+
+
+def test_unknown_sender_is_refused() -> None:
+    node = SequencerNode("A", "ABC", "A.0", 0.0, bootstrap=True)
+    with pytest.raises(UnknownMember):
+        node.handle("Z", Wire(0, (0, 0, 0), Request("g", 1)), 0.0)
+
+
+# ---------------------------------------------------------------------- acceptor rules
+ballots = st.tuples(st.integers(1, 4), st.integers(1, 2), st.just(0))
+ops = st.lists(st.one_of(
+    st.tuples(st.just("prepare"), ballots, st.integers(1, 3)),
+    st.tuples(st.just("accept"), ballots, st.integers(1, 3))), max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops)
+def test_acceptor_promises_only_upward_and_reports_what_it_accepted(steps: list[tuple[str, tuple[int, int, int], int]]) -> None:
+    node = SequencerNode("A", "ABC", "A.0", 0.0, bootstrap=True)
+    promised = node.promised
+    accepted: dict[int, Entry] = {}
+    for kind, ballot, slot in steps:
+        node.out.clear()
+        frm = "ABC"[ballot[1]]
+        entry = Entry(slot, ballot, slot, (f"{ballot}{slot}",))
+        body: Body = Prepare(ballot, slot) if kind == "prepare" else Accept(ballot, entry)
+        node.handle(frm, Wire(0, (0, 0, 0), body), 1.0)
+        (reply,) = [a.msg.body for a in node.out if isinstance(a, SendTo) and a.to == frm]
+        if ballot < promised:
+            assert reply == Nack(ballot, promised)
+            continue
+        promised = ballot
+        if isinstance(body, Prepare):
+            assert isinstance(reply, Promise) and reply.ballot == ballot
+            assert reply.accepted == tuple(accepted[s] for s in sorted(accepted) if s >= slot)
+        else:
+            assert reply == Accepted(ballot, slot, 1)
+            accepted[slot] = entry
+        assert node.promised == promised
+
+
+# ---------------------------------------------------------------------- amnesia
+def test_a_restarted_router_votes_only_after_k_others_answered() -> None:
+    net, t = settled("ABCDE")
+    net.crash("A")
+    net.restart("A", t)
+    a = net.node("A")
+    for o in "BCDE":
+        a.peer_up(o, t)  # recovered, it will ask for an election rather than lead at once
+    net.chan[("E", "A")].append(Wire(0, (0,) * 5, Prepare((9, 4, 0), 1)))
+    assert net.step("E", "A") is Prepare
+    assert [type(w.body) for w in net.chan[("A", "E")]] == [CvQuery]  # it did not answer the PREPARE
+    for r in "BC":
+        net.step("A", r)
+        net.step(r, "A")
+    assert a.status is Status.LEARN_LIFE  # two of the four others: K = 3 for N = 5
+    net.step("A", "D")
+    net.step("D", "A")
+    assert a.status is Status.RECOVER and a.life == 1
+    for r in "BCD":
+        net.step("A", r)
+    promised = max(net.node(r).promised for r in "BCD")
+    for r in "BC":
+        net.step(r, "A")
+    assert a.status is Status.RECOVER
+    net.step("D", "A")
+    assert a.status is Status.NORMAL and a.promised == promised
+    old = Wire(0, (0,) * 5, Prepare((20, 0, 0), 1))  # from A's previous life, late
+    net.node("B").handle("A", old, t)
+    assert not net.node("B").out and net.node("B").promised < (20, 0, 0)
+
+
+def _leader_e_with_a_and_d(net: Net) -> None:
+    net.drop()
+    net.tick("E", 1.0)  # E asks again for ballot (1, E, 0)
+    net.drop("E", "B")
+    net.drop("E", "C")
+    for r in "AD":
+        assert net.step("E", r) is Prepare and net.step(r, "E") is Promise
+    assert net.node("E").leading
+    net.submit("E", "v")
+    net.drop("E", "B")
+    net.drop("E", "C")
+
+
+def _recover_from(net: Net, r: str, others: str, now: float) -> None:
+    net.restart(r, now)
+    for o in others:
+        net.node(r).peer_up(o, now)  # so that, recovered, it asks for an election instead of leading
+    for _ in range(2):  # CvQuery, then Recover
+        for o in others:
+            net.step(r, o, now)
+        for o in others:
+            net.step(o, r, now)
+    assert net.node(r).status is Status.NORMAL
+
+
+def test_an_old_lifes_vote_no_longer_counts_once_its_new_life_is_known() -> None:
+    """N = 5. A(old) accepted v for leader E and died, its ACCEPTED still on the way. A(new) recovered
+    from B, C, D before D saw v; D's ACCEPTED then carries A's new life. E must not commit v with
+    {E, D, A(old)}: B, C and A(new) know nothing of v and may commit w in slot 1.
+
+        E --Accept v--> A(old), D        A(old) --Accepted--> E (late)
+        A(new) <--recovers from-- B, C, D          D --Accepted (knows A.1)--> E
+    """
+    net = Net("ABCDE")
+    _leader_e_with_a_and_d(net)
+    assert net.step("E", "A") is Accept
+    net.crash("A")
+    _recover_from(net, "A", "BCD", 2.0)
+    assert net.step("E", "D", 2.0) is Accept
+    assert net.step("A", "E", 2.0) is Accepted  # A's old vote arrives first ...
+    assert net.step("D", "E", 2.0) is Accepted  # ... then D's, which tells E of A's new life
+    assert 1 not in net.committed
+    net.view("ABC", now=2.0)
+    net.submit("C", "w", 2.0)
+    net.run("ABC", 2.0, 6.0)
+    assert net.committed == {1: "w"}
+
+
+def test_a_restarted_router_keeps_the_promise_its_old_life_made() -> None:
+    """N = 3, B and C cut apart. C led at ballot 1, B then won A's promise at ballot 2 and A accepted
+    w from B. A restarts: it must promise ballot 2 again, or C's late ACCEPT of v at ballot 1 gets A's
+    vote (v committed) and B's ACCEPT of w too (w committed in the same slot)."""
+    net = Net("ABC")
+    net.drop()
+    net.tick("C", 1.0)
+    assert net.step("C", "A") is Prepare and net.step("A", "C") is Promise and net.node("C").leading
+    net.tick("B", 1.0)
+    assert net.step("B", "A") is Prepare and net.step("A", "B") is Nack
+    net.tick("B", 1.4)  # ballot (2, B, 0)
+    assert net.step("B", "A") is Prepare and net.step("A", "B") is Promise and net.node("B").leading
+    net.submit("B", "w", 1.5)
+    assert net.step("B", "A") is Accept
+    net.submit("C", "v", 1.5)
+    net.drop("A")
+    net.drop("B", "C")
+    net.drop("C")
+    net.crash("A")
+    _recover_from(net, "A", "BC", 2.0)
+    assert net.node("A").promised == net.node("B").ballot
+    net.drop("A")
+    net.tick("C", 2.0)  # C resends ACCEPT v at ballot 1 to A
+    net.drop("C", "B")
+    net.step("C", "A", 2.0)
+    net.step("A", "C", 2.0)
+    net.tick("B", 2.0)  # B resends ACCEPT w at ballot 2 to A
+    net.drop("B", "C")
+    net.step("B", "A", 2.0)
+    net.step("A", "B", 2.0)
+    assert net.committed == {1: "w"}
+
+
+def test_a_restarted_router_takes_over_what_its_peers_accepted() -> None:
+    """N = 5. E committed v with {E, D, A(old)}; A(new) recovered from B, C, D (D had accepted v).
+    Then D and E are cut off: the new leader C, with A(new) and B, must learn v from A(new)."""
+    net = Net("ABCDE")
+    _leader_e_with_a_and_d(net)
+    assert net.step("E", "A") is Accept and net.step("E", "D") is Accept
+    net.crash("A")
+    _recover_from(net, "A", "BCD", 2.0)
+    assert net.step("A", "E", 2.0) is Accepted and net.step("D", "E", 2.0) is Accepted
+    assert net.committed == {1: "v"}  # counted before anyone knew of A's new life: legitimately
+    net.view("ABC", now=2.0)
+    net.submit("C", "w", 2.0)
+    net.run("ABC", 2.0, 6.0)
+    assert net.committed == {1: "v", 2: "w"}
+
+
+# ---------------------------------------------------------------------- partitions, compaction
+def test_the_minority_side_commits_nothing_and_catches_up_after_healing() -> None:
+    net, t = settled("ABCDE")
+    net.view("ABC", "DE", now=t)
+    net.submit("A", "majority", t)
+    net.submit("D", "minority", t)
+    t = net.run("ABC", t, t + 3.0)
+    t = net.run("DE", t, t + 3.0)
+    assert net.committed == {1: "majority"} and net.node("E").coordinator == "E"
+    assert not net.delivered[net.inc("D")] and not net.delivered[net.inc("E")]
+    net.view("ABCDE", now=t)
+    net.run("ABCDE", t, t + 3.0)
+    assert net.committed == {1: "majority", 2: "minority"}
+    for r in "ABCDE":
+        assert net.delivered[net.inc(r)] == [(1, "majority"), (2, "minority")]
+
+
+def test_compaction_drops_what_everyone_delivered_and_late_requests_from_behind_it() -> None:
+    net, t = settled()
+    for k in range(6):
+        net.submit("ABC"[k % 3], f"g{k}", t)
+        t = net.run("ABC", t, t + 0.2)
+    t = net.run("ABC", t, t + 1.5)  # heartbeats spread the stable mark
+    c = net.node("C")
+    assert c.leading and c.stable == c.next_slot
+    for r in "ABC":
+        net.node(r).compact(4)
+    assert c.base > 1 and "g0" not in c.numbers and "g5" in c.numbers
+    assert all(e.first + len(e.gids) - 1 > 4 for e in c.chosen.values())
+    net.submit("A", "g5", t)  # still retained: the same number
+    assert net.told["g5"] == net.numbers["g5"]
+    late = Wire(0, (0, 0, 0), Request("g0", 1))  # sent before A learned g0's number, delayed
+    c.handle("A", late, t)
+    net.run("ABC", t, t + 1.0)
+    assert net.numbers["g0"] == 1 and len(net.committed) == 6
+
+
+def test_a_router_restarted_past_compacted_history_hands_back_what_it_held() -> None:
+    """A's new life takes g0 (already numbered, then compacted everywhere: its publisher had been
+    told) and g9 (new) while recovering; peers answer from a compacted base, so A cannot tell whether
+    either was numbered in the history it skipped. It hands both back instead of numbering g0 twice;
+    resubmitted (g9's publisher still in doubt), g9 gets a number."""
+    net, t = settled()
+    for k in range(4):
+        net.submit("C", f"g{k}", t)
+        t = net.run("ABC", t, t + 0.3)
+    t = net.run("ABC", t, t + 1.5)
+    for r in "BC":
+        net.node(r).compact(3)
+    net.crash("A")
+    net.restart("A", t)
+    net.submit("A", "g0", t)
+    net.submit("A", "g9", t)
+    t = net.run("ABC", t, t + 1.0)
+    assert net.node("A").status is Status.NORMAL and net.node("A").base > 1
+    assert net.unresolved == [("A.1", "g0"), ("A.1", "g9")] and "g9" not in net.numbers
+    net.submit("A", "g9", t)
+    net.run("ABC", t, t + 1.0)
+    assert net.numbers == {"g0": 1, "g1": 2, "g2": 3, "g3": 4, "g9": 5} and net.told["g9"] == 5
+
+
+# ---------------------------------------------------------------------- random schedules
+class RandomSchedules(RuleBasedStateMachine):
+    """N = 3..5 routers; any interleaving of single deliveries, losses, ticks, submissions, wrong
+    beliefs, crashes (within the assumption) and stretches where only some routers run together
+    (a partition): never two numbers for a gid or two gids for a number, never a gap, committed
+    entries agree everywhere; once everything heals and runs, all is numbered and delivered."""
+
+    @initialize(n=st.integers(3, 5))
+    def start(self, n: int) -> None:
+        self.ids = "ABCDE"[:n]
+        self.net = Net(self.ids)
+        self.net.view(self.ids)
+        self.t = 0.0
+        self.gids: set[str] = set()
+
+    def _id(self, k: int) -> str:
+        return self.ids[k % len(self.ids)]
+
+    @rule(src=st.integers(0, 4), dst=st.integers(0, 4), n=st.integers(1, 4))
+    def deliver(self, src: int, dst: int, n: int) -> None:
+        a, b = self._id(src), self._id(dst)
+        for _ in range(n):
+            if a != b and self.net.chan[(a, b)] and self.net.nodes[b] is not None:
+                self.net.step(a, b, self.t)
+
+    @rule(src=st.integers(0, 4), dst=st.integers(0, 4))
+    def lose(self, src: int, dst: int) -> None:
+        self.net.drop(self._id(src), self._id(dst))
+
+    @rule(r=st.integers(0, 4), dt=st.floats(0.01, 0.6))
+    def tick(self, r: int, dt: float) -> None:
+        self.t += dt
+        if self.net.nodes[self._id(r)] is not None:
+            self.net.tick(self._id(r), self.t)
+
+    @rule(mask=st.integers(1, 31), dt=st.floats(0.1, 1.5))
+    def run_together(self, mask: int, dt: float) -> None:
+        group = "".join(r for i, r in enumerate(self.ids) if mask >> i & 1 and self.net.nodes[r] is not None)
+        if group:
+            self.net.view(group, now=self.t)
+            self.t = self.net.run(group, self.t, self.t + dt, hold=True)  # the rest may arrive late
+
+    @rule(r=st.integers(0, 4), gs=st.lists(st.integers(0, 30), min_size=1, max_size=6))
+    def submit(self, r: int, gs: list[int]) -> None:
+        for g in gs:
+            if self.net.nodes[self._id(r)] is not None:
+                self.gids.add(f"g{g}")
+                self.net.submit(self._id(r), f"g{g}", self.t)
+
+    @rule(a=st.integers(0, 4), b=st.integers(0, 4), up=st.booleans())
+    def believe(self, a: int, b: int, up: bool) -> None:
+        node = self.net.nodes[self._id(a)]
+        if self._id(a) != self._id(b) and node is not None:
+            (node.peer_up if up else node.peer_down)(self._id(b), self.t)
+            self.net.collect()
+
+    @precondition(lambda self: sum(n is None or n.status is not Status.NORMAL for n in self.net.nodes.values())
+                  < len(self.ids) - (len(self.ids) // 2 + 1))
+    @rule(r=st.integers(0, 4))
+    def crash_and_restart(self, r: int) -> None:
+        self.net.crash(self._id(r))
+        self.net.restart(self._id(r), self.t)
+
+    @invariant()
+    def committed_slots_agree(self) -> None:
+        """Stronger than the deliveries (which Net checks as they happen): every committed entry
+        any router holds, delivered or not, agrees with every other router's and with the numbers."""
+        seen: dict[int, tuple[int, tuple[str, ...]]] = {}
+        for node in self.net.nodes.values():
+            for slot, e in (node.chosen.items() if node is not None else ()):
+                assert seen.setdefault(slot, (e.first, e.gids)) == (e.first, e.gids), f"slot {slot}"
+                for k, g in enumerate(e.gids):
+                    assert self.net.committed.get(e.first + k, g) == g
+
+    def teardown(self) -> None:
+        net = getattr(self, "net", None)
+        if net is None:
+            return
+        net.view(self.ids, now=self.t)
+        for k, g in enumerate(sorted(self.gids)):  # clients resend what they were not told
+            if g not in net.told:
+                net.submit(self._id(k), g, self.t)
+        net.run(self.ids, self.t, self.t + 6.0)
+        assert set(net.committed.values()) == self.gids
+        assert sorted(net.committed) == list(range(1, len(self.gids) + 1))
+        for r in self.ids:
+            node = net.node(r)
+            assert node.status is Status.NORMAL and node.next_num == len(self.gids) + 1
+            assert node.coordinator == max(self.ids)
+
+
+TestRandomSchedules = RandomSchedules.TestCase
+TestRandomSchedules.settings = settings(max_examples=100, stateful_step_count=80, deadline=None,
+                                        suppress_health_check=[HealthCheck.too_slow])
