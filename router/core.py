@@ -143,7 +143,7 @@ class SubRuntime:
     """Delivery-side state of one subscription homed here."""
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
-                 "notify", "arrived_at", "fifo_sent", "fifo_acc")
+                 "notify", "arrived_at", "fifo_sent", "fifo_acc", "resend")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
@@ -160,6 +160,9 @@ class SubRuntime:
         # latest accepted: an earlier message that comes only now is not handed after it
         self.fifo_sent: dict[str, int] = {}
         self.fifo_acc: dict[str, int] = {}
+        # sent on an earlier link and not accepted there: sent again whatever came after it (it was
+        # first sent in order; a client may accept out of order)
+        self.resend: set[str] = set()
 
 
 class PubLink:
@@ -465,6 +468,7 @@ class DeliveryCore:
                 continue
             if st is S.QUEUED or st is S.SENT:  # final elsewhere before it got here: withdrawn
                 rt.owed.pop(gid, None)
+                rt.resend.discard(gid)
             if gid in rt.on_link:
                 rt.on_link.discard(gid)
                 self.out.append(SettleDelivery(sid, gid))
@@ -542,8 +546,10 @@ class DeliveryCore:
                     # count it as accepted so that the final settlement reaches it
                     rec2.owed[sid] = S.ACCEPTED
         rt.final_unnotified.clear()
+        # only a client that hands over in arrival order (ours) presents `handed_last`; what a
+        # client presents as accepted says nothing of order (a client may accept out of order)
         acc = rt.fifo_acc
-        for gid in (*presented_set, *handed_last):
+        for gid in handed_last:
             seq = counter_seq(gid)
             if seq is not None and seq > acc.get(gid[:PLID_LEN], -1):
                 acc[gid[:PLID_LEN]] = seq
@@ -594,6 +600,7 @@ class DeliveryCore:
             rec = self.records.get(gid)
             if rec is not None and rec.owed.get(rt.sid) is S.SENT:
                 rec.owed[rt.sid] = S.QUEUED
+                rt.resend.add(gid)
         rt.on_link.clear()
         rt.queue.clear()
         rt.fifo_sent = dict(rt.fifo_acc)  # what was sent and not accepted is sent again, in order
@@ -653,7 +660,7 @@ class DeliveryCore:
             seq = rec.seq
             if seq is not None:
                 hi = rt.fifo_sent.get(rec.plid, -1)
-                if seq < hi and not redelivery:
+                if seq < hi and not redelivery and not (rt.resend and gid in rt.resend):
                     if late is None:
                         late = []
                     late.append(rec)
@@ -663,6 +670,8 @@ class DeliveryCore:
             rec.owed[sid] = S.SENT
             rt.on_link.add(gid)
             rt.credit -= 1
+            if rt.resend:
+                rt.resend.discard(gid)
             out.append(Deliver(sid, gid, rec.payload, redelivery))
             self.log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
         if parked:
@@ -813,6 +822,8 @@ class DeliveryCore:
         rt = self.subs.get(sid)
         if rt is not None:
             rt.owed.pop(rec.gid, None)
+            if rt.resend:
+                rt.resend.discard(rec.gid)
         else:
             pend = self.remote_pending.get(sid)
             if pend is not None:

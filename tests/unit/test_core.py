@@ -568,3 +568,36 @@ def test_origin_chains_each_message_to_the_latest_earlier_one_not_final() -> Non
     assert h.core.records[g3].preds == (g1,)
     assert h.core.records[g2].preds == (g1,)
     assert list(h.core.chain[PL]) == [g1, g2, g3]
+
+
+def test_a_client_that_accepts_out_of_order_gets_the_earlier_message_again_after_a_resume() -> None:
+    """Found by the stateful model: m1 accepted, m0 (sent before it) not; after the link dropped,
+    m0 is sent again although a later message was accepted (it was first sent in order)."""
+    h = Harness()
+    s1, link, _ = h.sub("a", credit=0)
+    h.attach_pub()
+    _, m0, _ = h.publish(counter_tag(0))
+    _, m1, _ = h.publish(counter_tag(1))
+    h.core.subscriber_credit(s1, 2)
+    assert delivered(h.take()) == [(s1, m0), (s1, m1)]
+    h.outcome(s1, m1, Outcome.ACCEPTED)
+    h.core.detach_subscriber(link, s1, False, h.now)
+    h.take()
+    _, _, acts = h.sub("a", presented=[m1])
+    assert delivered(acts) == [(s1, m0)]
+
+
+def test_only_a_handed_last_makes_a_fresh_earlier_message_late() -> None:
+    """After a restart of the router the publisher resends m0; a client that presents m1 as
+    accepted may have accepted out of order: m0 is handed. One that says it was handed m1
+    (`handed_last`: it hands in arrival order) was not owed m0: it ends for it."""
+    for last, expect_delivered in (((), True), ((global_id(PL, counter_tag(1)),), False)):
+        h = Harness()
+        m0, m1 = global_id(PL, counter_tag(0)), global_id(PL, counter_tag(1))
+        sid = subscription_id("c", "a", "t")
+        h.core.attach_subscriber(object(), sid, "t", "c", "a", 60.0, True, [m1], h.now, None, last)
+        h.core.subscriber_credit(sid, 10)
+        h.take()
+        h.attach_pub(in_doubt=[counter_tag(0)])
+        _, _, acts = h.publish(counter_tag(0))
+        assert (delivered(acts) == [(sid, m0)]) is expect_delivered
