@@ -84,8 +84,7 @@ class MeshNode:
         self._holds: dict[str, list[str]] = {}
         self._queries: dict[str, list[str]] = {}
         self.awaiting: dict[int, str] = {}  # gossip request -> sid whose ATTACH waits for it
-        self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0, "stale_probes": 0,
-                      "finals_ignored": 0}
+        self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0, "stale_probes": 0}
         self.lsdb.set_neighbours({})
 
     # ------------------------------------------------------------------ connections
@@ -167,8 +166,7 @@ class MeshNode:
                 core.handle_ack(gid, sid, state, err, now)
         elif t is Finals:
             for gid in msg.gids:  # type: ignore[union-attr]
-                if not core.handle_final(gid, now):
-                    self.stats["finals_ignored"] += 1
+                if not core.handle_final(gid, now):  # counted in the core's stats (finals_ignored)
                     log.warning("mesh.final_ignored from=%s gid=%s: its publisher's delivery is open here",
                                 msg.src, gid)  # type: ignore[union-attr]
         elif t is Probes:

@@ -143,7 +143,7 @@ class SubRuntime:
     """Delivery-side state of one subscription homed here."""
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
-                 "notify", "arrived_at", "fifo_sent", "fifo_acc", "resend")
+                 "notify", "arrived_at", "fifo_hi", "resend")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
@@ -156,12 +156,11 @@ class SubRuntime:
         self.final_unnotified: set[str] = set()  # accepted on an earlier link, final since
         self.notify: list[str] = []  # final ids to report on the current link
         self.arrived_at = 0.0  # when it came (back) here from elsewhere (0: it never left)
-        # FIFO: per publisher link, the latest seq sent on the current link or accepted, and the
-        # latest accepted: an earlier message that comes only now is not handed after it
-        self.fifo_sent: dict[str, int] = {}
-        self.fifo_acc: dict[str, int] = {}
-        # sent on an earlier link and not accepted there: sent again whatever came after it (it was
-        # first sent in order; a client may accept out of order)
+        # FIFO: per publisher link, the latest seq sent to it here (or handed, as its client says):
+        # an earlier message sent for the first time only now would be handed after it
+        self.fifo_hi: dict[str, int] = {}
+        # sent on an earlier link and not accepted there: sent again whatever was sent after it (it
+        # was first sent in order; a client may accept out of order)
         self.resend: set[str] = set()
 
 
@@ -548,12 +547,11 @@ class DeliveryCore:
         rt.final_unnotified.clear()
         # only a client that hands over in arrival order (ours) presents `handed_last`; what a
         # client presents as accepted says nothing of order (a client may accept out of order)
-        acc = rt.fifo_acc
+        hi = rt.fifo_hi
         for gid in handed_last:
             seq = counter_seq(gid)
-            if seq is not None and seq > acc.get(gid[:PLID_LEN], -1):
-                acc[gid[:PLID_LEN]] = seq
-        rt.fifo_sent = dict(acc)
+            if seq is not None and seq > hi.get(gid[:PLID_LEN], -1):
+                hi[gid[:PLID_LEN]] = seq
         rt.queue = deque(rt.owed)
         self.out.append(Announce(sid))
         return resumed
@@ -603,7 +601,6 @@ class DeliveryCore:
                 rt.resend.add(gid)
         rt.on_link.clear()
         rt.queue.clear()
-        rt.fifo_sent = dict(rt.fifo_acc)  # what was sent and not accepted is sent again, in order
 
     def _end(self, sid: str, now: float, reason: str) -> None:
         """End a subscription homed here (unsubscribe, not durable, expiry)."""
@@ -659,14 +656,14 @@ class DeliveryCore:
             redelivery = bool(rec.redeliveries and sid in rec.redeliveries)
             seq = rec.seq
             if seq is not None:
-                hi = rt.fifo_sent.get(rec.plid, -1)
+                hi = rt.fifo_hi.get(rec.plid, -1)
                 if seq < hi and not redelivery and not (rt.resend and gid in rt.resend):
                     if late is None:
                         late = []
                     late.append(rec)
                     continue
                 if seq > hi:
-                    rt.fifo_sent[rec.plid] = seq
+                    rt.fifo_hi[rec.plid] = seq
             rec.owed[sid] = S.SENT
             rt.on_link.add(gid)
             rt.credit -= 1
@@ -787,8 +784,6 @@ class DeliveryCore:
         if rec is None:
             return  # already resolved (e.g. presented on resume, or a duplicate disposition)
         if outcome is Outcome.ACCEPTED:
-            if rec.seq is not None and rec.seq > rt.fifo_acc.get(rec.plid, -1):
-                rt.fifo_acc[rec.plid] = rec.seq
             self._resolve(rec, sid, S.ACCEPTED, None, now, None)
         elif outcome is Outcome.REJECTED:
             self._resolve(rec, sid, S.REJECTED, error, now, None)
@@ -1383,4 +1378,5 @@ class DeliveryCore:
             "active_subscriptions": sum(1 for s in live if s.state is SubState.ACTIVE),
             "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
             "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.awaited),
+            "finals_ignored": self.stats_final_ignored,
         }
