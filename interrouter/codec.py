@@ -2,6 +2,7 @@
 
     data frame:     b"D" | u16 header length | header (JSON) | payload (the message, untouched)
     control frame:  b"C" | JSON array of messages, each [kind, field...]
+                    (an Order's sequencer message: `ordercodec`)
 
 A transit router reads only the short header of a data frame and slices the payload out without
 copying its contents into anything else. Unknown message kinds are skipped (forward compatibility);
@@ -23,6 +24,7 @@ from interrouter.messages import (
     Hello,
     Holds,
     LinkState,
+    Order,
     Probes,
     PubDeclare,
     Queries,
@@ -30,6 +32,7 @@ from interrouter.messages import (
     SubUpdate,
     TableSync,
 )
+from interrouter.ordercodec import wire_from_list, wire_to_list
 
 _HDR = struct.Struct(">H")
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
@@ -92,6 +95,8 @@ def _to_list(m: Control) -> list[Any]:
         return ["HO", m.src, m.dst, m.gids]  # type: ignore[union-attr]
     if t is Queries:
         return ["Q", m.src, m.dst, m.gids]  # type: ignore[union-attr]
+    if t is Order:
+        return ["O", m.src, m.dst, m.topic, wire_to_list(m.wire)]  # type: ignore[union-attr]
     raise TypeError(f"not a control message: {m!r}")
 
 
@@ -121,7 +126,21 @@ def _from_list(x: list[Any]) -> Control | None:
         return Holds(x[1], x[2], list(x[3]))
     if kind == "Q":
         return Queries(x[1], x[2], list(x[3]))
+    if kind == "O":
+        return _order_from_list(x)
     return None  # a kind from a newer version: skipped
+
+
+def _order_from_list(x: list[Any]) -> Order:
+    """Strict, unlike the older kinds: exactly [kind, src, dst, topic, wire], nothing coerced."""
+    if not isinstance(x, list) or len(x) != 5:
+        got = f"{len(x)} fields" if isinstance(x, list) else type(x).__name__
+        raise FrameError(f"malformed order message: expected [kind, src, dst, topic, wire], got {got}")
+    _, src, dst, topic, wire = x
+    for name, v in (("src", src), ("dst", dst), ("topic", topic)):
+        if type(v) is not str:
+            raise FrameError(f"malformed order message: {name}: expected a string, got {type(v).__name__}")
+    return Order(dst, src, topic, wire_from_list(wire))
 
 
 def encode_control(msgs: list[Control]) -> bytes:
@@ -137,5 +156,7 @@ def decode_control(frame: bytes) -> list[Control]:
             if m is not None:
                 out.append(m)
         return out
-    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+    except FrameError:
+        raise
+    except (RecursionError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
         raise FrameError(f"malformed control frame: {exc}") from None

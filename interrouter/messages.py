@@ -1,14 +1,17 @@
 """Messages between routers (wire protocol v1, docs/wire-protocol.md).
 
 Neighbour-only: Hello, Bye. Flooded: LinkState. Routed (src -> dst, hop by hop along the shortest
-paths): SubUpdate, SubAck, TableSync, Acks, Finals, Probes. Data copies travel in their own frames
-(`codec.encode_copy`) so that transit routers can pass the payload on without decoding it.
+paths): SubUpdate, SubAck, TableSync, Acks, Finals, Probes, Queries, PubDeclare, Holds, Order. Data
+copies travel in their own frames (`codec.encode_copy`) so that transit routers can pass the payload
+on without decoding it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from router.order.sequencer import Wire
 
 PROTOCOL_VERSION = 1
 
@@ -138,6 +141,17 @@ class Holds:
 
 
 @dataclass(frozen=True, slots=True)
+class Order:
+    """One message of the total-order sequencer of `topic` (its numbering group), from the group's
+    member `src` to `dst`. Encoded by `interrouter.ordercodec`."""
+
+    dst: str
+    src: str
+    topic: str
+    wire: Wire
+
+
+@dataclass(frozen=True, slots=True)
 class Copy:
     """A message copy: from `origin` (incarnation `inc`), to deliver at each router of `dests` to
     the listed subscriptions. `payload` is the publisher's message, never decoded."""
@@ -152,5 +166,5 @@ class Copy:
 
 
 Control = (Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds
-           | Queries)
-Routed = SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds | Queries
+           | Queries | Order)
+Routed = SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds | Queries | Order

@@ -14,6 +14,7 @@ neighbour (`flush`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from interrouter import codec
@@ -28,6 +29,7 @@ from interrouter.messages import (
     Hello,
     Holds,
     LinkState,
+    Order,
     Probes,
     PubDeclare,
     Queries,
@@ -45,8 +47,12 @@ from router.actions import (
     SendHold,
     SendProbe,
     SendQuery,
+    SubmitOrder,
 )
 from router.core import DeliveryCore
+from router.errors import RemoteProtocolError
+from router.order.sequencer import Delivered, SendTo, SequencerNode, Unresolved
+from router.order.total import parse_start
 from router.subscriptions import SubState
 
 MAX_CONTROL_BATCH = 2000
@@ -56,7 +62,11 @@ log = logging.getLogger("oncemesh.mesh")
 
 class MeshNode:
     def __init__(self, me: str, inc: str, core: DeliveryCore, routers: set[str],
-                 neighbours: dict[str, float], hello_interval: float, dead_after: float, now: float) -> None:
+                 neighbours: dict[str, float], hello_interval: float, dead_after: float, now: float,
+                 sequenced: Iterable[str] = (), bootstrap: bool = True) -> None:
+        """`sequenced`: topics in total order by the sequencer (one numbering group per topic, every
+        router of the topology a member); `bootstrap`: this is the group's first life here (a
+        router restarted with its state directory recovers its part from the others)."""
         self.me = me
         self.inc = inc
         self.core = core
@@ -84,8 +94,15 @@ class MeshNode:
         self._holds: dict[str, list[str]] = {}
         self._queries: dict[str, list[str]] = {}
         self.awaiting: dict[int, str] = {}  # gossip request -> sid whose ATTACH waits for it
-        self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0, "stale_probes": 0}
+        self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0, "stale_probes": 0,
+                      "control_out": 0, "order_out": 0}  # control_out: control messages sent, per hop
         self.lsdb.set_neighbours({})
+        self.seqs = {t: SequencerNode(me, sorted(self.routers), inc, now, bootstrap=bootstrap)
+                     for t in sorted(sequenced)}
+        self._seq_alive: set[str] = set()
+        # subscriptions (homed here) of total-order topics whose ATTACH waits for their start's
+        # number: in force only from there (a message published after the answer is numbered after it)
+        self._await_start: set[str] = set()
 
     # ------------------------------------------------------------------ connections
     def peer_up(self, peer: str, inc: str, now: float) -> None:
@@ -122,6 +139,15 @@ class MeshNode:
         for r in fresh:
             self._route_control(self.gossip.sync_message(r, reach[r]))
         self.core.set_reachable(reach, now)
+        if self.seqs:  # the sequencer's failure detector: who we can reach
+            alive = set(reach) - {self.me}
+            for seq in self.seqs.values():
+                for r in sorted(alive - self._seq_alive):
+                    seq.peer_up(r, now)
+                for r in sorted(self._seq_alive - alive):
+                    seq.peer_down(r, now)
+            self._seq_alive = alive
+            self._drain_order(now)
         self._pump_gossip()
         self._check_ready(now)
         self.view_changed = True
@@ -193,6 +219,19 @@ class MeshNode:
             if old is not None:
                 core.subscription_changed(old, now)
             self._pump_gossip()
+        elif t is Order:
+            seq = self.seqs.get(msg.topic)  # type: ignore[union-attr]
+            if seq is None:
+                self.stats["order_unknown_topic"] = self.stats.get("order_unknown_topic", 0) + 1
+                log.warning("mesh.order_unknown_topic from=%s topic=%s: not in total order here (topology "
+                            "files differ?)", msg.src, msg.topic)  # type: ignore[union-attr]
+                return
+            try:
+                seq.handle(msg.src, msg.wire, now)  # type: ignore[union-attr]
+            except RemoteProtocolError as exc:
+                self.stats["order_refused"] = self.stats.get("order_refused", 0) + 1
+                log.error("mesh.order_refused from=%s topic=%s error=%s", msg.src, msg.topic, exc)  # type: ignore[union-attr]
+            self._drain_order(now)
         elif t is SubAck:
             self.gossip.handle_ack(msg)  # type: ignore[arg-type]
             self._pump_gossip()
@@ -246,6 +285,7 @@ class MeshNode:
         control, self._control = self._control, {}
         for hop, msgs in control.items():
             if hop in self.connected:
+                self.stats["control_out"] += len(msgs)
                 for i in range(0, len(msgs), MAX_CONTROL_BATCH):
                     self.sends.append((hop, codec.encode_control(msgs[i:i + MAX_CONTROL_BATCH])))
 
@@ -275,6 +315,40 @@ class MeshNode:
                     self._route_control(PubDeclare(self.me, r, act.plid, list(act.in_doubt), act.mark))
         elif t is Announce:
             self._announce(act.sid)
+        elif t is SubmitOrder:
+            seq = self.seqs.get(act.topic)
+            if seq is not None:
+                life = parse_start(act.key)
+                if life is not None:
+                    self._await_start.add(life[0])
+                seq.submit(act.key, now)
+                self._drain_order(now)
+
+    def _started(self, sid: str, topic: str) -> None:
+        """A start was numbered: the ATTACH that waits for it may be answered, if it is this life's."""
+        sub = self.core.table.get(sid)
+        if sub is None or not sub.live or self.core.total[topic].start_of(sid, sub.created) is None:
+            return  # an earlier life's start
+        self._await_start.discard(sid)
+        if sid not in self.awaiting.values():
+            self.attach_done.append((sid, None))
+
+    def _drain_order(self, now: float) -> None:
+        """The sequencers' outputs: messages to other routers, numbers for the delivery core."""
+        for topic, seq in self.seqs.items():
+            while seq.out:
+                out, seq.out = seq.out, []
+                for a in out:
+                    if type(a) is SendTo:
+                        self._route_control(Order(a.to, self.me, topic, a.msg))
+                        self.stats["order_out"] += 1
+                    elif type(a) is Delivered:
+                        self.core.ordered(topic, a.n, a.gid, now)
+                        life = parse_start(a.gid) if self._await_start else None
+                        if life is not None and life[0] in self._await_start:
+                            self._started(life[0], topic)
+                    elif type(a) is Unresolved and a.gid in self.core.records:
+                        seq.submit(a.gid, now)  # it restarted past compacted history: ask again
 
     def _announce(self, sid: str) -> None:
         sub = self.core.table.get(sid)
@@ -294,8 +368,8 @@ class MeshNode:
         self._pump_gossip()
 
     def attach_pending(self, sid: str) -> bool:
-        """Does the ATTACH of `sid` still wait for acknowledgements?"""
-        return sid in self.awaiting.values()
+        """Does the ATTACH of `sid` still wait for acknowledgements (or for its start's number)?"""
+        return sid in self.awaiting.values() or sid in self._await_start
 
     def _pump_gossip(self) -> None:
         for msg in self.gossip.out:
@@ -308,7 +382,8 @@ class MeshNode:
                 for msg in self.gossip.out:
                     self._route_control(msg)
                 self.gossip.out.clear()
-            if sid is not None:
+            if sid is not None and (p.refused is not None or sid not in self._await_start):
+                self._await_start.discard(sid)
                 self.attach_done.append((sid, p.refused))
 
     def _check_ready(self, now: float) -> None:
@@ -346,6 +421,10 @@ class MeshNode:
         if dead:
             self._neighbours_changed(now)
         self._check_ready(now)
+        for seq in self.seqs.values():
+            seq.tick(now)
+        if self.seqs:
+            self._drain_order(now)
         self.core.tick(now, may_expire=self.may_expire())
 
     # ------------------------------------------------------------------ status
@@ -360,4 +439,8 @@ class MeshNode:
             "ready": self.ready,
             "mesh": {**self.stats, "pending_attaches": len(self.gossip.pending),
                      "synced": dict(self.gossip.synced), "reachable": dict(routes.reachable)},
+            "order": {t: {"algorithm": "sequencer", "sequencer": seq.coordinator, "leading": seq.leading,
+                          "state": seq.status.name.lower(), "numbered": self.core.total[t].top
+                          if t in self.core.total else 0}
+                      for t, seq in self.seqs.items()},
         }

@@ -166,5 +166,14 @@ class DetachLink:
     description: str
 
 
+@dataclass(slots=True)
+class SubmitOrder:
+    """Have `key` (a gid, or a subscription's start) numbered in the total order of `topic`."""
+
+    topic: str
+    key: str
+
+
 Action = (Deliver | SettleDelivery | NotifyFinal | SendOutcome | SettlePublisher | GrantCredit | Forward
-          | SendAck | SendFinal | SendProbe | Announce | DetachLink | DeclarePublisher | SendHold | SendQuery)
+          | SendAck | SendFinal | SendProbe | Announce | DetachLink | DeclarePublisher | SendHold | SendQuery
+          | SubmitOrder)

@@ -508,14 +508,21 @@ class Settings:
     credit: int = 1000
     timeout: float = 120.0
     router_settings: dict[str, Any] = field(default_factory=dict)
+    order: str = "fifo"  # the order of the run's topics on a topology: fifo | total (sequencer)
 
 
-def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | None) -> Server:
+def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | None,
+                  topics: list[str] | None = None) -> Server:
     if case.kind == "router":
         return SingleRouter(workdir / "router", cfg.router_settings)
     if case.kind == "mesh":
         assert case.topology is not None
-        return MeshServer(case.topology, workdir / "mesh")
+        topo = case.topology
+        if cfg.order != "fifo" and topics:
+            from topology.load import with_topic_order
+
+            topo = with_topic_order(topo, topics, cfg.order, workdir / f"{Path(topo).stem}-{cfg.order}.toml")
+        return MeshServer(topo, workdir / "mesh")
     if case.kind == "container":
         return ContainerRelay(workdir)
     if case.kind == "rabbitmq":
@@ -552,7 +559,7 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
     uniq = f"{tag}-{os.getpid()}"
     owned = server is None and case.kind != "rabbitmq"
     if server is None:
-        server = _start_server(case, wd, cfg, rabbit)
+        server = _start_server(case, wd, cfg, rabbit, [f"{t}-{uniq}" for t in set(case.pub_topics)])
     procs: list[Proc] = []
     try:
         common = ["--mode", case.mode or cfg.mode, "--timeout", str(cfg.timeout)]
@@ -581,6 +588,7 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
             procs.append(p)
             pubs.append((p, ready, result))
         pub_info = _wait_files([(p, r) for p, r, _ in pubs], 60, "publishers")
+        wire0 = _mesh_counters(server, time.time())
         spids = server.pids()
         cpu0 = {pid: safe_cpu(pid) for pid in spids}
         t0 = time.monotonic()
@@ -602,13 +610,41 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
         for i, r in enumerate(pres):
             sub_ats = [a for a, t in zip(case.sub_at, case.sub_topics, strict=True) if t == case.pub_topics[i]]
             hop_msgs += int(r.get("outcomes", 0)) * (server.hops(case.pub_at[i], sub_ats) if sub_ats else 1)
-        return _summarise(case, pres, sres, pub_info, sub_info, cpu, peak, wall, hop_msgs, prof)
+        summary = _summarise(case, pres, sres, pub_info, sub_info, cpu, peak, wall, hop_msgs, prof)
+        wire1 = _mesh_counters(server, time.time())
+        if wire0 is not None and wire1 is not None and summary["published"]:
+            n = summary["published"]
+            summary["wire_per_msg"] = {k: round((wire1[k] - wire0[k]) / n, 2) for k in wire1}
+        return summary
     finally:
         for p in procs:
             with contextlib.suppress(Exception):
                 p.stop(5)
         if owned:
             server.stop()
+
+
+def _mesh_counters(server: Server, after: float, timeout: float = 3.0) -> dict[str, int] | None:
+    """Inter-router traffic so far, summed over the routers of a mesh: data copies and control
+    messages sent (per hop), and of these the sequencer's; from status files written after `after`
+    (they are refreshed about every second). None for other servers, or when a status is late."""
+    if not isinstance(server, MeshServer):
+        return None
+    deadline = time.monotonic() + timeout
+    while True:
+        infos = [server.mesh._read_ready(r) or {} for r in sorted(server._status)]
+        if all(float(i.get("updated", 0.0)) > after for i in infos):
+            break
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(POLL)
+    total = {"copies": 0, "control": 0, "order": 0}
+    for i in infos:
+        m = i.get("mesh", {})
+        total["copies"] += int(m.get("copies_out", 0))
+        total["control"] += int(m.get("control_out", 0))
+        total["order"] += int(m.get("order_out", 0))
+    return total
 
 
 def _summarise(case: Case, pres: list[dict[str, Any]], sres: list[dict[str, Any]],
@@ -739,9 +775,19 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for k in ("p50", "p99", "p999", "max"):
         vals = [r["latency_ms"][k] for r in good if r.get("latency_ms", {}).get(k) is not None]
         out["latency_ms"][k] = round(statistics.median(vals), 3) if vals else None
+    wires = [r["wire_per_msg"] for r in good if r.get("wire_per_msg")]
+    if wires:  # inter-router messages per published message (a mesh)
+        out["wire_per_msg"] = {k: round(statistics.median(w[k] for w in wires), 2) for k in wires[0]}
     out["ok_runs"] = sum(1 for r in runs if r.get("ok"))
     out["runs"] = len(runs)
     return out
+
+
+def _wire_text(w: dict[str, float] | None) -> str:
+    """Inter-router messages per published message: copies + control (of which the sequencer's)."""
+    if not w:
+        return "-"
+    return f"{w['copies'] + w['control']:.1f} ({w['copies']:.1f}+{w['control']:.1f}, seq {w['order']:.1f})"
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -1013,7 +1059,8 @@ def format_report(rep: dict[str, Any]) -> str:
     m = rep["machine"]
     amount = f"{sc['count']} messages per publisher" if sc["count"] else f"{sc['duration']:g} s per run"
     lines = [f"oncemesh bench: {sc['mode']}, {sc['size']}-byte messages, {amount}, median of {rep['repeat']} "
-             f"(cases interleaved in each round)",
+             f"(cases interleaved in each round)" + (f", topics in {sc['order']} order" if sc.get("order") and
+                                                    sc["order"] != "fifo" else ""),
              f"machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, Proton {m['proton']}, "
              f"Linux {m['kernel']}" + (f", RabbitMQ {m['rabbitmq']}" if m.get("rabbitmq") else "")
              + f"; load at start {m['loadavg_at_start']}" + (f"; code {m['commit']}" if m.get("commit") else ""),
@@ -1021,7 +1068,7 @@ def format_report(rep: dict[str, Any]) -> str:
     for note in rep.get("notes", []):
         lines.append(f"note: {note}")
     head = ["case", "published msg/s", "delivered msg/s/sub", "server CPU-us/msg/hop", "server CPU %",
-            "peak RSS MB", "pub / sub CPU-us/msg", "ok"]
+            "peak RSS MB", "pub / sub CPU-us/msg", "wire msgs/msg", "ok"]
 
     def rows_of(section: dict[str, Any]) -> list[list[str]]:
         rows = [head]
@@ -1032,7 +1079,7 @@ def format_report(rep: dict[str, Any]) -> str:
                          _fmt(md["server_cpu_util"] * 100 if md["server_cpu_util"] is not None else None),
                          _fmt(md["server_peak_rss_kb"] / 1024 if md["server_peak_rss_kb"] else None, 1),
                          f"{_fmt(md['pub_cpu_us_per_msg'], 1)} / {_fmt(md['sub_cpu_us_per_msg'], 1)}",
-                         f"{md['ok_runs']}/{md['runs']}"])
+                         _wire_text(md.get("wire_per_msg")), f"{md['ok_runs']}/{md['runs']}"])
         return rows
 
     if rep["throughput"]:
@@ -1127,6 +1174,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--warmup", type=float, default=0.5, help="seconds excluded from rates and latency")
     p.add_argument("--window", type=int, default=1000, help="publisher: max messages without outcome")
     p.add_argument("--credit", type=int, default=1000, help="subscriber link credit")
+    p.add_argument("--order", choices=("fifo", "total"), default="fifo",
+                   help="with --topology: the order of the run's topics (total: by the sequencer; "
+                        "default fifo)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="router setting for the single-router cases (repeatable; a topology brings its own)")
     p.add_argument("--scale-out", action="store_true", help="also: 1, 2, 4 routers in a full mesh, and the "
@@ -1156,7 +1206,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = dict(kv.split("=", 1) for kv in args.set)
     cfg = Settings(mode=args.mode, size=args.size, duration=0.0 if args.count else args.duration,
                    count=args.count, warmup=args.warmup, window=args.window, credit=args.credit,
-                   router_settings=settings)
+                   router_settings=settings, order=args.order)
     fd = raise_fd_limit()
     with _workdir(args.workdir) as workdir:
         cases, lat_cases, notes = throughput_cases(args) if not args.no_main else ([], [], [])
@@ -1165,6 +1215,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "scenario": {"mode": args.mode, "size": args.size, "duration": cfg.duration, "count": cfg.count,
                          "rate": args.rate, "latency_rate": args.latency_rate, "publishers": args.publishers,
                          "subscribers": args.subscribers, "topology": str(args.topology) if args.topology else None,
+                         "order": args.order,
                          "warmup": args.warmup, "window": args.window, "credit": args.credit,
                          "router_settings": settings, "fd_limit": fd[0]},
             "notes": notes, "throughput": {}, "latency": {}, "ratios": {}}

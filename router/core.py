@@ -69,8 +69,10 @@ from router.actions import (
     SettleDelivery,
     SettlePublisher,
     SizeCount,
+    SubmitOrder,
 )
 from router.ids import PLID_LEN, counter_seq, global_id, plid_of
+from router.order.total import TotalStream, parse_start, start_key
 from router.subscriptions import Subscription, SubscriptionTable, SubState
 
 
@@ -102,12 +104,15 @@ class CoreConfig:
     stale_wait: float = 0.5  # a record whose publisher left asks the mesh this long before handing it over
     final_memory: float = 300.0  # seconds a router remembers a final gid (late copies and presenters)
     final_notify_batch: int = 256
+    # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
+    # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
+    total_topics: frozenset[str] = frozenset()
 
 
 class Record:
     __slots__ = ("gid", "topic", "payload", "plid", "pubs", "owed", "pending", "outcome", "error",
                  "pub_settled", "created", "decided", "redeliveries", "rejected_by", "origin", "origins",
-                 "fwd", "holders", "probed", "held", "sent_at", "asked_at", "listed", "preds", "seq")
+                 "fwd", "holders", "probed", "held", "sent_at", "asked_at", "listed", "preds", "seq", "tnum")
 
     def __init__(self, gid: str, topic: str, payload: bytes, now: float) -> None:
         self.gid = gid
@@ -137,13 +142,14 @@ class Record:
         # there (the latest of them, one per origin): no subscription is handed it before them
         self.preds: tuple[str, ...] = ()
         self.seq = counter_seq(gid)  # its place in its publisher's order (None: not a counter tag)
+        self.tnum: int | None = None  # total order: its number in its topic, once learned here
 
 
 class SubRuntime:
     """Delivery-side state of one subscription homed here."""
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
-                 "notify", "arrived_at", "fifo_hi", "resend")
+                 "notify", "arrived_at", "fifo_hi", "resend", "tnext", "thanded", "thanded_ids")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
@@ -162,6 +168,11 @@ class SubRuntime:
         # sent on an earlier link and not accepted there: sent again whatever was sent after it (it
         # was first sent in order; a client may accept out of order)
         self.resend: set[str] = set()
+        # total order: the next number of its topic to hand it (None: from its start), and the
+        # highest number its client says it was handed (our clients present `handed-last`)
+        self.tnext: int | None = None
+        self.thanded = 0
+        self.thanded_ids: tuple[str, ...] = ()  # presented handed-last ids whose numbers we must learn first
 
 
 class PubLink:
@@ -192,6 +203,10 @@ def declared_settled(in_doubt: set[str], mark: int | None, gid: str) -> bool:
         return True
     seq = counter_seq(gid)
     return seq is not None and seq < mark
+
+
+def _tnum_key(rec: Record | None) -> float:
+    return rec.tnum if rec is not None and rec.tnum is not None else math.inf
 
 
 class DeliveryCore:
@@ -227,6 +242,10 @@ class DeliveryCore:
         self.log: list[tuple[Any, ...]] = []  # settlement-log events: (ev, gid, topic, sid, info)
         self._now = 0.0  # the latest time we were given (stamps copies sent from untimed calls)
         self.mesh_size = 1  # routers in the topology (the mesh layer sets it): 1 = standalone
+        # total order: per topic, the numbering learned so far
+        self.total: dict[str, TotalStream] = {t: TotalStream() for t in self.cfg.total_topics}
+        self.stats_total_held = 0  # times a delivery waited for an earlier number of its topic
+        self.stats_total_late = 0  # handed after a later number (it came only after that was handed)
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
@@ -342,8 +361,12 @@ class DeliveryCore:
                 self.remote_pending.setdefault(sid, {})[gid] = rec
                 remote = True
         self.log.append(("received", gid, topic, None, SizeCount((len(payload), len(rec.owed)))))
+        if self.total and topic in self.total:
+            self._number(rec, now)  # may add or end parts, and decide it
+            if rec.outcome is not None:
+                return rec
         if rec.pending == 0:
-            self._decide(rec, now)
+            self._decide(rec, now)  # (a total-order record waits for its number)
             return rec
         if remote:
             self._route(rec, force=False)
@@ -376,6 +399,10 @@ class DeliveryCore:
                     self._pump(rt)
             else:
                 self.remote_pending.setdefault(sub.sid, {})[rec.gid] = rec
+        if self.total and rec.topic in self.total:
+            self._number(rec, now)
+            if rec.outcome is not None:
+                return
         if rec.pending == 0:
             self._decide(rec, now)
         else:
@@ -383,6 +410,8 @@ class DeliveryCore:
 
     # ================================================================ outcomes
     def _decide(self, rec: Record, now: float) -> None:
+        if rec.tnum is None and rec.origin is None and self.total and rec.topic in self.total:
+            return  # its number may make it owed to more subscriptions: decided once numbered
         if rec.origin is not None:  # a destination record: our local subscriptions are done
             rec.decided = now
             self.inflight_bytes -= len(rec.payload)
@@ -507,6 +536,7 @@ class DeliveryCore:
         sub, resumed = self.table.attach(sid, topic, container, link_name, expiry, self.router_id, now,
                                          min_epoch=epoch or 0)
         rt = self.subs.get(sid)
+        fresh = rt is None
         if rt is None:
             rt = self.subs[sid] = SubRuntime(sid)
         if was_remote:
@@ -547,12 +577,24 @@ class DeliveryCore:
         rt.final_unnotified.clear()
         # only a client that hands over in arrival order (ours) presents `handed_last`; what a
         # client presents as accepted says nothing of order (a client may accept out of order)
+        handed_last = tuple(handed_last)
         hi = rt.fifo_hi
         for gid in handed_last:
             seq = counter_seq(gid)
             if seq is not None and seq > hi.get(gid[:PLID_LEN], -1):
                 hi[gid[:PLID_LEN]] = seq
         rt.queue = deque(rt.owed)
+        ts = self.total.get(topic) if self.total else None
+        if ts is not None:
+            if ts.start_of(sid, sub.created) is None:
+                self.out.append(SubmitOrder(topic, start_key(sid, sub.created)))  # (again after a restart)
+            rt.thanded_ids = handed_last  # numbered: this router learns them all (a restarted one again)
+            if resumed and (fresh or was_remote or stale_view):
+                # what it was handed elsewhere: our clients say (handed-last); others do not, and
+                # then it goes on from the lowest number held here for it
+                rt.tnext = None if capable else 0
+            owed = rt.owed
+            rt.queue = deque(sorted(rt.queue, key=lambda g: _tnum_key(owed.get(g))))
         self.out.append(Announce(sid))
         return resumed
 
@@ -642,20 +684,23 @@ class DeliveryCore:
         sid = rt.sid
         parked: list[str] | None = None
         late: list[Record] | None = None
+        ttopic = self._total_topic(sid) if self.total else None
         while q and rt.credit > 0:
             gid = q.popleft()
             rec = rt.owed.get(gid)
             if rec is None or rec.owed.get(sid) is not S.QUEUED:
                 continue
+            redelivery = bool(rec.redeliveries and sid in rec.redeliveries)
+            if ttopic is not None and not self._total_ready(rec, rt, redelivery):
+                continue  # not its turn: handed by number when it is (below), not kept in the queue
             if (rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt)) \
-                    or (rec.preds and not self._fifo_ready(rec, sid)):
+                    or (ttopic is None and rec.preds and not self._fifo_ready(rec, sid)):
                 if parked is None:
                     parked = []
                 parked.append(gid)
                 continue
-            redelivery = bool(rec.redeliveries and sid in rec.redeliveries)
             seq = rec.seq
-            if seq is not None:
+            if seq is not None and ttopic is None:
                 hi = rt.fifo_hi.get(rec.plid, -1)
                 if seq < hi and not redelivery and not (rt.resend and gid in rt.resend):
                     if late is None:
@@ -664,13 +709,7 @@ class DeliveryCore:
                     continue
                 if seq > hi:
                     rt.fifo_hi[rec.plid] = seq
-            rec.owed[sid] = S.SENT
-            rt.on_link.add(gid)
-            rt.credit -= 1
-            if rt.resend:
-                rt.resend.discard(gid)
-            out.append(Deliver(sid, gid, rec.payload, redelivery))
-            self.log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
+            self._send(rt, rec, redelivery)
         if parked:
             q.extendleft(reversed(parked))  # kept in order; tick() pumps again
         if late:
@@ -680,6 +719,35 @@ class DeliveryCore:
             # later one back). Handing it now would break FIFO: it ends for this subscription.
             for rec in late:
                 self._resolve(rec, sid, S.ENDED, None, self._now, "fifo: a later message was handed first")
+        if ttopic is not None:
+            # total order: hand the next numbers by looking them up (what waits is not rescanned)
+            seq_of = self.total[ttopic].seq
+            while rt.credit > 0:
+                nxt = self._total_next(rt, ttopic)
+                if nxt is None:
+                    break
+                rec = rt.owed.get(seq_of.get(nxt, ""))
+                if rec is None or rec.owed.get(sid) is not S.QUEUED:
+                    break
+                if rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt):
+                    q.append(rec.gid)  # asked about; tick() pumps again
+                    break
+                self._send(rt, rec, bool(rec.redeliveries and sid in rec.redeliveries))
+
+    def _send(self, rt: SubRuntime, rec: Record, redelivery: bool) -> None:
+        gid = rec.gid
+        rec.owed[rt.sid] = S.SENT
+        rt.on_link.add(gid)
+        rt.credit -= 1
+        if rt.resend:
+            rt.resend.discard(gid)
+        self.out.append(Deliver(rt.sid, gid, rec.payload, redelivery))
+        self.log.append(("delivered", gid, rec.topic, rt.sid, "redelivery" if redelivery else None))
+
+    def _total_topic(self, sid: str) -> str | None:
+        """The topic of subscription `sid` if it is in total order."""
+        sub = self.table.get(sid)
+        return sub.topic if sub is not None and sub.topic in self.total else None
 
     def _chain(self, rec: Record) -> None:
         """A record of ours (we are its origin): its predecessor is the latest earlier message of
@@ -706,6 +774,148 @@ class DeliveryCore:
             self.chain[rec.plid] = dict(sorted(chain.items(), key=lambda kv: kv[1]))
         if pred is not None and pred not in rec.preds:
             rec.preds = (*rec.preds, pred)
+
+    # ================================================================ total order
+    def ordered(self, topic: str, n: int, key: str, now: float) -> None:
+        """The sequencer's number `n` of `topic` is `key` (a gid or a subscription's start). Numbers
+        come in order, 1, 2, 3, ... (again from 1 after this router restarts: known ones are ignored)."""
+        self._now = now
+        ts = self.total.get(topic)
+        if ts is None or not ts.learn(n, key):
+            return
+        if parse_start(key) is None:
+            rec = self.records.get(key)
+            if rec is not None and rec.tnum is None:
+                rec.tnum = n
+                self._total_owed(rec, now)
+        me = self.router_id
+        for sub in self.table.live_for_topic(topic):
+            if sub.home == me:
+                rt = self.subs.get(sub.sid)
+                if rt is not None and rt.link is not None and rt.credit > 0:
+                    self._pump(rt)
+
+    def _number(self, rec: Record, now: float) -> None:
+        """A record of ours (origin) in a total-order topic: apply its number, or ask for one."""
+        if rec.tnum is None:
+            rec.tnum = self.total[rec.topic].num.get(rec.gid)
+        if rec.tnum is None:
+            self.out.append(SubmitOrder(rec.topic, rec.gid))  # a resend keeps its number
+        else:
+            self._total_owed(rec, now)
+
+    def _total_owed(self, rec: Record, now: float) -> None:
+        """`rec` has its number: it is owed to exactly the subscriptions (lives) started before it in
+        the order. An origin adds the parts its table did not have when the message came; origin and
+        destination end the parts of subscriptions started after it (both decide alike)."""
+        ts = self.total[rec.topic]
+        n = rec.tnum
+        assert n is not None
+        me = self.router_id
+        gid = rec.gid
+        if rec.origin is None:
+            remote = False
+            for sub in self.table.live_for_topic(rec.topic):
+                sid = sub.sid
+                if sid in rec.owed or not ts.owed(n, sid, sub.created):
+                    continue
+                rec.owed[sid] = S.QUEUED
+                rec.pending += 1
+                if sub.home == me:
+                    rt = self.subs.get(sid)
+                    if rt is None:
+                        rt = self.subs[sid] = SubRuntime(sid)
+                    rt.owed[gid] = rec
+                    if rt.link is not None:
+                        rt.queue.append(gid)
+                else:
+                    self.remote_pending.setdefault(sid, {})[gid] = rec
+                    remote = True
+            if remote and rec.payload:
+                self._route(rec, force=False)
+        for sid, st in list(rec.owed.items()):
+            if st is not S.QUEUED:
+                continue
+            entry = self.table.get(sid)
+            if entry is None or not entry.live or (rec.origin is not None and entry.home != me):
+                continue
+            if not ts.owed(n, sid, entry.created):
+                self._resolve(rec, sid, S.ENDED, None, now, "total: subscribed after it in the order")
+        if rec.origin is None and rec.outcome is None and rec.pending == 0 and gid in self.records:
+            self._decide(rec, now)
+
+    def _total_ready(self, rec: Record, rt: SubRuntime, redelivery: bool) -> bool:
+        """May `rt` be handed `rec` (a total-order topic) now? Only the next number of the topic owed
+        to it; one it was handed before (sent again) or one that came only after a later one was
+        handed (it is owed: it is handed, and counted as late) goes at once."""
+        n = rec.tnum
+        if n is None:
+            self.stats_total_held += 1
+            return False
+        nxt = self._total_next(rt, rec.topic)
+        if nxt is None or n > nxt:
+            self.stats_total_held += 1
+            return False
+        if n < nxt and not redelivery and not (rt.resend and rec.gid in rt.resend):
+            self.stats_total_late += 1
+            self.log.append(("total_late", rec.gid, rec.topic, rt.sid, {"number": n, "next": nxt}))
+        return True
+
+    def _total_next(self, rt: SubRuntime, topic: str) -> int | None:
+        """The lowest number of `topic` not yet handed to `rt` (nor resolved for it) that it may be
+        owed: it waits for that message's copy, or for its FINAL (then it was resolved for `rt`
+        elsewhere, or not owed to it). None: its start is not numbered yet."""
+        ts = self.total[topic]
+        sid = rt.sid
+        if rt.thanded_ids:  # what its client says it was handed: go on after the highest of them
+            nums = [ts.num.get(g) for g in rt.thanded_ids]
+            if None in nums:
+                return None  # not learned yet (this router restarted and is catching up)
+            rt.thanded = max(rt.thanded, *(n for n in nums if n is not None))
+            rt.thanded_ids = ()
+            if rt.tnext is not None and 0 < rt.tnext <= rt.thanded:
+                rt.tnext = rt.thanded + 1
+        p = rt.tnext
+        if p is None or p == 0:
+            sub = self.table.get(sid)
+            s = ts.start_of(sid, sub.created) if sub is not None else None
+            if s is None:
+                return None
+            if p == 0:  # moved or resumed without telling what it was handed: from what is held here
+                held = [r.tnum for r in rt.owed.values() if r.tnum is not None and r.owed.get(sid) is S.QUEUED]
+                if not held:
+                    return None
+                p = max(min(held), s + 1)
+            else:
+                p = max(s + 1, rt.thanded + 1)
+        seq = ts.seq
+        records = self.records
+        while True:
+            key = seq.get(p)
+            if key is None:
+                break
+            if key[0] == "~":  # a subscription's start
+                p += 1
+                continue
+            r = records.get(key)
+            if r is not None:
+                st = r.owed.get(sid)
+                if st is S.QUEUED:
+                    break
+                if st is not None:
+                    p += 1
+                    continue
+            elif key in self.recent_final:
+                p += 1
+                continue
+            # owed to it and not here (yet): its copy is on the way, or it was resolved for it
+            # elsewhere (it moved); its FINAL tells
+            if self._await(key):
+                p += 1
+                continue
+            break
+        rt.tnext = p
+        return p
 
     def _fifo_ready(self, rec: Record, sid: str) -> bool:
         """May `sid` be handed `rec` now? Only once each predecessor is resolved for it here: sent
@@ -874,11 +1084,20 @@ class DeliveryCore:
         if preds:  # every origin's predecessors count (each saw its own part of the publisher's order)
             rec.preds = preds if not rec.preds else tuple(dict.fromkeys(rec.preds + preds))
         self._absorb_placeholders(rec)
+        ts = self.total.get(topic) if self.total else None
+        if ts is not None and rec.tnum is None:
+            rec.tnum = ts.num.get(gid)
         new_pending = False
         for sid in sids:
             sub = table.get(sid)
             if not self._local(sub):
                 continue  # it moved away: the origin re-routes it by its own table
+            assert sub is not None
+            if ts is not None and rec.tnum is not None and rec.owed.get(sid) is None \
+                    and not ts.owed(rec.tnum, sid, sub.created):
+                # started after it in the order: not owed (its origin decides alike)
+                self.out.append(SendAck(origin, gid, sid, int(S.ENDED), None))
+                continue
             if rec.origin is None:  # ours too: `origin` (driving it) confirms it is owed here
                 if rec.listed is None:
                     rec.listed = {}
@@ -1336,7 +1555,7 @@ class DeliveryCore:
                 break
             del self.recent_final[gid]
         for rt in self.subs.values():  # deliveries parked while we asked about them
-            if rt.link is not None and rt.credit > 0 and rt.queue:
+            if rt.link is not None and rt.credit > 0 and (rt.queue or (self.total and self._total_topic(rt.sid))):
                 self._pump(rt)
         # copies whose destination never confirmed them (lost with a connection that broke without
         # changing who is reachable): send them again
@@ -1379,4 +1598,5 @@ class DeliveryCore:
             "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
             "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.awaited),
             "finals_ignored": self.stats_final_ignored,
+            "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
         }

@@ -290,6 +290,21 @@ class LogSummary:
                                 f"e.g. {reversals[:3]}")
         return problems
 
+    def check_total(self, subs: Iterable[str]) -> list[str]:
+        """Problems (empty when fine): every two subscriptions were handed the messages they both
+        got in the same order (a topic in total order)."""
+        orders = {sub: [g for _, _, g in sorted(self.hand_order.get(sub, []))] for sub in subs}
+        problems = []
+        names = sorted(orders)
+        for i, a in enumerate(names):
+            pos = {g: k for k, g in enumerate(orders[a])}
+            for b in names[i + 1:]:
+                common = [g for g in orders[b] if g in pos]
+                bad = [(x, y) for x, y in zip(common, common[1:], strict=False) if pos[x] > pos[y]]
+                if bad:
+                    problems.append(f"{a} and {b} were handed {len(bad)} pairs in opposite orders, e.g. {bad[:3]}")
+        return problems
+
     def check_exactly_once(self, subs: Iterable[str], gids: Iterable[str] | None = None) -> list[str]:
         """Problems (empty when fine): each gid published handed exactly once to each sub."""
         problems = []

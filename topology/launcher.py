@@ -48,7 +48,7 @@ from typing import Any
 import networkx as nx
 
 from topology.load import TopologyError, load_topology, parse_topology
-from topology.model import LinkSpec, Topology
+from topology.model import LinkSpec, Order, Topology, TotalOrder
 from topology.proxy import Mode, ProxyHub, ProxyStats
 
 DEFAULT_STATE_DIR = Path("oncemesh-state")
@@ -97,6 +97,7 @@ class RouterStatus:
     peers: tuple[str, ...] = ()
     converged: bool = False
     started: float | None = None  # wall-clock time the launcher started it
+    order: dict[str, Any] | None = None  # per total-order topic: its sequencer as this router sees it
 
     @property
     def alive(self) -> bool:
@@ -305,7 +306,7 @@ class Mesh:
             router_id, RouterState.FROZEN if proc.state in ("T", "t") else RouterState.RUNNING, pid,
             url=ready.get("url"), listen=ready.get("listen"), inter_router=ready.get("inter_router"),
             incarnation=ready.get("incarnation"), peers=tuple(sorted(ready.get("peers", ()))),
-            converged=bool(ready.get("converged")), started=started)
+            converged=bool(ready.get("converged")), started=started, order=ready.get("order") or None)
 
     def _ids(self, st: dict[str, Any]) -> list[str]:
         """The topology's routers, and any other this state dir started that still runs (e.g. one
@@ -804,9 +805,30 @@ def describe(topo: Topology) -> str:
     for link in topo.links:
         out.append(f"  link {link}: cost {link.cost:g}, {topo.dialer(link.a, link.b)} dials")
     for name, t in sorted(topo.topics.items()):
-        extra = t.total or t.causal_group
-        out.append(f"  topic {name}: order {t.order}" + (f" ({extra})" if extra else "")
-                   + (" - not enforced yet: routers give it per-publisher FIFO" if t.order.value != "fifo" else ""))
+        out.append(f"  topic {name}: {_order_text(t)}")
+    return "\n".join(out)
+
+
+def _order_text(t: Any) -> str:
+    extra = t.total or t.causal_group
+    text = f"order {t.order}" + (f" ({extra})" if extra else "")
+    if t.order is Order.TOTAL and t.total is TotalOrder.SEQUENCER or t.order is Order.FIFO:
+        return text
+    return text + " - not enforced yet: routers give it per-publisher FIFO"
+
+
+def format_topics(topo: Topology, statuses: list[RouterStatus]) -> str:
+    """The topics of the topology with their order, and for a total-order topic the sequencer the
+    running routers see and how many numbers they learned (for `oncemesh status`)."""
+    out = []
+    for name, t in sorted(topo.topics.items()):
+        line = f"topic {name}: {_order_text(t)}"
+        seen = [s.order[name] for s in statuses if s.order and name in s.order]
+        if seen:
+            leaders = sorted({str(o.get("sequencer")) for o in seen if o.get("sequencer")})
+            line += (f"; sequencer {', '.join(leaders) or 'being elected'}, "
+                     f"numbered {max(int(o.get('numbered', 0)) for o in seen)}")
+        out.append(line)
     return "\n".join(out)
 
 
@@ -866,6 +888,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(",".join(mesh.urls()))
     else:
         print(format_table(statuses))
+        topics = format_topics(mesh.topology, statuses)
+        if topics:
+            print(topics)
     return 0 if all(s.alive for s in statuses) else 1
 
 

@@ -656,3 +656,20 @@ class _LineIndex:
         else:  # number, boolean, date/time: runs to a delimiter
             while self._peek() not in (",", "]", "}", "\n", "#", ""):
                 self._advance()
+
+
+def with_topic_order(path: str | Path, topics: Iterable[str], order: str, dest: Path) -> Path:
+    """A copy of topology file `path` at `dest` where `topics` have `order` ("fifo", "total" for the
+    sequencer, "lamport", "causal"), for benchmarks and measurements that pick topic names at run
+    time. Checked like any topology file; a topic the file already lists is an error."""
+    text = Path(path).read_text()
+    extra = {"fifo": 'order = "fifo"', "total": 'order = "total"\ntotal = "sequencer"',
+             "lamport": 'order = "total"\ntotal = "lamport"', "causal": 'order = "causal"'}.get(order)
+    if extra is None:
+        raise ValueError(f"unknown order {order!r} (fifo, total, lamport, causal)")
+    sections = "".join(f'\n[topics."{t}"]\n{extra}\n' for t in sorted(set(topics)))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text.rstrip("\n") + "\n" + sections)
+    load_topology(dest)  # raises TopologyError for a duplicate topic or a bad name
+    return dest
+

@@ -341,6 +341,7 @@ class SequencerNode:
         j = self.idx.get(frm)
         if j is None or frm == self.me:
             raise UnknownMember(f"order message from {frm!r}, not a peer in {self.members}")
+        self._check(frm, msg)
         if 0 <= msg.life < self.cv[j]:
             return  # an older incarnation of frm
         for x, life in enumerate(msg.cv):
@@ -455,6 +456,25 @@ class SequencerNode:
     @property
     def leading(self) -> bool:
         return self.lead is Lead.LEADING
+
+    def _check(self, frm: str, msg: Wire) -> None:
+        """What the codec cannot know: the sizes of this group. A crash vector of another length, or
+        a ballot naming a member index that does not exist (only the null ballot has -1), is refused
+        (a peer with another topology file, or a bug), never used as an index."""
+        n = len(self.members)
+        if len(msg.cv) != n:
+            raise RemoteProtocolError(f"order message from {frm!r}: crash vector of {len(msg.cv)} members, "
+                                      f"this group has {n} ({', '.join(self.members)})")
+        body = msg.body
+        ballots = [getattr(body, f) for f in ("ballot", "promised") if hasattr(body, f)]
+        entries = [*getattr(body, "chosen", ()), *getattr(body, "accepted", ()), *getattr(body, "entries", ())]
+        if hasattr(body, "entry"):
+            entries.append(body.entry)
+        ballots += [e.ballot for e in entries]
+        for b in ballots:
+            if not (0 <= b[1] < n or b == NO_BALLOT):
+                raise RemoteProtocolError(f"order message from {frm!r}: ballot {b} names member {b[1]}, "
+                                          f"this group has {n}")
 
     # ------------------------------------------------------------------ recovery
     def _recover_send(self, now: float) -> None:

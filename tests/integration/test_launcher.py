@@ -253,7 +253,8 @@ def test_cli_up_check_describes_a_valid_topology_and_starts_nothing(tmp_path: Pa
     assert r.returncode == 0, r.stderr
     assert "mesh 'mesh4': 4 router(s), 6 link(s), connected" in r.stdout
     assert "link A–D: cost 5, A dials" in r.stdout and "topic orders: order total (sequencer)" in r.stdout
-    assert "not enforced yet" in r.stdout  # causal and total are not implemented: it says so
+    assert "topic orders: order total (sequencer)\n" in r.stdout + "\n"  # enforced
+    assert "topic inventory: order causal (shop) - not enforced yet" in r.stdout  # not implemented: it says so
     assert not (tmp_path / "mesh").exists()
 
 

@@ -121,6 +121,7 @@ class SimRouter:
         self.pub_links: dict[Token, SimPublisher] = {}
         self.awaiting: dict[str, tuple[Token, SimSubscriber, bool]] = {}
         self.late: list[Callable[[], None]] = []  # client disconnects it will notice when it thaws
+        self.started_before = False  # a restart recovers its part of the sequencer group
 
     def start(self) -> None:
         sim = self.sim
@@ -130,7 +131,9 @@ class SimRouter:
             table.restore(self.snapshot, sim.now)
         self.core = DeliveryCore(self.id, table, sim.core_cfg)
         self.node = MeshNode(self.id, str(self.incarnation), self.core, set(sim.routers), self.neighbours,
-                             HELLO, DEAD_AFTER, sim.now)
+                             HELLO, DEAD_AFTER, sim.now, sequenced=(TOPIC,) if sim.total else (),
+                             bootstrap=not self.started_before)
+        self.started_before = True
         self.alive = True
         self.frozen = False
         self.sub_links.clear()
@@ -355,7 +358,7 @@ class Faults:
 
 class Simulation:
     def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
-                 faults: Faults | None = None, duration: float = 20.0) -> None:
+                 faults: Faults | None = None, duration: float = 20.0, total: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 1000.0
@@ -363,8 +366,11 @@ class Simulation:
         self.seq = 0
         self.faults = faults or Faults()
         self.duration = duration
+        self.total = total  # the topic is in total order (sequencer) instead of FIFO
         self.core_cfg = CoreConfig(max_inflight_messages=200, link_credit=20, probe_after=1.0,
-                                   placeholder_horizon=1e9, orphan_horizon=1e9)
+                                   placeholder_horizon=1e9, orphan_horizon=1e9,
+                                   total_topics=frozenset({TOPIC}) if total else frozenset())
+        self.sequence: dict[str, list[str]] = {}  # sid -> gids in the order handed to its application
         self.routers: dict[str, SimRouter] = {}
         for r in sorted(graph.nodes):
             self.routers[r] = SimRouter(self, r, {n: float(graph[r][n].get("cost", 1)) for n in graph.neighbors(r)})
@@ -448,7 +454,7 @@ class Simulation:
         names = sorted(self.routers)
         if self.faults.kill and r < 0.04:
             victim = self.routers[rng.choice(names)]
-            if victim.alive:
+            if victim.alive and self.may_kill():
                 self.note(f"kill {victim.id}")
                 self.kill(victim)
                 self.schedule(rng.uniform(0.3, 3.0), lambda v=victim: self.restart(v))
@@ -499,6 +505,17 @@ class Simulation:
         for p in self.pubs:
             if p.router is None:
                 self.pub_connect(p)
+
+    def may_kill(self) -> bool:
+        """The sequencer (total order) assumes at most N - (N//2 + 1) routers crashed or recovering
+        at once: more would lose numbers a majority committed (it has no disk), and it stops rather
+        than guess (router/order/sequencer.py, "Amnesia"). Crashes in total-order runs respect that."""
+        if not self.total:
+            return True
+        n = len(self.routers)
+        down = sum(1 for r in self.routers.values()
+                   if not r.alive or any(q.status.name != "NORMAL" for q in r.node.seqs.values()))
+        return down + 1 <= n - (n // 2 + 1)
 
     def kill(self, r: SimRouter) -> None:
         r.alive = False
@@ -645,9 +662,10 @@ class Simulation:
             self.handed[(s.sid, gid)] = self.handed.get((s.sid, gid), 0) + 1
             if self.handed[(s.sid, gid)] > 1:
                 raise Violation(f"{gid} handed twice to {s.name}")
+            self.sequence.setdefault(s.sid, []).append(gid)
             seq = counter_seq(gid)
             last = self.last_seq.get((s.sid, gid[:PLID_LEN]), -1)
-            if seq is not None and seq < last:
+            if seq is not None and seq < last and not self.total:
                 raise Violation(f"FIFO: {gid} (seq {seq}) handed to {s.name} after seq {last} of its publisher")
             self.last_seq[(s.sid, gid[:PLID_LEN])] = max(last, seq if seq is not None else -1)
         rng.shuffle(batch)
@@ -821,6 +839,19 @@ class Simulation:
         for s in self.subs:
             if s.accepted:
                 raise Violation(f"{s.name} never saw {sorted(s.accepted)[:3]} settled")
+        if self.total:
+            self.check_total_order()
+
+    def check_total_order(self) -> None:
+        """Every two subscriptions were handed the messages they both got in the same order."""
+        subs = sorted(self.sequence)
+        for i, a in enumerate(subs):
+            pos = {g: k for k, g in enumerate(self.sequence[a])}
+            for b in subs[i + 1:]:
+                common = [g for g in self.sequence[b] if g in pos]
+                for x, y in zip(common, common[1:], strict=False):
+                    if pos[x] > pos[y]:
+                        raise Violation(f"total order: {b} was handed {x} before {y}, {a} the other way")
 
     def describe(self) -> str:
         return "\n".join(self.log[-60:])

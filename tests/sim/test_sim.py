@@ -28,13 +28,16 @@ def graph(name: str) -> nx.Graph:
     return g
 
 
-def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messages: int = 30) -> Simulation:
-    sim = Simulation(seed, graph(topology), faults=Faults.parse(faults), duration=duration, messages=messages)
+def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messages: int = 30,
+             total: bool = False) -> Simulation:
+    sim = Simulation(seed, graph(topology), faults=Faults.parse(faults), duration=duration, messages=messages,
+                     total=total)
     try:
         sim.run()
     except Violation as exc:
         cmd = (f"pytest tests/sim -k replay --sim-seed {seed} --sim-topology {topology} "
-               f"--sim-faults {faults or 'none'} --sim-duration {duration:g} --sim-messages {messages}")
+               f"--sim-faults {faults or 'none'} --sim-duration {duration:g} --sim-messages {messages}"
+               + (" --sim-total" if total else ""))
         raise AssertionError(f"seed {seed} on {topology} with faults [{faults}]: {exc}\n"
                              f"replay: {cmd}\nlast events:\n{sim.describe()}") from None
     return sim
@@ -58,7 +61,8 @@ def test_replay(pytestconfig: pytest.Config) -> None:
     if seed is None:
         pytest.skip("give --sim-seed N to replay one simulation")
     sim = simulate(int(seed), pytestconfig.getoption("--sim-topology"), pytestconfig.getoption("--sim-faults"),
-                   pytestconfig.getoption("--sim-duration"), pytestconfig.getoption("--sim-messages"))
+                   pytestconfig.getoption("--sim-duration"), pytestconfig.getoption("--sim-messages"),
+                   pytestconfig.getoption("--sim-total"))
     print(sim.describe())
 
 
@@ -69,6 +73,17 @@ def test_mesh_with_faults(pytestconfig: pytest.Config, faults: str) -> None:
     for seed in seeds(pytestconfig, 300):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         simulate(seed, topology, faults, duration=8.0, messages=30)
+
+
+@pytest.mark.parametrize("faults", ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"])
+def test_total_order_with_faults(pytestconfig: pytest.Config, faults: str) -> None:
+    """A topic in total order (sequencer): on top of every promise above, every two subscriptions
+    are handed the messages they both get in the same order, while the sequencer's router dies,
+    freezes or is cut off."""
+    for seed in seeds(pytestconfig, 100):
+        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
+        sim = simulate(seed, topology, faults, duration=8.0, messages=30, total=True)
+        assert sum(len(v) for v in sim.sequence.values()) > 0 or seed > 3
 
 
 @pytest.mark.slow

@@ -1,0 +1,209 @@
+"""The total-order sequencer's messages (`router.order.sequencer.Wire`) as plain values for a control
+frame (`codec`, kind "O"), and back.
+
+    wire   = [life, [cv...], body]
+    body   = [tag, field...]            fields in the dataclass's order, tags in `_BODIES`
+    ballot = [round, member index, life]
+    entry  = [slot, ballot, first, [gid...]]
+
+Encoding trusts our own (typed) values. Decoding trusts nothing: a value of the wrong kind (a bool is
+not an int, a float is not an int), a list of the wrong length, a negative number where none can be,
+or an unknown body tag raises `codec.FrameError` naming the field; nothing else escapes. A decoded
+value encodes back to exactly what was decoded. Whether the values make sense to a group (crash vector
+length, member indexes) is for `SequencerNode.handle` to judge: the codec knows nothing of members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, NoReturn
+
+from router.order.sequencer import (
+    Accept,
+    Accepted,
+    Answer,
+    Ballot,
+    Body,
+    Coordinator,
+    CvQuery,
+    CvReply,
+    Election,
+    Entry,
+    Nack,
+    Prepare,
+    Promise,
+    Recover,
+    RecoverReply,
+    Request,
+    Sync,
+    SyncAck,
+    Wire,
+)
+
+
+def _bad(what: str) -> NoReturn:
+    from interrouter.codec import FrameError  # here, not at the top: codec imports this module
+
+    raise FrameError(f"malformed order message: {what}")
+
+
+def _show(v: object) -> str:
+    """What we got, briefly: garbage may be huge or deeply nested."""
+    if isinstance(v, str):
+        return f"str {v[:40]!r}"
+    if isinstance(v, list | tuple | dict):
+        return f"{type(v).__name__} of {len(v)}"
+    if isinstance(v, int) and v.bit_length() > 64:
+        return f"int of {v.bit_length()} bits"
+    return f"{type(v).__name__} {v!r:.40}"
+
+
+# ---------------------------------------------------------------------- decoding, field by field
+
+
+def _nat(v: object, where: str) -> int:
+    if type(v) is not int or v < 0:
+        _bad(f"{where}: expected an int >= 0, got {_show(v)}")
+    return v
+
+
+def _str(v: object, where: str) -> str:
+    if type(v) is not str:
+        _bad(f"{where}: expected a string, got {_show(v)}")
+    return v
+
+
+def _bool(v: object, where: str) -> bool:
+    if type(v) is not bool:
+        _bad(f"{where}: expected a bool, got {_show(v)}")
+    return v
+
+
+def _seq(v: object, where: str, n: int = -1) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(v, list | tuple):
+        _bad(f"{where}: expected a list, got {_show(v)}")
+    if n >= 0 and len(v) != n:
+        _bad(f"{where}: expected {n} elements, got {len(v)}")
+    return v
+
+
+def _ballot(v: object, where: str) -> Ballot:
+    rnd, idx, life = _seq(v, where, 3)
+    if type(rnd) is not int or rnd < 0:
+        _bad(f"{where}.round: expected an int >= 0, got {_show(rnd)}")
+    if type(idx) is not int or idx < -1:  # -1: NO_BALLOT, nobody's
+        _bad(f"{where}.member: expected an int >= -1, got {_show(idx)}")
+    if type(life) is not int or life < 0:
+        _bad(f"{where}.life: expected an int >= 0, got {_show(life)}")
+    return (rnd, idx, life)
+
+
+def _entry(v: object, where: str) -> Entry:
+    slot, ballot, first, gids = _seq(v, where, 4)
+    gids = _seq(gids, f"{where}.gids")
+    for k, g in enumerate(gids):
+        if type(g) is not str:
+            _bad(f"{where}.gids[{k}]: expected a string, got {_show(g)}")
+    return Entry(_nat(slot, f"{where}.slot"), _ballot(ballot, f"{where}.ballot"), _nat(first, f"{where}.first"),
+                 tuple(gids))
+
+
+def _entries(v: object, where: str) -> tuple[Entry, ...]:
+    return tuple(_entry(e, f"{where}[{k}]") for k, e in enumerate(_seq(v, where)))
+
+
+# ---------------------------------------------------------------------- the bodies
+
+_Dec = Callable[[object, str], Any]
+_Enc = Callable[[Any], Any] | None  # None: the value itself (ints, strings, bools, ballot tuples)
+
+
+def _entry_to(e: Entry) -> list[Any]:
+    return [e.slot, e.ballot, e.first, e.gids]
+
+
+def _entries_to(es: tuple[Entry, ...]) -> list[Any]:
+    return [[e.slot, e.ballot, e.first, e.gids] for e in es]
+
+
+_NAT: tuple[_Enc, _Dec] = (None, _nat)
+_STR: tuple[_Enc, _Dec] = (None, _str)
+_BOOL: tuple[_Enc, _Dec] = (None, _bool)
+_BALLOT: tuple[_Enc, _Dec] = (None, _ballot)
+_ENTRY: tuple[_Enc, _Dec] = (_entry_to, _entry)
+_ENTRIES: tuple[_Enc, _Dec] = (_entries_to, _entries)
+
+# tag, class, the kind of each field in the dataclass's order (checked against it below)
+_BODIES: tuple[tuple[str, type[Body], tuple[tuple[_Enc, _Dec], ...]], ...] = (
+    ("E", Election, ()),
+    ("AN", Answer, ()),
+    ("C", Coordinator, ()),
+    ("CQ", CvQuery, (_STR,)),
+    ("CR", CvReply, (_STR,)),
+    ("R", Recover, (_STR,)),
+    ("RR", RecoverReply, (_STR, _BALLOT, _NAT, _NAT, _ENTRIES, _ENTRIES)),
+    ("PR", Prepare, (_BALLOT, _NAT)),
+    ("PM", Promise, (_BALLOT, _NAT, _NAT, _NAT, _ENTRIES, _ENTRIES)),
+    ("N", Nack, (_BALLOT, _BALLOT)),
+    ("AC", Accept, (_BALLOT, _ENTRY)),
+    ("AD", Accepted, (_BALLOT, _NAT, _NAT)),
+    ("S", Sync, (_ENTRIES, _NAT, _NAT, _NAT, _NAT, _BOOL)),
+    ("SA", SyncAck, (_NAT, _BALLOT)),
+    ("RQ", Request, (_STR, _NAT)),
+)
+
+
+def _tables() -> tuple[dict[type, tuple[str, tuple[tuple[str, _Enc], ...]]],
+                       dict[str, tuple[type[Body], tuple[tuple[_Dec, str], ...]]]]:
+    """type -> (tag, ((field name, encoder), ...)); tag -> (class, ((decoder, "Class.field"), ...))."""
+    enc: dict[type, tuple[str, tuple[tuple[str, _Enc], ...]]] = {}
+    dec: dict[str, tuple[type[Body], tuple[tuple[_Dec, str], ...]]] = {}
+    for tag, cls, kinds in _BODIES:
+        names = [f.name for f in fields(cls)]
+        if len(names) != len(kinds) or tag in dec:
+            raise AssertionError(f"_BODIES: {cls.__name__}: {len(names)} fields, {len(kinds)} kinds, tag {tag!r}")
+        enc[cls] = (tag, tuple((n, e) for n, (e, _) in zip(names, kinds, strict=True)))
+        dec[tag] = (cls, tuple((d, f"{cls.__name__}.{n}") for n, (_, d) in zip(names, kinds, strict=True)))
+    return enc, dec
+
+
+_ENCODE, _DECODE = _tables()
+
+
+# ---------------------------------------------------------------------- the interface
+
+
+def wire_to_list(w: Wire) -> list[Any]:
+    """`w` as lists, tuples, ints, strings and bools (tuples encode as JSON arrays)."""
+    spec = _ENCODE.get(type(w.body))
+    if spec is None:
+        raise TypeError(f"not a sequencer message body: {w.body!r}")
+    tag, encs = spec
+    body: list[Any] = [tag]
+    for name, enc in encs:
+        v = getattr(w.body, name)
+        body.append(v if enc is None else enc(v))
+    return [w.life, w.cv, body]
+
+
+def wire_from_list(x: object) -> Wire:
+    """The `Wire` that `wire_to_list` made `x` from; `codec.FrameError` if `x` is not one."""
+    life, cv, body = _seq(x, "wire", 3)
+    if type(life) is not int or life < -1:  # -1: the sender does not know its life yet
+        _bad(f"wire.life: expected an int >= -1, got {_show(life)}")
+    cv = _seq(cv, "wire.cv")
+    for k, c in enumerate(cv):
+        if type(c) is not int or c < 0:
+            _bad(f"wire.cv[{k}]: expected an int >= 0, got {_show(c)}")
+    body = _seq(body, "wire.body")
+    if not body:
+        _bad("wire.body: empty, expected [tag, field...]")
+    tag = body[0]
+    spec = _DECODE.get(tag) if type(tag) is str else None
+    if spec is None:
+        _bad(f"wire.body: unknown tag {_show(tag)}")
+    cls, decs = spec
+    if len(body) != 1 + len(decs):
+        _bad(f"{cls.__name__} ({tag}): expected {len(decs)} fields, got {len(body) - 1}")
+    return Wire(life, tuple(cv), cls(*[dec(v, where) for (dec, where), v in zip(decs, body[1:], strict=True)]))
