@@ -685,6 +685,7 @@ class DeliveryCore:
         parked: list[str] | None = None
         late: list[Record] | None = None
         ttopic = self._total_topic(sid) if self.total else None
+        blocked = False
         while q and rt.credit > 0:
             gid = q.popleft()
             rec = rt.owed.get(gid)
@@ -695,6 +696,11 @@ class DeliveryCore:
                 continue  # not its turn: handed by number when it is (below), not kept in the queue
             if (rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt)) \
                     or (ttopic is None and rec.preds and not self._fifo_ready(rec, sid)):
+                if ttopic is not None:
+                    # total order: nothing numbered after it goes first (sent again in number order)
+                    q.appendleft(gid)
+                    blocked = True
+                    break
                 if parked is None:
                     parked = []
                 parked.append(gid)
@@ -719,7 +725,7 @@ class DeliveryCore:
             # later one back). Handing it now would break FIFO: it ends for this subscription.
             for rec in late:
                 self._resolve(rec, sid, S.ENDED, None, self._now, "fifo: a later message was handed first")
-        if ttopic is not None:
+        if ttopic is not None and not blocked:
             # total order: hand the next numbers by looking them up (what waits is not rescanned)
             seq_of = self.total[ttopic].seq
             while rt.credit > 0:

@@ -33,6 +33,7 @@ from pathlib import Path
 from router.testing import Proc, python_cmd, wait_for
 from topology.chaos import resolve_topology
 from topology.launcher import Mesh
+from topology.load import with_topic_order
 from topology.progress import ClientLogs
 
 
@@ -52,7 +53,7 @@ def _worker(kind: str, args: list[str], out: Path) -> Proc:
 
 def measure(topology: str | Path, fault: str, *, repeat: int = 3, publisher: str = "A", subscriber: str = "B",
             victim: str | None = None, rate: float = 200.0, state_dir: Path | None = None,
-            say: Callable[[str], None] = print) -> list[Outage]:
+            say: Callable[[str], None] = print, order: str = "fifo") -> list[Outage]:
     """Run `repeat` outages of kind `fault` (kill | freeze) and return what the subscriber saw."""
     if fault not in ("kill", "freeze"):
         raise ValueError("fault must be kill or freeze")
@@ -61,7 +62,10 @@ def measure(topology: str | Path, fault: str, *, repeat: int = 3, publisher: str
         raise ValueError("the subscriber must be on another router than the victim")
     tmp = state_dir or Path(tempfile.mkdtemp(prefix="oncemesh-failover-"))
     logs = tmp / "clientlogs"
-    mesh = Mesh(resolve_topology(topology), tmp / "mesh")
+    topo = resolve_topology(topology)
+    if order != "fifo":  # the measured topic in another order (total: by the sequencer)
+        topo = with_topic_order(topo, ["f"], order, tmp / f"{topo.stem}-{order}.toml")
+    mesh = Mesh(topo, tmp / "mesh")
     procs: list[Proc] = []
     out: list[Outage] = []
     try:
@@ -95,6 +99,11 @@ def measure(topology: str | Path, fault: str, *, repeat: int = 3, publisher: str
                 watch.poll()
                 return len(s.handed) >= n
             return check
+        import networkx as nx
+
+        # the routers between publisher and subscriber; any other victim is a bystander on the data
+        # path (with --order total it may be the sequencer)
+        on_path = set(nx.shortest_path(mesh.topology.graph(), publisher, subscriber, weight="cost"))
         for i in range(repeat):
             pub = _worker("publish", ["--url", urls(publisher), "--topic", "f", "--name", f"pub-{i}",
                                       "--count", str(int(rate * 120)), "--rate", str(rate),
@@ -104,7 +113,7 @@ def measure(topology: str | Path, fault: str, *, repeat: int = 3, publisher: str
             wait_for(lambda: len(mesh.live_links()) == len(mesh.topology.links), 60,
                      "every link up (else traffic may not cross the victim)")
             wait_for(handed_at_least(len(s.handed) + int(rate * 2)), 30, "steady traffic")
-            if victim not in (publisher, subscriber):  # a transit router: traffic must cross it now
+            if victim in on_path and victim not in (publisher, subscriber):  # a transit router: traffic must cross it now
                 start = transit(victim)
                 wait_for(lambda n=start: transit(victim) >= n + rate / 2, 30,  # type: ignore[misc]
                          f"traffic to cross {victim}")
@@ -153,13 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--rate", type=float, default=200.0, help="messages per second (default 200)")
     p.add_argument("--state-dir", type=Path, default=None, help="keep the run's logs here")
+    p.add_argument("--order", choices=["fifo", "total"], default="fifo",
+                   help="the order of the measured topic (total: by the sequencer, the highest live router; "
+                        "kill it with --victim to measure a sequencer failover)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     outages = measure(args.topology, args.fault, repeat=args.repeat, publisher=args.publisher,
                       subscriber=args.subscriber, victim=args.victim, rate=args.rate, state_dir=args.state_dir,
-                      say=(lambda t: print(t, file=sys.stderr)) if args.json else print)
+                      say=(lambda t: print(t, file=sys.stderr)) if args.json else print, order=args.order)
     resumes = [o.resume for o in outages]
-    summary = {"fault": args.fault, "topology": args.topology, "victim": args.victim or args.publisher,
+    summary = {"fault": args.fault, "topology": args.topology, "order": args.order, "victim": args.victim or args.publisher,
                "subscriber": args.subscriber, "repeat": args.repeat, "rate": args.rate,
                "resume_median": round(statistics.median(resumes), 3), "resume_min": round(min(resumes), 3),
                "resume_max": round(max(resumes), 3), "runs": [o.to_json() for o in outages]}
