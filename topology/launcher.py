@@ -823,11 +823,16 @@ def format_topics(topo: Topology, statuses: list[RouterStatus]) -> str:
     out = []
     for name, t in sorted(topo.topics.items()):
         line = f"topic {name}: {_order_text(t)}"
-        seen = [s.order[name] for s in statuses if s.order and name in s.order]
+        seen = {s.id: s.order[name] for s in statuses if s.order and name in s.order}
         if seen:
-            leaders = sorted({str(o.get("sequencer")) for o in seen if o.get("sequencer")})
-            line += (f"; sequencer {', '.join(leaders) or 'being elected'}, "
-                     f"numbered {max(int(o.get('numbered', 0)) for o in seen)}")
+            views: dict[str, list[str]] = {}
+            for rid, o in sorted(seen.items()):
+                views.setdefault(str(o.get("sequencer") or "being elected"), []).append(rid)
+            if len(views) == 1:
+                who = next(iter(views))
+            else:  # the routers do not agree (yet): say who sees what
+                who = "; ".join(f"{v} at {','.join(rs)}" for v, rs in sorted(views.items()))
+            line += f"; sequencer {who}, numbered {max(int(o.get('numbered', 0)) for o in seen.values())}"
         out.append(line)
     return "\n".join(out)
 

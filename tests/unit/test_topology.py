@@ -477,3 +477,22 @@ def test_lines_are_right_whatever_the_layout(layout: tuple[str, dict[str, int]])
         f"<string>:{marks['bad_link']}: link C–Q: unknown router 'Q' (routers: A, B, C)",
         f"<string>:{marks['bad_key']}: unknown key 'bad_key' in [routers.B] (valid: inter_router, listen, settings)",
     ], text
+
+
+def test_status_lists_topic_orders_and_the_sequencer_the_routers_see() -> None:
+    from topology.launcher import RouterState, RouterStatus, format_topics
+
+    topo = parse_topology(
+        '[routers.A]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n'
+        '[routers.B]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n'
+        '[[links]]\nbetween = ["A", "B"]\n'
+        '[topics.ledger]\norder = "total"\n[topics.shop]\norder = "causal"\n')
+
+    def status_of(rid: str, leader: str, n: int) -> RouterStatus:
+        return RouterStatus(rid, RouterState.RUNNING, order={"ledger": {"sequencer": leader, "numbered": n}})
+
+    agreed = format_topics(topo, [status_of("A", "B", 7), status_of("B", "B", 9)])
+    assert "topic ledger: order total (sequencer); sequencer B, numbered 9" in agreed
+    assert "topic shop: order causal - not enforced yet" in agreed
+    split = format_topics(topo, [status_of("A", "A", 3), status_of("B", "B", 3)])
+    assert "sequencer A at A; B at B, numbered 3" in split
