@@ -837,6 +837,14 @@ class DeliveryCore:
                 else:
                     self.remote_pending.setdefault(sid, {})[gid] = rec
                     remote = True
+            table = self.table
+            for (sid, _life), s in ts.start.items():
+                if s < n and sid not in rec.owed and table.get(sid) is None:
+                    # started before it, but its entry has not reached our table yet (gossip and
+                    # numbering race after a partition heals): owed; routed once the entry comes
+                    rec.owed[sid] = S.QUEUED
+                    rec.pending += 1
+                    self.remote_pending.setdefault(sid, {})[gid] = rec
             if remote and rec.payload:
                 self._route(rec, force=False)
         for sid, st in list(rec.owed.items()):

@@ -223,3 +223,12 @@ def test_redelivery_after_a_resume_keeps_the_number_order() -> None:
     t.take()
     _, _, acts = t.sub("a")
     assert delivered(acts) == [g2, g1]
+
+
+def test_a_start_numbered_before_the_table_entry_arrives_still_makes_the_message_owed() -> None:
+    t = Total("A")
+    tok, gid, _ = t.publish(b"1")
+    t.number(start_key("remote-sub-00001", 5.0))  # number 1; its entry is not in the table yet
+    acts = t.number(gid)  # number 2
+    assert not outcomes(acts)  # owed to it: the publisher waits
+    assert t.core.records[gid].owed["remote-sub-00001"] is S.QUEUED
