@@ -845,7 +845,9 @@ class DeliveryCore:
                     rec.owed[sid] = S.QUEUED
                     rec.pending += 1
                     self.remote_pending.setdefault(sid, {})[gid] = rec
-            if remote and rec.payload:
+            if remote and rec.payload and self._driving(rec):
+                # (an origin whose publisher left does not resurrect it: its publisher resent it
+                # elsewhere, where it may be final by now; see `reroute`)
                 self._route(rec, force=False)
         for sid, st in list(rec.owed.items()):
             if st is not S.QUEUED:
