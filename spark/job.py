@@ -67,6 +67,7 @@ class Outputs:
     chart: str | None
     order_anomalies_parquet: str | None = None
     order_disagreements_parquet: str | None = None
+    causal_violations_parquet: str | None = None
 
 
 # ================================================================ inputs
@@ -294,7 +295,8 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
     anomalies.json (the non-ok pairs), summary.json, summary.parquet (its scalars),
     subscriptions.parquet, order_anomalies.parquet (the (subscription, publisher link) rows with a
     reversal or a gap), order_disagreements.parquet (the pairs of subscriptions handed messages in
-    opposite orders), and reconcile.png (local `out` only)."""
+    opposite orders), causal_violations.parquet (the subscriptions with a causal violation), and
+    reconcile.png (local `out` only)."""
     from spark import chart as C
     from spark import reconcile as R
 
@@ -314,6 +316,8 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
      .write.mode("overwrite").parquet(o_parquet))
     (rec.sub_pairs.where("disagree").orderBy("topic", "sub_a", "sub_b").coalesce(1)
      .write.mode("overwrite").parquet(d_parquet))
+    c_parquet = f"{target}/causal_violations.parquet"
+    R.causal_anomalies(rec.causal).orderBy("topic", "sub").coalesce(1).write.mode("overwrite").parquet(c_parquet)
     d = summary.to_dict()
     s_parquet, subs_parquet = f"{target}/summary.parquet", f"{target}/subscriptions.parquet"
     summary_frame(spark, d).coalesce(1).write.mode("overwrite").parquet(s_parquet)
@@ -336,7 +340,8 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
         bucket, timeline = anomaly_timeline(rec, summary)
         png = str(C.render(curves, timeline, Path(target) / "reconcile.png", bucket=bucket,
                            title=f"oncemesh reconciliation: {'PASS' if summary.passed else 'FAIL'}"))
-    return Outputs(target, s_json, s_parquet, subs_parquet, a_parquet, a_json, png, o_parquet, d_parquet)
+    return Outputs(target, s_json, s_parquet, subs_parquet, a_parquet, a_json, png, o_parquet, d_parquet,
+                   c_parquet)
 
 
 def anomaly_timeline(rec: Reconciliation, summary: Summary, collect_limit: int = 200_000
@@ -420,6 +425,11 @@ def format_summary(s: Summary) -> str:
     for t in s.order_per_topic:
         if t.disagreements:
             lines.append(f"    topic {t.topic}: {t.disagreements} of {t.compared} subscription pair(s)")
+    lines.append(f"  {'causal_violations':<28}{s.causal_violations:>6}  handed before a message its sender "
+                 f"had been handed")
+    for c in s.causal_per_topic:
+        if c.violations:
+            lines.append(f"    topic {c.topic}: {c.violations} of {c.checked} checked hand-over(s)")
     if s.per_subscription:
         lines += ["", "per subscription:",
                   f"  {'sub':<20}{'topic':<16}{'pairs':>8}{'ok':>8}  anomalies"]

@@ -16,8 +16,9 @@ rejections, per-hop latency and records left unsettled.
 4. `pairs` builds every (message, subscription) pair that was owed (the subscription's life had
    begun at or before the first send and had not ended) or handed, and `classify` gives each pair
    exactly one class (precedence in `classify`; docs/settlement-log.md says why).
-   `handed_order`, `fifo_order` and `subscription_pair_order` check order (reported, not judged):
-   per-publisher reversals and gaps, and pairs of subscriptions handed messages in opposite orders.
+   `handed_order`, `fifo_order`, `subscription_pair_order` and `causal_order` check order
+   (reported, not judged): per-publisher reversals and gaps, pairs of subscriptions handed messages
+   in opposite orders, and messages handed before a message their publisher had been handed.
 5. `router_records`, `router_stats`, `hop_latencies`, `latency_quantiles` measure the routers.
 6. `summarize` collects the counts into a `Summary` (the step that brings data to the driver; also
    `anomaly_span`).
@@ -417,6 +418,92 @@ def topic_order(sub_pairs: DataFrame) -> DataFrame:
                  F.sum(_c("disagree").cast("long")).alias("total_order_disagreements")))
 
 
+def _first_sends(events: DataFrame) -> DataFrame:
+    """One row per published gid: gid, topic, node (the client that sent it first), t (its first
+    `published`, any run)."""
+    is_pub = (_c("src") == S.PUBLISHER) & (_c("ev") == "published") & _c("gid").isNotNull()
+    return (events.where(is_pub).groupBy("gid")
+            .agg(F.min("ts").alias("t"), F.min_by("node", _c("ts")).alias("node"),
+                 F.min_by("topic", _c("ts")).alias("topic")))
+
+
+def _client_hand_overs(events: DataFrame) -> DataFrame:
+    """node, gid, t: when a client (container) was first handed a message, on any subscription."""
+    is_hand = ((_c("src") == S.SUBSCRIBER) & (_c("ev") == "handed")
+               & _c("gid").isNotNull() & _c("node").isNotNull())
+    return events.where(is_hand).groupBy("node", "gid").agg(F.min("ts").alias("t"))
+
+
+def causal_order(events: DataFrame, handed: DataFrame) -> DataFrame:
+    """Causal order, direct dependencies only, one row per subscription handed a published message:
+    sub, topic, checked, causal_violations, violated (the lowest ORDER_EXAMPLES gids), example.
+
+    The rule. A client is a container id (`node`): its publisher and subscriber files, every run.
+    Message a -> b when the client that sent b first (the earliest `published` of b, any run) had
+    been handed a (its earliest `handed` of a, on any of its subscriptions, any topic) strictly
+    before: t_handed(a) < t_published(b), both on that client's clock. The two lines are in
+    different files with no common sequence, so only `ts` orders them; at equal `ts` there is no
+    dependency (not a false violation). Not covered: a -> c -> b through another client (only direct
+    edges), and a link's own earlier messages (that is FIFO: `fifo_order`).
+
+    The check. A subscription handed b is `checked` for b when it was also handed some a with
+    a -> b; b is a violation when it was handed (HAND_ORDER, as `fifo_order`) before one of those a:
+    a violation is one (subscription, b) pair, however many of b's dependencies came late. Example:
+    [a, b] for the violated b first in the subscription's order, a its latest-handed dependency.
+
+    Cost: no edge list. The subscription's hand-overs are joined once on gid with each message's
+    role for a client (handed to it: a, or sent first by it: b); within (subscription, client),
+    in the client's time order, a b is late when the highest hand-over position of the a rows
+    before it is above its own (a running max, like FIFO's reversals). Only clients that publish
+    contribute a rows, and only hand-overs before their last send."""
+    sends = _first_sends(events)
+    last_send = sends.groupBy("node").agg(F.max("t").alias("t_last"))
+    deps = (_client_hand_overs(events).join(F.broadcast(last_send), "node")
+            .where(_c("t") < _c("t_last"))
+            .select("node", "gid", "t", F.lit(True).alias("is_a")))
+    roles = deps.unionByName(sends.select("node", "gid", "t", F.lit(False).alias("is_a")))
+    key = F.struct(*HAND_ORDER)
+    w = (Window.partitionBy("sub", "node").orderBy("t", "is_a")  # at equal t: b before a
+         .rowsBetween(Window.unboundedPreceding, -1))
+    marked = (handed.select("sub", "gid", "topic", key.alias("key")).join(roles, "gid")
+              .withColumn("dep", F.max(F.when(_c("is_a"), _c("key"))).over(w))
+              .where(~_c("is_a")))
+    late = F.coalesce(_c("dep") > _c("key"), F.lit(False))
+    return (marked.groupBy("sub")
+            .agg(F.first("topic", ignorenulls=True).alias("topic"),
+                 F.count("dep").alias("checked"),
+                 F.sum(late.cast("long")).alias("causal_violations"),
+                 F.slice(F.sort_array(F.collect_list(F.when(late, _c("gid")))), 1,
+                         ORDER_EXAMPLES).alias("violated"),
+                 F.min_by(F.array(_c("dep.gid"), _c("gid")), F.when(late, _c("key"))).alias("example")))
+
+
+def causal_anomalies(causal: DataFrame) -> DataFrame:
+    """The subscriptions of `causal_order` with a violation."""
+    return causal.where(_c("causal_violations") > 0)
+
+
+def causal_dependents(events: DataFrame) -> DataFrame:
+    """Per topic: topic, dependent (messages whose first sender had been handed some message, on any
+    topic, strictly before: each has at least one direct dependency, by the rule of `causal_order`).
+    Only topics with one."""
+    first_hand = _client_hand_overs(events).groupBy("node").agg(F.min("t").alias("t_first"))
+    return (_first_sends(events).join(F.broadcast(first_hand), "node")
+            .where(_c("t_first") < _c("t"))
+            .groupBy("topic").agg(F.count(F.lit(1)).alias("dependent")))
+
+
+def topic_causal(causal: DataFrame, dependents: DataFrame) -> DataFrame:
+    """Per topic with a dependent message or a checked hand-over: topic, dependent, checked,
+    causal_violations."""
+    per = causal.groupBy("topic").agg(F.sum("checked").alias("checked"),
+                                      F.sum("causal_violations").alias("causal_violations"))
+    return (per.join(dependents, "topic", "full")
+            .select("topic", *[F.coalesce(_c(c), F.lit(0)).alias(c)
+                               for c in ("dependent", "checked", "causal_violations")])
+            .where((_c("dependent") > 0) | (_c("checked") > 0)))
+
+
 # ================================================================ 5. routers and hops
 def incarnations(events: DataFrame) -> DataFrame:
     """node, inc, first_ts, last_ts, state: `live` unless a later incarnation of the same router
@@ -513,6 +600,7 @@ class Reconciliation:
     hops: DataFrame
     order: DataFrame  # fifo_order: per (subscription, publisher link)
     sub_pairs: DataFrame  # subscription_pair_order: per pair of subscriptions of a topic
+    causal: DataFrame  # causal_order: per subscription
     since: float | None = None
     skew: float = 0.0
 
@@ -540,18 +628,20 @@ def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
     handed = handed_order(ev, msgs)
     fifo = fifo_order(handed, classified)
     sub_pairs = subscription_pair_order(handed)
+    causal = causal_order(ev, handed)
     if persist:
         fifo = fifo.persist(StorageLevel.MEMORY_AND_DISK)
         sub_pairs = sub_pairs.persist(StorageLevel.MEMORY_AND_DISK)
+        causal = causal.persist(StorageLevel.MEMORY_AND_DISK)
     return Reconciliation(parsed=parsed, events=ev, lives=lv, messages=msgs, pairs=classified,
                           records=router_records(ev), incarnations=incs,
                           hops=hop_latencies(ev, msgs, classified), order=fifo, sub_pairs=sub_pairs,
-                          since=since, skew=skew)
+                          causal=causal, since=since, skew=skew)
 
 
 def unpersist(r: Reconciliation) -> None:
     """Free what `reconcile(..., persist=True)` kept (the caller's `parsed` stays)."""
-    for df in (r.events, r.lives, r.messages, r.pairs, r.order, r.sub_pairs):
+    for df in (r.events, r.lives, r.messages, r.pairs, r.order, r.sub_pairs, r.causal):
         df.unpersist()
 
 
@@ -613,6 +703,18 @@ class TopicOrder:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicCausal:
+    topic: str | None
+    dependent: int  # messages sent after their client had been handed some message
+    checked: int  # (subscription, message) hand-overs with a dependency handed to the same subscription
+    violations: int  # of which handed before one of those dependencies
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "dependent": self.dependent, "checked": self.checked,
+                "causal_violations": self.violations}
+
+
+@dataclass(frozen=True, slots=True)
 class Summary:
     """The verdict of one reconciliation. The class counts are named as in docs/settlement-log.md."""
 
@@ -642,7 +744,9 @@ class Summary:
     fifo_reversals: int = 0  # messages handed after a higher seq of the same publisher link
     fifo_gaps: int = 0  # owed messages skipped: a later one of the same link was handed, not this one
     total_order_disagreements: int = 0  # pairs of subscriptions of a topic handed messages in opposite orders
+    causal_violations: int = 0  # (subscription, message b) handed before a message b's sender had been handed
     order_per_topic: tuple[TopicOrder, ...] = ()
+    causal_per_topic: tuple[TopicCausal, ...] = ()
     per_subscription: tuple[SubscriptionCounts, ...] = ()
     routers: tuple[RouterStats, ...] = ()
     latencies: tuple[Quantiles, ...] = ()
@@ -666,7 +770,7 @@ class Summary:
                      "unobserved_subscriptions", "log_lines", "valid_lines", "malformed_lines",
                      "newer_version_lines", "unknown_event_lines", "ignored_lines", "unsettled_live",
                      "unsettled_dead", "fifo_reversals", "fifo_gaps", "total_order_disagreements",
-                     "since"):
+                     "causal_violations", "since"):
             d[name] = getattr(self, name)
         d["failures"] = self.failures
         d["verdict"] = "pass" if self.passed else "fail"
@@ -674,6 +778,7 @@ class Summary:
         d["routers"] = [r.to_dict() for r in self.routers]
         d["latency"] = [q.to_dict() for q in self.latencies]
         d["order_per_topic"] = [t.to_dict() for t in self.order_per_topic]
+        d["causal_per_topic"] = [t.to_dict() for t in self.causal_per_topic]
         d.update(self.extra)
         return d
 
@@ -718,6 +823,10 @@ def summarize(r: Reconciliation) -> Summary:
     fifo = r.order.agg(F.sum("fifo_reversals").alias("rev"), F.sum("fifo_gaps").alias("gaps")).first()
     topics = tuple(TopicOrder(row["topic"], int(row["compared"]), int(row["total_order_disagreements"] or 0))
                    for row in sorted(topic_order(r.sub_pairs).collect(), key=lambda x: x["topic"] or ""))
+    causal = tuple(TopicCausal(row["topic"], int(row["dependent"]), int(row["checked"]),
+                               int(row["causal_violations"]))
+                   for row in sorted(topic_causal(r.causal, causal_dependents(r.events)).collect(),
+                                     key=lambda x: x["topic"] or ""))
     return Summary(
         ok=totals["ok"], lost=totals["lost"], duplicated=totals["duplicated"],
         unexpected=totals["unexpected"], in_doubt=totals["in_doubt"], recovered=totals["recovered"],
@@ -739,7 +848,9 @@ def summarize(r: Reconciliation) -> Summary:
         fifo_reversals=int((fifo["rev"] or 0) if fifo else 0),
         fifo_gaps=int((fifo["gaps"] or 0) if fifo else 0),
         total_order_disagreements=sum(t.disagreements for t in topics),
+        causal_violations=sum(t.violations for t in causal),
         order_per_topic=topics,
+        causal_per_topic=causal,
         per_subscription=per_sub,
         routers=routers,
         latencies=lat,

@@ -142,7 +142,8 @@ def _order_expected(cfg: SynthConfig, p: Plan) -> dict[str, int]:
                and any(m > n and m % cfg.publishers == n % cfg.publishers for m, _ in handed))
     risky = any(c == "false_accept" and any(n < m <= n + 2 and m % cfg.publishers == n % cfg.publishers
                                             for m, _ in handed) for n, c in handed)
-    counts = {"fifo_gaps": gaps, "total_order_disagreements": 0}
+    # publishers and subscribers are different clients: no message has a causal dependency
+    counts = {"fifo_gaps": gaps, "total_order_disagreements": 0, "causal_violations": 0}
     return counts if risky else {"fifo_reversals": 0, **counts}
 
 

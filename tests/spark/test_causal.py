@@ -8,6 +8,7 @@ is handed something and then publishes, `s-*` the subscription checked (its own 
     t-rev     handed rev-a 10.2, sends rev-b 10.4           s-rev: rev-b, rev-a      1 violation
     t-before  sends bef-b 10.1, handed bef-a 10.2           s-bef: bef-b, bef-a      nothing (no dependency)
     t-tie     handed tie-a 10.2, sends tie-b 10.2           s-tie: tie-b, tie-a      nothing (equal ts: none)
+              (and tie-later on t-tie2 at 11.0)
     t-runs    run 1 handed run-a 10.2; run 2 sends run-b    s-runs: run-b, run-a     1 violation (one client
               10.4                                                                   across its runs)
     t-u/t-x   handed u-a (topic t-u) 10.2, sends x-b        s-x: x-b                 x-b dependent, nothing
@@ -15,7 +16,8 @@ is handed something and then publishes, `s-*` the subscription checked (its own 
     t-one     handed one-a 10.2, sends one-b 10.4           s-one1: one-b;           nothing checked
                                                             s-one2: one-a
 
-The client's own subscription (`s-c-<case>`) is handed a only.
+In the first five cases the client's own subscription (`s-c-<case>`) is handed a, then its own b at
+10.6 (checked too where b depends on a); in the last two it is handed a only.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def case(r: Run, name: str, a_at: float, b_at: float, order: list[str], *, a_inc
     r.publish("P", a, topic, 10.0)
     r.handed(client, f"s-c-{name}", topic, [a], a_at, inc=a_inc)
     r.publish(client, b, topic, b_at, inc=b_inc)
+    r.handed(client, f"s-c-{name}", topic, [b], 10.6, inc=b_inc)
     r.handed(f"n-{name}", f"s-{name}", topic, [{"a": a, "b": b}[x] for x in order], 10.5)
 
 
@@ -75,6 +78,7 @@ def build(out: Path) -> None:
         case(r, "rev", 10.2, 10.4, ["b", "a"])
         case(r, "bef", 10.2, 10.1, ["b", "a"])
         case(r, "tie", 10.2, 10.2, ["b", "a"])
+        r.publish("c-tie", "tie-later", "t-tie2", 11.0)  # so that tie-a is not after the client's last send
         case(r, "runs", 10.2, 10.4, ["b", "a"], a_inc="1", b_inc="2")
         # through another topic: the client gets u-a on t-u, then sends x-b on t-x
         r.subscribe("c-u", "s-c-u", "t-u")
@@ -114,7 +118,8 @@ def per_topic(s: R.Summary) -> dict[str | None, tuple[int, int, int]]:
 def test_a_then_b_counts_nothing(rec: Any) -> None:
     summary, r = rec
     assert rows(r)["s-ok"] == (1, 0)
-    assert per_topic(summary)["t-ok"] == (1, 1, 0)
+    assert rows(r)["s-c-ok"] == (1, 0)
+    assert per_topic(summary)["t-ok"] == (1, 2, 0)
 
 
 def test_b_before_a_is_one_violation(rec: Any) -> None:
@@ -122,13 +127,14 @@ def test_b_before_a_is_one_violation(rec: Any) -> None:
     assert rows(r)["s-rev"] == (1, 1)
     (row,) = R.causal_anomalies(r.causal).where("sub = 's-rev'").collect()
     assert row["violated"] == ["rev-b"] and row["example"] == ["rev-a", "rev-b"]
-    assert per_topic(summary)["t-rev"] == (1, 1, 1)
+    assert rows(r)["s-c-rev"] == (1, 0)
+    assert per_topic(summary)["t-rev"] == (1, 2, 1)
 
 
 def test_sent_before_being_handed_is_no_dependency(rec: Any) -> None:
     summary, r = rec
     assert rows(r)["s-bef"] == (0, 0)
-    assert rows(r)["s-tie"] == (0, 0)  # equal ts: the order of two files cannot be told
+    assert rows(r)["s-tie"] == (0, 0) and rows(r)["s-c-bef"] == (0, 0)  # equal ts: the order of two files cannot be told
     assert "t-bef" not in per_topic(summary) and "t-tie" not in per_topic(summary)
 
 
@@ -155,11 +161,13 @@ def test_the_totals_and_the_table(rec: Any) -> None:
     summary, _ = rec
     assert summary.causal_violations == 2  # t-rev, t-runs
     assert summary.to_dict()["causal_violations"] == 2
-    assert summary.fifo_reversals == 0 and summary.total_order_disagreements == 0  # the other checks see none
+    assert summary.fifo_reversals == 0
+    # rev, bef, tie, runs: s-c-* got a, b and s-* b, a; total order disagrees, causal only where b depends on a
+    assert summary.total_order_disagreements == 4
     text = format_summary(summary)
     assert [ln.split()[:2] for ln in text.splitlines() if ln.strip().startswith("causal_")] == [
         ["causal_violations", "2"]]
-    assert "topic t-rev: 1 of 1 checked hand-over(s)" in text
+    assert "topic t-rev: 1 of 2 checked hand-over(s)" in text
 
 
 def test_causal_violations_are_reported_not_judged(spark: SparkSession, tmp_path: Path,
@@ -172,7 +180,7 @@ def test_causal_violations_are_reported_not_judged(spark: SparkSession, tmp_path
     out = tmp_path / "out"
     assert oncemesh(["reconcile", str(tmp_path / "logs"), "--json", "--out", str(out)]) == 0
     got = json.loads(capsys.readouterr().out.strip().splitlines()[0])
-    assert got["causal_violations"] == 1 and got["verdict"] == "pass"
-    assert got["causal_per_topic"] == [{"topic": "t-rev", "dependent": 1, "checked": 1, "causal_violations": 1}]
+    assert got["causal_violations"] == 1 and got["verdict"] == "pass" and got["ok"] == 4
+    assert got["causal_per_topic"] == [{"topic": "t-rev", "dependent": 1, "checked": 2, "causal_violations": 1}]
     v = spark.read.parquet(str(out / "causal_violations.parquet")).collect()
     assert [(x["sub"], x["causal_violations"], x["example"]) for x in v] == [("s-rev", 1, ["rev-a", "rev-b"])]

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.spark
 TOTALS = ("messages", "pairs", "log_lines", "malformed_lines", "newer_version_lines")
 # with lost and in_doubt messages on the anomaly topic, a later anomaly of the same publisher that was
 # handed makes them FIFO gaps: the generator counts those
-ORDER = ("fifo_reversals", "fifo_gaps", "total_order_disagreements")
+ORDER = ("fifo_reversals", "fifo_gaps", "total_order_disagreements", "causal_violations")
 
 
 def clean_logs(out: Path, n: int = 3) -> None:
