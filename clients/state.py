@@ -218,9 +218,10 @@ class ClientState:
             self.db.execute("COMMIT")
 
     def handed(self, sub: str) -> list[str]:
-        """Every id this subscription's store holds as handed over (settled or not)."""
+        """Every id this subscription's store holds as handed over (settled or not), in hand-over order."""
         with self._lock:
-            return [str(r[0]) for r in self.db.execute("SELECT gid FROM dedup WHERE sub=?", (sub,))]
+            return [str(r[0]) for r in self.db.execute("SELECT gid FROM dedup WHERE sub=? ORDER BY handed, rowid",
+                                                       (sub,))]
 
     def unsettled(self, sub: str) -> list[str]:
         """Ids accepted but not seen settled: presented when the subscription resumes."""

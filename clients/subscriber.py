@@ -100,6 +100,9 @@ class Subscriber:
         # FIFO: per publisher link, the latest message handed over (seq, id): presented on attach,
         # so that a router never hands an earlier one that comes only now after it
         self._handed_last: dict[str, tuple[int, str]] = {}
+        # total order: the latest message handed over, whatever its publisher (presented with them,
+        # so that a router goes on after its number)
+        self._latest_handed: str | None = None
         self._note_handed(client.state.handed(self.sid))
         self.handed_count = 0
         self._hand_n = 0  # position of the last hand-over in this process: `n` of the `handed` line
@@ -212,6 +215,8 @@ class Subscriber:
             self.client.state.forget_hand_over(self.sid, lost)
 
     def _note_handed(self, gids: list[str]) -> None:
+        if gids:
+            self._latest_handed = gids[-1]
         last = self._handed_last
         for g in gids:
             seq = counter_seq(g)
@@ -219,6 +224,14 @@ class Subscriber:
                 cur = last.get(g[:PLID_LEN])
                 if cur is None or cur[0] < seq:
                     last[g[:PLID_LEN]] = (seq, g)
+
+    def _presented_handed(self) -> list[str]:
+        """`oncemesh.handed-last`: per publisher link the latest message handed over (FIFO), and the
+        latest of all (total order); each was handed over."""
+        ids = [g for _, g in self._handed_last.values()]
+        if self._latest_handed is not None and self._latest_handed not in ids:
+            ids.append(self._latest_handed)
+        return ids
 
     def _hand_over(self, n: int) -> list[Delivered]:
         batch = [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
@@ -317,7 +330,7 @@ class Subscriber:
         link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND)
         presented = self.client.state.unsettled(self.sid)
         props: dict[Any, Any] = {symbol("oncemesh.client"): 1, symbol("oncemesh.resume"): presented,
-                                 symbol("oncemesh.handed-last"): [g for _, g in self._handed_last.values()]}
+                                 symbol("oncemesh.handed-last"): self._presented_handed()}
         epoch = self.client.state.get_meta(f"epoch:{self.sid}")
         if epoch:  # where it last attached: a router with an older view distrusts what it held
             props[symbol("oncemesh.epoch")] = int(epoch)

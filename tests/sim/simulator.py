@@ -604,6 +604,8 @@ class Simulation:
         # our client presents the latest message of each publisher it was handed (FIFO)
         last = [global_id(plid, counter_tag(seq)) for (sid, plid), seq in sorted(self.last_seq.items())
                 if sid == s.sid and seq >= 0]
+        if self.sequence.get(s.sid):  # and the latest handed of all (total order)
+            last.append(self.sequence[s.sid][-1])
         r.core.attach_subscriber(link, s.sid, TOPIC, "c-sub", s.name, float("inf"), True, sorted(s.accepted),
                                  self.now, s.epoch, last)
         r.awaiting[s.sid] = (link, s, False)
