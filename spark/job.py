@@ -427,9 +427,9 @@ def format_summary(s: Summary) -> str:
             lines.append(f"    topic {t.topic}: {t.disagreements} of {t.compared} subscription pair(s)")
     lines.append(f"  {'causal_violations':<28}{s.causal_violations:>6}  handed before a message its sender "
                  f"had been handed")
-    for c in s.causal_per_topic:
-        if c.violations:
-            lines.append(f"    topic {c.topic}: {c.violations} of {c.checked} checked hand-over(s)")
+    for tc in s.causal_per_topic:
+        if tc.violations:
+            lines.append(f"    topic {tc.topic}: {tc.violations} of {tc.checked} checked hand-over(s)")
     if s.per_subscription:
         lines += ["", "per subscription:",
                   f"  {'sub':<20}{'topic':<16}{'pairs':>8}{'ok':>8}  anomalies"]
