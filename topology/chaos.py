@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from router.testing import Proc, python_cmd
 from topology.faults import ALL_FAULTS, Fault, FaultKind, Limits, make_schedule, parse_faults
 from topology.launcher import Mesh, MeshError, RouterState
-from topology.load import TopologyError, load_topology
+from topology.load import TopologyError, load_topology, with_topic_order
 from topology.progress import ClientLogs
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class ChaosConfig:
     settle: float | None = None  # after healing, wait this long for quiescence (default max(60, duration/2))
     limits: Limits = Limits()
     reconcile: bool = True
+    order: str = "fifo"  # the chaos topic's order: fifo, or total (by the sequencer)
 
     @property
     def settle_timeout(self) -> float:
@@ -111,6 +112,7 @@ class ChaosResult:
     seconds: float = 0.0
     interrupted: bool = False
     error: str | None = None
+    order: str = "fifo"  # the chaos topic's order (what order_failures counts)
 
     @property
     def safety_failures(self) -> int:
@@ -123,9 +125,11 @@ class ChaosResult:
 
     @property
     def order_failures(self) -> int:
-        """FIFO reversals: messages handed after a later one of the same publisher (the chaos
-        topic has the default order, per-publisher FIFO across failover)."""
-        return self.summary.fifo_reversals if self.summary is not None else 0
+        """FIFO reversals (messages handed after a later one of the same publisher), or with
+        `--order total` the pairs of subscriptions handed messages in opposite orders."""
+        if self.summary is None:
+            return 0
+        return self.summary.total_order_disagreements if self.order == "total" else self.summary.fifo_reversals
 
     @property
     def passed(self) -> bool:
@@ -142,8 +146,8 @@ class ChaosResult:
         return 0
 
     def verdict(self) -> str:
-        return {0: "PASS: nothing lost, duplicated, unexpected, falsely accepted or out of FIFO order; the run "
-                   "quiesced",
+        return {0: f"PASS: nothing lost, duplicated, unexpected, falsely accepted or out of "
+                   f"{'total' if self.order == 'total' else 'FIFO'} order; the run quiesced",
                 1: "FAIL: promises broken or processes crashed (see above)",
                 2: f"ERROR: {self.error}",
                 3: "LIVENESS: nothing broken, but the run did not quiesce in time"}[self.exit_code]
@@ -157,7 +161,9 @@ class ChaosResult:
             "published": self.published, "accepted": self.accepted, "in_doubt": self.in_doubt,
             "handed": self.handed, "quiescent": self.quiescent, "crashes": self.crashes,
             "client_violations": self.client_violations, "false_outcomes": self.false_outcomes,
-            "fifo_reversals": self.order_failures,
+            "fifo_reversals": self.summary.fifo_reversals if self.summary is not None else 0,
+            "total_order_disagreements": self.summary.total_order_disagreements if self.summary is not None else 0,
+            "order": self.order,
             "subscriptions": self.subscriptions, "interrupted": self.interrupted, "error": self.error,
             "reconciliation": self.summary.to_dict() if self.summary is not None else None,
         }
@@ -229,7 +235,7 @@ class _Run:
         self.clients = self._clients()
         self.schedule = make_schedule(self.topology, [c.name for c in self.clients], cfg.duration, self.seed,
                                       cfg.faults, cfg.limits)
-        self.result = ChaosResult(self.seed, self.state, self.schedule)
+        self.result = ChaosResult(self.seed, self.state, self.schedule, order=cfg.order)
         self.mesh: Mesh | None = None
         self.watch = ClientLogs(self.client_logs)
         self.expect: dict[str, str] = dict.fromkeys(self.routers, "up")  # up | killed | frozen
@@ -301,7 +307,10 @@ class _Run:
         self.say(f"schedule ({len(self.schedule)} faults):")
         for f in self.schedule:
             self.say("  " + f.describe())
-        self.mesh = Mesh(cfg.topology, self.state, proxies=True)
+        topo = cfg.topology
+        if cfg.order != "fifo":
+            topo = with_topic_order(topo, [TOPIC], cfg.order, self.state / f"{Path(topo).stem}-{cfg.order}.toml")
+        self.mesh = Mesh(topo, self.state, proxies=True)
         statuses = self.mesh.up(timeout=min(SETUP_TIMEOUT, self.remaining()))
         self.say("mesh up: " + ", ".join(f"{s.id} {s.url}" for s in statuses))
         for c in self.clients:
@@ -592,6 +601,9 @@ class _Run:
             self.say(f"  false publisher outcomes (ACCEPTED before every subscription had it): {s.false_accept}")
             self.say(f"  FIFO: {s.fifo_reversals} handed after a later message of their publisher, "
                      f"{s.fifo_gaps} skipped while a later one was handed")
+            if self.cfg.order == "total":
+                self.say(f"  total order: {s.total_order_disagreements} pair(s) of subscriptions handed messages "
+                         f"in opposite orders")
         for v in r.client_violations:
             self.say(f"  VIOLATION (client logs): {v}")
         for c in r.crashes:
@@ -638,7 +650,7 @@ def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None 
               faults: Sequence[FaultKind] | str = ALL_FAULTS, state_dir: Path | str | None = None,
               publishers: int = 2, subscribers: int = 3, rate: float = 30.0, size: int = DEFAULT_SIZE,
               settle: float | None = None, limits: Limits | None = None, reconcile: bool = True,
-              say: Callable[[str], None] | None = None) -> ChaosResult:
+              say: Callable[[str], None] | None = None, order: str = "fifo") -> ChaosResult:
     """One chaos run (see the module docstring); the result says what happened and the verdict.
 
     Raises ChaosError when the run cannot even be set up with these arguments; every other
@@ -649,7 +661,7 @@ def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None 
         raise ChaosError("duration, publishers, subscribers and rate must be positive")
     cfg = ChaosConfig(resolve_topology(topology), duration, seed, tuple(faults),
                       Path(state_dir) if state_dir is not None else None, publishers, subscribers, rate,
-                      size, settle, limits or Limits(), reconcile)
+                      size, settle, limits or Limits(), reconcile, order)
     try:
         run = _Run(cfg, say or (lambda text: print(text, flush=True)))
     except TopologyError as exc:
@@ -714,6 +726,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help="seconds to wait for quiescence after healing (default max(60, duration/2))")
     p.add_argument("--mean-gap", type=float, default=Limits().mean_gap,
                    help=f"mean seconds between fault starts (default {Limits().mean_gap:g})")
+    p.add_argument("--order", choices=("fifo", "total"), default="fifo",
+                   help="the chaos topic's order (total: by the sequencer; then the verdict also fails on "
+                        "subscriptions handed messages in opposite orders instead of FIFO reversals)")
     p.add_argument("--no-reconcile", action="store_true", help="skip the Spark reconciliation (no verdict on "
                                                                 "safety beyond the client logs)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress on stderr)")
@@ -734,7 +749,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         result = run_chaos(args.topology, duration=args.duration, seed=args.seed, faults=parse_faults(args.faults),
                            state_dir=args.state_dir, publishers=args.publishers, subscribers=args.subscribers,
                            rate=args.rate, size=args.size, settle=args.settle,
-                           limits=Limits(mean_gap=args.mean_gap), reconcile=not args.no_reconcile, say=say)
+                           limits=Limits(mean_gap=args.mean_gap), reconcile=not args.no_reconcile, say=say,
+                           order=args.order)
     except (ChaosError, ValueError) as exc:
         print(f"oncemesh chaos: {exc}", file=sys.stderr)
         return 2
