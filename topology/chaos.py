@@ -613,6 +613,7 @@ class _Run:
                  f"--faults {','.join(k.value for k in self.cfg.faults) or 'none'} --publishers "
                  f"{self.cfg.publishers} --subscribers {self.cfg.subscribers} --rate {self.cfg.rate:g}"
                  + (f" --size {self.cfg.size}" if self.cfg.size != DEFAULT_SIZE else "")
+                 + (f" --order {self.cfg.order}" if self.cfg.order != "fifo" else "")
                  + (f" --mean-gap {self.cfg.limits.mean_gap:g}" if self.cfg.limits.mean_gap != Limits().mean_gap
                     else ""))
 
