@@ -5,12 +5,12 @@ router is killed mid-stream. Verdicts come from the client settlement logs."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from router.testing import LogSummary, Proc, python_cmd, wait_for
+from tests.integration.test_failover import run_all
 
 TOPIC = "ledger"
 
@@ -36,13 +36,6 @@ def worker(tmp: Path, logs: Path, kind: str, urls: list[str], name: str, count: 
 
 def count_events(logs: Path, ev: str) -> int:
     return sum(1 for f in logs.glob("*.subscriber.jsonl") for line in open(f) if f'"ev":"{ev}"' in line)
-
-
-def run_all(procs: list[Proc], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        rc = p.wait(max(1.0, deadline - time.monotonic()))
-        assert rc == 0, f"{p.cmd[3]} exited {rc}:\n{p.tail()}"
 
 
 def verdict(logs: Path, n_subs: int, n_msgs: int) -> LogSummary:
