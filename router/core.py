@@ -387,18 +387,10 @@ class DeliveryCore:
         self._chain(rec)
         self._absorb_placeholders(rec)
         for sub in self.table.live_for_topic(rec.topic):
-            if sub.sid in rec.owed:
-                continue
-            rec.owed[sub.sid] = S.QUEUED
-            rec.pending += 1
-            if sub.home == self.router_id:
-                rt = self.subs[sub.sid]
-                rt.owed[rec.gid] = rec
-                if rt.link is not None:
-                    rt.queue.append(rec.gid)
+            if sub.sid not in rec.owed:
+                rt = self._owe(rec, sub.sid, sub.home)
+                if rt is not None:
                     self._pump(rt)
-            else:
-                self.remote_pending.setdefault(sub.sid, {})[rec.gid] = rec
         if self.total and rec.topic in self.total:
             self._number(rec, now)
             if rec.outcome is not None:
@@ -407,6 +399,24 @@ class DeliveryCore:
             self._decide(rec, now)
         else:
             self._route(rec, force=True)
+
+    def _owe(self, rec: Record, sid: str, home: str | None) -> SubRuntime | None:
+        """A new QUEUED part of `rec` (not on the hot path of `_new_record`) for `sid`, homed at
+        `home` (None: not in our table yet). Returns the local subscription when it has a link
+        (the caller pumps it)."""
+        rec.owed[sid] = S.QUEUED
+        rec.pending += 1
+        if home != self.router_id:
+            self.remote_pending.setdefault(sid, {})[rec.gid] = rec
+            return None
+        rt = self.subs.get(sid)
+        if rt is None:
+            rt = self.subs[sid] = SubRuntime(sid)
+        rt.owed[rec.gid] = rec
+        if rt.link is None:
+            return None
+        rt.queue.append(rec.gid)
+        return rt
 
     # ================================================================ outcomes
     def _decide(self, rec: Record, now: float) -> None:
@@ -822,29 +832,15 @@ class DeliveryCore:
         if rec.origin is None:
             remote = False
             for sub in self.table.live_for_topic(rec.topic):
-                sid = sub.sid
-                if sid in rec.owed or not ts.owed(n, sid, sub.created):
-                    continue
-                rec.owed[sid] = S.QUEUED
-                rec.pending += 1
-                if sub.home == me:
-                    rt = self.subs.get(sid)
-                    if rt is None:
-                        rt = self.subs[sid] = SubRuntime(sid)
-                    rt.owed[gid] = rec
-                    if rt.link is not None:
-                        rt.queue.append(gid)
-                else:
-                    self.remote_pending.setdefault(sid, {})[gid] = rec
-                    remote = True
+                if sub.sid not in rec.owed and ts.owed(n, sub.sid, sub.created):
+                    self._owe(rec, sub.sid, sub.home)  # (pumped by `ordered`)
+                    remote = remote or sub.home != me
             table = self.table
             for (sid, _life), s in ts.start.items():
                 if s < n and sid not in rec.owed and table.get(sid) is None:
                     # started before it, but its entry has not reached our table yet (gossip and
                     # numbering race after a partition heals): owed; routed once the entry comes
-                    rec.owed[sid] = S.QUEUED
-                    rec.pending += 1
-                    self.remote_pending.setdefault(sid, {})[gid] = rec
+                    self._owe(rec, sid, None)
             if remote and rec.payload and self._driving(rec):
                 # (an origin whose publisher left does not resurrect it: its publisher resent it
                 # elsewhere, where it may be final by now; see `reroute`)

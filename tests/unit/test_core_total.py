@@ -16,8 +16,11 @@ PL = publisher_link_id("pub", "p")
 class Total:
     """One core whose topic `t` is in total order, and a counter playing the sequencer."""
 
-    def __init__(self, router: str = "R") -> None:
+    def __init__(self, router: str = "R", mesh: bool = False) -> None:
         self.core = DeliveryCore(router, SubscriptionTable(), CoreConfig(total_topics=frozenset({T})))
+        if mesh:  # in a mesh with origin A: numbers not here are asked about
+            self.core.mesh_size = 2
+            self.core.reachable = {"A": "1", router: ""}
         self.now = 0.0
         self.n = 0
         self.pub_link = object()
@@ -154,9 +157,7 @@ def test_a_destination_hands_copies_in_number_order() -> None:
 
 
 def test_a_number_whose_message_is_not_here_holds_the_next_until_its_final() -> None:
-    t = Total("B")
-    t.core.mesh_size = 2
-    t.core.reachable = {"A": "1", "B": ""}
+    t = Total("B", mesh=True)
     sid, _, _ = t.sub("a")
     t.start(sid)
     g1, g2 = PL + ":x1", PL + ":x2"
@@ -174,9 +175,7 @@ def test_a_number_whose_message_is_not_here_holds_the_next_until_its_final() -> 
 
 
 def test_a_copy_that_comes_late_is_handed_in_order_once_it_is_here() -> None:
-    t = Total("B")
-    t.core.mesh_size = 2
-    t.core.reachable = {"A": "1", "B": ""}
+    t = Total("B", mesh=True)
     sid, _, _ = t.sub("a")
     t.start(sid)
     g1, g2 = PL + ":x1", PL + ":x2"
@@ -189,9 +188,7 @@ def test_a_copy_that_comes_late_is_handed_in_order_once_it_is_here() -> None:
 
 
 def test_a_resumed_subscription_goes_on_after_what_its_client_says_it_was_handed() -> None:
-    t = Total("B")
-    t.core.mesh_size = 2
-    t.core.reachable = {"A": "1", "B": ""}
+    t = Total("B", mesh=True)
     sid, link, _ = t.sub("a")
     t.start(sid)
     g1, g2 = PL + ":x1", PL + ":x2"
