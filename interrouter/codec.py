@@ -2,7 +2,8 @@
 
     data frame:     b"D" | u16 header length | header (JSON) | payload (the message, untouched)
     control frame:  b"C" | JSON array of messages, each [kind, field...]
-                    (an Order's sequencer message: `ordercodec`)
+                    (an Order's sequencer message, kind "O": `ordercodec`;
+                    a LamportOrder's Lamport message, kind "LO": `lamportcodec`)
 
 A transit router reads only the short header of a data frame and slices the payload out without
 copying its contents into anything else. Unknown message kinds are skipped (forward compatibility);
@@ -15,6 +16,7 @@ import json
 import struct
 from typing import Any
 
+from interrouter.lamportcodec import _show, lamport_from_list, lamport_to_list
 from interrouter.messages import (
     Acks,
     Bye,
@@ -23,6 +25,7 @@ from interrouter.messages import (
     Finals,
     Hello,
     Holds,
+    LamportOrder,
     LinkState,
     Order,
     Probes,
@@ -97,6 +100,9 @@ def _to_list(m: Control) -> list[Any]:
         return ["Q", m.src, m.dst, m.gids]  # type: ignore[union-attr]
     if t is Order:
         return ["O", m.src, m.dst, m.topic, wire_to_list(m.wire)]  # type: ignore[union-attr]
+    if t is LamportOrder:
+        return ["LO", m.src, m.dst, m.topic, m.epoch, m.seq, m.ack_epoch, m.ack,  # type: ignore[union-attr]
+                None if m.msg is None else lamport_to_list(m.msg)]  # type: ignore[union-attr]
     raise TypeError(f"not a control message: {m!r}")
 
 
@@ -128,6 +134,8 @@ def _from_list(x: list[Any]) -> Control | None:
         return Queries(x[1], x[2], list(x[3]))
     if kind == "O":
         return _order_from_list(x)
+    if kind == "LO":
+        return _lamport_from_list(x)
     return None  # a kind from a newer version: skipped
 
 
@@ -141,6 +149,25 @@ def _order_from_list(x: list[Any]) -> Order:
         if type(v) is not str:
             raise FrameError(f"malformed order message: {name}: expected a string, got {type(v).__name__}")
     return Order(dst, src, topic, wire_from_list(wire))
+
+
+def _lamport_from_list(x: list[Any]) -> LamportOrder:
+    """Strict like `_order_from_list`: exactly [kind, src, dst, topic, epoch, seq, ack_epoch, ack,
+    msg], nothing coerced; a message exactly when seq > 0."""
+    if not isinstance(x, list) or len(x) != 9:
+        got = f"{len(x)} fields" if isinstance(x, list) else type(x).__name__
+        raise FrameError("malformed lamport message: expected [kind, src, dst, topic, epoch, seq, ack_epoch, ack, "
+                         f"msg], got {got}")
+    _, src, dst, topic, epoch, seq, ack_epoch, ack, msg = x
+    for name, v in (("src", src), ("dst", dst), ("topic", topic)):
+        if type(v) is not str:
+            raise FrameError(f"malformed lamport message: {name}: expected a string, got {type(v).__name__}")
+    for name, v in (("epoch", epoch), ("seq", seq), ("ack_epoch", ack_epoch), ("ack", ack)):
+        if type(v) is not int or v < 0:
+            raise FrameError(f"malformed lamport message: {name}: expected an int >= 0, got {_show(v)}")
+    if (msg is None) != (seq == 0):
+        raise FrameError(f"malformed lamport message: seq {seq} with{'out' if msg is None else ''} a message")
+    return LamportOrder(dst, src, topic, epoch, seq, ack_epoch, ack, None if msg is None else lamport_from_list(msg))
 
 
 def encode_control(msgs: list[Control]) -> bytes:

@@ -16,6 +16,7 @@ from interrouter.codec import FrameError
 from interrouter.links import Peer, PeerHandler, dial
 from interrouter.node import MeshNode
 from router.engine.amqp import AmqpConnection, Engine
+from topology.model import TotalOrder
 
 if TYPE_CHECKING:
     from router.config import RouterConfig
@@ -25,16 +26,17 @@ log = logging.getLogger("oncemesh.mesh")
 
 
 def _first_life(state_dir: Path | None, me: str) -> bool:
-    """Is this the first life of this router's part in the sequencer groups? Only a router without
-    a state directory, or whose state directory has never seen it start, bootstraps; any later start
-    recovers its part from the other routers (router.order.sequencer, "Amnesia")."""
+    """Is this the first life of this router's part in the total-order groups? Only a router
+    without a state directory, or whose state directory has never seen it start, bootstraps; any
+    later start recovers its part from the other routers (router.order.sequencer, "Amnesia";
+    router.order.lamport: a restarted member)."""
     if state_dir is None:
         return True
     marker = state_dir / f"{me}.order-member"
     if marker.exists():
         return False
     state_dir.mkdir(parents=True, exist_ok=True)
-    marker.write_text("a member of the sequencer groups of this topology since its first start\n")
+    marker.write_text("a member of the total-order groups of this topology since its first start\n")
     return True
 
 
@@ -48,10 +50,13 @@ class Mesh:
         spec = topo.routers[self.me]
         self.listen_addr = (spec.inter_host, spec.inter_port)
         nbrs = {n: float(topo.link(self.me, n).cost) for n in topo.neighbours(self.me)}
-        sequenced = sorted(router.cfg.core.total_topics)
+        total = router.cfg.core.total_topics
+        lamport = [t for t in topo.total_topics(TotalOrder.LAMPORT) if t in total]
+        sequenced = sorted(t for t in total if t not in lamport)
         self.node = MeshNode(self.me, router.incarnation, router.core, set(topo.routers), nbrs,
                              topo.hello_interval, topo.dead_after, time.time(), sequenced=sequenced,
-                             bootstrap=_first_life(cfg.state_dir, self.me) if sequenced else True)
+                             bootstrap=_first_life(cfg.state_dir, self.me) if total else True,
+                             lamport_topics=lamport)
         self.handler = PeerHandler(self.me, router.incarnation, set(nbrs), self._peer_up, self._on_frame,
                                    self._peer_down)
         self.peers: dict[str, Peer] = {}

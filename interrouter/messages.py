@@ -1,9 +1,9 @@
 """Messages between routers (wire protocol v1, docs/wire-protocol.md).
 
 Neighbour-only: Hello, Bye. Flooded: LinkState. Routed (src -> dst, hop by hop along the shortest
-paths): SubUpdate, SubAck, TableSync, Acks, Finals, Probes, Queries, PubDeclare, Holds, Order. Data
-copies travel in their own frames (`codec.encode_copy`) so that transit routers can pass the payload
-on without decoding it.
+paths): SubUpdate, SubAck, TableSync, Acks, Finals, Probes, Queries, PubDeclare, Holds, Order,
+LamportOrder. Data copies travel in their own frames (`codec.encode_copy`) so that transit routers can
+pass the payload on without decoding it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from router.order import lamport
 from router.order.sequencer import Wire
 
 PROTOCOL_VERSION = 1
@@ -152,6 +153,24 @@ class Order:
 
 
 @dataclass(frozen=True, slots=True)
+class LamportOrder:
+    """One frame of a reliable session (`interrouter.channel`) of the Lamport total-order stream of
+    `topic` (`router.order.lamport`), from the stream's member `src` to `dst`: session `epoch`, its
+    number `seq` (0: no message, an acknowledgement only), the acknowledgement of `dst`'s session
+    toward `src` (`ack_epoch`, every seq up to `ack` arrived), and the message. Encoded by
+    `interrouter.lamportcodec`."""
+
+    dst: str
+    src: str
+    topic: str
+    epoch: int
+    seq: int
+    ack_epoch: int
+    ack: int
+    msg: lamport.Wire | None
+
+
+@dataclass(frozen=True, slots=True)
 class Copy:
     """A message copy: from `origin` (incarnation `inc`), to deliver at each router of `dests` to
     the listed subscriptions. `payload` is the publisher's message, never decoded."""
@@ -166,5 +185,6 @@ class Copy:
 
 
 Control = (Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds
-           | Queries | Order)
-Routed = SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds | Queries | Order
+           | Queries | Order | LamportOrder)
+Routed = (SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds | Queries | Order
+          | LamportOrder)

@@ -13,11 +13,13 @@ neighbour (`flush`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import Any
 
 from interrouter import codec
+from interrouter.channel import Sessions
 from interrouter.gossip import Gossip
 from interrouter.hello import HelloMonitor
 from interrouter.linkstate import LinkStateDb
@@ -28,6 +30,7 @@ from interrouter.messages import (
     Finals,
     Hello,
     Holds,
+    LamportOrder,
     LinkState,
     Order,
     Probes,
@@ -51,11 +54,18 @@ from router.actions import (
 )
 from router.core import DeliveryCore
 from router.errors import RemoteProtocolError
+from router.order import lamport
+from router.order.lamport import LamportNode
 from router.order.sequencer import Delivered, SendTo, SequencerNode, Unresolved
 from router.order.total import parse_start
 from router.subscriptions import SubState
 
 MAX_CONTROL_BATCH = 2000
+
+
+def lamport_incarnation(inc: str) -> int:
+    """A router's incarnation as the Lamport stream counts it (an int; ours are microsecond times)."""
+    return int(inc) if inc.isdigit() else int.from_bytes(inc.encode()[:8].ljust(8, b"\0"), "big")
 
 log = logging.getLogger("oncemesh.mesh")
 
@@ -63,10 +73,12 @@ log = logging.getLogger("oncemesh.mesh")
 class MeshNode:
     def __init__(self, me: str, inc: str, core: DeliveryCore, routers: set[str],
                  neighbours: dict[str, float], hello_interval: float, dead_after: float, now: float,
-                 sequenced: Iterable[str] = (), bootstrap: bool = True) -> None:
+                 sequenced: Iterable[str] = (), bootstrap: bool = True, lamport_topics: Iterable[str] = ()
+                 ) -> None:
         """`sequenced`: topics in total order by the sequencer (one numbering group per topic, every
-        router of the topology a member); `bootstrap`: this is the group's first life here (a
-        router restarted with its state directory recovers its part from the others)."""
+        router of the topology a member); `lamport_topics`: topics in total order by Lamport clocks
+        (every router a member); `bootstrap`: this is the groups' first life here (a router
+        restarted with its state directory recovers its part from the others)."""
         self.me = me
         self.inc = inc
         self.core = core
@@ -100,6 +112,18 @@ class MeshNode:
         self.seqs = {t: SequencerNode(me, sorted(self.routers), inc, now, bootstrap=bootstrap)
                      for t in sorted(sequenced)}
         self._seq_alive: set[str] = set()
+        # topics in total order by Lamport clocks: one stream per topic over reliable sessions
+        # (`interrouter.channel`); its deliveries are numbered 1, 2, 3, ... here, alike on every router
+        lam_inc = lamport_incarnation(inc)
+        self.lamports = {t: LamportNode(me, sorted(self.routers), lam_inc, restarted=not bootstrap)
+                         for t in sorted(lamport_topics)}
+        self._lam_sessions: dict[str, Sessions[lamport.Wire]] = {t: Sessions() for t in self.lamports}
+        self._lam_alive: dict[str, str] = {}  # members reachable -> their incarnation
+        self._lam_count: dict[str, int] = dict.fromkeys(self.lamports, 0)
+        self._lam_submitted: dict[str, set[str]] = {t: set() for t in self.lamports}
+        for t, lam in self.lamports.items():
+            for r in sorted(self.routers - {me}):  # nobody is reachable yet
+                self._lamport_do(t, lam.member_down(r, now), now)
         # subscriptions (homed here) of total-order topics whose ATTACH waits for their start's
         # number: in force only from there (a message published after the answer is numbered after it)
         self._await_start: set[str] = set()
@@ -148,6 +172,8 @@ class MeshNode:
                     seq.peer_down(r, now)
             self._seq_alive = alive
             self._drain_order(now)
+        if self.lamports:
+            self._lamport_members({r: i for r, i in reach.items() if r != self.me}, now)
         self._pump_gossip()
         self._check_ready(now)
         self.view_changed = True
@@ -232,6 +258,8 @@ class MeshNode:
                 self.stats["order_refused"] = self.stats.get("order_refused", 0) + 1
                 log.error("mesh.order_refused from=%s topic=%s error=%s", msg.src, msg.topic, exc)  # type: ignore[union-attr]
             self._drain_order(now)
+        elif t is LamportOrder:
+            self._lamport_in(msg, now)  # type: ignore[arg-type]
         elif t is SubAck:
             self.gossip.handle_ack(msg)  # type: ignore[arg-type]
             self._pump_gossip()
@@ -271,6 +299,9 @@ class MeshNode:
 
     def flush(self) -> None:
         """End of a pass: batch what was queued into one control frame per neighbour."""
+        for topic, ses in self._lam_sessions.items():
+            ses.flush_acks()
+            self._lamport_frames(topic, ses)
         for dst, items in self._acks.items():
             self._route_control(Acks(self.me, dst, items))
         for dst, gids in self._finals.items():
@@ -316,6 +347,14 @@ class MeshNode:
         elif t is Announce:
             self._announce(act.sid)
         elif t is SubmitOrder:
+            lam = self.lamports.get(act.topic)
+            if lam is not None:
+                life = parse_start(act.key)
+                if life is not None:
+                    self._await_start.add(life[0])
+                self._lam_submitted[act.topic].add(act.key)
+                self._lamport_do(act.topic, lam.publish(act.key, b"", now), now)
+                return
             seq = self.seqs.get(act.topic)
             if seq is not None:
                 life = parse_start(act.key)
@@ -349,6 +388,76 @@ class MeshNode:
                             self._started(life[0], topic)
                     elif type(a) is Unresolved and a.gid in self.core.records:
                         seq.submit(a.gid, now)  # it restarted past compacted history: ask again
+
+    # ------------------------------------------------------------------ Lamport total order
+    def _lamport_members(self, alive: dict[str, str], now: float) -> None:
+        """The streams' failure detector: who we can reach, and in which incarnation. A member that
+        went or came back as a new life ends our sessions with it (messages may have been lost)."""
+        old = self._lam_alive
+        for r in sorted(set(old) | set(alive)):
+            was, inc = old.get(r), alive.get(r)
+            if was == inc:
+                continue
+            for t, lam in self.lamports.items():
+                self._lam_sessions[t].reset(r)
+                if was is not None:
+                    self._lamport_do(t, lam.member_down(r, now), now)
+                if inc is not None:
+                    self._lamport_do(t, lam.member_up(r, lamport_incarnation(inc), now), now)
+        self._lam_alive = dict(alive)
+
+    def _lamport_in(self, m: LamportOrder, now: float) -> None:
+        lam = self.lamports.get(m.topic)
+        if lam is None or m.src not in self.routers:
+            self.stats["order_unknown_topic"] = self.stats.get("order_unknown_topic", 0) + 1
+            log.warning("mesh.order_unknown_topic from=%s topic=%s: not in total order by Lamport clocks here, "
+                        "or not a member (topology files differ?)", m.src, m.topic)
+            return
+        ready, broken = self._lam_sessions[m.topic].receive(m.src, m.epoch, m.seq, m.ack_epoch, m.ack, m.msg, now)
+        if broken:  # its earlier session may have lost messages: a break of the channel
+            self.stats["order_sessions_broken"] = self.stats.get("order_sessions_broken", 0) + 1
+            self._lamport_do(m.topic, lam.member_down(m.src, now), now)
+            inc = self._lam_alive.get(m.src)
+            if inc is not None:
+                self._lamport_do(m.topic, lam.member_up(m.src, lamport_incarnation(inc), now), now)
+        for w in ready:
+            self._lamport_do(m.topic, lam.handle(m.src, w, now), now)
+
+    def _lamport_do(self, topic: str, actions: list[lamport.Action], now: float) -> None:
+        ses = self._lam_sessions[topic]
+        lam = self.lamports[topic]
+        for a in actions:
+            t = type(a)
+            if t is lamport.Send:
+                ses.send(a.to, a.msg, now)  # type: ignore[union-attr]
+            elif t is lamport.Deliver:
+                gid = a.gid  # type: ignore[union-attr]
+                self._lam_count[topic] = n = self._lam_count[topic] + 1
+                self._lam_submitted[topic].discard(gid)
+                self.core.ordered(topic, n, gid, now)
+                life = parse_start(gid) if self._await_start else None
+                if life is not None and life[0] in self._await_start:
+                    self._started(life[0], topic)
+            elif t is lamport.Orphaned:
+                # stamped, then dropped by a view change before anybody delivered them: ours go again
+                again = [g for g in a.gids if g in self._lam_submitted[topic]]  # type: ignore[union-attr]
+                for g in again:
+                    self._lamport_do(topic, lam.publish(g, b"", now), now)
+            elif t is lamport.ViewInstalled:
+                self.events.append(("order_view", topic, f"view={a.view} members={','.join(a.members)}"))  # type: ignore[union-attr]
+                log.info("mesh.order_view topic=%s view=%s members=%s", topic, a.view, ",".join(a.members))  # type: ignore[union-attr]
+            elif t is lamport.HistoryGap:
+                self.stats["order_history_gaps"] = self.stats.get("order_history_gaps", 0) + 1
+                log.error("mesh.order_history_gap topic=%s after=%s upto=%s: this router cannot learn that "
+                          "part of the order; its total-order subscriptions stall", topic, a.after, a.upto)  # type: ignore[union-attr]
+        self._lamport_frames(topic, ses)
+
+    def _lamport_frames(self, topic: str, ses: Sessions[lamport.Wire]) -> None:
+        if ses.out:
+            out, ses.out = ses.out, []
+            for f in out:
+                self._route_control(LamportOrder(f.dst, self.me, topic, f.epoch, f.seq, f.ack_epoch, f.ack, f.msg))
+            self.stats["order_out"] += len(out)
 
     def _announce(self, sid: str) -> None:
         sub = self.core.table.get(sid)
@@ -425,6 +534,9 @@ class MeshNode:
             seq.tick(now)
         if self.seqs:
             self._drain_order(now)
+        for topic, lam in self.lamports.items():
+            self._lam_sessions[topic].tick(now)
+            self._lamport_do(topic, lam.tick(now), now)
         self.core.tick(now, may_expire=self.may_expire())
 
     # ------------------------------------------------------------------ status
@@ -442,5 +554,10 @@ class MeshNode:
             "order": {t: {"algorithm": "sequencer", "sequencer": seq.coordinator, "leading": seq.leading,
                           "state": seq.status.name.lower(), "numbered": self.core.total[t].top
                           if t in self.core.total else 0}
-                      for t, seq in self.seqs.items()},
+                      for t, seq in self.seqs.items()}
+            | {t: {"algorithm": "lamport", "view": list(lam.installed) if lam.installed else None,
+                   "members": sorted(lam.members), "state": "frozen" if lam.frozen else "normal",
+                   "numbered": self._lam_count[t], "queued": len(lam.queue),
+                   "unacked": self._lam_sessions[t].unacked(), **dataclasses.asdict(lam.stats)}
+               for t, lam in self.lamports.items()},
         }

@@ -40,6 +40,7 @@ from router.engine.amqp import AmqpConnection, Engine, Link
 from router.ids import publisher_link_id, subscription_id
 from router.settlement_log import SettlementLog
 from router.subscriptions import SubscriptionStore, SubscriptionTable
+from topology.model import TotalOrder
 
 log = logging.getLogger("oncemesh.router")
 
@@ -119,13 +120,6 @@ def in_doubt_tags(value: list[Any] | tuple[Any, ...]) -> list[bytes]:
                 f"link property {PROP_IN_DOUBT} must list delivery tags (binary), not {type(t).__name__}")
     return out
 
-def sequenced_topics(topo: Any) -> list[str]:
-    """Topics of a topology in total order by the sequencer (enforced by the routers)."""
-    from topology.model import Order, TotalOrder
-
-    return sorted(n for n, t in topo.topics.items() if t.order is Order.TOTAL and t.total is TotalOrder.SEQUENCER)
-
-
 class Router:
     """One router. `start()` binds and loads state; `stop()` shuts down cleanly."""
 
@@ -134,8 +128,9 @@ class Router:
         self.id = cfg.id
         self.incarnation = str(time.time_ns() // 1000)
         self.table = SubscriptionTable()
-        if cfg.topology is not None:  # topics in total order by the sequencer (the mesh numbers them)
-            cfg.core.total_topics = frozenset(sequenced_topics(cfg.topology))
+        if cfg.topology is not None:  # topics in total order (the mesh numbers them)
+            cfg.core.total_topics = frozenset(cfg.topology.total_topics(TotalOrder.SEQUENCER)
+                                              + cfg.topology.total_topics(TotalOrder.LAMPORT))
         self.store = SubscriptionStore(cfg.state_dir / f"{cfg.id}.subscriptions.json") if cfg.state_dir else None
         self.core = DeliveryCore(cfg.id, self.table, cfg.core)
         self.slog = SettlementLog(
@@ -185,12 +180,11 @@ class Router:
         topo = self.cfg.topology
         for name, t in sorted(topo.topics.items()) if topo is not None else ():
             if name in self.cfg.core.total_topics:
-                log.info("topic.total_order topic=%s algorithm=sequencer", name)
+                log.info("topic.total_order topic=%s algorithm=%s", name, t.total.value if t.total else None)
             elif t.order.value != "fifo":
                 # say so rather than pretend: per-publisher FIFO is what these topics get for now
-                log.warning("topic.order_not_enforced topic=%s order=%s total=%s: only per-publisher FIFO is "
-                            "enforced for it so far (causal and lamport are not implemented yet)",
-                            name, t.order.value, t.total.value if t.total else None)
+                log.warning("topic.order_not_enforced topic=%s order=%s: only per-publisher FIFO is "
+                            "enforced for it so far (causal order is not implemented yet)", name, t.order.value)
 
     def ready_info(self) -> dict[str, Any]:
         assert self.bound is not None

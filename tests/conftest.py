@@ -120,3 +120,4 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--sim-duration", type=float, default=8.0, help="schedule length for --sim-seed (seconds)")
     g.addoption("--sim-messages", type=int, default=30, help="messages per publisher for --sim-seed")
     g.addoption("--sim-total", action="store_true", help="the topic in total order (sequencer) for --sim-seed")
+    g.addoption("--sim-lamport", action="store_true", help="the topic in total order (Lamport) for --sim-seed")

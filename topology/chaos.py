@@ -129,7 +129,7 @@ class ChaosResult:
         `--order total` the pairs of subscriptions handed messages in opposite orders."""
         if self.summary is None:
             return 0
-        return self.summary.total_order_disagreements if self.order == "total" else self.summary.fifo_reversals
+        return self.summary.total_order_disagreements if self.order in ("total", "lamport") else self.summary.fifo_reversals
 
     @property
     def passed(self) -> bool:
@@ -147,7 +147,7 @@ class ChaosResult:
 
     def verdict(self) -> str:
         return {0: f"PASS: nothing lost, duplicated, unexpected, falsely accepted or out of "
-                   f"{'total' if self.order == 'total' else 'FIFO'} order; the run quiesced",
+                   f"{'total' if self.order in ('total', 'lamport') else 'FIFO'} order; the run quiesced",
                 1: "FAIL: promises broken or processes crashed (see above)",
                 2: f"ERROR: {self.error}",
                 3: "LIVENESS: nothing broken, but the run did not quiesce in time"}[self.exit_code]
@@ -601,7 +601,7 @@ class _Run:
             self.say(f"  false publisher outcomes (ACCEPTED before every subscription had it): {s.false_accept}")
             self.say(f"  FIFO: {s.fifo_reversals} handed after a later message of their publisher, "
                      f"{s.fifo_gaps} skipped while a later one was handed")
-            if self.cfg.order == "total":
+            if self.cfg.order in ("total", "lamport"):
                 self.say(f"  total order: {s.total_order_disagreements} pair(s) of subscriptions handed messages "
                          f"in opposite orders")
         for v in r.client_violations:
@@ -727,9 +727,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help="seconds to wait for quiescence after healing (default max(60, duration/2))")
     p.add_argument("--mean-gap", type=float, default=Limits().mean_gap,
                    help=f"mean seconds between fault starts (default {Limits().mean_gap:g})")
-    p.add_argument("--order", choices=("fifo", "total"), default="fifo",
-                   help="the chaos topic's order (total: by the sequencer; then the verdict also fails on "
-                        "subscriptions handed messages in opposite orders instead of FIFO reversals)")
+    p.add_argument("--order", choices=("fifo", "total", "lamport"), default="fifo",
+                   help="the chaos topic's order (total: by the sequencer; lamport: total by Lamport clocks; "
+                        "both make the verdict also fail on subscriptions handed messages in opposite orders "
+                        "instead of FIFO reversals)")
     p.add_argument("--no-reconcile", action="store_true", help="skip the Spark reconciliation (no verdict on "
                                                                 "safety beyond the client logs)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress on stderr)")

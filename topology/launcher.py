@@ -812,27 +812,35 @@ def describe(topo: Topology) -> str:
 def _order_text(t: Any) -> str:
     extra = t.total or t.causal_group
     text = f"order {t.order}" + (f" ({extra})" if extra else "")
-    if t.order is Order.TOTAL and t.total is TotalOrder.SEQUENCER or t.order is Order.FIFO:
+    if t.order is Order.TOTAL or t.order is Order.FIFO:
         return text
     return text + " - not enforced yet: routers give it per-publisher FIFO"
 
 
 def format_topics(topo: Topology, statuses: list[RouterStatus]) -> str:
-    """The topics of the topology with their order, and for a total-order topic the sequencer the
-    running routers see and how many numbers they learned (for `oncemesh status`)."""
+    """The topics of the topology with their order, and for a total-order topic the sequencer (or
+    the Lamport view) the running routers see and how many numbers they learned (`oncemesh status`)."""
     out = []
     for name, t in sorted(topo.topics.items()):
         line = f"topic {name}: {_order_text(t)}"
         seen = {s.id: s.order[name] for s in statuses if s.order and name in s.order}
         if seen:
+            lamport = t.total is TotalOrder.LAMPORT
             views: dict[str, list[str]] = {}
             for rid, o in sorted(seen.items()):
-                views.setdefault(str(o.get("sequencer") or "being elected"), []).append(rid)
+                if lamport:
+                    v = o.get("view")
+                    seen_as = (f"view {v[0]}.{v[1] or 'genesis'} of {','.join(o.get('members') or [])}"
+                               + (" (changing)" if o.get("state") == "frozen" else "")) if v else "joining"
+                else:
+                    seen_as = str(o.get("sequencer") or "being elected")
+                views.setdefault(seen_as, []).append(rid)
             if len(views) == 1:
                 who = next(iter(views))
             else:  # the routers do not agree (yet): say who sees what
                 who = "; ".join(f"{v} at {','.join(rs)}" for v, rs in sorted(views.items()))
-            line += f"; sequencer {who}, numbered {max(int(o.get('numbered', 0)) for o in seen.values())}"
+            numbered = max(int(o.get("numbered", 0)) for o in seen.values())
+            line += f"; {'Lamport' if lamport else 'sequencer'} {who}, numbered {numbered}"
         out.append(line)
     return "\n".join(out)
 

@@ -128,6 +128,10 @@ class Topology:
     def topic(self, name: str) -> TopicSpec:
         return self.topics.get(name) or TopicSpec(name)
 
+    def total_topics(self, algorithm: TotalOrder) -> list[str]:
+        """The topics in total order agreed on by `algorithm` (enforced by the routers)."""
+        return sorted(n for n, t in self.topics.items() if t.order is Order.TOTAL and t.total is algorithm)
+
     def dialer(self, a: str, b: str) -> str:
         """Which end of link a–b opens the TCP connection: the lexically smaller id.
 

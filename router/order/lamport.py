@@ -222,7 +222,8 @@ class LamportNode:
         genesis = {r: 0 for r in universe}
         self.installed: Ballot | None = None if restarted else GENESIS
         self.members: dict[str, int] = {} if restarted else dict(genesis)
-        self.up: dict[str, int] = {me: incarnation} if restarted else dict(genesis)
+        # (genesis names every member's first life 0, whatever its incarnation: see `_propose`)
+        self.up: dict[str, int] = {me: incarnation} if restarted else {**genesis, me: incarnation}
         self.promised: Ballot = GENESIS
         self.seen: Ballot = GENESIS
         self.accepted: tuple[Ballot, Decision] | None = None
@@ -461,7 +462,12 @@ class LamportNode:
             self._start_round(now, rd.after)
             return
         n = len(base_members)
-        lost = sum(1 for r, i in base_members if rd.targets.get(r, i) != i)  # restarted: never votes again
+        # restarted: never votes again. Genesis's 0 stands for every member's first life, whatever its
+        # incarnation: there a restarted member is one that promises no installed view
+        if base == GENESIS:
+            lost = sum(1 for p in ps.values() if p.installed is None)
+        else:
+            lost = sum(1 for r, i in base_members if rd.targets.get(r, i) != i)
         if base is None or len(current) < max(n - n // 2, n // 2 + 1 - lost):
             self.round = None  # no quorum of the latest view here: wait (minority side)
             return

@@ -131,8 +131,9 @@ class SimRouter:
             table.restore(self.snapshot, sim.now)
         self.core = DeliveryCore(self.id, table, sim.core_cfg)
         self.node = MeshNode(self.id, str(self.incarnation), self.core, set(sim.routers), self.neighbours,
-                             HELLO, DEAD_AFTER, sim.now, sequenced=(TOPIC,) if sim.total else (),
-                             bootstrap=not self.started_before)
+                             HELLO, DEAD_AFTER, sim.now, sequenced=(TOPIC,) if sim.total == "sequencer" else (),
+                             bootstrap=not self.started_before,
+                             lamport_topics=(TOPIC,) if sim.total == "lamport" else ())
         self.started_before = True
         self.alive = True
         self.frozen = False
@@ -358,7 +359,7 @@ class Faults:
 
 class Simulation:
     def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
-                 faults: Faults | None = None, duration: float = 20.0, total: bool = False) -> None:
+                 faults: Faults | None = None, duration: float = 20.0, total: bool | str = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 1000.0
@@ -366,7 +367,8 @@ class Simulation:
         self.seq = 0
         self.faults = faults or Faults()
         self.duration = duration
-        self.total = total  # the topic is in total order (sequencer) instead of FIFO
+        # the topic in total order ("sequencer" or "lamport"; True: "sequencer") instead of FIFO ("")
+        self.total = "sequencer" if total is True else (total or "")
         self.core_cfg = CoreConfig(max_inflight_messages=200, link_credit=20, probe_after=1.0,
                                    placeholder_horizon=1e9, orphan_horizon=1e9,
                                    total_topics=frozenset({TOPIC}) if total else frozenset())
@@ -514,7 +516,8 @@ class Simulation:
             return True
         n = len(self.routers)
         down = sum(1 for r in self.routers.values()
-                   if not r.alive or any(q.status.name != "NORMAL" for q in r.node.seqs.values()))
+                   if not r.alive or any(q.status.name != "NORMAL" for q in r.node.seqs.values())
+                   or any(lam.installed is None for lam in r.node.lamports.values()))
         return down + 1 <= n - (n // 2 + 1)
 
     def kill(self, r: SimRouter) -> None:

@@ -1,0 +1,268 @@
+"""The Lamport total-order core's messages (`router.order.lamport.Wire`) as plain values for a control
+frame (`codec`, kind "LO"), and back.
+
+    msg      = [tag, field...]              fields in the dataclass's order, tags in `_MESSAGES`
+    ballot   = [round, coordinator]         round >= 0
+    key      = [view, ts, origin]           view: a ballot whose round may also be -1 (MIN_KEY)
+    members  = [[router, incarnation]...]
+    entry    = [key, gid, payload]          payload: the bytes as standard base64 (padded)
+    decision = [view, base, members, upto, [entry...] extra, [entry...] history, floor]
+    commit   = [ballot, decision]           Promise.commit: a Commit's fields, without its tag
+    accepted = [ballot, decision]           Promise.accepted
+    optional fields (Prepare.after, Promise.installed / floor / accepted / commit, Decision.floor): null
+
+Encoding trusts our own (typed) values and makes lists all the way down (no tuples), so what the
+JSON decoder hands back compares equal to what was encoded. Decoding trusts nothing: a value of the
+wrong kind (a bool is not an int, a float is not an int), a list of the wrong length, a negative
+number where none can be (a round of -1 only inside a key), a payload that is not canonical base64
+or an unknown tag raises `codec.FrameError` naming the field; nothing else escapes, whatever the
+nesting. The decoder follows the fixed layout and never recurses into what it was given. Decoded
+values are the dataclasses with tuples where they hold tuples (keys, ballots, members, entries):
+equal to the originals and hashable. A decoded value encodes back to exactly what was decoded.
+Whether the values make sense to the stream (members sorted, keys in this view) is for
+`LamportNode.handle` to judge: the codec knows only the layout.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, NamedTuple, NoReturn
+
+from router.order.lamport import (
+    Accept,
+    Accepted,
+    Ack,
+    Ballot,
+    Commit,
+    Data,
+    Decision,
+    Entry,
+    Key,
+    Members,
+    Prepare,
+    Promise,
+    Refuse,
+    Wire,
+)
+
+
+def _bad(what: str) -> NoReturn:
+    from interrouter.codec import FrameError  # here, not at the top: codec imports this module
+
+    raise FrameError(f"malformed lamport message: {what}")
+
+
+def _show(v: object) -> str:
+    """What we got, briefly: garbage may be huge or deeply nested."""
+    if isinstance(v, str):
+        return f"str {v[:40]!r}"
+    if isinstance(v, list | tuple | dict):
+        return f"{type(v).__name__} of {len(v)}"
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
+        return f"int of {v.bit_length()} bits"
+    return f"{type(v).__name__} {v!r:.40}"
+
+
+class _Kind(NamedTuple):
+    """How one field travels: `enc` our typed value -> plain lists; `dec` (value, where) -> typed value."""
+
+    enc: Callable[[Any], Any]
+    dec: Callable[[object, str], Any]
+
+
+# ---------------------------------------------------------------------- scalars
+
+
+def _seq(v: object, where: str, n: int = -1) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(v, list | tuple):
+        _bad(f"{where}: expected a list, got {_show(v)}")
+    if n >= 0 and len(v) != n:
+        _bad(f"{where}: expected {n} elements, got {len(v)}")
+    return v
+
+
+def _int_from(low: int) -> Callable[[object, str], int]:
+    def dec(v: object, where: str) -> int:
+        if type(v) is not int or v < low:
+            _bad(f"{where}: expected an int >= {low}, got {_show(v)}")
+        return v
+    return dec
+
+
+_nat = _int_from(0)
+
+
+def _str(v: object, where: str) -> str:
+    if type(v) is not str:
+        _bad(f"{where}: expected a string, got {_show(v)}")
+    return v
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def _payload_to(p: bytes) -> str:
+    return base64.b64encode(p).decode("ascii")
+
+
+def _payload(v: object, where: str) -> bytes:
+    s = _str(v, where)
+    try:
+        b = base64.b64decode(s, validate=True)
+    except (binascii.Error, ValueError):  # ValueError: not ASCII
+        _bad(f"{where}: expected base64, got {_show(s)}")
+    if base64.b64encode(b).decode("ascii") != s:  # e.g. "QR==": b"A" too, but not what we send
+        _bad(f"{where}: expected canonical base64, got {_show(s)}")
+    return b
+
+
+NAT = _Kind(_same, _nat)
+STR = _Kind(_same, _str)
+PAYLOAD = _Kind(_payload_to, _payload)
+
+
+# ---------------------------------------------------------------------- compound values
+
+
+def _ballot_kind(low: int) -> _Kind:
+    dec_round = _int_from(low)
+
+    def enc(b: Ballot) -> list[Any]:
+        return [b[0], b[1]]
+
+    def dec(v: object, where: str) -> Ballot:
+        rnd, coord = _seq(v, where, 2)
+        return (dec_round(rnd, f"{where}.round"), _str(coord, f"{where}.coordinator"))
+    return _Kind(enc, dec)
+
+
+BALLOT = _ballot_kind(0)
+_VIEW = _ballot_kind(-1)  # in keys only: MIN_KEY = ((-1, ""), 0, "")
+
+
+def _key_to(k: Key) -> list[Any]:
+    (rnd, coord), ts, origin = k
+    return [[rnd, coord], ts, origin]
+
+
+def _key(v: object, where: str) -> Key:
+    view, ts, origin = _seq(v, where, 3)
+    return (_VIEW.dec(view, f"{where}.view"), _nat(ts, f"{where}.ts"), _str(origin, f"{where}.origin"))
+
+
+KEY = _Kind(_key_to, _key)
+
+
+def _members(v: object, where: str) -> Members:
+    out = []
+    for k, m in enumerate(_seq(v, where)):
+        w = f"{where}[{k}]"
+        router, inc = _seq(m, w, 2)
+        out.append((_str(router, f"{w}.router"), _nat(inc, f"{w}.incarnation")))
+    return tuple(out)
+
+
+MEMBERS = _Kind(lambda ms: [[r, i] for r, i in ms], _members)
+
+
+def _optional(kind: _Kind) -> _Kind:
+    enc, dec = kind
+    return _Kind(lambda v: None if v is None else enc(v), lambda v, where: None if v is None else dec(v, where))
+
+
+def _many(kind: _Kind) -> _Kind:
+    enc, dec = kind
+    return _Kind(lambda vs: [enc(v) for v in vs],
+                 lambda vs, where: tuple(dec(v, f"{where}[{k}]") for k, v in enumerate(_seq(vs, where))))
+
+
+def _record(cls: type, *kinds: _Kind) -> _Kind:
+    """A dataclass as the list of its fields, in their order."""
+    names = [f.name for f in fields(cls)]
+    if len(names) != len(kinds):
+        raise AssertionError(f"{cls.__name__}: {len(names)} fields, {len(kinds)} kinds")
+    spec = tuple(zip(names, kinds, strict=True))
+
+    def enc(v: Any) -> list[Any]:
+        return [k.enc(getattr(v, n)) for n, k in spec]
+
+    def dec(v: object, where: str) -> Any:
+        items = _seq(v, where, len(spec))
+        return cls(*[k.dec(i, f"{where}.{n}") for (n, k), i in zip(spec, items, strict=True)])
+
+    return _Kind(enc, dec)
+
+
+def _pair(first: _Kind, second: _Kind) -> _Kind:
+    def dec(v: object, where: str) -> tuple[Any, Any]:
+        a, b = _seq(v, where, 2)
+        return (first.dec(a, f"{where}[0]"), second.dec(b, f"{where}[1]"))
+    return _Kind(lambda p: [first.enc(p[0]), second.enc(p[1])], dec)
+
+
+ENTRY = _record(Entry, KEY, STR, PAYLOAD)
+ENTRIES = _many(ENTRY)
+DECISION = _record(Decision, BALLOT, BALLOT, MEMBERS, KEY, ENTRIES, ENTRIES, _optional(KEY))
+COMMIT = _record(Commit, BALLOT, DECISION)  # nested in a Promise: without its tag
+
+# ---------------------------------------------------------------------- the messages
+
+# tag, class, the kind of each field in the dataclass's order (checked against it below)
+_MESSAGES: tuple[tuple[str, type, tuple[_Kind, ...]], ...] = (
+    ("D", Data, (ENTRY,)),
+    ("A", Ack, (KEY, NAT)),
+    ("P", Prepare, (BALLOT, _optional(KEY))),
+    ("PM", Promise, (BALLOT, NAT, _optional(BALLOT), MEMBERS, KEY, ENTRIES, ENTRIES, _optional(KEY),
+                     _optional(_pair(BALLOT, DECISION)), _optional(COMMIT))),
+    ("R", Refuse, (BALLOT, BALLOT)),
+    ("AC", Accept, (BALLOT, DECISION)),
+    ("AD", Accepted, (BALLOT,)),
+    ("C", Commit, (BALLOT, DECISION)),
+)
+
+
+def _tables() -> tuple[dict[type, tuple[str, _Kind]], dict[str, tuple[str, int, _Kind]]]:
+    """class -> (tag, record); tag -> (class name, number of fields, record)."""
+    enc: dict[type, tuple[str, _Kind]] = {}
+    dec: dict[str, tuple[str, int, _Kind]] = {}
+    for tag, cls, kinds in _MESSAGES:
+        if tag in dec or cls in enc:
+            raise AssertionError(f"_MESSAGES: {cls.__name__} or tag {tag!r} twice")
+        rec = _record(cls, *kinds)
+        enc[cls], dec[tag] = (tag, rec), (cls.__name__, len(kinds), rec)
+    return enc, dec
+
+
+_ENCODE, _DECODE = _tables()
+
+
+# ---------------------------------------------------------------------- the interface
+
+
+def lamport_to_list(msg: Wire) -> list[Any]:
+    """`msg` as (nested) lists, ints, strings and None: [tag, field...]."""
+    spec = _ENCODE.get(type(msg))
+    if spec is None:
+        raise TypeError(f"not a lamport message: {msg!r}")
+    tag, rec = spec
+    return [tag, *rec.enc(msg)]
+
+
+def lamport_from_list(x: object) -> Wire:
+    """The message that `lamport_to_list` made `x` from; `codec.FrameError` if `x` is not one."""
+    x = _seq(x, "lamport")
+    if not x:
+        _bad("lamport: empty, expected [tag, field...]")
+    tag = x[0]
+    spec = _DECODE.get(tag) if type(tag) is str else None
+    if spec is None:
+        _bad(f"lamport: unknown tag {_show(tag)}")
+    name, n, rec = spec
+    if len(x) != 1 + n:
+        _bad(f"{name} ({tag}): expected {n} fields, got {len(x) - 1}")
+    msg: Wire = rec.dec(x[1:], name)
+    return msg
