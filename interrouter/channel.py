@@ -16,7 +16,8 @@ again after `retry` without progress. Acknowledgements ride on every message to 
 owe one and send nothing to gets an acknowledgement of its own (seq 0, no body).
 
 A session ends (`reset`) when the peer is reported unreachable or comes back as a new incarnation:
-what is unacknowledged is dropped and the next message opens a new epoch. Epochs only grow (a new
+what is unacknowledged is dropped and the next message opens a new epoch. (Only the sender ends its
+session: the receiver goes on with it until a higher epoch comes.) Epochs only grow (a new
 one is above both the last one and the current time in microseconds, so also above those of an
 earlier life of this router). A receiver that sees a new epoch from a peer reports it (`broken`): the
 peer may have dropped messages of the old session, and the ordered stream must treat that as a break
@@ -97,9 +98,10 @@ class Sessions(Generic[M]):
         return Frame(dst, epoch, seq, i.epoch, i.got, msg)
 
     def reset(self, peer: str) -> None:
-        """The peer is unreachable or restarted: end both sessions with it."""
+        """The peer is unreachable or restarted: end our session toward it (the next message opens a
+        new epoch). Its session toward us goes on as long as it does: it ends it, and a new life of
+        it opens a higher epoch (forgetting it here would make us wait for a seq 1 that never comes)."""
         self._out.pop(peer, None)
-        self._in.pop(peer, None)
 
     # ------------------------------------------------------------------ receiving
     def receive(self, src: str, epoch: int, seq: int, ack_epoch: int, ack: int, msg: M | None, now: float

@@ -47,10 +47,12 @@ class FrameError(ValueError):
 
 
 def encode_copy_header(origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]],
-                       preds: tuple[str, ...] = ()) -> bytes:
+                       preds: tuple[str, ...] = (), deps: tuple[tuple[str, str], ...] = ()) -> bytes:
     fields: list[Any] = [origin, inc, gid, topic, {k: list(v) for k, v in dests.items()}]
-    if preds:
+    if preds or deps:
         fields.append(list(preds))
+    if deps:
+        fields.append([[g, t] for g, t in deps])
     header = _dumps(fields).encode()
     if len(header) > 0xFFFF:
         raise ValueError(f"copy header of {len(header)} bytes exceeds 65535 (too many subscriptions)")
@@ -58,7 +60,7 @@ def encode_copy_header(origin: str, inc: str, gid: str, topic: str, dests: dict[
 
 
 def encode_copy(c: Copy) -> bytes:
-    return encode_copy_header(c.origin, c.inc, c.gid, c.topic, c.dests, c.preds) + c.payload
+    return encode_copy_header(c.origin, c.inc, c.gid, c.topic, c.dests, c.preds, c.deps) + c.payload
 
 
 def decode_copy(frame: bytes) -> Copy:
@@ -67,7 +69,8 @@ def decode_copy(frame: bytes) -> Copy:
         origin, inc, gid, topic, dests, *rest = _loads(frame[3:3 + n].decode())
         return Copy(str(origin), str(inc), str(gid), str(topic),
                     {str(k): tuple(str(s) for s in v) for k, v in dests.items()}, frame[3 + n:],
-                    tuple(str(p) for p in rest[0]) if rest and rest[0] else ())
+                    tuple(str(p) for p in rest[0]) if rest and rest[0] else (),
+                    tuple((str(g), str(t)) for g, t in rest[1]) if len(rest) > 1 and rest[1] else ())
     except (struct.error, ValueError, TypeError, AttributeError) as exc:
         raise FrameError(f"malformed data frame: {exc}") from None
 

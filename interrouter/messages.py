@@ -182,6 +182,7 @@ class Copy:
     dests: dict[str, tuple[str, ...]]
     payload: bytes
     preds: tuple[str, ...] = ()  # FIFO: earlier messages of its publisher it must not overtake
+    deps: tuple[tuple[str, str], ...] = ()  # causal order: (gid, topic) its publisher depended on
 
 
 Control = (Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds

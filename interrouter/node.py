@@ -186,7 +186,7 @@ class MeshNode:
         if kind == b"D":
             c = codec.decode_copy(data)
             self.stats["copies_in"] += 1
-            self._route_copy(c.origin, c.inc, c.gid, c.topic, c.dests, c.payload, now, c.preds)
+            self._route_copy(c.origin, c.inc, c.gid, c.topic, c.dests, c.payload, now, c.preds, c.deps)
         elif kind == b"C":
             for msg in codec.decode_control(data):
                 self._on_control(peer, msg, now)
@@ -271,12 +271,13 @@ class MeshNode:
 
     # ------------------------------------------------------------------ routing out
     def _route_copy(self, origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]],
-                    payload: bytes, now: float, preds: tuple[str, ...] = ()) -> None:
+                    payload: bytes, now: float, preds: tuple[str, ...] = (),
+                    deps: tuple[tuple[str, str], ...] = ()) -> None:
         hops = self.lsdb.routes().next_hop
         by_hop: dict[str, dict[str, tuple[str, ...]]] = {}
         for router, sids in dests.items():
             if router == self.me:
-                self.core.receive_copy(origin, inc, gid, topic, sids, payload, now, preds)
+                self.core.receive_copy(origin, inc, gid, topic, sids, payload, now, preds, deps)
                 continue
             hop = hops.get(router)
             if hop is None or hop not in self.connected:
@@ -287,7 +288,7 @@ class MeshNode:
             if origin != self.me:
                 self.stats["transit"] += 1
             self.stats["copies_out"] += 1
-            self.sends.append((hop, codec.encode_copy_header(origin, inc, gid, topic, d, preds) + payload))
+            self.sends.append((hop, codec.encode_copy_header(origin, inc, gid, topic, d, preds, deps) + payload))
 
     def _route_control(self, msg: Routed) -> None:
         if msg.dst == self.me:
@@ -329,7 +330,8 @@ class MeshNode:
     def perform(self, act: Any, now: float) -> None:
         t = type(act)
         if t is Forward:
-            self._route_copy(self.me, self.inc, act.gid, act.topic, act.dests, act.payload, now, act.preds)
+            self._route_copy(self.me, self.inc, act.gid, act.topic, act.dests, act.payload, now, act.preds,
+                             act.deps)
         elif t is SendAck:
             self._acks.setdefault(act.to, []).append((act.gid, act.sid, act.state, act.error))
         elif t is SendFinal:
@@ -426,6 +428,7 @@ class MeshNode:
     def _lamport_do(self, topic: str, actions: list[lamport.Action], now: float) -> None:
         ses = self._lam_sessions[topic]
         lam = self.lamports[topic]
+        again: list[str] = []
         for a in actions:
             t = type(a)
             if t is lamport.Send:
@@ -439,10 +442,9 @@ class MeshNode:
                 if life is not None and life[0] in self._await_start:
                     self._started(life[0], topic)
             elif t is lamport.Orphaned:
-                # stamped, then dropped by a view change before anybody delivered them: ours go again
-                again = [g for g in a.gids if g in self._lam_submitted[topic]]  # type: ignore[union-attr]
-                for g in again:
-                    self._lamport_do(topic, lam.publish(g, b"", now), now)
+                # stamped, then dropped by a view change before anybody delivered them: ours go again,
+                # after the messages of this batch (a stamp sent before them would break FIFO)
+                again += [g for g in a.gids if g in self._lam_submitted[topic]]  # type: ignore[union-attr]
             elif t is lamport.ViewInstalled:
                 self.events.append(("order_view", topic, f"view={a.view} members={','.join(a.members)}"))  # type: ignore[union-attr]
                 log.info("mesh.order_view topic=%s view=%s members=%s", topic, a.view, ",".join(a.members))  # type: ignore[union-attr]
@@ -451,6 +453,8 @@ class MeshNode:
                 log.error("mesh.order_history_gap topic=%s after=%s upto=%s: this router cannot learn that "
                           "part of the order; its total-order subscriptions stall", topic, a.after, a.upto)  # type: ignore[union-attr]
         self._lamport_frames(topic, ses)
+        for g in again:
+            self._lamport_do(topic, lam.publish(g, b"", now), now)
 
     def _lamport_frames(self, topic: str, ses: Sessions[lamport.Wire]) -> None:
         if ses.out:

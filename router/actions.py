@@ -92,6 +92,7 @@ class Forward:
     payload: bytes
     dests: dict[str, tuple[str, ...]]
     preds: tuple[str, ...] = ()  # FIFO: earlier messages of its publisher it must not overtake
+    deps: tuple[tuple[str, str], ...] = ()  # causal order: (gid, topic) its publisher depended on
 
 
 @dataclass(slots=True)

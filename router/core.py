@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
@@ -107,12 +107,15 @@ class CoreConfig:
     # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
     # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
     total_topics: frozenset[str] = frozenset()
+    # topics in causal order -> their causal group (a topic without a group is a group of its own)
+    causal_groups: dict[str, str] = field(default_factory=dict)
 
 
 class Record:
     __slots__ = ("gid", "topic", "payload", "plid", "pubs", "owed", "pending", "outcome", "error",
                  "pub_settled", "created", "decided", "redeliveries", "rejected_by", "origin", "origins",
-                 "fwd", "holders", "probed", "held", "sent_at", "asked_at", "listed", "preds", "seq", "tnum")
+                 "fwd", "holders", "probed", "held", "sent_at", "asked_at", "listed", "preds", "seq", "tnum",
+                 "deps")
 
     def __init__(self, gid: str, topic: str, payload: bytes, now: float) -> None:
         self.gid = gid
@@ -143,13 +146,16 @@ class Record:
         self.preds: tuple[str, ...] = ()
         self.seq = counter_seq(gid)  # its place in its publisher's order (None: not a counter tag)
         self.tnum: int | None = None  # total order: its number in its topic, once learned here
+        # causal order: its publishing client's causal past when it published it, (gid, topic) per
+        # publisher link of the causal group (those of its own topic are also in `preds`)
+        self.deps: tuple[tuple[str, str], ...] = ()
 
 
 class SubRuntime:
     """Delivery-side state of one subscription homed here."""
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
-                 "notify", "arrived_at", "fifo_hi", "resend", "tnext", "thanded", "thanded_ids")
+                 "notify", "arrived_at", "fifo_hi", "resend", "tnext", "thanded", "thanded_ids", "client")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
@@ -173,13 +179,16 @@ class SubRuntime:
         self.tnext: int | None = None
         self.thanded = 0
         self.thanded_ids: tuple[str, ...] = ()  # presented handed-last ids whose numbers we must learn first
+        self.client = ""  # causal order: its client (AMQP container id), whose causal past grows with it
 
 
 class PubLink:
-    __slots__ = ("token", "plid", "topic", "second", "outstanding", "pubs", "blocked", "declared", "mark")
+    __slots__ = ("token", "plid", "topic", "second", "outstanding", "pubs", "blocked", "declared", "mark",
+                 "client")
 
-    def __init__(self, token: Any, plid: str, topic: str, second: bool) -> None:
+    def __init__(self, token: Any, plid: str, topic: str, second: bool, client: str = "") -> None:
         self.token = token
+        self.client = client  # its AMQP container id (causal order: whose causal past it publishes in)
         self.plid = plid
         self.topic = topic
         self.second = second  # receiver-settle-mode second
@@ -246,6 +255,11 @@ class DeliveryCore:
         self.total: dict[str, TotalStream] = {t: TotalStream() for t in self.cfg.total_topics}
         self.stats_total_held = 0  # times a delivery waited for an earlier number of its topic
         self.stats_total_late = 0  # handed after a later number (it came only after that was handed)
+        # causal order: per (client, causal group), the client's causal past as this router knows it:
+        # publisher link -> (seq or -1, gid, topic) of the latest message of that link in it
+        self.causal = self.cfg.causal_groups
+        self.pasts: dict[tuple[str, str], dict[str, tuple[int, str, str]]] = {}
+        self.stats_causal_deps = 0  # dependencies attached to messages published here
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
@@ -255,8 +269,9 @@ class DeliveryCore:
 
     # ================================================================ publishers
     def attach_publisher(self, token: Any, plid: str, topic: str, second: bool,
-                         in_doubt: Iterable[bytes] | None, now: float, mark: int | None = None) -> None:
-        pl = PubLink(token, plid, topic, second)
+                         in_doubt: Iterable[bytes] | None, now: float, mark: int | None = None,
+                         client: str = "") -> None:
+        pl = PubLink(token, plid, topic, second, client)
         self.pub_links[token] = pl
         # the newest attach of a link name supersedes older ones still open here (their connections
         # not yet noticed dead, e.g. after a freeze): only its declaration is evidence (chaos mesh4
@@ -298,7 +313,11 @@ class DeliveryCore:
         gid = global_id(pl.plid, tag)
         rec = self.records.get(gid)
         if rec is None:
-            rec = self._new_record(gid, pl.topic, payload, now)
+            group = self.causal.get(pl.topic) if self.causal else None
+            deps = self._causal_deps(pl, group) if group is not None else ()
+            rec = self._new_record(gid, pl.topic, payload, now, deps)
+            if group is not None and pl.client:
+                self._causal_note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
         else:
             self.log.append(("received", gid, rec.topic, None, {"size": len(payload), "info": "merged"}))
             if rec.origin is not None:
@@ -332,12 +351,15 @@ class DeliveryCore:
         rec.pub_settled = True
         self._maybe_final(rec, now)
 
-    def _new_record(self, gid: str, topic: str, payload: bytes, now: float) -> Record:
+    def _new_record(self, gid: str, topic: str, payload: bytes, now: float,
+                    deps: tuple[tuple[str, str], ...] = ()) -> Record:
         rec = Record(gid, topic, payload, now)
         self.records[gid] = rec
         self.inflight_bytes += len(payload)
         self.undecided += 1
         self._chain(rec)
+        if deps:
+            self._add_deps(rec, deps)
         asked = self.held_for.pop(gid, None)
         if asked:
             rec.holders = set(asked)
@@ -555,6 +577,7 @@ class DeliveryCore:
             self._distrust(rt, now)
         rt.link = link
         rt.capable = capable
+        rt.client = container
         rt.credit = 0
         presented_set = set(presented or ())
         self.last_presented[sid] = sorted(presented_set)
@@ -759,6 +782,53 @@ class DeliveryCore:
             rt.resend.discard(gid)
         self.out.append(Deliver(rt.sid, gid, rec.payload, redelivery))
         self.log.append(("delivered", gid, rec.topic, rt.sid, "redelivery" if redelivery else None))
+        if self.causal and rt.client:
+            group = self.causal.get(rec.topic)
+            if group is not None:
+                self._causal_note(rt.client, group, gid, rec.topic, rec.deps)
+
+    # ================================================================ causal order
+    def _causal_note(self, client: str, group: str, gid: str, topic: str,
+                     deps: tuple[tuple[str, str], ...]) -> None:
+        """`gid` (and what it depended on) is now in the causal past of `client` for `group`: it was
+        handed to it here, or it published it. Per publisher link the latest is kept (a link's
+        messages are handed in its order, so depending on the latest covers the earlier ones)."""
+        past = self.pasts.get((client, group))
+        if past is None:
+            past = self.pasts[(client, group)] = {}
+        for g, t in ((gid, topic), *deps):
+            p = plid_of(g)
+            r = counter_seq(g)
+            rank = -1 if r is None else r
+            cur = past.get(p)
+            if cur is None or rank >= cur[0] or rank < 0:  # (a tag without a counter: the newest seen)
+                past[p] = (rank, g, t)
+
+    def _causal_deps(self, pl: PubLink, group: str) -> tuple[tuple[str, str], ...]:
+        """The dependencies of a message its client publishes now on `pl`: its causal past, but its
+        own link (FIFO covers it) and what is final here (every subscription owed it has it: none
+        can be handed it after the new message). Final entries leave the past."""
+        past = self.pasts.get((pl.client, group)) if pl.client else None
+        if not past:
+            return ()
+        final = self.recent_final
+        out = []
+        for p, (_r, g, t) in list(past.items()):
+            if g in final:
+                del past[p]
+            elif p != pl.plid:
+                out.append((g, t))
+        self.stats_causal_deps += len(out)
+        return tuple(out)
+
+    def _add_deps(self, rec: Record, deps: tuple[tuple[str, str], ...]) -> None:
+        """Causal dependencies of `rec` (from its origin, or from a copy): it is held back behind
+        those of its own topic exactly as behind a FIFO predecessor; all of them are passed on to
+        the causal past of every client it is handed to."""
+        rec.deps = deps if not rec.deps else tuple(dict.fromkeys(rec.deps + deps))
+        same = tuple(g for g, t in deps if t == rec.topic and g != rec.gid and g not in rec.preds)
+        if same:
+            rec.preds = (*rec.preds, *same)
 
     def _total_topic(self, sid: str) -> str | None:
         """The topic of subscription `sid` if it is in total order."""
@@ -1068,7 +1138,8 @@ class DeliveryCore:
 
     # ================================================================ mesh: destination side
     def receive_copy(self, origin: str, origin_inc: str, gid: str, topic: str, sids: Iterable[str],
-                     payload: bytes, now: float, preds: tuple[str, ...] = ()) -> None:
+                     payload: bytes, now: float, preds: tuple[str, ...] = (),
+                     deps: tuple[tuple[str, str], ...] = ()) -> None:
         """A copy from `origin` for the listed subscriptions (those homed here deliver it)."""
         self._now = now
         rec = self.records.get(gid)
@@ -1095,6 +1166,8 @@ class DeliveryCore:
             rec.origins[origin] = origin_inc
         if preds:  # every origin's predecessors count (each saw its own part of the publisher's order)
             rec.preds = preds if not rec.preds else tuple(dict.fromkeys(rec.preds + preds))
+        if deps:
+            self._add_deps(rec, deps)
         self._absorb_placeholders(rec)
         ts = self.total.get(topic) if self.total else None
         if ts is not None and rec.tnum is None:
@@ -1286,7 +1359,8 @@ class DeliveryCore:
                 rec.fwd[sid] = home
             rec.holders.add(home)
         rec.sent_at = self._now
-        self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, rec.preds))
+        self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, rec.preds,
+                                rec.deps))
         self.log.append(("forwarded", rec.gid, rec.topic, None, {"peer": ",".join(sorted(dests))}))
 
     def set_reachable(self, reachable: dict[str, str], now: float) -> None:

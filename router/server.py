@@ -131,6 +131,7 @@ class Router:
         if cfg.topology is not None:  # topics in total order (the mesh numbers them)
             cfg.core.total_topics = frozenset(cfg.topology.total_topics(TotalOrder.SEQUENCER)
                                               + cfg.topology.total_topics(TotalOrder.LAMPORT))
+            cfg.core.causal_groups = cfg.topology.causal_groups()
         self.store = SubscriptionStore(cfg.state_dir / f"{cfg.id}.subscriptions.json") if cfg.state_dir else None
         self.core = DeliveryCore(cfg.id, self.table, cfg.core)
         self.slog = SettlementLog(
@@ -181,10 +182,8 @@ class Router:
         for name, t in sorted(topo.topics.items()) if topo is not None else ():
             if name in self.cfg.core.total_topics:
                 log.info("topic.total_order topic=%s algorithm=%s", name, t.total.value if t.total else None)
-            elif t.order.value != "fifo":
-                # say so rather than pretend: per-publisher FIFO is what these topics get for now
-                log.warning("topic.order_not_enforced topic=%s order=%s: only per-publisher FIFO is "
-                            "enforced for it so far (causal order is not implemented yet)", name, t.order.value)
+            elif name in self.cfg.core.causal_groups:
+                log.info("topic.causal_order topic=%s group=%s", name, self.cfg.core.causal_groups[name])
 
     def ready_info(self) -> dict[str, Any]:
         assert self.bound is not None
@@ -373,7 +372,7 @@ class Router:
         link.open()
         tags = in_doubt_tags(in_doubt) if in_doubt is not None else None
         self.core.attach_publisher(link, plid, topic, second, tags, time.time(),
-                                   int(mark) if mark is not None and tags is not None else None)
+                                   int(mark) if mark is not None and tags is not None else None, client=container)
 
     def on_credit(self, link: Link) -> None:
         ctx = link.ctx

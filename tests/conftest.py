@@ -121,3 +121,4 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--sim-messages", type=int, default=30, help="messages per publisher for --sim-seed")
     g.addoption("--sim-total", action="store_true", help="the topic in total order (sequencer) for --sim-seed")
     g.addoption("--sim-lamport", action="store_true", help="the topic in total order (Lamport) for --sim-seed")
+    g.addoption("--sim-causal", action="store_true", help="the topic in causal order for --sim-seed")

@@ -812,9 +812,7 @@ def describe(topo: Topology) -> str:
 def _order_text(t: Any) -> str:
     extra = t.total or t.causal_group
     text = f"order {t.order}" + (f" ({extra})" if extra else "")
-    if t.order is Order.TOTAL or t.order is Order.FIFO:
-        return text
-    return text + " - not enforced yet: routers give it per-publisher FIFO"
+    return text
 
 
 def format_topics(topo: Topology, statuses: list[RouterStatus]) -> str:

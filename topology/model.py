@@ -132,6 +132,11 @@ class Topology:
         """The topics in total order agreed on by `algorithm` (enforced by the routers)."""
         return sorted(n for n, t in self.topics.items() if t.order is Order.TOTAL and t.total is algorithm)
 
+    def causal_groups(self) -> dict[str, str]:
+        """Topics in causal order -> their causal group (a topic without one is a group of its own)."""
+        return {n: f"group {t.causal_group}" if t.causal_group else f"topic {n}"
+                for n, t in sorted(self.topics.items()) if t.order is Order.CAUSAL}
+
     def dialer(self, a: str, b: str) -> str:
         """Which end of link a–b opens the TCP connection: the lexically smaller id.
 

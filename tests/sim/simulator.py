@@ -191,6 +191,8 @@ class SimRouter:
         t = type(a)
         if t is Deliver:
             entry = self.sub_links.get(a.sid)
+            if sim.causal:
+                sim.delivered_by[(a.sid, a.gid)] = (self.id, self.incarnation)
             if entry is not None:
                 link, sub = entry
                 sim.client_event(lambda: sim.sub_receive(sub, link, a.gid, self.id), link)
@@ -234,7 +236,7 @@ class SimRouter:
         if refused is not None:
             now = self.sim.now
             self.core.detach_subscriber(link, sid, True, now)
-            self.core.attach_subscriber(link, sid, TOPIC, "c-sub", sub.name, float("inf"), True,
+            self.core.attach_subscriber(link, sid, TOPIC, self.sim.client_of(sub.name), sub.name, float("inf"), True,
                                         sorted(sub.accepted), now, sub.epoch)
             self.awaiting[sid] = (link, sub, False)
             if not self.node.attach_pending(sid):
@@ -359,7 +361,8 @@ class Faults:
 
 class Simulation:
     def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
-                 faults: Faults | None = None, duration: float = 20.0, total: bool | str = False) -> None:
+                 faults: Faults | None = None, duration: float = 20.0, total: bool | str = False,
+                 causal: bool = False) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 1000.0
@@ -371,7 +374,15 @@ class Simulation:
         self.total = "sequencer" if total is True else (total or "")
         self.core_cfg = CoreConfig(max_inflight_messages=200, link_credit=20, probe_after=1.0,
                                    placeholder_horizon=1e9, orphan_horizon=1e9,
-                                   total_topics=frozenset({TOPIC}) if total else frozenset())
+                                   total_topics=frozenset({TOPIC}) if total else frozenset(),
+                                   causal_groups={TOPIC: "topic t"} if causal else {})
+        # causal order: subscriber i and publisher i are one client (`c{i}`); what the routers can
+        # know of its causal past: per (client, router, router life), what that life handed it
+        # (and what those depended on) and what it published there
+        self.causal = causal
+        self.cpast: dict[tuple[str, str, int], set[str]] = {}
+        self.deps: dict[str, set[str]] = {}  # gid -> what its publisher depended on (every router it used)
+        self.delivered_by: dict[tuple[str, str], tuple[str, int]] = {}  # (sid, gid) -> (router, life)
         self.sequence: dict[str, list[str]] = {}  # sid -> gids in the order handed to its application
         self.routers: dict[str, SimRouter] = {}
         for r in sorted(graph.nodes):
@@ -383,6 +394,9 @@ class Simulation:
                                    self.rng.sample(names, len(names))) for i in range(n_subs)]
         self.pubs = [SimPublisher(f"p{i}", publisher_link_id("c-pub", f"p{i}"),
                                   self.rng.sample(names, len(names))) for i in range(n_pubs)]
+        if causal:  # a client's two links try the routers in the same order (they meet more often)
+            for s, p in zip(self.subs, self.pubs, strict=False):
+                p.urls = list(s.urls)
         for p in self.pubs:
             p.to_publish = messages
         self.handed: dict[tuple[str, str], int] = {}
@@ -456,7 +470,7 @@ class Simulation:
         names = sorted(self.routers)
         if self.faults.kill and r < 0.04:
             victim = self.routers[rng.choice(names)]
-            if victim.alive and self.may_kill():
+            if victim.alive and self.may_kill(victim):
                 self.note(f"kill {victim.id}")
                 self.kill(victim)
                 self.schedule(rng.uniform(0.3, 3.0), lambda v=victim: self.restart(v))
@@ -508,17 +522,34 @@ class Simulation:
             if p.router is None:
                 self.pub_connect(p)
 
-    def may_kill(self) -> bool:
+    def may_kill(self, victim: SimRouter) -> bool:
         """The sequencer (total order) assumes at most N - (N//2 + 1) routers crashed or recovering
         at once: more would lose numbers a majority committed (it has no disk), and it stops rather
         than guess (router/order/sequencer.py, "Amnesia"). Crashes in total-order runs respect that."""
         if not self.total:
             return True
+        if self.total == "lamport":
+            return self._lamport_may_kill(victim)
         n = len(self.routers)
         down = sum(1 for r in self.routers.values()
                    if not r.alive or any(q.status.name != "NORMAL" for q in r.node.seqs.values())
                    or any(lam.installed is None for lam in r.node.lamports.values()))
         return down + 1 <= n - (n // 2 + 1)
+
+    def _lamport_may_kill(self, victim: SimRouter) -> bool:
+        """The Lamport stream assumes at least ceil(n/2) of the n members of its latest view keep
+        their state until the next view forms (router/order/lamport.py, "What waits"): views shrink
+        with partitions, so this bounds kills by the latest view, not by the topology."""
+        alive = {r.id: r for r in self.routers.values() if r.alive}
+        views = [(lam.installed, lam.members) for r in alive.values() for lam in r.node.lamports.values()
+                 if lam.installed is not None]
+        if not views:
+            return False
+        _, members = max(views, key=lambda v: v[0])
+        n = len(members)
+        keep = sum(1 for m, inc in members.items()
+                   if m != victim.id and m in alive and (inc == 0 or alive[m].incarnation == inc))
+        return keep >= n - n // 2
 
     def kill(self, r: SimRouter) -> None:
         r.alive = False
@@ -584,6 +615,24 @@ class Simulation:
             self.net.cut.discard(k)
             self.net.try_connect(a, b)
 
+    # -- causal order ------------------------------------------------------------------------------
+    def client_of(self, name: str) -> str:
+        """The AMQP container id of a client link: s{i} and p{i} are one client in causal runs."""
+        if not self.causal:
+            return "c-sub" if name.startswith("s") else ""
+        return f"c{name[1:]}"
+
+    def check_causal_order(self) -> None:
+        """No subscription was handed a message before one its publisher depended on (as far as
+        the routers it published through could know) when it got both."""
+        for sid, seq in self.sequence.items():
+            pos = {g: k for k, g in enumerate(seq)}
+            for k, b in enumerate(seq):
+                for a in self.deps.get(b, ()):
+                    if pos.get(a, -1) > k:
+                        raise Violation(f"causal order: {sid} was handed {b} before {a}, which its publisher "
+                                        "had been handed (or had published) before publishing it")
+
     # -- subscribers ---------------------------------------------------------------------------
     def sub_connect(self, s: SimSubscriber) -> None:
         if s.router is not None or not s.wants:
@@ -609,7 +658,8 @@ class Simulation:
                 if sid == s.sid and seq >= 0]
         if self.sequence.get(s.sid):  # and the latest handed of all (total order)
             last.append(self.sequence[s.sid][-1])
-        r.core.attach_subscriber(link, s.sid, TOPIC, "c-sub", s.name, float("inf"), True, sorted(s.accepted),
+        r.core.attach_subscriber(link, s.sid, TOPIC, self.client_of(s.name), s.name, float("inf"), True,
+                                 sorted(s.accepted),
                                  self.now, s.epoch, last)
         r.awaiting[s.sid] = (link, s, False)
         r.process()
@@ -668,6 +718,10 @@ class Simulation:
             if self.handed[(s.sid, gid)] > 1:
                 raise Violation(f"{gid} handed twice to {s.name}")
             self.sequence.setdefault(s.sid, []).append(gid)
+            if self.causal and (s.sid, gid) in self.delivered_by:
+                rid, life = self.delivered_by[(s.sid, gid)]
+                self.cpast.setdefault((self.client_of(s.name), rid, life), set()).update(
+                    {gid} | self.deps.get(gid, set()))
             seq = counter_seq(gid)
             last = self.last_seq.get((s.sid, gid[:PLID_LEN]), -1)
             if seq is not None and seq < last and not self.total:
@@ -741,7 +795,8 @@ class Simulation:
         p.router, p.link, p.credit = r.id, link, 0
         p.token_of.clear()
         r.pub_links[link] = p
-        r.core.attach_publisher(link, p.plid, TOPIC, True, list(p.in_doubt.values()), self.now, p.seq)
+        r.core.attach_publisher(link, p.plid, TOPIC, True, list(p.in_doubt.values()), self.now, p.seq,
+                                client=self.client_of(p.name))
         r.process()
         self.schedule(0.001, lambda: self.pub_work(p, link))
 
@@ -780,6 +835,11 @@ class Simulation:
         p.token_of[tok] = gid
         p.credit -= 1
         r.pub_tokens[tok] = p
+        if self.causal:
+            key = (self.client_of(p.name), r.id, r.incarnation)
+            past = {g for g in self.cpast.get(key, ()) if g[:PLID_LEN] != p.plid}
+            self.deps[gid] = past if gid not in self.deps else self.deps[gid] & past  # (a resend elsewhere)
+            self.cpast.setdefault(key, set()).add(gid)
         r.core.publish(link, tok, tag, b"payload:" + tag, self.now)
 
     def pub_outcome(self, p: SimPublisher, tok: Token, outcome: Outcome, rid: str) -> None:
@@ -846,6 +906,8 @@ class Simulation:
                 raise Violation(f"{s.name} never saw {sorted(s.accepted)[:3]} settled")
         if self.total:
             self.check_total_order()
+        if self.causal:
+            self.check_causal_order()
 
     def check_total_order(self) -> None:
         """Every two subscriptions were handed the messages they both got in the same order."""

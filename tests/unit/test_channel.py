@@ -85,6 +85,17 @@ def test_reset_opens_a_new_epoch_and_the_receiver_reports_the_break() -> None:
     assert b.stats["stale"] == 1
 
 
+def test_the_receiver_goes_on_with_a_session_after_resetting_its_own() -> None:
+    """B ends its session toward A (A looked unreachable to B); A did not notice and goes on with
+    its session toward B: B still hands on what comes, in order."""
+    a, b = Sessions[int](), Sessions[int]()
+    a.send("B", 1, 1.0)
+    deliver(b, drain(a)[0], "A", 1.0)
+    b.reset("A")
+    a.send("B", 2, 1.5)
+    assert deliver(b, drain(a)[0], "A", 1.5) == ([2], False)
+
+
 def test_epochs_grow_across_lives() -> None:
     a = Sessions[int]()
     a.send("B", 1, 5.0)

@@ -1,0 +1,169 @@
+"""Delivery core, causal order: a client's causal past (what it was handed and what it published,
+with what those depended on) travels with what it publishes, and a subscription is handed a
+message only after the messages of its own topic that it depends on."""
+
+from __future__ import annotations
+
+from router.actions import Deliver, Forward, SendQuery
+from router.core import CoreConfig, DeliveryCore
+from router.ids import counter_tag, global_id, publisher_link_id, subscription_id
+from router.subscriptions import SubscriptionTable
+
+GROUPS = {"t": "group g", "u": "group g", "v": "topic v"}
+
+
+class Causal:
+    """One router (or a destination with mesh_size 2) with causal topics t, u (one group) and v."""
+
+    def __init__(self, mesh: bool = False) -> None:
+        self.core = DeliveryCore("R", SubscriptionTable(), CoreConfig(causal_groups=dict(GROUPS)))
+        if mesh:
+            self.core.mesh_size = 2
+            self.core.reachable = {"R": "", "O": "o1"}
+        self.now = 0.0
+        self.links: dict[tuple[str, str], object] = {}
+        self.seqs: dict[tuple[str, str], int] = {}
+
+    def take(self) -> list[object]:
+        out, self.core.out = self.core.out, []
+        return out
+
+    def sub(self, client: str, topic: str, credit: int = 100) -> str:
+        sid = subscription_id(client, f"s-{topic}", topic)
+        self.core.attach_subscriber(object(), sid, topic, client, f"s-{topic}", 60.0, True, None, self.now)
+        self.core.subscriber_credit(sid, credit)
+        self.take()
+        return sid
+
+    def publish(self, client: str, topic: str) -> str:
+        key = (client, topic)
+        if key not in self.links:
+            self.links[key] = tok = object()
+            self.core.attach_publisher(tok, publisher_link_id(client, f"p-{topic}"), topic, True, None, self.now,
+                                       client=client)
+        self.seqs[key] = n = self.seqs.get(key, 0) + 1
+        return self.core.publish(self.links[key], object(), counter_tag(n), b"x", self.now)
+
+
+def handed(acts: list[object]) -> list[tuple[str, str]]:
+    return [(a.sid, a.gid) for a in acts if isinstance(a, Deliver)]
+
+
+def test_what_a_client_was_handed_travels_with_what_it_publishes() -> None:
+    h = Causal()
+    h.sub("x", "t")
+    a = h.publish("p", "t")
+    assert handed(h.take())  # handed to x
+    b = h.publish("x", "u")  # another topic of the same group
+    assert h.core.records[b].deps == ((a, "t"),)
+    assert a not in h.core.records[b].preds  # another topic: nobody waits for it at b's subscriptions
+    c = h.publish("x", "t")
+    assert dict(h.core.records[c].deps) == {a: "t", b: "u"}  # what it published itself counts too
+    assert a in h.core.records[c].preds and b not in h.core.records[c].preds
+
+
+def test_the_past_is_transitive_across_clients_and_topics() -> None:
+    """a -> (x) -> b on u -> (y) -> c: c depends on a although y never saw a."""
+    h = Causal()
+    h.sub("x", "t")
+    h.sub("y", "u")
+    a = h.publish("p", "t")
+    b = h.publish("x", "u")
+    h.take()
+    c = h.publish("y", "t")
+    deps = dict(h.core.records[c].deps)
+    assert deps == {a: "t", b: "u"}
+    assert a in h.core.records[c].preds
+
+
+def test_only_the_latest_message_of_each_link_is_kept() -> None:
+    h = Causal()
+    h.sub("x", "t")
+    h.publish("p", "t")
+    a2 = h.publish("p", "t")
+    h.take()
+    b = h.publish("x", "u")
+    assert h.core.records[b].deps == ((a2, "t"),)
+
+
+def test_another_group_is_not_a_dependency() -> None:
+    h = Causal()
+    h.sub("x", "v")
+    h.publish("p", "v")
+    h.take()
+    b = h.publish("x", "t")
+    assert h.core.records[b].deps == ()
+
+
+def test_final_messages_leave_the_past() -> None:
+    h = Causal()
+    h.sub("x", "t")
+    a = h.publish("p", "t")
+    h.take()
+    h.core.recent_final[a] = h.now  # every subscription owed it has it
+    b = h.publish("x", "u")
+    assert h.core.records[b].deps == ()
+    assert all(g != a for _, g, _ in h.core.pasts[("x", "group g")].values())
+
+
+def test_deps_travel_in_copies() -> None:
+    """An origin routes a message with its dependencies to the subscription's home."""
+    h = Causal()
+    h.sub("x", "t")
+    a = h.publish("p", "t")
+    assert handed(h.take())
+    h.core.mesh_size = 2
+    h.core.reachable = {"R": "", "O": "o1"}
+    h.core.table.attach(subscription_id("z", "s", "t"), "t", "z", "s", 60.0, "O", h.now)
+    b = h.publish("x", "t")
+    fwd = [act for act in h.take() if isinstance(act, Forward) and act.gid == b]
+    assert fwd and fwd[0].deps == ((a, "t"),) and a in fwd[0].preds
+
+
+def test_a_copy_waits_for_a_dependency_of_its_topic_from_another_publisher() -> None:
+    """b (published by x after it was handed a) reaches s's home before a: s gets a first."""
+    h = Causal(mesh=True)
+    s = h.sub("s", "t")
+    a = global_id(publisher_link_id("p", "l"), counter_tag(1))
+    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    h.core.receive_copy("O", "o1", b, "t", [s], b"b", h.now, (), ((a, "t"),))
+    acts = h.take()
+    assert handed(acts) == [] and any(isinstance(q, SendQuery) and q.gid == a for q in acts)
+    h.core.receive_copy("O", "o1", a, "t", [s], b"a", h.now)
+    assert handed(h.take()) == [(s, a)]
+    h.core.tick(h.now)
+    assert handed(h.take()) == [(s, b)]
+
+
+def test_a_dependency_on_another_topic_does_not_hold_a_copy_back() -> None:
+    h = Causal(mesh=True)
+    s = h.sub("s", "t")
+    a = global_id(publisher_link_id("p", "l"), counter_tag(1))
+    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    h.core.receive_copy("O", "o1", b, "t", [s], b"b", h.now, (), ((a, "u"),))
+    assert handed(h.take()) == [(s, b)]
+
+
+def test_a_dependency_not_owed_here_releases_the_copy_once_final() -> None:
+    """s started after a: it is not owed a, whose FINAL (from the mesh) releases b."""
+    h = Causal(mesh=True)
+    s = h.sub("s", "t")
+    a = global_id(publisher_link_id("p", "l"), counter_tag(1))
+    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    h.core.receive_copy("O", "o1", b, "t", [s], b"b", h.now, (), ((a, "t"),))
+    assert handed(h.take()) == []
+    h.core.handle_final(a, h.now)
+    h.core.tick(h.now)
+    assert handed(h.take()) == [(s, b)]
+
+
+def test_handing_a_copy_extends_its_clients_past_with_its_deps() -> None:
+    h = Causal(mesh=True)
+    h.sub("y", "t")
+    a = global_id(publisher_link_id("p", "l"), counter_tag(1))
+    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    h.core.recent_final[a] = h.now  # (so that b is not held back here)
+    h.core.receive_copy("O", "o1", b, "t", [subscription_id("y", "s-t", "t")], b"b", h.now, (), ((a, "u"),))
+    assert handed(h.take())
+    past = h.core.pasts[("y", "group g")]
+    assert {g for _, g, _ in past.values()} == {a, b}
