@@ -2,6 +2,11 @@
 
     python -m clients.worker publish --url URLS --topic T --count N [--rate R] [--state-dir D]
     python -m clients.worker consume --url URLS --topic T --name SUB [--state-dir D] [--count N]
+    python -m clients.worker relay --url URLS --topic T --name SUB --count N [--to-topic U]
+
+A relay is one client (one container id, one connection) that consumes T and publishes one message
+on U (default T) for the first N messages it is handed (not its own relays): in causal order, what it
+publishes depends on what it was handed.
 
 Both write settlement logs (--log-dir) and survive being killed and restarted with the same state
 directory: a publisher resumes its outbox and continues its numbering, a subscriber resumes its
@@ -78,10 +83,38 @@ async def consume(args: argparse.Namespace) -> int:
     return 0
 
 
+async def relay(args: argparse.Namespace) -> int:
+    client = Client(args.url, state_dir=args.state_dir, log_dir=args.log_dir,
+                    reconnect_timeout=args.reconnect_timeout, idle_timeout=args.idle_timeout)
+    await client.start()
+    sub = client.subscriber(args.topic, args.name, expiry=args.expiry, credit=args.credit)
+    await sub.wait_attached(args.reconnect_timeout)
+    pub = client.publisher(args.to_topic or args.topic, f"{args.name}-relay", window=args.window)
+    got = relayed = echoes = 0
+    t0 = time.monotonic()
+    # until it relayed --count messages and, on the same topic, was handed its own relays back
+    while relayed < args.count or (echoes < relayed and not args.to_topic):
+        batch = await sub.get_many(1, timeout=1.0)  # at once: what it publishes answers what it got
+        for d in batch:
+            if d.gid.startswith(pub.plid):
+                echoes += 1
+            elif relayed < args.count:
+                await pub.send(f"relay of {d.gid}")
+                relayed += 1
+        got += len(batch)
+    results = await pub.flush(args.timeout)
+    bad = [r for r in results if not r.accepted]
+    print(json.dumps({"handed": got, "relayed": len(results), "not_accepted": len(bad),
+                      "failovers": client.failovers, "seconds": round(time.monotonic() - t0, 3)}))
+    await sub.detach()
+    await client.close()
+    return 0 if not bad else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m clients.worker")
     sub = p.add_subparsers(dest="kind", required=True)
-    for kind in ("publish", "consume"):
+    for kind in ("publish", "consume", "relay"):
         q = sub.add_parser(kind)
         q.add_argument("--url", required=True)
         q.add_argument("--topic", required=True)
@@ -96,20 +129,29 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--size", type=int, default=32)
     pp.add_argument("--window", type=int, default=1000)
     pp.add_argument("--timeout", type=float, default=None)
+    for kind in ("consume", "relay"):
+        cp = sub.choices[kind]
+        cp.add_argument("--expiry", type=float, default=math.inf)
+        cp.add_argument("--credit", type=int, default=200)
+    rp = sub.choices["relay"]
+    rp.add_argument("--to-topic", default=None, help="publish the relayed messages here (default: --topic)")
+    rp.add_argument("--window", type=int, default=1000)
+    rp.add_argument("--timeout", type=float, default=None)
     cp = sub.choices["consume"]
-    cp.add_argument("--expiry", type=float, default=math.inf)
-    cp.add_argument("--credit", type=int, default=200)
     cp.add_argument("--idle-exit", type=float, default=None, help="exit after S seconds without a message")
     cp.add_argument("--delay", type=float, default=0.0, help="seconds of 'work' per message")
     cp.add_argument("--unsubscribe", action="store_true")
     args = p.parse_args(argv)
     if args.kind == "publish" and args.count is None:
         p.error("publish needs --count")
-    if args.kind == "consume" and not args.name:
-        p.error("consume needs --name")
+    if args.kind in ("consume", "relay") and not args.name:
+        p.error(f"{args.kind} needs --name")
+    if args.kind == "relay" and args.count is None:
+        p.error("relay needs --count")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     faulthandler.enable()  # a crash in C code (SIGSEGV) leaves every thread's stack in our output
-    return asyncio.run(publish(args) if args.kind == "publish" else consume(args))
+    return asyncio.run(publish(args) if args.kind == "publish" else relay(args) if args.kind == "relay"
+                       else consume(args))
 
 
 if __name__ == "__main__":

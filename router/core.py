@@ -1683,6 +1683,7 @@ class DeliveryCore:
             "active_subscriptions": sum(1 for s in live if s.state is SubState.ACTIVE),
             "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
             "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.awaited),
+            "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
             "finals_ignored": self.stats_final_ignored,
             "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
         }

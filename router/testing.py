@@ -247,16 +247,20 @@ class LogSummary:
         self.hand_order: dict[str, list[tuple[float, int, str]]] = {}  # sub -> (ts, n, gid) handed
         self.duplicates: Counter[tuple[str, str]] = Counter()
         self.router_events: Counter[str] = Counter()
+        # per client (container id): (ts, kind, gid) of what it was handed and what it published
+        self.client_events: dict[str, list[tuple[float, int, str]]] = {}
         for e in iter_log_lines(*dirs):
             src, ev = e.get("src"), e.get("ev")
             if src == "publisher":
                 if ev == "published":
                     self.published.setdefault(e["gid"], e)
+                    self.client_events.setdefault(str(e.get("node")), []).append((float(e["ts"]), 1, e["gid"]))
                 elif ev == "outcome":
                     self.outcome[e["gid"]] = e["outcome"]
             elif src == "subscriber":
                 if ev == "handed":
                     self.handed[(e["sub"], e["gid"])] += 1
+                    self.client_events.setdefault(str(e.get("node")), []).append((float(e["ts"]), 0, e["gid"]))
                     self.hand_order.setdefault(e["sub"], []).append((float(e["ts"]), int(e.get("n", 0)), e["gid"]))
                 elif ev == "duplicate":
                     self.duplicates[(e["sub"], e["gid"])] += 1
@@ -288,6 +292,32 @@ class LogSummary:
             if reversals:
                 problems.append(f"{sub}: {len(reversals)} handed after a later message of their publisher, "
                                 f"e.g. {reversals[:3]}")
+        return problems
+
+    def causal_deps(self) -> dict[str, set[str]]:
+        """gid -> what its client had been handed before it published it (direct dependencies, from
+        the client logs; a resend keeps its first publish)."""
+        deps: dict[str, set[str]] = {}
+        for events in self.client_events.values():
+            seen: set[str] = set()
+            for _, kind, gid in sorted(events):
+                if kind == 0:
+                    seen.add(gid)
+                elif gid not in deps:
+                    deps[gid] = set(seen)
+        return deps
+
+    def check_causal(self, subs: Iterable[str]) -> list[str]:
+        """Problems (empty when fine): no subscription was handed a message before one its client
+        had been handed before publishing it."""
+        deps = self.causal_deps()
+        problems = []
+        for sub in subs:
+            order = [g for _, _, g in sorted(self.hand_order.get(sub, []))]
+            pos = {g: k for k, g in enumerate(order)}
+            bad = [(a, b) for k, b in enumerate(order) for a in deps.get(b, ()) if pos.get(a, -1) > k]
+            if bad:
+                problems.append(f"{sub}: {len(bad)} handed before a message they depend on, e.g. {bad[:3]}")
         return problems
 
     def check_total(self, subs: Iterable[str]) -> list[str]:

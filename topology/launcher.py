@@ -48,7 +48,7 @@ from typing import Any
 import networkx as nx
 
 from topology.load import TopologyError, load_topology, parse_topology
-from topology.model import LinkSpec, Order, Topology, TotalOrder
+from topology.model import LinkSpec, Topology, TotalOrder
 from topology.proxy import Mode, ProxyHub, ProxyStats
 
 DEFAULT_STATE_DIR = Path("oncemesh-state")

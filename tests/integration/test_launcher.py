@@ -254,7 +254,7 @@ def test_cli_up_check_describes_a_valid_topology_and_starts_nothing(tmp_path: Pa
     assert "mesh 'mesh4': 4 router(s), 6 link(s), connected" in r.stdout
     assert "link A–D: cost 5, A dials" in r.stdout and "topic orders: order total (sequencer)" in r.stdout
     assert "topic orders: order total (sequencer)\n" in r.stdout + "\n"  # enforced
-    assert "topic inventory: order causal (shop) - not enforced yet" in r.stdout  # not implemented: it says so
+    assert "topic inventory: order causal (shop)\n" in r.stdout  # enforced (a group of topics)
     assert not (tmp_path / "mesh").exists()
 
 

@@ -493,6 +493,25 @@ def test_status_lists_topic_orders_and_the_sequencer_the_routers_see() -> None:
 
     agreed = format_topics(topo, [status_of("A", "B", 7), status_of("B", "B", 9)])
     assert "topic ledger: order total (sequencer); sequencer B, numbered 9" in agreed
-    assert "topic shop: order causal - not enforced yet" in agreed
+    assert "topic shop: order causal" in agreed and "not enforced" not in agreed
     split = format_topics(topo, [status_of("A", "A", 3), status_of("B", "B", 3)])
     assert "sequencer A at A; B at B, numbered 3" in split
+
+
+def test_status_lists_the_lamport_view_the_routers_see() -> None:
+    from topology.launcher import RouterState, RouterStatus, format_topics
+
+    topo = parse_topology(
+        '[routers.A]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n'
+        '[routers.B]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n'
+        '[[links]]\nbetween = ["A", "B"]\n'
+        '[topics.ledger]\norder = "total"\ntotal = "lamport"\n')
+
+    def status_of(rid: str, view: list[object] | None, state: str, n: int) -> RouterStatus:
+        return RouterStatus(rid, RouterState.RUNNING, order={"ledger": {
+            "algorithm": "lamport", "view": view, "members": ["A", "B"], "state": state, "numbered": n}})
+
+    agreed = format_topics(topo, [status_of("A", [3, "A"], "normal", 5), status_of("B", [3, "A"], "normal", 5)])
+    assert "topic ledger: order total (lamport); Lamport view 3.A of A,B, numbered 5" in agreed
+    split = format_topics(topo, [status_of("A", [3, "A"], "frozen", 5), status_of("B", None, "frozen", 0)])
+    assert "Lamport joining at B; view 3.A of A,B (changing) at A, numbered 5" in split
