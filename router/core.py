@@ -155,7 +155,8 @@ class SubRuntime:
     """Delivery-side state of one subscription homed here."""
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
-                 "notify", "arrived_at", "fifo_hi", "resend", "tnext", "thanded", "thanded_ids", "client")
+                 "notify", "arrived_at", "fifo_hi", "resend", "tnext", "thanded", "thanded_ids", "client",
+                 "cpassed")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
@@ -180,6 +181,9 @@ class SubRuntime:
         self.thanded = 0
         self.thanded_ids: tuple[str, ...] = ()  # presented handed-last ids whose numbers we must learn first
         self.client = ""  # causal order: its client (AMQP container id), whose causal past grows with it
+        # causal order: dependencies of messages handed to it that it was not handed itself (not owed
+        # when they came, or final): one that comes only now would be handed after what depends on it
+        self.cpassed: set[str] | None = None
 
 
 class PubLink:
@@ -256,10 +260,11 @@ class DeliveryCore:
         self.stats_total_held = 0  # times a delivery waited for an earlier number of its topic
         self.stats_total_late = 0  # handed after a later number (it came only after that was handed)
         # causal order: per (client, causal group), the client's causal past as this router knows it:
-        # publisher link -> (seq or -1, gid, topic) of the latest message of that link in it
+        # publisher link -> (seq or -1, gid, topic, when noted) of the latest message of that link in it
         self.causal = self.cfg.causal_groups
-        self.pasts: dict[tuple[str, str], dict[str, tuple[int, str, str]]] = {}
+        self.pasts: dict[tuple[str, str], dict[str, tuple[int, str, str, float]]] = {}
         self.stats_causal_deps = 0  # dependencies attached to messages published here
+        self.stats_causal_cycles = 0  # two messages found waiting for each other (one went first)
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
@@ -314,7 +319,10 @@ class DeliveryCore:
         rec = self.records.get(gid)
         if rec is None:
             group = self.causal.get(pl.topic) if self.causal else None
-            deps = self._causal_deps(pl, group) if group is not None else ()
+            # (a resend its client declared in doubt gets none here: what the client was handed
+            # since it first sent it is no dependency of it, and could close a cycle of waits)
+            deps = self._causal_deps(pl, group) if group is not None and not (
+                pl.declared and gid in pl.declared) else ()
             rec = self._new_record(gid, pl.topic, payload, now, deps)
             if group is not None and pl.client:
                 self._causal_note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
@@ -717,6 +725,7 @@ class DeliveryCore:
         sid = rt.sid
         parked: list[str] | None = None
         late: list[Record] | None = None
+        causal_late: list[Record] | None = None
         ttopic = self._total_topic(sid) if self.total else None
         blocked = False
         while q and rt.credit > 0:
@@ -738,6 +747,14 @@ class DeliveryCore:
                     parked = []
                 parked.append(gid)
                 continue
+            if rt.cpassed and gid in rt.cpassed and not redelivery:
+                # causal order: a message that depends on it was handed first (it was not owed to
+                # this subscription then): handing it now would break causal order
+                rt.cpassed.discard(gid)
+                if causal_late is None:
+                    causal_late = []
+                causal_late.append(rec)
+                continue
             seq = rec.seq
             if seq is not None and ttopic is None:
                 hi = rt.fifo_hi.get(rec.plid, -1)
@@ -758,6 +775,9 @@ class DeliveryCore:
             # later one back). Handing it now would break FIFO: it ends for this subscription.
             for rec in late:
                 self._resolve(rec, sid, S.ENDED, None, self._now, "fifo: a later message was handed first")
+        if causal_late:
+            for rec in causal_late:
+                self._resolve(rec, sid, S.ENDED, None, self._now, "causal: a message depending on it was handed first")
         if ttopic is not None and not blocked:
             # total order: hand the next numbers by looking them up (what waits is not rescanned)
             seq_of = self.total[ttopic].seq
@@ -782,10 +802,36 @@ class DeliveryCore:
             rt.resend.discard(gid)
         self.out.append(Deliver(rt.sid, gid, rec.payload, redelivery))
         self.log.append(("delivered", gid, rec.topic, rt.sid, "redelivery" if redelivery else None))
+        if self.causal and rec.deps:
+            self._causal_passed(rt, rec)
         if self.causal and rt.client:
             group = self.causal.get(rec.topic)
             if group is not None:
                 self._causal_note(rt.client, group, gid, rec.topic, rec.deps)
+
+    def _causal_passed(self, rt: SubRuntime, rec: Record) -> None:
+        """`rec` goes to `rt` now: every dependency of its topic that `rt` was not handed here (its
+        record final and gone, or here without a part for it), and every earlier message of that
+        dependency's publisher link (a dependency stands for them: its client's past keeps only the
+        latest of each link), must never come after it. For counter tags the FIFO high mark says it
+        (`fifo_hi`: an earlier message that comes later ends for it); other gids are kept."""
+        sid = rt.sid
+        for g, t in rec.deps:
+            if t != rec.topic:
+                continue
+            r = self.records.get(g)
+            if r is not None and r.owed.get(sid) is not None and (r.owed[sid] is not S.QUEUED
+                                                                  or rec.gid in r.preds):
+                continue  # sent or resolved for it here (and its predecessors before it); or a cycle
+            seq = counter_seq(g)
+            if seq is not None:
+                p = plid_of(g)
+                if rt.fifo_hi.get(p, -1) <= seq:
+                    rt.fifo_hi[p] = seq + 1  # (above it: it, too, ends if it comes only now)
+            else:
+                if rt.cpassed is None:
+                    rt.cpassed = set()
+                rt.cpassed.add(g)
 
     # ================================================================ causal order
     def _causal_note(self, client: str, group: str, gid: str, topic: str,
@@ -796,25 +842,27 @@ class DeliveryCore:
         past = self.pasts.get((client, group))
         if past is None:
             past = self.pasts[(client, group)] = {}
+        now = self._now
         for g, t in ((gid, topic), *deps):
             p = plid_of(g)
             r = counter_seq(g)
             rank = -1 if r is None else r
             cur = past.get(p)
             if cur is None or rank >= cur[0] or rank < 0:  # (a tag without a counter: the newest seen)
-                past[p] = (rank, g, t)
+                past[p] = (rank, g, t, now)
 
     def _causal_deps(self, pl: PubLink, group: str) -> tuple[tuple[str, str], ...]:
         """The dependencies of a message its client publishes now on `pl`: its causal past, but its
-        own link (FIFO covers it) and what is final here (every subscription owed it has it: none
-        can be handed it after the new message). Final entries leave the past."""
+        own link (FIFO covers it). A final message stays a dependency: its publisher may still resend
+        it for a subscription that came in force since (re-originated, it is owed there); entries
+        noted longer ago than we remember finals leave the past (as `_await` gives up on them)."""
         past = self.pasts.get((pl.client, group)) if pl.client else None
         if not past:
             return ()
-        final = self.recent_final
+        horizon = self._now - self.cfg.final_memory
         out = []
-        for p, (_r, g, t) in list(past.items()):
-            if g in final:
+        for p, (_r, g, t, noted) in list(past.items()):
+            if noted < horizon:
                 del past[p]
             elif p != pl.plid:
                 out.append((g, t))
@@ -1008,11 +1056,16 @@ class DeliveryCore:
         for p in rec.preds:
             r = self.records.get(p)
             if r is None:
-                if p in self.recent_final or self._await(p):
-                    continue
+                if p in self.recent_final or self._settled_by_local_publisher(p) or self._await(p):
+                    continue  # (its publisher, attached here, settled it: it is final)
                 self.stats_fifo_held += 1
                 return False
             st = r.owed.get(sid)
+            if st is S.QUEUED and r.deps and rec.gid in r.preds:
+                # two messages each said to depend on the other (causal dependencies a foreign client's
+                # resend picked up at another router): waiting would be forever; this one goes first
+                self.stats_causal_cycles += 1
+                continue
             if st is S.QUEUED or st is None:
                 self.stats_fifo_held += 1
                 return False
@@ -1684,6 +1737,7 @@ class DeliveryCore:
             "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
             "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.awaited),
             "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
+            "causal_cycles": self.stats_causal_cycles,
             "finals_ignored": self.stats_final_ignored,
             "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
         }

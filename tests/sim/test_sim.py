@@ -151,6 +151,24 @@ def test_causal_order_with_faults(pytestconfig: pytest.Config, faults: str) -> N
     assert deps > 0  # clients did publish after being handed messages
 
 
+# causal seeds that once found a bug: (seed, topology, faults)
+CAUSAL_REGRESSIONS = [
+    # a dependency final at the publishing router was dropped from the past; its publisher resent it
+    # for a subscription that came in force later, which got it after what depended on it
+    (247, "triangle", "partition"),
+    # a dependency settled by its publisher attached at the waiting router itself: nobody answered
+    (194, "mesh4", "kill"),
+    # a resend through another router picked up dependencies published after it: a cycle of waits
+    (16, "hubs", "loss"),
+]
+
+
+@pytest.mark.parametrize("seed,topology,faults", CAUSAL_REGRESSIONS)
+def test_causal_order_regressions(seed: int, topology: str, faults: str) -> None:
+    sim = simulate(seed, topology, faults, duration=8.0, messages=30, causal=True)  # raises on any violation
+    assert all(not p.in_doubt for p in sim.pubs)
+
+
 # Lamport seeds that once found a bug: (seed, topology, faults)
 LAMPORT_REGRESSIONS = [
     # an orphan stamped again inside the adapter's loop over a commit's actions went out before

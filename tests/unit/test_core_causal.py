@@ -5,7 +5,7 @@ message only after the messages of its own topic that it depends on."""
 from __future__ import annotations
 
 from router.actions import Deliver, Forward, SendQuery
-from router.core import CoreConfig, DeliveryCore
+from router.core import CoreConfig, DeliveryCore, S
 from router.ids import counter_tag, global_id, publisher_link_id, subscription_id
 from router.subscriptions import SubscriptionTable
 
@@ -95,15 +95,21 @@ def test_another_group_is_not_a_dependency() -> None:
     assert h.core.records[b].deps == ()
 
 
-def test_final_messages_leave_the_past() -> None:
+def test_final_messages_stay_until_they_are_older_than_we_remember_finals() -> None:
+    """A final message is still a dependency (its publisher may resend it for a subscription that
+    came in force since); entries leave the past after `final_memory`."""
     h = Causal()
     h.sub("x", "t")
     a = h.publish("p", "t")
     h.take()
-    h.core.recent_final[a] = h.now  # every subscription owed it has it
+    h.core.recent_final[a] = h.now
     b = h.publish("x", "u")
-    assert h.core.records[b].deps == ()
-    assert all(g != a for _, g, _ in h.core.pasts[("x", "group g")].values())
+    assert h.core.records[b].deps == ((a, "t"),)
+    h.now += h.core.cfg.final_memory + 1
+    h.core._now = h.now
+    c = h.publish("x", "u")
+    assert h.core.records[c].deps == ()
+    assert all(e[1] != a for e in h.core.pasts[("x", "group g")].values())
 
 
 def test_deps_travel_in_copies() -> None:
@@ -166,4 +172,67 @@ def test_handing_a_copy_extends_its_clients_past_with_its_deps() -> None:
     h.core.receive_copy("O", "o1", b, "t", [subscription_id("y", "s-t", "t")], b"b", h.now, (), ((a, "u"),))
     assert handed(h.take())
     past = h.core.pasts[("y", "group g")]
-    assert {g for _, g, _ in past.values()} == {a, b}
+    assert {e[1] for e in past.values()} == {a, b}
+
+
+def test_a_dependency_not_handed_ends_if_it_comes_after_what_depends_on_it() -> None:
+    """s was handed b, which depends on a2, without a2 (final, not owed to s when published). a2's
+    publisher then resends it for s (re-originated, owed now), and a1 too: handing either after b
+    would break causal order, so both end for s."""
+    h = Causal(mesh=True)
+    s = h.sub("s", "t")
+    p = publisher_link_id("p", "l")
+    a1, a2 = global_id(p, counter_tag(1)), global_id(p, counter_tag(2))
+    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    h.core.recent_final[a2] = h.now
+    h.core.receive_copy("O", "o1", b, "t", [s], b"b", h.now, (), ((a2, "t"),))
+    assert handed(h.take()) == [(s, b)]
+    del h.core.recent_final[a2]  # (forgotten: final_memory later, or at a router that never knew)
+    h.core.receive_copy("O", "o1", a1, "t", [s], b"a1", h.now)
+    h.core.receive_copy("O", "o1", a2, "t", [s], b"a2", h.now)
+    h.core.tick(h.now)
+    assert handed(h.take()) == []
+    assert h.core.records[a1].owed[s] is S.ENDED and h.core.records[a2].owed[s] is S.ENDED
+
+
+def test_a_dependency_without_a_counter_tag_ends_too() -> None:
+    h = Causal(mesh=True)
+    s = h.sub("s", "t")
+    a = global_id(publisher_link_id("p", "l"), b"\x00binary")
+    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    h.core.recent_final[a] = h.now
+    h.core.receive_copy("O", "o1", b, "t", [s], b"b", h.now, (), ((a, "t"),))
+    assert handed(h.take()) == [(s, b)]
+    del h.core.recent_final[a]
+    h.core.receive_copy("O", "o1", a, "t", [s], b"a", h.now)
+    h.core.tick(h.now)
+    assert handed(h.take()) == [] and h.core.records[a].owed[s] is S.ENDED
+
+
+def test_a_resend_declared_in_doubt_gets_no_new_dependencies() -> None:
+    """What its client was handed since it first sent the message is not in its past: a resend
+    through another router must not pick it up (it could close a cycle of waits)."""
+    h = Causal()
+    h.sub("x", "t")
+    h.publish("p", "t")
+    h.take()
+    tok = object()
+    pl = publisher_link_id("x", "p-t")
+    h.core.attach_publisher(tok, pl, "t", True, [counter_tag(7)], h.now, 8, client="x")
+    gid = h.core.publish(tok, object(), counter_tag(7), b"again", h.now)
+    assert h.core.records[gid].deps == ()
+    fresh = h.core.publish(tok, object(), counter_tag(8), b"new", h.now)
+    assert h.core.records[fresh].deps  # a new message does get them
+
+
+def test_two_messages_waiting_for_each_other_do_not_wait_forever() -> None:
+    h = Causal(mesh=True)
+    s = h.sub("s", "t", credit=0)
+    a = global_id(publisher_link_id("p", "l"), counter_tag(1))
+    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    h.core.receive_copy("O", "o1", a, "t", [s], b"a", h.now, (), ((b, "t"),))
+    h.core.receive_copy("O", "o1", b, "t", [s], b"b", h.now, (), ((a, "t"),))
+    h.core.subscriber_credit(s, 10)
+    h.core.tick(h.now)
+    assert sorted(g for _, g in handed(h.take())) == sorted([a, b])
+    assert h.core.stats()["causal_cycles"] == 1
