@@ -1056,8 +1056,8 @@ class DeliveryCore:
         for p in rec.preds:
             r = self.records.get(p)
             if r is None:
-                if p in self.recent_final or self._settled_by_local_publisher(p) or self._await(p):
-                    continue  # (its publisher, attached here, settled it: it is final)
+                if p in self.recent_final or self._await(p):
+                    continue
                 self.stats_fifo_held += 1
                 return False
             st = r.owed.get(sid)
@@ -1073,8 +1073,11 @@ class DeliveryCore:
 
     def _await(self, gid: str) -> bool:
         """A predecessor unknown here: ask the mesh whether it is final (a FINAL answer makes it
-        known). Returns True when there is nobody to wait for: a standalone router (it would be
+        known). Returns True when there is nobody to wait for: its publisher is attached here and
+        settled it (nobody else may remember it: causal seed 194), a standalone router (it would be
         here), or nobody answered for longer than we remember finals."""
+        if self._settled_by_local_publisher(gid):
+            return True
         now = self._now
         times = self.awaited.get(gid)
         if times is None:

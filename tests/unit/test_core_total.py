@@ -174,6 +174,24 @@ def test_a_number_whose_message_is_not_here_holds_the_next_until_its_final() -> 
     assert delivered(t.take()) == [g2]
 
 
+def test_a_number_its_publisher_attached_here_settled_does_not_hold_the_next() -> None:
+    """Nobody else may remember g1 was final (they restarted, or their memory of finals ended):
+    its publisher, attached here, declared it settled (not in doubt, below its next seq)."""
+    t = Total("B", mesh=True)
+    sid, _, _ = t.sub("a")
+    t.start(sid)
+    pl = publisher_link_id("pub2", "p")
+    g1, g2 = pl + ":1", pl + ":2"
+    t.number(g1)
+    t.number(g2)
+    t.core.receive_copy("A", "1", g2, T, [sid], b"p2", t.now)
+    assert not delivered(t.take())
+    t.core.attach_publisher(object(), pl, T, True, [], t.now, 3)  # (in doubt: nothing; next seq 3)
+    t.now += 1.0
+    t.core.tick(t.now)
+    assert delivered(t.take()) == [g2]
+
+
 def test_a_copy_that_comes_late_is_handed_in_order_once_it_is_here() -> None:
     t = Total("B", mesh=True)
     sid, _, _ = t.sub("a")
