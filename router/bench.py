@@ -1174,9 +1174,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--warmup", type=float, default=0.5, help="seconds excluded from rates and latency")
     p.add_argument("--window", type=int, default=1000, help="publisher: max messages without outcome")
     p.add_argument("--credit", type=int, default=1000, help="subscriber link credit")
-    p.add_argument("--order", choices=("fifo", "total", "lamport"), default="fifo",
-                   help="with --topology: the order of the run's topics (total: by the sequencer; lamport: "
-                        "total by Lamport clocks; default fifo)")
+    p.add_argument("--order", choices=("fifo", "causal", "total", "lamport"), default="fifo",
+                   help="with --topology: the order of the run's topics (causal: the bench's publishers and "
+                        "subscribers are separate clients, so no message gets a dependency; total: by the "
+                        "sequencer; lamport: total by Lamport clocks; default fifo)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="router setting for the single-router cases (repeatable; a topology brings its own)")
     p.add_argument("--scale-out", action="store_true", help="also: 1, 2, 4 routers in a full mesh, and the "

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--rate", type=float, default=200.0, help="messages per second (default 200)")
     p.add_argument("--state-dir", type=Path, default=None, help="keep the run's logs here")
-    p.add_argument("--order", choices=["fifo", "total", "lamport"], default="fifo",
+    p.add_argument("--order", choices=["fifo", "causal", "total", "lamport"], default="fifo",
                    help="the order of the measured topic (total: by the sequencer, the highest live router; "
                         "kill it with --victim to measure a sequencer failover; lamport: total by Lamport "
                         "clocks, every router a member: any victim costs a view change)")
