@@ -16,7 +16,7 @@ import json
 import struct
 from typing import Any
 
-from interrouter.lamportcodec import _show, lamport_from_list, lamport_to_list
+from interrouter.lamportcodec import lamport_from_list, lamport_to_list
 from interrouter.messages import (
     Acks,
     Bye,
@@ -36,6 +36,7 @@ from interrouter.messages import (
     TableSync,
 )
 from interrouter.ordercodec import wire_from_list, wire_to_list
+from interrouter.strict import show
 
 _HDR = struct.Struct(">H")
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
@@ -167,7 +168,7 @@ def _lamport_from_list(x: list[Any]) -> LamportOrder:
             raise FrameError(f"malformed lamport message: {name}: expected a string, got {type(v).__name__}")
     for name, v in (("epoch", epoch), ("seq", seq), ("ack_epoch", ack_epoch), ("ack", ack)):
         if type(v) is not int or v < 0:
-            raise FrameError(f"malformed lamport message: {name}: expected an int >= 0, got {_show(v)}")
+            raise FrameError(f"malformed lamport message: {name}: expected an int >= 0, got {show(v)}")
     if (msg is None) != (seq == 0):
         raise FrameError(f"malformed lamport message: seq {seq} with{'out' if msg is None else ''} a message")
     return LamportOrder(dst, src, topic, epoch, seq, ack_epoch, ack, None if msg is None else lamport_from_list(msg))

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, NamedTuple, NoReturn
 
+from interrouter.strict import show
 from router.order.lamport import (
     Accept,
     Accepted,
@@ -55,15 +56,7 @@ def _bad(what: str) -> NoReturn:
     raise FrameError(f"malformed lamport message: {what}")
 
 
-def _show(v: object) -> str:
-    """What we got, briefly: garbage may be huge or deeply nested."""
-    if isinstance(v, str):
-        return f"str {v[:40]!r}"
-    if isinstance(v, list | tuple | dict):
-        return f"{type(v).__name__} of {len(v)}"
-    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
-        return f"int of {v.bit_length()} bits"
-    return f"{type(v).__name__} {v!r:.40}"
+_show = show
 
 
 class _Kind(NamedTuple):

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, NoReturn
 
+from interrouter.strict import show
 from router.order.sequencer import (
     Accept,
     Accepted,
@@ -48,15 +49,7 @@ def _bad(what: str) -> NoReturn:
     raise FrameError(f"malformed order message: {what}")
 
 
-def _show(v: object) -> str:
-    """What we got, briefly: garbage may be huge or deeply nested."""
-    if isinstance(v, str):
-        return f"str {v[:40]!r}"
-    if isinstance(v, list | tuple | dict):
-        return f"{type(v).__name__} of {len(v)}"
-    if isinstance(v, int) and v.bit_length() > 64:
-        return f"int of {v.bit_length()} bits"
-    return f"{type(v).__name__} {v!r:.40}"
+_show = show
 
 
 # ---------------------------------------------------------------------- decoding, field by field
