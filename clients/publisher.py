@@ -124,6 +124,7 @@ class Publisher:
         self.unsent: deque[Pending] = deque()
         self.by_delivery: dict[Any, Pending] = {}
         self._seq_next = 0
+        self._latest_sent: tuple[int, str] = (-1, "")  # causal order: the latest message it sent
         self._seq_limit = 0
         self._room = asyncio.Event()
         self._room.set()
@@ -304,10 +305,16 @@ class Publisher:
             p.sends += 1
             if p.sends == 1:
                 self.sent_count += 1
+                if p.seq > self._latest_sent[0]:
+                    self._latest_sent = (p.seq, p.gid)
                 slog.write("published", self._now(), p.gid, self.topic, None, pub=self.plid,
                            link=self.name, seq=p.seq, size=len(p.payload))
             else:
                 self.resends += 1
+
+    def causal_entries(self) -> list[list[str]]:
+        """Its part of the client's causal past: the latest message it sent, with its topic."""
+        return [[self._latest_sent[1], self.topic]] if self._latest_sent[0] >= 0 else []
 
     _now = staticmethod(time.time)
 
@@ -329,6 +336,9 @@ class Publisher:
         props[symbol("oncemesh.next-seq")] = ulong(min(unsent, default=self._seq_next))
         if self.want_received:
             props[symbol("oncemesh.received")] = True
+        past = self.client.causal_past()
+        if past:  # causal order: what this client was handed and published, for a router it moved to
+            props[symbol("oncemesh.causal-past")] = past
         link.set_properties(props)
         link.open()
         self.link = link

@@ -188,6 +188,18 @@ class Client:
 
         return Subscriber(self, topic, name, **kw)
 
+    def causal_past(self, limit: int = 1000) -> list[list[str]]:
+        """`oncemesh.causal-past`, presented when a publisher attaches: [gid, topic] of the latest
+        message of each publisher link this client was handed, and of each of its own links it
+        published on. A router keeps a client's past for causal order only for what it handed it
+        itself; this tells a router the client moved to (docs/ordering.md, "Causal order")."""
+        out: list[list[str]] = []
+        for o in self.owners:
+            entries = getattr(o, "causal_entries", None)
+            if entries is not None:
+                out.extend(entries())
+        return out[-limit:]
+
     def add_owner(self, owner: LinkOwner) -> None:
         self.owners.append(owner)
         if self.conn is not None and self.connected:

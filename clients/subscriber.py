@@ -225,6 +225,11 @@ class Subscriber:
                 if cur is None or cur[0] < seq:
                     last[g[:PLID_LEN]] = (seq, g)
 
+    def causal_entries(self) -> list[list[str]]:
+        """Its part of the client's causal past: per publisher link the latest message handed over,
+        with its topic."""
+        return [[g, self.topic] for _, g in self._handed_last.values()]
+
     def _presented_handed(self) -> list[str]:
         """`oncemesh.handed-last`: per publisher link the latest message handed over (FIFO), and the
         latest of all (total order); each was handed over."""

@@ -218,6 +218,9 @@ def declared_settled(in_doubt: set[str], mark: int | None, gid: str) -> bool:
     return seq is not None and seq < mark
 
 
+ASK_AHEAD = 512  # total order: numbers past the one the walk waits at whose questions go out with it
+
+
 def _tnum_key(rec: Record | None) -> float:
     return rec.tnum if rec is not None and rec.tnum is not None else math.inf
 
@@ -275,8 +278,16 @@ class DeliveryCore:
     # ================================================================ publishers
     def attach_publisher(self, token: Any, plid: str, topic: str, second: bool,
                          in_doubt: Iterable[bytes] | None, now: float, mark: int | None = None,
-                         client: str = "") -> None:
+                         client: str = "", past: Iterable[tuple[str, str]] = ()) -> None:
+        """`past`: causal order, what its client says it was handed and published (our clients
+        present it: a router it moved to learns what the one before knew)."""
+        self._now = now
         pl = PubLink(token, plid, topic, second, client)
+        group = self.causal.get(topic) if self.causal and client else None
+        if group is not None:
+            for g, t in past:
+                if self.causal.get(t) == group:
+                    self._causal_note(client, group, g, t, ())
         self.pub_links[token] = pl
         # the newest attach of a link name supersedes older ones still open here (their connections
         # not yet noticed dead, e.g. after a freeze): only its declaration is evidence (chaos mesh4
@@ -742,6 +753,8 @@ class DeliveryCore:
                     # total order: nothing numbered after it goes first (sent again in number order)
                     q.appendleft(gid)
                     blocked = True
+                    if rec.tnum is not None:
+                        self._ask_ahead(rt, ttopic, rec.tnum)
                     break
                 if parked is None:
                     parked = []
@@ -790,8 +803,24 @@ class DeliveryCore:
                     break
                 if rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt):
                     q.append(rec.gid)  # asked about; tick() pumps again
+                    self._ask_ahead(rt, ttopic, nxt)
                     break
                 self._send(rt, rec, bool(rec.redeliveries and sid in rec.redeliveries))
+
+    def _ask_ahead(self, rt: SubRuntime, topic: str, n: int) -> None:
+        """The walk waits at number `n` for the mesh's answer about a message whose publisher left
+        us: ask now about the next ones in the same case too, so that their answers come meanwhile
+        (one at a time, a backlog of them took `stale_wait` each: chaos triangle, seed 11)."""
+        seq_of = self.total[topic].seq
+        sid = rt.sid
+        for k in range(n + 1, n + 1 + ASK_AHEAD):
+            g = seq_of.get(k)
+            if g is None:
+                break
+            r = rt.owed.get(g)
+            if r is not None and r.owed.get(sid) is S.QUEUED and r.origin is None and not r.pubs \
+                    and not r.pub_settled:
+                self._withhold(r, rt)
 
     def _send(self, rt: SubRuntime, rec: Record, redelivery: bool) -> None:
         gid = rec.gid

@@ -52,6 +52,8 @@ PROP_RESUMED = symbol("oncemesh.resumed")  # router -> subscriber: the subscript
 PROP_RECEIVED = symbol("oncemesh.received")  # publisher: send RECEIVED once a router holds a message
 PROP_EPOCH = symbol("oncemesh.epoch")  # subscription epoch: answered on attach, presented on resume
 PROP_ROUTER = symbol("oncemesh.router")
+PROP_CAUSAL_PAST = symbol("oncemesh.causal-past")  # publisher: [gid, topic] of its client's causal past
+MAX_CAUSAL_PAST = 10_000
 PROP_HANDED_LAST = symbol("oncemesh.handed-last")  # subscriber: per publisher link, the latest id handed over
 FINAL_SUBJECT = "oncemesh.final"
 
@@ -362,6 +364,11 @@ class Router:
         mark = props.get(PROP_NEXT_SEQ)
         if mark is not None and (isinstance(mark, bool) or not isinstance(mark, int) or mark < 0):
             raise errors.RemoteProtocolError(f"link property {PROP_NEXT_SEQ} must be a non-negative integer")
+        past = props.get(PROP_CAUSAL_PAST)
+        if past is not None and not (isinstance(past, list | tuple) and len(past) <= MAX_CAUSAL_PAST and all(
+                isinstance(e, list | tuple) and len(e) == 2 and all(isinstance(x, str) for x in e) for e in past)):
+            raise errors.RemoteProtocolError(f"link property {PROP_CAUSAL_PAST} must be a list of at most "
+                                             f"{MAX_CAUSAL_PAST} [gid, topic] pairs of strings")
         second = link.remote_rcv_settle_mode == F.RCV_SECOND
         link.ctx = PubLinkCtx(topic, plid, bool(props.get(PROP_RECEIVED)))
         link.set_target(topic)
@@ -372,7 +379,8 @@ class Router:
         link.open()
         tags = in_doubt_tags(in_doubt) if in_doubt is not None else None
         self.core.attach_publisher(link, plid, topic, second, tags, time.time(),
-                                   int(mark) if mark is not None and tags is not None else None, client=container)
+                                   int(mark) if mark is not None and tags is not None else None, client=container,
+                                   past=[(str(g), str(t)) for g, t in past or ()])
 
     def on_credit(self, link: Link) -> None:
         ctx = link.ctx

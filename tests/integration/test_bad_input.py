@@ -432,3 +432,19 @@ def test_a_restarted_publisher_declaring_its_message_in_doubt_gets_no_outcome_be
     finally:
         first.kill()
         raw.close()
+
+
+@pytest.mark.parametrize("past", ["abc:1", [["abc:1"]], [["abc:1", 7]], [[1, "t"]]],
+                         ids=["string", "short-pair", "topic-not-string", "gid-not-string"])
+def test_a_causal_past_that_is_not_gid_topic_pairs_is_an_invalid_field(router: RouterProcess, canary: Canary,
+                                                                        past: Any) -> None:
+    raw = RawClient(*host_port(router))
+    raw.handshake()
+    props = {symbol("oncemesh.in-doubt"): [], symbol("oncemesh.causal-past"): past}
+    raw.send(frame(ATTACH, ["bad-past", uint(0), False, ubyte(0), ubyte(1), described(0x28, ["src"]),
+                            described(0x29, ["pasted"]), None, None, uint(0), None, None, None, props]))
+    raw.expect(ATTACH)
+    detach = raw.expect(DETACH)
+    assert error_condition(detach, 2) == "amqp:invalid-field"
+    raw.close()
+    canary.check()

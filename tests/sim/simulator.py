@@ -622,6 +622,27 @@ class Simulation:
             return "c-sub" if name.startswith("s") else ""
         return f"c{name[1:]}"
 
+    def _client_sub(self, p: SimPublisher) -> SimSubscriber | None:
+        return next((s for s in self.subs if s.name[1:] == p.name[1:]), None)
+
+    def _presented_past(self, p: SimPublisher) -> list[tuple[str, str]]:
+        """`oncemesh.causal-past` of publisher p's client: per publisher link the latest message its
+        subscriber was handed, and the latest p published."""
+        s = self._client_sub(p)
+        out = [(global_id(plid, counter_tag(seq)), TOPIC) for (sid, plid), seq in sorted(self.last_seq.items())
+               if s is not None and sid == s.sid and seq >= 0]
+        sent = [g for g in self.published_at if g[:PLID_LEN] == p.plid]
+        if sent:
+            out.append((max(sent, key=lambda g: counter_seq(g) or 0), TOPIC))
+        return out
+
+    def _client_history(self, p: SimPublisher) -> set[str]:
+        """What the router learns from that presentation, in the checker's terms: everything its
+        subscriber was handed and everything it published (not what those depended on)."""
+        s = self._client_sub(p)
+        handed = set(self.sequence.get(s.sid, [])) if s is not None else set()
+        return handed | {g for g in self.published_at if g[:PLID_LEN] == p.plid}
+
     def check_causal_order(self) -> None:
         """No subscription was handed a message before one its publisher depended on (as far as
         the routers it published through could know) when it got both."""
@@ -795,8 +816,13 @@ class Simulation:
         p.router, p.link, p.credit = r.id, link, 0
         p.token_of.clear()
         r.pub_links[link] = p
+        past: list[tuple[str, str]] = []
+        if self.causal:  # as our client library does: what its subscriber was handed, what it published
+            past = self._presented_past(p)
+            key = (self.client_of(p.name), r.id, r.incarnation)
+            self.cpast.setdefault(key, set()).update(self._client_history(p))
         r.core.attach_publisher(link, p.plid, TOPIC, True, list(p.in_doubt.values()), self.now, p.seq,
-                                client=self.client_of(p.name))
+                                client=self.client_of(p.name), past=past)
         r.process()
         self.schedule(0.001, lambda: self.pub_work(p, link))
 
@@ -838,7 +864,12 @@ class Simulation:
         if self.causal:
             key = (self.client_of(p.name), r.id, r.incarnation)
             past = {g for g in self.cpast.get(key, ()) if g[:PLID_LEN] != p.plid}
-            self.deps[gid] = past if gid not in self.deps else self.deps[gid] & past  # (a resend elsewhere)
+            if gid not in self.deps:
+                self.deps[gid] = past
+            elif gid not in r.core.records:
+                # a resend (declared in doubt) through a router without its record: it gets no
+                # dependencies there, and its copies from there may reach a subscription first
+                self.deps[gid] = set()
             self.cpast.setdefault(key, set()).add(gid)
         r.core.publish(link, tok, tag, b"payload:" + tag, self.now)
 

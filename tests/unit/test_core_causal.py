@@ -236,3 +236,16 @@ def test_two_messages_waiting_for_each_other_do_not_wait_forever() -> None:
     h.core.tick(h.now)
     assert sorted(g for _, g in handed(h.take())) == sorted([a, b])
     assert h.core.stats()["causal_cycles"] == 1
+
+
+def test_a_publisher_presents_its_clients_past_to_a_router_it_moved_to() -> None:
+    """The client was handed a through another router (this one knows nothing of it): our clients
+    present [gid, topic] of their causal past when a publisher attaches; other groups are ignored."""
+    h = Causal()
+    a = global_id(publisher_link_id("p", "l"), counter_tag(3))
+    v = global_id(publisher_link_id("q", "l"), counter_tag(1))
+    tok = object()
+    h.core.attach_publisher(tok, publisher_link_id("x", "p-t"), "t", True, [], h.now, 0, client="x",
+                            past=[(a, "u"), (v, "v")])
+    b = h.core.publish(tok, object(), counter_tag(0), b"b", h.now)
+    assert h.core.records[b].deps == ((a, "u"),)

@@ -3,7 +3,7 @@ subscriptions a message is owed to (the mesh layer's sequencer is played by hand
 
 from __future__ import annotations
 
-from router.actions import Deliver, Outcome, SendAck, SendOutcome, SubmitOrder
+from router.actions import Deliver, Outcome, SendAck, SendOutcome, SendQuery, SubmitOrder
 from router.core import HELD, CoreConfig, DeliveryCore, S
 from router.ids import publisher_link_id, subscription_id
 from router.order.total import start_key
@@ -247,3 +247,29 @@ def test_a_start_numbered_before_the_table_entry_arrives_still_makes_the_message
     acts = t.number(gid)  # number 2
     assert not outcomes(acts)  # owed to it: the publisher waits
     assert t.core.records[gid].owed["remote-sub-00001"] is S.QUEUED
+
+
+def test_a_backlog_whose_publisher_left_is_asked_about_at_once_not_one_by_one() -> None:
+    """Messages of ours whose publisher left (it may have resent them elsewhere) are handed only
+    after the mesh was asked and had `stale_wait` to answer. Asked one at a time, in number order,
+    a backlog of thousands took `stale_wait` each (chaos triangle, seed 11): the walk asks ahead."""
+    t = Total("B", mesh=True)
+    t.now = 100.0  # (records made at time 0 would count as asked about at 0)
+    sid, _, _ = t.sub("a")
+    t.start(sid)
+    t.core.subscriber_credit(sid, 0)
+    gids = []
+    for i in range(20):
+        _, gid, _ = t.publish(f"m{i}".encode())
+        t.number(gid)
+        gids.append(gid)
+    t.core.detach_publisher(t.pub_link)  # its publisher left us
+    t.take()
+    t.core.subscriber_credit(sid, 100)
+    acts = t.take()
+    assert not delivered(acts)
+    asked = {a.gid for a in acts if isinstance(a, SendQuery)}
+    assert asked == set(gids)  # all of them at once
+    t.now += t.core.cfg.stale_wait + 0.01
+    t.core.tick(t.now)
+    assert delivered(t.take()) == gids  # one wait for the whole backlog, in number order
