@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 Ballot = tuple[int, str]  # (round number, coordinator id); a view is named by the ballot that created it
 Key = tuple[Ballot, int, str]  # (view, Lamport timestamp, origin router): the total order
 GENESIS: Ballot = (0, "")
+MAX_BACKOFF = 4  # a view change retries after view_timeout * (rank + 1) * 2**min(attempts, MAX_BACKOFF)
 MIN_KEY: Key = ((-1, ""), 0, "")
 Members = tuple[tuple[str, int], ...]  # (router id, incarnation), sorted
 
@@ -230,6 +231,10 @@ class LamportNode:
         self.commit: Commit | None = None
         self.damaged = False  # a member was reported down since the view was installed
         self.since: float | None = None  # when this router started wanting a view change
+        # rounds started since the last view was installed: each waits twice as long as the one
+        # before it (up to 2**MAX_BACKOFF times) before another starts, so that a round whose
+        # messages are big (a restarted member is sent the whole history) can finish
+        self.attempts = 0
         self.round: _Round | None = None
         self.clock = 0
         self.last: Key = MIN_KEY
@@ -279,7 +284,7 @@ class LamportNode:
     def tick(self, now: float) -> list[Action]:
         if self._wants_change() and self.since is not None:
             rank = sorted(self.up).index(self.me)
-            if now - self.since >= self.view_timeout * (rank + 1):
+            if now - self.since >= self.view_timeout * (rank + 1) * (1 << min(self.attempts, MAX_BACKOFF)):
                 self._start_round(now, None)
         return self._finish(now)
 
@@ -425,6 +430,7 @@ class LamportNode:
     def _start_round(self, now: float, after: Key | None) -> None:
         ballot = (max(self.promised[0], self.seen[0]) + 1, self.me)
         self.seen, self.since = ballot, now
+        self.attempts += 1
         self.round = _Round(ballot, dict(self.up), after)
         for r in sorted(self.up):
             self._send(r, Prepare(ballot, after))
@@ -543,6 +549,7 @@ class LamportNode:
         self.queued.clear()
         self.installed, self.members, self.accepted, self.commit = d.view, dict(d.members), None, m
         self.damaged = False
+        self.attempts = 0
         self.stats.view_changes += 1
         self._out.append(ViewInstalled(d.view, tuple(r for r, _ in d.members)))
         future, self.future = self.future, []
