@@ -12,7 +12,8 @@ So each sender numbers its messages to each destination within a *session*: `(ep
 2, 3, ... The receiver hands them on in seq order, exactly once, buffers what comes early, drops
 duplicates and anything of an older epoch, and acknowledges cumulatively (`ack_epoch`, `ack`: every
 seq up to `ack` of that session arrived). The sender keeps what is not acknowledged and sends it
-again after `retry` without progress. Acknowledgements ride on every message to that peer; a peer we
+again after `retry` without progress, then after twice as long each time nothing was acknowledged
+meanwhile (up to `MAX_RETRY`): a peer busy reading a big message is not buried under copies of it. Acknowledgements ride on every message to that peer; a peer we
 owe one and send nothing to gets an acknowledgement of its own (seq 0, no body).
 
 A session ends (`reset`) when the peer is reported unreachable or comes back as a new incarnation:
@@ -33,6 +34,7 @@ from typing import Generic, TypeVar
 M = TypeVar("M")
 
 RETRY = 0.3  # seconds without an acknowledgement before the unacknowledged messages go again
+MAX_RETRY = 10.0  # ... doubling after each resend that brought no acknowledgement, up to this
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,7 @@ class _Out(Generic[M]):
     next_seq: int = 1
     unacked: deque[tuple[int, M]] = field(default_factory=deque)
     sent_at: float = 0.0  # when unacknowledged messages last went out (or progress was made)
+    wait: float = RETRY  # how long to wait for an acknowledgement before sending them again
 
 
 @dataclass(slots=True)
@@ -82,7 +85,7 @@ class Sessions(Generic[M]):
         o = self._out.get(dst)
         if o is None:
             self._last_epoch = max(self._last_epoch + 1, int(now * 1_000_000))
-            o = self._out[dst] = _Out(self._last_epoch, sent_at=now)
+            o = self._out[dst] = _Out(self._last_epoch, sent_at=now, wait=self.retry)
         seq = o.next_seq
         o.next_seq += 1
         if not o.unacked:
@@ -116,6 +119,7 @@ class Sessions(Generic[M]):
                 progressed = True
             if progressed:
                 o.sent_at = now
+                o.wait = self.retry
         if seq == 0:
             return [], False
         broken = False
@@ -158,8 +162,11 @@ class Sessions(Generic[M]):
 
     def tick(self, now: float) -> None:
         for dst, o in self._out.items():
-            if o.unacked and now - o.sent_at >= self.retry:
+            if o.unacked and now - o.sent_at >= o.wait:
+                # a peer that is slow to answer (a restarted member reads the whole history in one
+                # message) must not be buried under copies of what it is still reading
                 o.sent_at = now
+                o.wait = min(o.wait * 2, MAX_RETRY)
                 for k, (seq, msg) in enumerate(o.unacked):
                     if k >= self.window:
                         break

@@ -377,6 +377,7 @@ class MeshNode:
     def _drain_order(self, now: float) -> None:
         """The sequencers' outputs: messages to other routers, numbers for the delivery core."""
         for topic, seq in self.seqs.items():
+            delivered = False
             while seq.out:
                 out, seq.out = seq.out, []
                 for a in out:
@@ -384,12 +385,15 @@ class MeshNode:
                         self._route_control(Order(a.to, self.me, topic, a.msg))
                         self.stats["order_out"] += 1
                     elif type(a) is Delivered:
-                        self.core.ordered(topic, a.n, a.gid, now)
+                        self.core.ordered(topic, a.n, a.gid, now, pump=False)  # (pumped once, below)
+                        delivered = True
                         life = parse_start(a.gid) if self._await_start else None
                         if life is not None and life[0] in self._await_start:
                             self._started(life[0], topic)
                     elif type(a) is Unresolved and a.gid in self.core.records:
                         seq.submit(a.gid, now)  # it restarted past compacted history: ask again
+            if delivered:
+                self.core.pump_topic(topic)
 
     # ------------------------------------------------------------------ Lamport total order
     def _lamport_members(self, alive: dict[str, str], now: float) -> None:
@@ -429,6 +433,7 @@ class MeshNode:
         ses = self._lam_sessions[topic]
         lam = self.lamports[topic]
         again: list[str] = []
+        delivered = False
         for a in actions:
             t = type(a)
             if t is lamport.Send:
@@ -437,7 +442,8 @@ class MeshNode:
                 gid = a.gid  # type: ignore[union-attr]
                 self._lam_count[topic] = n = self._lam_count[topic] + 1
                 self._lam_submitted[topic].discard(gid)
-                self.core.ordered(topic, n, gid, now)
+                self.core.ordered(topic, n, gid, now, pump=False)  # (pumped once, below)
+                delivered = True
                 life = parse_start(gid) if self._await_start else None
                 if life is not None and life[0] in self._await_start:
                     self._started(life[0], topic)
@@ -452,6 +458,8 @@ class MeshNode:
                 self.stats["order_history_gaps"] = self.stats.get("order_history_gaps", 0) + 1
                 log.error("mesh.order_history_gap topic=%s after=%s upto=%s: this router cannot learn that "
                           "part of the order; its total-order subscriptions stall", topic, a.after, a.upto)  # type: ignore[union-attr]
+        if delivered:
+            self.core.pump_topic(topic)
         self._lamport_frames(topic, ses)
         for g in again:
             self._lamport_do(topic, lam.publish(g, b"", now), now)

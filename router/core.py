@@ -939,9 +939,11 @@ class DeliveryCore:
             rec.preds = (*rec.preds, pred)
 
     # ================================================================ total order
-    def ordered(self, topic: str, n: int, key: str, now: float) -> None:
+    def ordered(self, topic: str, n: int, key: str, now: float, pump: bool = True) -> None:
         """The sequencer's number `n` of `topic` is `key` (a gid or a subscription's start). Numbers
-        come in order, 1, 2, 3, ... (again from 1 after this router restarts: known ones are ignored)."""
+        come in order, 1, 2, 3, ... (again from 1 after this router restarts: known ones are ignored).
+        `pump=False`: more numbers follow at once; the last of them pumps the subscriptions (a
+        restarted router learns thousands in one go: pumping after each was quadratic)."""
         self._now = now
         ts = self.total.get(topic)
         if ts is None or not ts.learn(n, key):
@@ -951,6 +953,11 @@ class DeliveryCore:
             if rec is not None and rec.tnum is None:
                 rec.tnum = n
                 self._total_owed(rec, now)
+        if pump:
+            self.pump_topic(topic)
+
+    def pump_topic(self, topic: str) -> None:
+        """Hand what is ready to every subscription of `topic` homed here."""
         me = self.router_id
         for sub in self.table.live_for_topic(topic):
             if sub.home == me:

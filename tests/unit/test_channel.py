@@ -155,3 +155,24 @@ def test_exactly_once_in_order_over_a_lossy_reordering_path(n: int, seed: int) -
         in_flight = keep + [("A", f) for f in drain(a)] + [("B", f) for f in drain(b)]
     assert got == list(range(n))
     assert a.unacked() == 0
+
+
+def test_resends_back_off_until_something_is_acknowledged() -> None:
+    """A peer slow to answer (reading a big message) is not buried under copies: each resend waits
+    twice as long as the one before; an acknowledgement brings the wait back to `retry`."""
+    a = Sessions[int](retry=0.3)
+    a.send("B", 1, 0.0)
+    epoch = drain(a)[0].epoch
+    times = []
+    now = 0.0
+    while now < 5.0:
+        now = round(now + 0.05, 2)
+        a.tick(now)
+        if drain(a):
+            times.append(now)
+    assert times[:4] == [0.3, 0.9, 2.1, 4.5]  # waits of 0.3, 0.6, 1.2, 2.4 s
+    a.receive("B", 7, 0, epoch, 1, None, now)  # B acknowledges seq 1
+    a.send("B", 2, now)
+    drain(a)
+    a.tick(now + 0.31)
+    assert [f.seq for f in drain(a)] == [2]  # after 0.3 s again
