@@ -71,9 +71,12 @@ class Sessions(Generic[M]):
     `tick`; outputs: frames in `out` (for the adapter to route) and, from `receive`, the messages to
     hand on in order."""
 
-    def __init__(self, retry: float = RETRY, window: int = 4096) -> None:
+    def __init__(self, retry: float = RETRY, window: int = 16) -> None:
         self.retry = retry
-        self.window = window  # at most this many unacknowledged messages go again at once
+        # at most this many unacknowledged messages go again at once, from the oldest: the receiver
+        # keeps what comes early, so the oldest is what unblocks it; each acknowledgement brings the
+        # wait back to `retry` for the next ones (messages can be big: whole histories)
+        self.window = window
         self._out: dict[str, _Out[M]] = {}
         self._in: dict[str, _In[M]] = {}
         self._last_epoch = 0
