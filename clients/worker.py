@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from clients.runtime import Client
+from clients.subscriber import Subscriber
 
 
 async def publish(args: argparse.Namespace) -> int:
@@ -55,12 +56,18 @@ async def publish(args: argparse.Namespace) -> int:
     return 0 if not bad else 1
 
 
-async def consume(args: argparse.Namespace) -> int:
+async def _subscribed(args: argparse.Namespace) -> tuple[Client, Subscriber]:
+    """A started client with its subscription attached (consume and relay)."""
     client = Client(args.url, state_dir=args.state_dir, log_dir=args.log_dir,
                     reconnect_timeout=args.reconnect_timeout, idle_timeout=args.idle_timeout)
     await client.start()
     sub = client.subscriber(args.topic, args.name, expiry=args.expiry, credit=args.credit)
     await sub.wait_attached(args.reconnect_timeout)
+    return client, sub
+
+
+async def consume(args: argparse.Namespace) -> int:
+    client, sub = await _subscribed(args)
     got = 0
     t0 = time.monotonic()
     while args.count is None or got < args.count:
@@ -84,11 +91,7 @@ async def consume(args: argparse.Namespace) -> int:
 
 
 async def relay(args: argparse.Namespace) -> int:
-    client = Client(args.url, state_dir=args.state_dir, log_dir=args.log_dir,
-                    reconnect_timeout=args.reconnect_timeout, idle_timeout=args.idle_timeout)
-    await client.start()
-    sub = client.subscriber(args.topic, args.name, expiry=args.expiry, credit=args.credit)
-    await sub.wait_attached(args.reconnect_timeout)
+    client, sub = await _subscribed(args)
     pub = client.publisher(args.to_topic or args.topic, f"{args.name}-relay", window=args.window)
     got = relayed = echoes = 0
     t0 = time.monotonic()

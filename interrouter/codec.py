@@ -36,15 +36,11 @@ from interrouter.messages import (
     TableSync,
 )
 from interrouter.ordercodec import wire_from_list, wire_to_list
-from interrouter.strict import show
+from interrouter.strict import Fields, FrameError
 
 _HDR = struct.Struct(">H")
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
 _loads = json.JSONDecoder().decode
-
-
-class FrameError(ValueError):
-    """A frame that does not parse: the peer is broken or not an oncemesh router."""
 
 
 def encode_copy_header(origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]],
@@ -155,6 +151,10 @@ def _order_from_list(x: list[Any]) -> Order:
     return Order(dst, src, topic, wire_from_list(wire))
 
 
+_LAMPORT = Fields("lamport")
+_NAT = _LAMPORT.int_from(0)
+
+
 def _lamport_from_list(x: list[Any]) -> LamportOrder:
     """Strict like `_order_from_list`: exactly [kind, src, dst, topic, epoch, seq, ack_epoch, ack,
     msg], nothing coerced; a message exactly when seq > 0."""
@@ -164,11 +164,9 @@ def _lamport_from_list(x: list[Any]) -> LamportOrder:
                          f"msg], got {got}")
     _, src, dst, topic, epoch, seq, ack_epoch, ack, msg = x
     for name, v in (("src", src), ("dst", dst), ("topic", topic)):
-        if type(v) is not str:
-            raise FrameError(f"malformed lamport message: {name}: expected a string, got {type(v).__name__}")
+        _LAMPORT.string(v, name)
     for name, v in (("epoch", epoch), ("seq", seq), ("ack_epoch", ack_epoch), ("ack", ack)):
-        if type(v) is not int or v < 0:
-            raise FrameError(f"malformed lamport message: {name}: expected an int >= 0, got {show(v)}")
+        _NAT(v, name)
     if (msg is None) != (seq == 0):
         raise FrameError(f"malformed lamport message: seq {seq} with{'out' if msg is None else ''} a message")
     return LamportOrder(dst, src, topic, epoch, seq, ack_epoch, ack, None if msg is None else lamport_from_list(msg))

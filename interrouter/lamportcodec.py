@@ -29,9 +29,9 @@ import base64
 import binascii
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple
 
-from interrouter.strict import show
+from interrouter.strict import Fields, show
 from router.order.lamport import (
     Accept,
     Accepted,
@@ -49,13 +49,9 @@ from router.order.lamport import (
     Wire,
 )
 
-
-def _bad(what: str) -> NoReturn:
-    from interrouter.codec import FrameError  # here, not at the top: codec imports this module
-
-    raise FrameError(f"malformed lamport message: {what}")
-
-
+_F = Fields("lamport")
+_bad, _str, _seq, _int_from = _F.bad, _F.string, _F.seq, _F.int_from
+_nat = _int_from(0)
 _show = show
 
 
@@ -67,31 +63,6 @@ class _Kind(NamedTuple):
 
 
 # ---------------------------------------------------------------------- scalars
-
-
-def _seq(v: object, where: str, n: int = -1) -> list[Any] | tuple[Any, ...]:
-    if not isinstance(v, list | tuple):
-        _bad(f"{where}: expected a list, got {_show(v)}")
-    if n >= 0 and len(v) != n:
-        _bad(f"{where}: expected {n} elements, got {len(v)}")
-    return v
-
-
-def _int_from(low: int) -> Callable[[object, str], int]:
-    def dec(v: object, where: str) -> int:
-        if type(v) is not int or v < low:
-            _bad(f"{where}: expected an int >= {low}, got {_show(v)}")
-        return v
-    return dec
-
-
-_nat = _int_from(0)
-
-
-def _str(v: object, where: str) -> str:
-    if type(v) is not str:
-        _bad(f"{where}: expected a string, got {_show(v)}")
-    return v
 
 
 def _same(v: Any) -> Any:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, NoReturn
+from typing import Any
 
-from interrouter.strict import show
+from interrouter.strict import Fields, show
 from router.order.sequencer import (
     Accept,
     Accepted,
@@ -42,43 +42,10 @@ from router.order.sequencer import (
     Wire,
 )
 
-
-def _bad(what: str) -> NoReturn:
-    from interrouter.codec import FrameError  # here, not at the top: codec imports this module
-
-    raise FrameError(f"malformed order message: {what}")
-
-
+_F = Fields("order")
+_bad, _str, _bool, _seq = _F.bad, _F.string, _F.boolean, _F.seq
+_nat = _F.int_from(0)
 _show = show
-
-
-# ---------------------------------------------------------------------- decoding, field by field
-
-
-def _nat(v: object, where: str) -> int:
-    if type(v) is not int or v < 0:
-        _bad(f"{where}: expected an int >= 0, got {_show(v)}")
-    return v
-
-
-def _str(v: object, where: str) -> str:
-    if type(v) is not str:
-        _bad(f"{where}: expected a string, got {_show(v)}")
-    return v
-
-
-def _bool(v: object, where: str) -> bool:
-    if type(v) is not bool:
-        _bad(f"{where}: expected a bool, got {_show(v)}")
-    return v
-
-
-def _seq(v: object, where: str, n: int = -1) -> list[Any] | tuple[Any, ...]:
-    if not isinstance(v, list | tuple):
-        _bad(f"{where}: expected a list, got {_show(v)}")
-    if n >= 0 and len(v) != n:
-        _bad(f"{where}: expected {n} elements, got {len(v)}")
-    return v
 
 
 def _ballot(v: object, where: str) -> Ballot:
