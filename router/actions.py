@@ -31,6 +31,10 @@ class Outcome(IntEnum):
     MODIFIED = 4
 
 
+# (module constants for per-message code: see router.core.S_QUEUED)
+O_ACCEPTED, O_REJECTED, O_RELEASED, O_MODIFIED = Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RELEASED, Outcome.MODIFIED
+
+
 @dataclass(slots=True)
 class Deliver:
     """Send `payload` to subscription `sid` on its current link, tag = gid, unsettled."""

@@ -50,6 +50,10 @@ from typing import Any
 
 from router import errors
 from router.actions import (
+    O_ACCEPTED,
+    O_MODIFIED,
+    O_REJECTED,
+    O_RELEASED,
     AcceptedBy,
     Action,
     Announce,
@@ -73,7 +77,7 @@ from router.actions import (
 )
 from router.ids import PLID_LEN, counter_seq, global_id, plid_of
 from router.order.total import TotalStream, parse_start, start_key
-from router.subscriptions import Subscription, SubscriptionTable, SubState
+from router.subscriptions import SUB_ACTIVE, Subscription, SubscriptionTable
 
 
 class S(IntEnum):
@@ -86,7 +90,12 @@ class S(IntEnum):
     ENDED = 4
 
 
-RESOLVED = (S.ACCEPTED, S.REJECTED, S.ENDED)
+# The members as module constants for the per-message code: in Python 3.11 `S.QUEUED` goes through
+# EnumType.__getattr__, which keeps the interpreter from caching the lookup (~0.1 µs each, a dozen
+# per message). The same for Outcome (router.actions) and SubState (router.subscriptions).
+S_QUEUED, S_SENT, S_ACCEPTED, S_REJECTED, S_ENDED = S.QUEUED, S.SENT, S.ACCEPTED, S.REJECTED, S.ENDED
+RESOLVED = (S_ACCEPTED, S_REJECTED, S_ENDED)
+_EVENT_OF = {st: st.name.lower() for st in S}  # settlement-log event of a resolution (no enum lookups per message)
 HELD = 5  # acknowledgement state: the copy arrived at the subscription's home (not resolved yet)
 
 
@@ -121,7 +130,7 @@ class Record:
         self.gid = gid
         self.topic = topic
         self.payload = payload
-        self.plid = plid_of(gid)
+        self.plid = gid[:PLID_LEN]  # (ids.plid_of, inlined: one per message)
         self.pubs: list[Any] = []  # live publisher delivery tokens awaiting an outcome / settlement
         self.owed: dict[str, S] = {}
         self.pending = 0  # subscriptions still QUEUED or SENT
@@ -334,17 +343,19 @@ class DeliveryCore:
             # since it first sent it is no dependency of it, and could close a cycle of waits)
             deps = self._causal_deps(pl, group) if group is not None and not (
                 pl.declared and gid in pl.declared) else ()
-            rec = self._new_record(gid, pl.topic, payload, now, deps)
+            rec = self._new_record(gid, pl.topic, payload, now, deps, pub, pl)
             if group is not None and pl.client:
                 self._causal_note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
-        else:
-            self.log.append(("received", gid, rec.topic, None, {"size": len(payload), "info": "merged"}))
-            if rec.origin is not None:
-                self._adopt(rec, payload, now)
-            elif rec.outcome is None and not rec.pubs:
-                rec.pubs.append(pub)  # its publisher is back: we drive its delivery again
-                self._route(rec, force=True)
-                rec.pubs.remove(pub)
+            if pl.outstanding <= self.cfg.link_credit // 2:
+                self._grant(pl)
+            return gid
+        self.log.append(("received", gid, rec.topic, None, {"size": len(payload), "info": "merged"}))
+        if rec.origin is not None:
+            self._adopt(rec, payload, now)
+        elif rec.outcome is None and not rec.pubs:
+            rec.pubs.append(pub)  # its publisher is back: we drive its delivery again
+            self._route(rec, force=True)
+            rec.pubs.remove(pub)
         rec.pubs.append(pub)
         pl.pubs[pub] = gid
         self.pub_of[pub] = (pl, gid)
@@ -368,12 +379,20 @@ class DeliveryCore:
         if pub in rec.pubs:
             rec.pubs.remove(pub)
         rec.pub_settled = True
-        self._maybe_final(rec, now)
+        if rec.outcome is not None:  # (_maybe_final, inlined)
+            self._finalize(rec, now)
 
     def _new_record(self, gid: str, topic: str, payload: bytes, now: float,
-                    deps: tuple[tuple[str, str], ...] = ()) -> Record:
+                    deps: tuple[tuple[str, str], ...], pub: Any, pl: PubLink) -> Record:
+        """A new message from publisher delivery `pub` on `pl`. The delivery is registered before
+        the record is routed or handed: a record without a live publisher delivery is one whose
+        publisher left, which is withheld until the mesh was asked about it (every fresh message
+        in a mesh was, until the next one came)."""
         rec = Record(gid, topic, payload, now)
         self.records[gid] = rec
+        rec.pubs.append(pub)
+        pl.pubs[pub] = gid
+        self.pub_of[pub] = (pl, gid)
         self.inflight_bytes += len(payload)
         self.undecided += 1
         self._chain(rec)
@@ -388,10 +407,10 @@ class DeliveryCore:
         for sub in self.table.live_for_topic(topic):
             sid = sub.sid
             if held is not None and sid in held and sub.home == me:
-                rec.owed[sid] = S.ACCEPTED
+                rec.owed[sid] = S_ACCEPTED
                 self.log.append(("accepted", gid, topic, sid, "placeholder"))
                 continue
-            rec.owed[sid] = S.QUEUED
+            rec.owed[sid] = S_QUEUED
             rec.pending += 1
             if sub.home == me:
                 rt = self.subs[sid]
@@ -445,7 +464,7 @@ class DeliveryCore:
         """A new QUEUED part of `rec` (not on the hot path of `_new_record`) for `sid`, homed at
         `home` (None: not in our table yet). Returns the local subscription when it has a link
         (the caller pumps it)."""
-        rec.owed[sid] = S.QUEUED
+        rec.owed[sid] = S_QUEUED
         rec.pending += 1
         if home != self.router_id:
             self.remote_pending.setdefault(sid, {})[rec.gid] = rec
@@ -471,7 +490,7 @@ class DeliveryCore:
                 del self.records[rec.gid]  # no subscription here has a part in it any more
             return
         if rec.rejected_by:
-            rec.outcome = Outcome.REJECTED
+            rec.outcome = O_REJECTED
             names = ", ".join(sid for sid, _ in rec.rejected_by)
             first = rec.rejected_by[0][1]
             # the first subscriber's condition travels on; the description names every rejecter
@@ -479,15 +498,16 @@ class DeliveryCore:
             rec.error = (first[0] if first else errors.SUBSCRIBER_REJECTED,
                          f"rejected by subscription(s) {names}{detail}")
         else:
-            rec.outcome = Outcome.ACCEPTED
+            rec.outcome = O_ACCEPTED
         rec.decided = now
         # every subscription is done with it: only its outcome and settlement remain to be told, so
         # the payload is freed now and the record stops counting against the in-flight budget
         self.undecided -= 1
         self.inflight_bytes -= len(rec.payload)
         rec.payload = b""
-        self._unblock()
-        if rec.outcome is Outcome.ACCEPTED and rec.error is None:
+        if self._blocked:
+            self._unblock()
+        if rec.outcome is O_ACCEPTED and rec.error is None:
             self.log.append(("outcome", rec.gid, rec.topic, None, AcceptedBy(len(rec.owed))))
         else:
             self.log.append(("outcome", rec.gid, rec.topic, None, {
@@ -545,13 +565,13 @@ class DeliveryCore:
                     if pend is not None:
                         pend.pop(gid, None)
                 continue
-            if st is S.QUEUED or st is S.SENT:  # final elsewhere before it got here: withdrawn
+            if st is S_QUEUED or st is S_SENT:  # final elsewhere before it got here: withdrawn
                 rt.owed.pop(gid, None)
                 rt.resend.discard(gid)
             if gid in rt.on_link:
                 rt.on_link.discard(gid)
                 self.out.append(SettleDelivery(sid, gid))
-            elif st is S.ACCEPTED:
+            elif st is S_ACCEPTED:
                 if rt.link is not None and rt.capable:
                     rt.notify.append(gid)
                     self._pump(rt)
@@ -565,7 +585,8 @@ class DeliveryCore:
         if gid in self.placeholders:  # other subscriptions here that hold it without a part in it
             self._placeholder_final(gid)
         self.log.append(("settled", gid, rec.topic, None, None))
-        self._unblock()
+        if self._blocked:
+            self._unblock()
 
     # ================================================================ subscriptions (local links)
     def attach_subscriber(self, link: Any, sid: str, topic: str, container: str, link_name: str,
@@ -608,7 +629,7 @@ class DeliveryCore:
         for gid in presented_set:
             rec = rt.owed.get(gid)
             if rec is not None:
-                self._resolve(rec, sid, S.ACCEPTED, None, now, "resume")
+                self._resolve(rec, sid, S_ACCEPTED, None, now, "resume")
             elif gid in rt.final_unnotified:
                 rt.notify.append(gid)
             else:
@@ -622,10 +643,10 @@ class DeliveryCore:
                     # not here (yet): a copy or a resend may bring it
                     self.placeholders.setdefault(gid, {})[sid] = now
                     self.log.append(("placeholder", gid, topic, sid, None))
-                elif rec2.owed.get(sid) is not S.ACCEPTED:
+                elif rec2.owed.get(sid) is not S_ACCEPTED:
                     # not owed to this life (or ended in an earlier one), yet the client holds it:
                     # count it as accepted so that the final settlement reaches it
-                    rec2.owed[sid] = S.ACCEPTED
+                    rec2.owed[sid] = S_ACCEPTED
         rt.final_unnotified.clear()
         # only a client that hands over in arrival order (ours) presents `handed_last`; what a
         # client presents as accepted says nothing of order (a client may accept out of order)
@@ -690,8 +711,8 @@ class DeliveryCore:
             rt.notify.clear()
         for gid in rt.on_link:
             rec = self.records.get(gid)
-            if rec is not None and rec.owed.get(rt.sid) is S.SENT:
-                rec.owed[rt.sid] = S.QUEUED
+            if rec is not None and rec.owed.get(rt.sid) is S_SENT:
+                rec.owed[rt.sid] = S_QUEUED
                 rt.resend.add(gid)
         rt.on_link.clear()
         rt.queue.clear()
@@ -711,11 +732,11 @@ class DeliveryCore:
             if phs.pop(sid, None) is not None and not phs:
                 del self.placeholders[gid]
         for rec in list(self.remote_pending.pop(sid, {}).values()):
-            self._resolve(rec, sid, S.ENDED, None, now, reason)
+            self._resolve(rec, sid, S_ENDED, None, now, reason)
         if rt is None:
             return
         for rec in list(rt.owed.values()):
-            self._resolve(rec, sid, S.ENDED, None, now, reason)
+            self._resolve(rec, sid, S_ENDED, None, now, reason)
 
     def subscriber_credit(self, sid: str, credit: int) -> None:
         rt = self.subs.get(sid)
@@ -742,7 +763,7 @@ class DeliveryCore:
         while q and rt.credit > 0:
             gid = q.popleft()
             rec = rt.owed.get(gid)
-            if rec is None or rec.owed.get(sid) is not S.QUEUED:
+            if rec is None or rec.owed.get(sid) is not S_QUEUED:
                 continue
             redelivery = bool(rec.redeliveries and sid in rec.redeliveries)
             if ttopic is not None and not self._total_ready(rec, rt, redelivery):
@@ -787,10 +808,10 @@ class DeliveryCore:
             # a subscription not in force when it was first sent: a message it is owed holds every
             # later one back). Handing it now would break FIFO: it ends for this subscription.
             for rec in late:
-                self._resolve(rec, sid, S.ENDED, None, self._now, "fifo: a later message was handed first")
+                self._resolve(rec, sid, S_ENDED, None, self._now, "fifo: a later message was handed first")
         if causal_late:
             for rec in causal_late:
-                self._resolve(rec, sid, S.ENDED, None, self._now, "causal: a message depending on it was handed first")
+                self._resolve(rec, sid, S_ENDED, None, self._now, "causal: a message depending on it was handed first")
         if ttopic is not None and not blocked:
             # total order: hand the next numbers by looking them up (what waits is not rescanned)
             seq_of = self.total[ttopic].seq
@@ -799,7 +820,7 @@ class DeliveryCore:
                 if nxt is None:
                     break
                 rec = rt.owed.get(seq_of.get(nxt, ""))
-                if rec is None or rec.owed.get(sid) is not S.QUEUED:
+                if rec is None or rec.owed.get(sid) is not S_QUEUED:
                     break
                 if rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt):
                     q.append(rec.gid)  # asked about; tick() pumps again
@@ -818,13 +839,13 @@ class DeliveryCore:
             if g is None:
                 break
             r = rt.owed.get(g)
-            if r is not None and r.owed.get(sid) is S.QUEUED and r.origin is None and not r.pubs \
+            if r is not None and r.owed.get(sid) is S_QUEUED and r.origin is None and not r.pubs \
                     and not r.pub_settled:
                 self._withhold(r, rt)
 
     def _send(self, rt: SubRuntime, rec: Record, redelivery: bool) -> None:
         gid = rec.gid
-        rec.owed[rt.sid] = S.SENT
+        rec.owed[rt.sid] = S_SENT
         rt.on_link.add(gid)
         rt.credit -= 1
         if rt.resend:
@@ -849,7 +870,7 @@ class DeliveryCore:
             if t != rec.topic:
                 continue
             r = self.records.get(g)
-            if r is not None and r.owed.get(sid) is not None and (r.owed[sid] is not S.QUEUED
+            if r is not None and r.owed.get(sid) is not None and (r.owed[sid] is not S_QUEUED
                                                                   or rec.gid in r.preds):
                 continue  # sent or resolved for it here (and its predecessors before it); or a cycle
             seq = counter_seq(g)
@@ -1000,13 +1021,13 @@ class DeliveryCore:
                 # elsewhere, where it may be final by now; see `reroute`)
                 self._route(rec, force=False)
         for sid, st in list(rec.owed.items()):
-            if st is not S.QUEUED:
+            if st is not S_QUEUED:
                 continue
             entry = self.table.get(sid)
             if entry is None or not entry.live or (rec.origin is not None and entry.home != me):
                 continue
             if not ts.owed(n, sid, entry.created):
-                self._resolve(rec, sid, S.ENDED, None, now, "total: subscribed after it in the order")
+                self._resolve(rec, sid, S_ENDED, None, now, "total: subscribed after it in the order")
         if rec.origin is None and rec.outcome is None and rec.pending == 0 and gid in self.records:
             self._decide(rec, now)
 
@@ -1048,7 +1069,7 @@ class DeliveryCore:
             if s is None:
                 return None
             if p == 0:  # moved or resumed without telling what it was handed: from what is held here
-                held = [r.tnum for r in rt.owed.values() if r.tnum is not None and r.owed.get(sid) is S.QUEUED]
+                held = [r.tnum for r in rt.owed.values() if r.tnum is not None and r.owed.get(sid) is S_QUEUED]
                 if not held:
                     return None
                 p = max(min(held), s + 1)
@@ -1066,7 +1087,7 @@ class DeliveryCore:
             r = records.get(key)
             if r is not None:
                 st = r.owed.get(sid)
-                if st is S.QUEUED:
+                if st is S_QUEUED:
                     break
                 if st is not None:
                     p += 1
@@ -1097,12 +1118,12 @@ class DeliveryCore:
                 self.stats_fifo_held += 1
                 return False
             st = r.owed.get(sid)
-            if st is S.QUEUED and r.deps and rec.gid in r.preds:
+            if st is S_QUEUED and r.deps and rec.gid in r.preds:
                 # two messages each said to depend on the other (causal dependencies a foreign client's
                 # resend picked up at another router): waiting would be forever; this one goes first
                 self.stats_causal_cycles += 1
                 continue
-            if st is S.QUEUED or st is None:
+            if st is S_QUEUED or st is None:
                 self.stats_fifo_held += 1
                 return False
         return True
@@ -1163,16 +1184,16 @@ class DeliveryCore:
         if rt is None:
             return
         rec = rt.owed.get(gid)
-        if settled or outcome in (Outcome.RELEASED, Outcome.MODIFIED):
+        if settled or outcome in (O_RELEASED, O_MODIFIED):
             rt.on_link.discard(gid)  # the adapter settled the delivery: it is no longer on the link
         if rec is None:
             return  # already resolved (e.g. presented on resume, or a duplicate disposition)
-        if outcome is Outcome.ACCEPTED:
-            self._resolve(rec, sid, S.ACCEPTED, None, now, None)
-        elif outcome is Outcome.REJECTED:
-            self._resolve(rec, sid, S.REJECTED, error, now, None)
-        elif outcome is Outcome.MODIFIED and undeliverable:
-            self._resolve(rec, sid, S.REJECTED, (errors.UNDELIVERABLE, "subscriber: undeliverable here"),
+        if outcome is O_ACCEPTED:
+            self._resolve(rec, sid, S_ACCEPTED, None, now, None)
+        elif outcome is O_REJECTED:
+            self._resolve(rec, sid, S_REJECTED, error, now, None)
+        elif outcome is O_MODIFIED and undeliverable:
+            self._resolve(rec, sid, S_REJECTED, (errors.UNDELIVERABLE, "subscriber: undeliverable here"),
                           now, None)
         else:
             reds = rec.redeliveries
@@ -1180,14 +1201,14 @@ class DeliveryCore:
                 reds = rec.redeliveries = {}
             n = reds.get(sid, 0) + 1
             reds[sid] = n
-            self.log.append(("released" if outcome is Outcome.RELEASED else "modified", gid, rec.topic,
+            self.log.append(("released" if outcome is O_RELEASED else "modified", gid, rec.topic,
                              sid, {"count": n}))
             if n > self.cfg.max_redeliveries:
-                self._resolve(rec, sid, S.REJECTED, (
+                self._resolve(rec, sid, S_REJECTED, (
                     errors.DELIVERY_LIMIT,
                     f"released or modified {n - 1} times (limit {self.cfg.max_redeliveries})"), now, None)
             else:
-                rec.owed[sid] = S.QUEUED
+                rec.owed[sid] = S_QUEUED
                 if rt.link is not None:
                     rt.queue.appendleft(gid)
                     self._pump(rt)
@@ -1209,14 +1230,14 @@ class DeliveryCore:
                 pend.pop(rec.gid, None)
                 if not pend:
                     del self.remote_pending[sid]
-        if st is S.REJECTED:
+        if st is S_REJECTED:
             if rec.rejected_by is None:
                 rec.rejected_by = []
             rec.rejected_by.append((sid, error))
-        if st is S.ENDED:
+        if st is S_ENDED:
             self.log.append(("ended", rec.gid, rec.topic, sid, why))
         else:
-            self.log.append((st.name.lower(), rec.gid, rec.topic, sid, why or (list(error) if error else None)))
+            self.log.append((_EVENT_OF[st], rec.gid, rec.topic, sid, why or (list(error) if error else None)))
         if rt is not None and rec.origins:
             for origin in rec.origins:  # tell every origin that sent us a copy
                 self.out.append(SendAck(origin, rec.gid, sid, int(st), error))
@@ -1273,7 +1294,7 @@ class DeliveryCore:
             if ts is not None and rec.tnum is not None and rec.owed.get(sid) is None \
                     and not ts.owed(rec.tnum, sid, sub.created):
                 # started after it in the order: not owed (its origin decides alike)
-                self.out.append(SendAck(origin, gid, sid, int(S.ENDED), None))
+                self.out.append(SendAck(origin, gid, sid, int(S_ENDED), None))
                 continue
             if rec.origin is None:  # ours too: `origin` (driving it) confirms it is owed here
                 if rec.listed is None:
@@ -1282,7 +1303,7 @@ class DeliveryCore:
                 new_pending = True
             cur = rec.owed.get(sid)
             if cur is None:
-                rec.owed[sid] = S.QUEUED
+                rec.owed[sid] = S_QUEUED
                 rec.pending += 1
                 rt = self.subs[sid]
                 rt.owed[gid] = rec
@@ -1313,10 +1334,10 @@ class DeliveryCore:
             return
         for sid in held:
             if self._local(self.table.get(sid)) and rec.owed.get(sid) not in RESOLVED:
-                if rec.owed.get(sid) in (S.QUEUED, S.SENT):
-                    self._resolve(rec, sid, S.ACCEPTED, None, rec.created, "placeholder")
+                if rec.owed.get(sid) in (S_QUEUED, S_SENT):
+                    self._resolve(rec, sid, S_ACCEPTED, None, rec.created, "placeholder")
                 else:
-                    rec.owed[sid] = S.ACCEPTED
+                    rec.owed[sid] = S_ACCEPTED
                     self.log.append(("accepted", rec.gid, rec.topic, sid, "placeholder"))
 
     def handle_final(self, gid: str, now: float) -> bool:
@@ -1339,7 +1360,7 @@ class DeliveryCore:
             # we are an origin too, still waiting, but its publisher settled it through another
             # origin: it is final everywhere. Stop: withdraw what is pending here.
             self.undecided -= 1
-            rec.outcome = Outcome.ACCEPTED
+            rec.outcome = O_ACCEPTED
             self.log.append(("ended", gid, rec.topic, None, "final elsewhere"))
         rec.pub_settled = True
         self._finalize(rec, now)
@@ -1407,7 +1428,7 @@ class DeliveryCore:
         if sid in self.subs:
             return  # homed here now: its local state is authoritative
         if state == HELD:
-            if rec.owed.get(sid) in (S.QUEUED, S.SENT):
+            if rec.owed.get(sid) in (S_QUEUED, S_SENT):
                 if rec.held is None:
                     rec.held = set()
                 rec.held.add(sid)
@@ -1424,7 +1445,7 @@ class DeliveryCore:
         dests: dict[str, list[str]] = {}
         fwd = rec.fwd
         for sid, st in rec.owed.items():
-            if st is not S.QUEUED and st is not S.SENT:
+            if st is not S_QUEUED and st is not S_SENT:
                 continue
             sub = table.get(sid)
             if sub is None or not sub.live or sub.home == me:
@@ -1521,10 +1542,10 @@ class DeliveryCore:
                     rec.holders = set()
                 rec.holders.add(home)
                 st = rec.owed.get(sid)
-                if st is S.QUEUED or st is S.SENT:
-                    self._resolve(rec, sid, S.ACCEPTED, None, now, "presented")
+                if st is S_QUEUED or st is S_SENT:
+                    self._resolve(rec, sid, S_ACCEPTED, None, now, "presented")
                 elif st is None:
-                    rec.owed[sid] = S.ACCEPTED
+                    rec.owed[sid] = S_ACCEPTED
             elif rec is None and gid in self.recent_final:
                 self.out.append(SendFinal(home, gid))
 
@@ -1536,8 +1557,8 @@ class DeliveryCore:
         rt.arrived_at = self._now
         for gid, rec in sorted(self.remote_pending.pop(sid, {}).items(), key=lambda kv: kv[1].created):
             rt.owed[gid] = rec
-            if rec.owed.get(sid) is S.SENT:
-                rec.owed[sid] = S.QUEUED
+            if rec.owed.get(sid) is S_SENT:
+                rec.owed[sid] = S_QUEUED
             if rt.link is not None:
                 rt.queue.append(gid)
 
@@ -1555,8 +1576,8 @@ class DeliveryCore:
             self._unbind(rt)
         for gid, rec in list(rt.owed.items()):
             if rec.origin is None:  # ours: it is remote now, send it to the new home
-                if rec.owed.get(sid) is S.SENT:
-                    rec.owed[sid] = S.QUEUED
+                if rec.owed.get(sid) is S_SENT:
+                    rec.owed[sid] = S_QUEUED
                 self.remote_pending.setdefault(sid, {})[gid] = rec
             else:  # a destination copy: drop our part; its origin re-routes it
                 del rec.owed[sid]
@@ -1772,7 +1793,7 @@ class DeliveryCore:
             "destination_records": sum(1 for r in self.records.values() if r.origin is not None),
             "reserved_credit": self.reserved_credit, "subscriptions": len(live),
             "local_subscriptions": sum(1 for s in live if s.home == self.router_id),
-            "active_subscriptions": sum(1 for s in live if s.state is SubState.ACTIVE),
+            "active_subscriptions": sum(1 for s in live if s.state is SUB_ACTIVE),
             "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
             "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.awaited),
             "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),

@@ -42,6 +42,8 @@ _PLAIN_TAG = re.compile(rb'[\x21\x23-\x5b\x5d-\x7e]{1,%d}' % _TAG_MAX_PLAIN)  # 
 
 
 def global_id(plid: str, tag: bytes) -> str:
+    if len(tag) <= _TAG_MAX_PLAIN and tag.isalnum():  # (bytes.isalnum: ASCII only) the common case, no regex
+        return f"{plid}:{tag.decode('ascii')}"
     if _PLAIN_TAG.fullmatch(tag):
         return f"{plid}:{tag.decode('ascii')}"
     h = hashlib.blake2b(tag, digest_size=12).digest()
@@ -67,6 +69,8 @@ def counter_seq(gid: str) -> int | None:
     if gid[PLID_LEN:PLID_LEN + 1] != ":":
         return None
     tag = gid[PLID_LEN + 1:]
+    if tag.isascii() and tag.isalnum() and (tag.islower() or tag.isdigit()):  # no regex for the usual
+        return int(tag, 36) if tag[0] != "0" or tag == "0" else None
     return int(tag, 36) if _COUNTER.fullmatch(tag) else None
 
 

@@ -138,13 +138,14 @@ class SettlementLog:
             return
         head = f'{{"v":{SCHEMA_VERSION},"ts":{ts!r}'
         tails = self._ev_tails
+        topics = self._topics
         topic_of = self._topic
         strs = self._strs
         out = self._buf
         lifecycle = False
         for ev, gid, topic, sid, info in entries:
             tail = tails.get(ev) or self._ev_tail(ev)
-            t = topic_of(topic) if topic is not None else None
+            t = (topics.get(topic) or topic_of(topic)) if topic is not None else None
             if gid is not None and t is not None:  # the common shapes, one f-string
                 if info is None:
                     if sid is not None:

@@ -39,6 +39,10 @@ class SubState(Enum):
     ENDED = "ended"
 
 
+# (module constants for per-message code: see router.core.S_QUEUED)
+SUB_ACTIVE, SUB_SUSPENDED, SUB_ENDED = SubState.ACTIVE, SubState.SUSPENDED, SubState.ENDED
+
+
 @dataclass(slots=True)
 class Subscription:
     sid: str
@@ -59,7 +63,7 @@ class Subscription:
 
     @property
     def live(self) -> bool:
-        return self.state is not SubState.ENDED
+        return self.state is not SUB_ENDED
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,7 @@ connection is closed with `amqp:internal-error` and the process carries on.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -57,6 +58,7 @@ _E_DELIVERY = F.E_DELIVERY
 _E_LINK_FLOW = F.E_LINK_FLOW
 
 DEFAULT_IDLE_TIMEOUT = 2.0
+GC_THRESHOLD = 50_000  # young-generation allocations between cyclic collections (see tune_gc)
 DEFAULT_MAX_FRAME = 1024 * 1024
 _READ_CHUNK = 64 * 1024
 
@@ -93,6 +95,7 @@ class Engine:
         self._after_pass: list[Callable[[], None]] = []
 
     def mark_dirty(self, conn: AmqpConnection) -> None:
+        """(`AmqpConnection.touch` calls this once per pass: the connection remembers it is dirty.)"""
         self._dirty.add(conn)
         if not self._scheduled:
             self._scheduled = True
@@ -116,6 +119,7 @@ class Engine:
                     log.exception("engine.after_pass_failed")
         dirty, self._dirty = self._dirty, set()
         for conn in dirty:
+            conn.dirty = False
             conn.flush()
 
 
@@ -320,6 +324,7 @@ class AmqpConnection(asyncio.Protocol):
         self.peer: str = "?"
         self.links: dict[Any, Link] = {}  # keyed by the link pointer
         self.closed = False
+        self.dirty = False  # in the engine's dirty set: flushed at the end of this loop pass
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline = 0
         self._close_reported = False
@@ -401,7 +406,8 @@ class AmqpConnection(asyncio.Protocol):
 
     # -- operations for handlers -----------------------------------------------------------------
     def touch(self) -> None:
-        if not self.closed:
+        if not self.dirty and not self.closed:
+            self.dirty = True
             self.engine.mark_dirty(self)
 
     def open_session(self) -> Any:
@@ -634,6 +640,21 @@ class AmqpConnection(asyncio.Protocol):
         self.pn_conn = F.NULL
         self.pn_transport = F.NULL
         self.pn_collector = F.NULL
+
+
+def tune_gc(threshold: int = GC_THRESHOLD) -> None:
+    """For a process that moves messages: collect cycles far less often.
+
+    Nearly everything per message (delivery records, actions, log tuples) is freed by reference
+    counting within milliseconds, but Python's default (a young-generation collection every 700
+    allocations) catches thousands of them alive in flight, traverses them and promotes them to
+    the older generations, whose collections then traverse every record held. A sampled profile
+    put the collector at ~6% of the router's CPU. With a threshold of 50,000 nearly all of them are
+    freed before a collection sees them. `gc.freeze()` first moves what start-up made (modules,
+    configuration) out of the collector's sight. Cycles are still collected, only in bigger
+    batches: what a cycle holds lives a little longer."""
+    gc.freeze()
+    gc.set_threshold(threshold, 10, 10)
 
 
 async def listen(engine: Engine, factory: Callable[[], AmqpConnection], host: str, port: int,

@@ -601,3 +601,19 @@ def test_only_a_handed_last_makes_a_fresh_earlier_message_late() -> None:
         h.attach_pub(in_doubt=[counter_tag(0)])
         _, _, acts = h.publish(counter_tag(0))
         assert (delivered(acts) == [(sid, m0)]) is expect_delivered
+
+
+def test_a_fresh_message_in_a_mesh_is_handed_to_a_local_subscription_at_once() -> None:
+    """Its publisher's delivery is live: nothing to ask the mesh about. (The delivery used to be
+    registered only after the record was handed out, so every fresh message of a mesh router was
+    withheld as one whose publisher left, queried at every router, and handed when the next came.)"""
+    h = Harness()
+    h.now = 1000.0
+    h.core.mesh_size = 3
+    h.core.reachable = {"R": "", "X": "1", "Y": "2"}
+    h.attach_pub()
+    sid, _, _ = h.sub("s")
+    for tag in (b"1", b"2"):
+        _, gid, acts = h.publish(tag)
+        assert delivered(acts) == [(sid, gid)]
+        assert not [a for a in acts if isinstance(a, SendQuery)]

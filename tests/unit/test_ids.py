@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from router import ids
 from router.ids import (
     GID_MAX,
     counter_tag,
@@ -47,3 +48,24 @@ def test_identities_separate_their_fields() -> None:
     assert publisher_link_id("a", "bc") != publisher_link_id("ab", "c")
     assert subscription_id("c", "l", "t1") != subscription_id("c", "l", "t2")
     assert len(subscription_id("c", "l", "t")) == 16
+
+
+_TAGS = st.binary(max_size=24) | st.text(alphabet="0123456789abcxyzABZ:#_-\"\\ é", max_size=22).map(str.encode)
+
+
+@given(_TAGS)
+def test_the_fast_path_of_global_id_agrees_with_the_rule(tag: bytes) -> None:
+    """Short printable tags without quote or backslash are kept as they are; any other is hashed."""
+    plid = "p" * ids.PLID_LEN
+    gid = ids.global_id(plid, tag)
+    if ids._PLAIN_TAG.fullmatch(tag):
+        assert gid == f"{plid}:{tag.decode('ascii')}"
+    else:
+        assert gid.startswith(plid + "#")
+
+
+@given(st.text(alphabet="0123456789abcxyzABZ:#_-é", max_size=8))
+def test_the_fast_path_of_counter_seq_agrees_with_the_rule(tag: str) -> None:
+    """Only canonical base36 (lower case, no leading zero) is a counter tag."""
+    expected = int(tag, 36) if ids._COUNTER.fullmatch(tag) else None
+    assert ids.counter_seq("p" * ids.PLID_LEN + ":" + tag) == expected
