@@ -948,16 +948,21 @@ class DeliveryCore:
         if rec.gid in chain:
             return
         last = next(reversed(chain))
-        if chain[last] < seq:
+        last_seq = chain[last]
+        chain[rec.gid] = seq
+        if last_seq < seq:  # the usual case: it follows the latest one
             pred: str | None = last
         else:  # it came late (a resend of an older message): the latest one before it
             below = [(s, g) for g, s in chain.items() if s < seq]
             pred = max(below)[1] if below else None
-        chain[rec.gid] = seq
-        if chain[last] > seq:  # keep the dict in publish order
-            self.chain[rec.plid] = dict(sorted(chain.items(), key=lambda kv: kv[1]))
-        if pred is not None and pred not in rec.preds:
-            rec.preds = (*rec.preds, pred)
+            if last_seq > seq:  # keep the dict in publish order
+                self.chain[rec.plid] = dict(sorted(chain.items(), key=lambda kv: kv[1]))
+        if pred is not None:
+            preds = rec.preds
+            if not preds:
+                rec.preds = (pred,)
+            elif pred not in preds:
+                rec.preds = (*preds, pred)
 
     # ================================================================ total order
     def ordered(self, topic: str, n: int, key: str, now: float, pump: bool = True) -> None:

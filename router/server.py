@@ -446,7 +446,8 @@ class Router:
                 amqp.update(delivery, F.RELEASED)
                 amqp.settle(delivery)
             self._close_publisher(link, exc.condition, str(exc))
-        self._drain_later()
+        if not self._drain_scheduled:  # (checked here: three times per message)
+            self._drain_later()
 
     def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:
         ctx = link.ctx
@@ -470,10 +471,12 @@ class Router:
                 settled = True
             if self.sub_links.get(ctx.sid) is link:
                 self.core.subscriber_outcome(ctx.sid, gid, outcome, settled, error, undeliverable, time.time())
-                self._drain_later()
+                if not self._drain_scheduled:  # (checked here: three times per message)
+                    self._drain_later()
         elif isinstance(ctx, PubLinkCtx) and settled and delivery in self.pub_deliveries:
             self.core.publisher_settled(delivery, time.time())  # -> SettlePublisher
-            self._drain_later()
+            if not self._drain_scheduled:  # (checked here: three times per message)
+                self._drain_later()
 
     def on_link_closed(self, link: Link, closed: bool, condition: tuple[str, str] | None) -> None:
         self.drain()  # what the core decided while the link was still there goes out first

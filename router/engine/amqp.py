@@ -239,7 +239,8 @@ class Link:
         """Send one complete message; returns the delivery pointer (None when pre-settled)."""
         ptr = self.ptr
         d = _ldelivery(ptr, (len(tag), _from_buffer(tag)))
-        _lsend(ptr, _from_buffer(payload), len(payload))
+        # (cffi passes a bytes object to a `const char *` parameter as it is: no buffer object)
+        _lsend(ptr, payload if type(payload) is bytes else _from_buffer(payload), len(payload))
         _ladvance(ptr)
         self.conn.touch()
         if settled:
