@@ -274,6 +274,13 @@ class SingleRouter(Server):
         self.router = RouterProcess("A", workdir, settings=settings)
         self.router.start()
 
+    @classmethod
+    def wrap(cls, router: RouterProcess) -> SingleRouter:
+        """A router started elsewhere (run_once leaves a given server running)."""
+        self = cls.__new__(cls)
+        self.router = router
+        return self
+
     def url(self, at: str) -> str:
         return f"127.0.0.1:{self.router.port}"
 
@@ -1001,6 +1008,54 @@ def _probe_traffic(router: RouterProcess, case: Case, cfg: Settings, wd: Path) -
             "p99_ms": r["latency_ms"].get("p99"), "errors": r["errors"]}
 
 
+class _CallgrindRouter(RouterProcess):
+    """A standalone router run under valgrind's callgrind (it counts instructions, ~50x slower)."""
+
+    def __init__(self, workdir: Path, out: Path, settings: dict[str, Any]) -> None:
+        super().__init__("A", workdir, settings=settings)
+        self.out = out
+
+    def command(self) -> list[str]:
+        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}", *super().command()]
+
+
+def _callgrind_total(path: Path) -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise BenchError(f"no instruction total in {path}")
+
+
+def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
+    """Instructions the router executes per message (1:1 exactly-once), counted by callgrind: the
+    one figure this noisy, shared machine repeats exactly, so that two versions of the code can be
+    compared in different runs. Two runs of N and 6N messages; the difference divided by 5N leaves
+    out start-up and shutdown. Under callgrind the router is the bottleneck by far, so its batches
+    are larger than at full speed: compare these figures with each other, not with CPU-us."""
+    if shutil.which("valgrind") is None:
+        return {"error": "valgrind is not installed (apt-get install valgrind): no instruction count"}
+    n = args.instructions
+    case = Case.fan("instructions", "router", 1, 1)
+    totals: dict[int, int] = {}
+    for count in (n, 6 * n):
+        wd = workdir / f"instructions-{count}"
+        out = wd / "callgrind.out"
+        router = _CallgrindRouter(wd / "router", out, cfg.router_settings)
+        log(f"instructions: {count} messages through a router under callgrind")
+        router.start(timeout=300)
+        try:
+            icfg = dataclasses.replace(cfg, count=count, duration=0.0, warmup=0.0, timeout=max(cfg.timeout, 600.0))
+            r = run_once(case, icfg, wd, "run", server=SingleRouter.wrap(router))
+        finally:
+            router.stop(300)
+        if not r["ok"]:
+            return {"error": f"the run of {count} messages failed: {r['errors']}"}
+        totals[count] = _callgrind_total(out)
+    per_msg = (totals[6 * n] - totals[n]) / (5 * n)
+    return {"messages": [n, 6 * n], "instructions": [totals[n], totals[6 * n]], "per_message": round(per_msg)}
+
+
 def profile_router(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
     """py-spy on the router of a 1:1 unbounded run (the hot path the targets are about)."""
     case = Case.fan("profile", "router", 1, 1)
@@ -1132,6 +1187,13 @@ def format_report(rep: dict[str, Any]) -> str:
             lines += [_table(rows), ""]
         else:
             lines += [f"profile: {prof.get('error')}", ""]
+    ins = rep.get("instructions")
+    if ins:
+        if "per_message" in ins:
+            lines += [f"router instructions per message (callgrind, 1:1 exactly-once, runs of "
+                      f"{ins['messages'][0]:,} and {ins['messages'][1]:,} messages): {ins['per_message']:,}", ""]
+        else:
+            lines += [f"instructions: {ins.get('error')}", ""]
     if rep.get("targets"):
         lines.append("targets")
         for t in rep["targets"]:
@@ -1190,8 +1252,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--held-messages", type=int, default=10_000)
     p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                    help="also: py-spy profile of the router under 1:1 load for SECONDS")
+    p.add_argument("--instructions", type=int, default=0, metavar="N",
+                   help="also: instructions the router executes per message (1:1 exactly-once), counted by "
+                        "valgrind's callgrind over N and 6N messages (repeatable on a noisy machine: use it "
+                        "to compare versions; 2000 takes ~2 min)")
     p.add_argument("--no-main", action="store_true", help="skip the scenario and its baselines (run only "
-                                                        "--scale-out / --memory / --profile)")
+                                                        "--scale-out / --memory / --profile / --instructions)")
     p.add_argument("--json", action="store_true", help="print JSON only (progress goes to stderr)")
     p.add_argument("--workdir", type=Path, default=None, help="keep run directories here (default: temporary)")
     p.set_defaults(func=cmd_bench, scale_routers=(1, 2, 4), line3=True)
@@ -1256,6 +1322,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             report["memory"] = memory_suite(args, cfg, workdir)
         if args.profile:
             report["profile"] = profile_router(args, cfg, workdir)
+        if args.instructions:
+            report["instructions"] = instructions_suite(args, cfg, workdir)
         report["targets"] = targets(report)
     if args.json:
         print(json.dumps(report, indent=2))

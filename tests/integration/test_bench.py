@@ -7,6 +7,7 @@ of docs/performance.md, is marked `bench` and `slow` (excluded by default: `pyte
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from array import array
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from router.bench import RabbitMQ, summarise_profile
+from router.bench import RabbitMQ, _callgrind_total, summarise_profile
 from router.benchclients import HEADER, MAGIC, MIN_SIZE, message_template, percentiles
 from router.testing import ROOT
 
@@ -104,6 +105,22 @@ def test_bench_on_a_topology_counts_every_router_a_message_crosses() -> None:
     assert run["delivered"] == 200
     # three routers on the path: per hop is a third of the routers' CPU per delivery
     assert run["server_cpu_us_per_msg_hop"] == pytest.approx(run["server_cpu_us_per_delivery"] / 3, rel=0.02)
+
+
+def test_callgrind_total_is_read_from_the_summary_line(tmp_path: Path) -> None:
+    out = tmp_path / "callgrind.out"
+    out.write_text("version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nfn=x\n1 5\nsummary: 123456\ntotals: 123456\n")
+    assert _callgrind_total(out) == 123456
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_bench_counts_the_routers_instructions_per_message_under_callgrind() -> None:
+    rep = bench("--no-main", "--instructions", "100", timeout=400)
+    ins = rep["instructions"]
+    assert ins["messages"] == [100, 600]
+    assert ins["instructions"][1] > ins["instructions"][0] > 0
+    # the router's work per message is tens of thousands of instructions to a few million, not start-up
+    assert 10_000 < ins["per_message"] < 5_000_000
 
 
 @pytest.mark.skipif(RabbitMQ.unavailable() is not None, reason=str(RabbitMQ.unavailable()))
