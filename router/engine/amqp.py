@@ -41,7 +41,6 @@ _dsettled = lib.pn_delivery_settled
 _dsettle = lib.pn_delivery_settle
 _daborted = lib.pn_delivery_aborted
 _dpartial = lib.pn_delivery_partial
-_dreadable = lib.pn_delivery_readable
 _dpending = lib.pn_delivery_pending
 _dtag = lib.pn_delivery_tag
 _lcurrent = lib.pn_link_current
@@ -548,18 +547,18 @@ class AmqpConnection(asyncio.Protocol):
                 _dsettle(d)
                 lib.pn_link_flow(lptr, 1)  # an aborted transfer consumed credit
                 return
-            if _dpartial(d) or not _dreadable(d):
+            if _dpartial(d):  # (readable needs no call: a receiver's current delivery is readable)
                 self.handler_partial(link, d)
                 return
-            n = _dpending(d)
             eng = self.engine
-            if n <= len(eng.out_buf):  # read through the shared scratch: one copy, into the payload
-                got = _lrecv(lptr, eng.out_cbuf, n) if n else 0
+            # read through the shared scratch (one copy, into the payload) without asking the size first
+            got = _lrecv(lptr, eng.out_cbuf, _READ_CHUNK)
+            if got < _READ_CHUNK:
                 payload = bytes(eng.out_view[:got]) if got > 0 else b""
-            else:
-                buf = bytearray(n)
-                got = _lrecv(lptr, _from_buffer(buf), n)
-                payload = bytes(buf[:max(got, 0)])
+            else:  # larger than the scratch: the rest in one more read
+                rest = bytearray(_dpending(d))
+                more = _lrecv(lptr, _from_buffer(rest), len(rest)) if rest else 0
+                payload = bytes(eng.out_view) + bytes(rest[:max(more, 0)])
             _ladvance(lptr)
             t = _dtag(d)
             tag = _unpack(t.start, t.size) if t.size else b""
