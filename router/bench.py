@@ -270,16 +270,12 @@ class Server:
 class SingleRouter(Server):
     kind = "router"
 
-    def __init__(self, workdir: Path, settings: dict[str, Any] | None = None) -> None:
-        self.router = RouterProcess("A", workdir, settings=settings)
-        self.router.start()
-
-    @classmethod
-    def wrap(cls, router: RouterProcess) -> SingleRouter:
-        """A router started elsewhere (run_once leaves a given server running)."""
-        self = cls.__new__(cls)
+    def __init__(self, workdir: Path, settings: dict[str, Any] | None = None,
+                 router: RouterProcess | None = None) -> None:
+        """Starts a router in `workdir`, or takes `router`, started by the caller."""
+        if router is None:
+            router = RouterProcess("A", workdir, settings=settings).start()
         self.router = router
-        return self
 
     def url(self, at: str) -> str:
         return f"127.0.0.1:{self.router.port}"
@@ -1048,7 +1044,7 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
         router.start(timeout=300)
         try:
             icfg = dataclasses.replace(cfg, count=count, duration=0.0, warmup=0.0, timeout=max(cfg.timeout, 600.0))
-            r = run_once(case, icfg, wd, "run", server=SingleRouter.wrap(router))
+            r = run_once(case, icfg, wd, "run", server=SingleRouter(wd, router=router))
         finally:
             router.stop(300)
         if not r["ok"]:

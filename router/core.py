@@ -343,12 +343,18 @@ class DeliveryCore:
             # since it first sent it is no dependency of it, and could close a cycle of waits)
             deps = self._causal_deps(pl, group) if group is not None and not (
                 pl.declared and gid in pl.declared) else ()
-            rec = self._new_record(gid, pl.topic, payload, now, deps, pub, pl)
+            self._new_record(gid, pl.topic, payload, now, deps, pub, pl)
             if group is not None and pl.client:
                 self._causal_note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
-            if pl.outstanding <= self.cfg.link_credit // 2:
-                self._grant(pl)
-            return gid
+        else:
+            self._merge(rec, pub, pl, payload, now)
+        if pl.outstanding <= self.cfg.link_credit // 2:
+            self._grant(pl)
+        return gid
+
+    def _merge(self, rec: Record, pub: Any, pl: PubLink, payload: bytes, now: float) -> None:
+        """A resend of a message we hold (as its origin or as a destination of a copy)."""
+        gid = rec.gid
         self.log.append(("received", gid, rec.topic, None, {"size": len(payload), "info": "merged"}))
         if rec.origin is not None:
             self._adopt(rec, payload, now)
@@ -362,9 +368,6 @@ class DeliveryCore:
         if rec.outcome is not None:
             self._tell_publisher(rec, pub, pl)
             self._maybe_final(rec, now)
-        if pl.outstanding <= self.cfg.link_credit // 2:
-            self._grant(pl)
-        return gid
 
     def publisher_settled(self, pub: Any, now: float) -> None:
         entry = self.pub_of.pop(pub, None)
