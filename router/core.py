@@ -855,10 +855,10 @@ class DeliveryCore:
             rt.resend.discard(gid)
         self.out.append(Deliver(rt.sid, gid, rec.payload, redelivery))
         self.log.append(("delivered", gid, rec.topic, rt.sid, "redelivery" if redelivery else None))
-        if self.causal and rec.deps:
-            self._causal_passed(rt, rec)
-        if self.causal and rt.client:
-            group = self.causal.get(rec.topic)
+        if self.causal:
+            if rec.deps:
+                self._causal_passed(rt, rec)
+            group = self.causal.get(rec.topic) if rt.client else None
             if group is not None:
                 self._causal_note(rt.client, group, gid, rec.topic, rec.deps)
 

@@ -42,9 +42,8 @@ _PLAIN_TAG = re.compile(rb'[\x21\x23-\x5b\x5d-\x7e]{1,%d}' % _TAG_MAX_PLAIN)  # 
 
 
 def global_id(plid: str, tag: bytes) -> str:
-    if len(tag) <= _TAG_MAX_PLAIN and tag.isalnum():  # (bytes.isalnum: ASCII only) the common case, no regex
-        return f"{plid}:{tag.decode('ascii')}"
-    if _PLAIN_TAG.fullmatch(tag):
+    # (the usual tag is short and alphanumeric, which bytes.isalnum checks in ASCII: no regex for it)
+    if (len(tag) <= _TAG_MAX_PLAIN and tag.isalnum()) or _PLAIN_TAG.fullmatch(tag):
         return f"{plid}:{tag.decode('ascii')}"
     h = hashlib.blake2b(tag, digest_size=12).digest()
     return f"{plid}#{_b32(h)[: GID_MAX - PLID_LEN - 1]}"

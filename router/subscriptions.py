@@ -40,7 +40,7 @@ class SubState(Enum):
 
 
 # (module constants for per-message code: see router.core.S_QUEUED)
-SUB_ACTIVE, SUB_SUSPENDED, SUB_ENDED = SubState.ACTIVE, SubState.SUSPENDED, SubState.ENDED
+SUB_ACTIVE, SUB_ENDED = SubState.ACTIVE, SubState.ENDED
 
 
 @dataclass(slots=True)

@@ -49,6 +49,12 @@ def handed(acts: list[object]) -> list[tuple[str, str]]:
     return [(a.sid, a.gid) for a in acts if isinstance(a, Deliver)]
 
 
+
+# the first message of two publisher links: a (by p), and b (by x, whose client was handed a)
+A1 = global_id(publisher_link_id("p", "l"), counter_tag(1))
+B1 = global_id(publisher_link_id("x", "l"), counter_tag(1))
+
+
 def test_what_a_client_was_handed_travels_with_what_it_publishes() -> None:
     h = Causal()
     h.sub("x", "t")
@@ -130,8 +136,7 @@ def test_a_copy_waits_for_a_dependency_of_its_topic_from_another_publisher() -> 
     """b (published by x after it was handed a) reaches s's home before a: s gets a first."""
     h = Causal(mesh=True)
     s = h.sub("s", "t")
-    a = global_id(publisher_link_id("p", "l"), counter_tag(1))
-    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    a, b = A1, B1
     h.core.receive_copy("O", "o1", b, "t", [s], b"b", h.now, (), ((a, "t"),))
     acts = h.take()
     assert handed(acts) == [] and any(isinstance(q, SendQuery) and q.gid == a for q in acts)
@@ -144,8 +149,7 @@ def test_a_copy_waits_for_a_dependency_of_its_topic_from_another_publisher() -> 
 def test_a_dependency_on_another_topic_does_not_hold_a_copy_back() -> None:
     h = Causal(mesh=True)
     s = h.sub("s", "t")
-    a = global_id(publisher_link_id("p", "l"), counter_tag(1))
-    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    a, b = A1, B1
     h.core.receive_copy("O", "o1", b, "t", [s], b"b", h.now, (), ((a, "u"),))
     assert handed(h.take()) == [(s, b)]
 
@@ -154,8 +158,7 @@ def test_a_dependency_not_owed_here_releases_the_copy_once_final() -> None:
     """s started after a: it is not owed a, whose FINAL (from the mesh) releases b."""
     h = Causal(mesh=True)
     s = h.sub("s", "t")
-    a = global_id(publisher_link_id("p", "l"), counter_tag(1))
-    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    a, b = A1, B1
     h.core.receive_copy("O", "o1", b, "t", [s], b"b", h.now, (), ((a, "t"),))
     assert handed(h.take()) == []
     h.core.handle_final(a, h.now)
@@ -166,8 +169,7 @@ def test_a_dependency_not_owed_here_releases_the_copy_once_final() -> None:
 def test_handing_a_copy_extends_its_clients_past_with_its_deps() -> None:
     h = Causal(mesh=True)
     h.sub("y", "t")
-    a = global_id(publisher_link_id("p", "l"), counter_tag(1))
-    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    a, b = A1, B1
     h.core.recent_final[a] = h.now  # (so that b is not held back here)
     h.core.receive_copy("O", "o1", b, "t", [subscription_id("y", "s-t", "t")], b"b", h.now, (), ((a, "u"),))
     assert handed(h.take())
@@ -228,8 +230,7 @@ def test_a_resend_declared_in_doubt_gets_no_new_dependencies() -> None:
 def test_two_messages_waiting_for_each_other_do_not_wait_forever() -> None:
     h = Causal(mesh=True)
     s = h.sub("s", "t", credit=0)
-    a = global_id(publisher_link_id("p", "l"), counter_tag(1))
-    b = global_id(publisher_link_id("x", "l"), counter_tag(1))
+    a, b = A1, B1
     h.core.receive_copy("O", "o1", a, "t", [s], b"a", h.now, (), ((b, "t"),))
     h.core.receive_copy("O", "o1", b, "t", [s], b"b", h.now, (), ((a, "t"),))
     h.core.subscriber_credit(s, 10)
