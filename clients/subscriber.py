@@ -34,6 +34,7 @@ from router.ids import PLID_LEN, counter_seq, is_control_tag, subscription_id
 log = logging.getLogger("oncemesh.subscriber")
 
 FINAL_SUBJECT = "oncemesh.final"
+STOLEN_RETRY = 1.0  # seconds before attaching again after our link was taken (doubling, up to 30 s)
 
 # Settlement-log fields this writer adds to router.settlement_log.FIELDS (name -> JSON type), in line
 # order; spark/schema.py reads them too (tests/spark/test_schema.py keeps the two in step).
@@ -95,6 +96,7 @@ class Subscriber:
         self._detached = asyncio.Event()
         self._refused: LinkRefused | None = None
         self._closing = False
+        self._steals = 0  # our current link taken in a row (see on_link_closed)
         self._slog = client.settlement_log("subscriber")
         self._repair_last_hand_over()
         # FIFO: per publisher link, the latest message handed over (seq, id): presented on attach,
@@ -362,6 +364,7 @@ class Subscriber:
         if isinstance(epoch, int) and epoch > 0:
             self.client.state.set_meta(f"epoch:{self.sid}", str(epoch))
         self._refused = None
+        self._steals = 0
         self._slog.write("resumed" if self.resumed else "subscribed", time.time(), None, self.topic, self.sid,
                          container=self.client.container_id, link=self.name,
                          info=f"router={self.client.router_id}")
@@ -407,13 +410,30 @@ class Subscriber:
         self._withdrawn.clear()
         self._deliveries.clear()
         self._detached.set()
-        if condition is not None:
-            self._refused = LinkRefused(*condition)
-            log.warning("subscriber.link_closed topic=%s link=%s condition=%s", self.topic, self.name,
-                        condition)
-            self._attached.set()
-            if condition[0] != "amqp:link:stolen":
-                self.fail(self._refused)
+        if condition is None:
+            return
+        log.warning("subscriber.link_closed topic=%s link=%s condition=%s", self.topic, self.name, condition)
+        if condition[0] == "amqp:link:stolen":
+            if not self._closing:
+                # our current link was taken by an attach of this subscription at another router that
+                # the router heard of only now: an earlier, killed process of ours whose resume was
+                # announced late (chaos line3, seed 8: a router frozen meanwhile), or a second live
+                # client with our container id and link name. We are alive: attach again (the newest
+                # attach wins), after a pause that doubles while it keeps happening
+                self._steals += 1
+                delay = min(STOLEN_RETRY * 2 ** (self._steals - 1), 30.0)
+                asyncio.get_running_loop().call_later(delay, self._attach_again)
+            return
+        self._refused = LinkRefused(*condition)
+        self._attached.set()
+        self.fail(self._refused)
+
+    def _attach_again(self) -> None:
+        """After a stolen link: attach on the current connection (a reconnect attaches by itself)."""
+        conn, session = self.client.conn, self.client.session
+        if self._closing or self.link is not None or conn is None or session is None or not self.client.connected:
+            return
+        self.attach(conn, session)
 
 
 def handed_in_log(path: Any, sid: str, gids: set[str], since: float, chunk: int = 1 << 20) -> set[str] | None:

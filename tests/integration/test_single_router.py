@@ -318,3 +318,41 @@ def test_messages_of_every_size_cross_the_router_intact(router: RouterProcess, t
         await pc.close()
 
     run(main())
+
+
+def test_a_subscriber_whose_link_was_taken_attaches_again_and_goes_on(router: RouterProcess,
+                                                                     tmp_path: Path) -> None:
+    """Another attach of the same subscription (here: a second client with the same container id
+    and link name, which then goes away) takes the first client's link. The first client is alive:
+    it attaches again by itself and gets what is published afterwards. (In chaos, line3 seed 8, the
+    other attach was a killed earlier process of the same client, announced late by a frozen router;
+    the worker died on the `stolen` refusal.)"""
+    async def main() -> None:
+        first = await client(router.url, tmp_path, "first", container_id="same-client")
+        sub = first.subscriber("steal", "s", expiry=60)
+        await sub.wait_attached(10)
+        other = await client(router.url, tmp_path, "other", container_id="same-client")
+        thief = other.subscriber("steal", "s", expiry=60)
+        await thief.wait_attached(10)
+        await wait_until(lambda: sub.link is None, 10)  # taken
+        other.drop_connection()  # the thief goes away (its link suspends the subscription)
+        await other.close()
+        await wait_until(lambda: sub.link is not None and sub.resumed is True, 10)  # attached again
+        pc = await client(router.url, tmp_path, "pub")
+        pub = pc.publisher("steal", "p")
+        futs = [await pub.send(f"m{i}") for i in range(20)]
+        got = await sub.get_many(20, timeout=20)
+        assert [m.body for m in got] == [f"m{i}" for i in range(20)]
+        assert all(r.outcome is Outcome.ACCEPTED for r in await asyncio.gather(*futs))
+        for c in (first, pc):
+            await c.close()
+
+    run(main())
+
+
+async def wait_until(cond: Any, timeout: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(0.02)
