@@ -1,14 +1,20 @@
-"""`oncemesh`: the one command-line entry point. Each subcommand lives next to what it runs."""
+"""`oncemesh`: the one command-line entry point and the composition root.
+
+Each subcommand's arguments and work live next to what it runs; this module only puts them together
+(and composes the `router` command: configuration, topology, router)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import sys
 from pathlib import Path
 
-from router.config import RouterConfig, parse_hostport
+from .clients import cli as clients_cli
+from .harness import bench, chaos, demo
+from .router.config import RouterConfig, parse_hostport
+from .spark import job
+from .topology import launcher
 
 DESCRIPTION = """\
 oncemesh: a federated network of AMQP 1.0 routers with exactly-once publish/subscribe.
@@ -19,18 +25,6 @@ across router crashes, failover and their own restarts (with a state directory).
 
 Start here:   oncemesh demo          (a demo mesh on loopback, publishes and checks delivery)
 """
-
-# subcommand -> module with register(subparsers)
-SUBCOMMANDS = [
-    ("router", "router.cli"),
-    ("demo", "router.demo"),
-    ("put", "clients.cli"),
-    ("up", "topology.launcher"),
-    ("reconcile", "spark.job"),
-    ("chaos", "topology.chaos"),
-    ("bench", "router.bench"),
-]
-
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser(
@@ -65,12 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
 def cmd_router(args: argparse.Namespace) -> int:
     import faulthandler
 
-    from router.server import configure_logging, run_router
+    from .router.server import configure_logging, run_router
 
     faulthandler.enable()  # a crash in C code (SIGSEGV) leaves every thread's stack on stderr
     cfg = RouterConfig(id=args.id)
     if args.topology is not None:
-        from topology.load import TopologyError, load_topology
+        from .topology.load import TopologyError, load_topology
 
         try:
             topo = load_topology(args.topology)
@@ -117,18 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oncemesh", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    seen: set[str] = set()
-    for _, module in SUBCOMMANDS:
-        if module in seen:
-            continue
-        seen.add(module)
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith(module.split(".")[0]):
-                continue  # a subcommand not built yet
-            raise
-        mod.register(sub)
+    register(sub)  # oncemesh router
+    for module in (demo, clients_cli, launcher, job, chaos, bench):
+        module.register(sub)
     return parser
 
 

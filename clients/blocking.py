@@ -1,6 +1,6 @@
 """A plain blocking API for scripts: the async client runs on a private event-loop thread.
 
-    from clients.blocking import connect
+    from .blocking import connect
     with connect("amqp://127.0.0.1:5672", state_dir="./me") as client:
         client.publisher("orders").put({"id": 1})
         sub = client.subscriber("orders", "billing")
@@ -17,9 +17,9 @@ from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from clients.publisher import Publisher, Result
-from clients.runtime import Client
-from clients.subscriber import Delivered, Subscriber
+from .publisher import Publisher, Result
+from .runtime import Client
+from .subscriber import Delivered, Subscriber
 
 T = TypeVar("T")
 

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clients.publisher import Publisher, Result
-from clients.runtime import Client, ClientError, NoRouterAvailable
-from clients.state import default_state_dir
+from .publisher import Publisher, Result
+from .runtime import Client, ClientError, NoRouterAvailable
+from .state import default_state_dir
 
 DEFAULT_EXPIRY = 86400.0
 

@@ -23,12 +23,12 @@ from typing import Any
 
 from proton import Message, symbol, ulong
 
-from clients.runtime import Client, ClientError, LinkRefused
-from router.actions import Outcome
-from router.engine import amqp
-from router.engine import ffi as F
-from router.engine.amqp import AmqpConnection, Link
-from router.ids import counter_tag, global_id, publisher_link_id
+from ..common import engine as amqp
+from ..common import ffi as F
+from ..common.engine import AmqpConnection, Link
+from ..common.ids import counter_tag, global_id, publisher_link_id
+from ..common.vocab import Outcome
+from .runtime import Client, ClientError, LinkRefused
 
 log = logging.getLogger("oncemesh.publisher")
 

@@ -29,13 +29,13 @@ from tenacity import (
     wait_exponential,
 )
 
-from clients.state import ClientState
-from router.engine.amqp import AmqpConnection, Engine, Link, connect
-from router.settlement_log import SettlementLog
+from ..common.engine import AmqpConnection, Engine, Link, connect
+from ..common.settlement_log import SettlementLog
+from .state import ClientState
 
 if TYPE_CHECKING:
-    from clients.publisher import Publisher
-    from clients.subscriber import Subscriber
+    from .publisher import Publisher
+    from .subscriber import Subscriber
 
 log = logging.getLogger("oncemesh.client")
 
@@ -178,13 +178,13 @@ class Client:
 
     def publisher(self, topic: str, name: str | None = None, **kw: Any) -> Publisher:
         """A publisher on `topic`. Give a stable `name` when using a durable outbox."""
-        from clients.publisher import Publisher
+        from .publisher import Publisher
 
         return Publisher(self, topic, name, **kw)
 
     def subscriber(self, topic: str, name: str, **kw: Any) -> Subscriber:
         """A durable subscription named `name` (the link name) on `topic`."""
-        from clients.subscriber import Subscriber
+        from .subscriber import Subscriber
 
         return Subscriber(self, topic, name, **kw)
 

@@ -25,11 +25,11 @@ from typing import Any
 
 from proton import Message, symbol
 
-from clients.runtime import Client, ClientError, LinkRefused
-from router.engine import amqp
-from router.engine import ffi as F
-from router.engine.amqp import AmqpConnection, Link
-from router.ids import PLID_LEN, counter_seq, is_control_tag, subscription_id
+from ..common import engine as amqp
+from ..common import ffi as F
+from ..common.engine import AmqpConnection, Link
+from ..common.ids import PLID_LEN, counter_seq, is_control_tag, subscription_id
+from .runtime import Client, ClientError, LinkRefused
 
 log = logging.getLogger("oncemesh.subscriber")
 

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from router.engine import ffi as F
-from router.engine.ffi import ffi, lib
+from . import ffi as F
+from .ffi import ffi, lib
 
 log = logging.getLogger("oncemesh.engine")
 

@@ -20,9 +20,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from router.actions import AcceptedBy, SizeCount
-
 SCHEMA_VERSION = 1
+
+
+class SizeCount(tuple[int, int]):
+    """Info of a core "received" log event: (size, count), written as "size" and "count" fields.
+    A tuple subclass, not a dict: the commonest event of the hot path is formatted in one step."""
+
+    __slots__ = ()
+
+
+class AcceptedBy(int):
+    """Info of a core "outcome" event when the outcome is ACCEPTED: the number of subscriptions."""
+
+    __slots__ = ()
 
 # field name -> JSON type, in line order. Every line has v, ts, src, node, inc, ev; the rest are
 # present only when they apply. Keep in step with spark/schema.py and docs/settlement-log.md.

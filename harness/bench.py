@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.benchclients import MIN_SIZE, MODES
-from router.testing import Proc, RouterProcess, cpu_seconds, python_cmd, read_json, rss_kb, wait_for
+from ..topology.load import example_path
+from .benchclients import MIN_SIZE, MODES
+from .testing import Proc, RouterProcess, cpu_seconds, python_cmd, read_json, rss_kb, wait_for
 
 CLIENTS_NOTE = ("lean engine clients (router.benchclients: router.engine.amqp driven directly, one "
                 "process per publisher and subscriber), not the full client library (its dedup store, "
@@ -297,7 +298,7 @@ class MeshServer(Server):
     kind = "mesh"
 
     def __init__(self, topology: Path, workdir: Path, timeout: float = 90.0) -> None:
-        from topology.launcher import Mesh
+        from ..topology.launcher import Mesh
 
         self.mesh = Mesh(topology, workdir)
         self.graph = self.mesh.topology.graph()
@@ -337,7 +338,7 @@ class ContainerRelay(Server):
 
     def __init__(self, workdir: Path) -> None:
         ready = workdir / "relay.ready.json"
-        self.proc = Proc(python_cmd("-m", "router.bench", "relay", "--ready", str(ready)), workdir / "relay.out")
+        self.proc = Proc(python_cmd("-m", "oncemesh.harness.bench", "relay", "--ready", str(ready)), workdir / "relay.out")
         info = wait_for(lambda: self._ready(ready), 30, "the Container relay")
         self.port = int(info["port"])
 
@@ -522,7 +523,7 @@ def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | N
         assert case.topology is not None
         topo = case.topology
         if cfg.order != "fifo" and topics:
-            from topology.load import with_topic_order
+            from ..topology.load import with_topic_order
 
             topo = with_topic_order(topo, topics, cfg.order, workdir / f"{Path(topo).stem}-{cfg.order}.toml")
         return MeshServer(topo, workdir / "mesh")
@@ -571,7 +572,7 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
             npubs = sum(1 for t in case.pub_topics if t == topic)
             ready, result = wd / f"sub{j}.ready.json", wd / f"sub{j}.result.json"
             where = ["--listen", "127.0.0.1:0"] if case.kind == "direct" else ["--url", server.url(at)]
-            p = Proc(python_cmd("-m", "router.benchclients", "sub", *where, "--address",
+            p = Proc(python_cmd("-m", "oncemesh.harness.benchclients", "sub", *where, "--address",
                                 server.address(f"{topic}-{uniq}"), "--ready", str(ready), "--result",
                                 str(result), "--index", str(j), "--publishers", str(npubs), "--credit",
                                 str(cfg.credit), *common), wd / f"sub{j}.out")
@@ -583,7 +584,7 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
             ready, result = wd / f"pub{i}.ready.json", wd / f"pub{i}.result.json"
             url = f"127.0.0.1:{sub_info[i]['port']}" if case.kind == "direct" else server.url(at)
             amount = ["--count", str(cfg.count)] if cfg.count else ["--duration", str(cfg.duration)]
-            p = Proc(python_cmd("-m", "router.benchclients", "pub", "--url", url, "--address",
+            p = Proc(python_cmd("-m", "oncemesh.harness.benchclients", "pub", "--url", url, "--address",
                                 server.address(f"{topic}-{uniq}"), "--ready", str(ready), "--result",
                                 str(result), "--index", str(i), "--size", str(cfg.size), "--rate",
                                 str(case.rate), "--window", str(cfg.window), "--warmup", str(cfg.warmup),
@@ -815,7 +816,7 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
     if presettled:
         notes.append("router skipped: it refuses pre-settled links (at-most-once); baselines only")
     elif args.topology is not None:
-        from topology.load import load_topology
+        from ..topology.load import load_topology
 
         topo = load_topology(args.topology)
         ids = sorted(topo.routers)
@@ -905,7 +906,7 @@ def scale_out(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[st
             ("R(i+1)" if args.scale_placement == "next" else "R(i)")
         cases.append(c)
     if args.line3:
-        line = Path(__file__).resolve().parent.parent / "topology" / "examples" / "line3.toml"
+        line = example_path("line3.toml")
         c = Case.fan("line3-fanout", "mesh", 0, 0, 0.0, topology=line, pub_at=["A"], sub_at=["A", "B", "C"])
         c.label = "line3 A-B-C fan-out: 1 pub at A, subs at A, B, C"
         cases.append(c)
@@ -927,7 +928,7 @@ def memory_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict
     try:
         rss0 = rss_kb(router.pid)
         ready = wd / "hold.ready.json"
-        hold = Proc(python_cmd("-m", "router.benchclients", "hold", "--url", f"127.0.0.1:{router.port}",
+        hold = Proc(python_cmd("-m", "oncemesh.harness.benchclients", "hold", "--url", f"127.0.0.1:{router.port}",
                                "--connections", str(n), "--ready", str(ready), "--timeout", "300"),
                     wd / "hold.out")
         info = _wait_files([(hold, ready)], 300, f"{n} client connections")[0]
@@ -959,7 +960,7 @@ def memory_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict
     try:
         url = f"127.0.0.1:{router.port}"
         sready = wd / "susp.ready.json"
-        s = Proc(python_cmd("-m", "router.benchclients", "sub", "--url", url, "--address", "held",
+        s = Proc(python_cmd("-m", "oncemesh.harness.benchclients", "sub", "--url", url, "--address", "held",
                             "--ready", str(sready), "--expiry", "600", "--suspend", "--mode", cfg.mode),
                  wd / "susp.out")
         procs.append(s)
@@ -967,7 +968,7 @@ def memory_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict
         s.wait(30)
         wait_for(lambda: router.stats().get("active_subscriptions", 1) == 0, 30, "the subscription to be suspended")
         pready, presult = wd / "heldpub.ready.json", wd / "heldpub.result.json"
-        p = Proc(python_cmd("-m", "router.benchclients", "pub", "--url", url, "--address", "held", "--ready",
+        p = Proc(python_cmd("-m", "oncemesh.harness.benchclients", "pub", "--url", url, "--address", "held", "--ready",
                             str(pready), "--result", str(presult), "--count", str(m), "--window", str(m + 1),
                             "--size", str(cfg.size), "--hold", "--mode", cfg.mode, "--timeout", "300"),
                  wd / "heldpub.out")

@@ -43,9 +43,9 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from router.engine import amqp
-from router.engine import ffi as F
-from router.engine.amqp import AmqpConnection, Engine, Link
+from ..common import engine as amqp
+from ..common import ffi as F
+from ..common.engine import AmqpConnection, Engine, Link
 
 MAGIC = b"\xfeOMB"
 HEADER = struct.Struct(">4sqQIB")  # magic, send time (monotonic ns), seq, publisher index, flags

@@ -44,16 +44,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from router.testing import Proc, python_cmd
-from topology.faults import ALL_FAULTS, Fault, FaultKind, Limits, make_schedule, parse_faults
-from topology.launcher import Mesh, MeshError, RouterState
-from topology.load import TopologyError, load_topology, with_topic_order
-from topology.progress import ClientLogs
+from ..topology.launcher import Mesh, MeshError, RouterState
+from ..topology.load import TopologyError, example_path, load_topology, with_topic_order
+from .faults import ALL_FAULTS, Fault, FaultKind, Limits, make_schedule, parse_faults
+from .progress import ClientLogs
+from .testing import Proc, python_cmd
 
 if TYPE_CHECKING:
-    from spark.reconcile import Summary
+    from ..spark.reconcile import Summary
 
-EXAMPLES = Path(__file__).resolve().parent / "examples"
+EXAMPLES = example_path()
 TOPIC = "chaos"
 TICK = 0.1  # seconds between looks at processes and logs while playing the schedule
 PROGRESS_EVERY = 10.0
@@ -186,7 +186,7 @@ class _Client:
 
     @property
     def cmd(self) -> list[str]:
-        return [*python_cmd("-m", "clients.worker", self.kind), "--url", self.urls, *self.args]
+        return [*python_cmd("-m", "oncemesh.harness.worker", self.kind), "--url", self.urls, *self.args]
 
     def start(self) -> None:
         self.proc = Proc(self.cmd, self.out)
@@ -576,7 +576,7 @@ class _Run:
         if not self.cfg.reconcile:
             return
         self.say("reconciling every settlement log of the run with Spark ...")
-        from spark.job import reconcile_paths
+        from ..spark.job import reconcile_paths
 
         summary = reconcile_paths([self.state], out=self.state / "reconcile", chart=False)
         r.summary = summary

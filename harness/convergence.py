@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from topology.chaos import resolve_topology
-from topology.launcher import Mesh, MeshError
+from ..topology.launcher import Mesh, MeshError
+from .chaos import resolve_topology
 
 POLL = 0.005
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     victim = a.victim
     if victim is None:
-        from topology.load import load_topology
+        from ..topology.load import load_topology
         victim = sorted(load_topology(resolve_topology(a.topology)).routers)[-1]
     try:
         rounds = measure(a.topology, victim, fault=a.fault, repeat=a.repeat, state_dir=a.state_dir)

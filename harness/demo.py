@@ -18,9 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from router.testing import LogSummary, Proc, python_cmd, wait_for
+from ..topology.load import example_path
+from .testing import LogSummary, Proc, python_cmd, wait_for
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "topology" / "examples"
+EXAMPLES = example_path()
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
@@ -48,7 +49,7 @@ def say(text: str) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from topology.launcher import Mesh, MeshError
+    from ..topology.launcher import Mesh, MeshError
 
     keep = args.state_dir is not None
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="oncemesh-demo-"))
@@ -67,7 +68,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         for r in sub_at:
             procs.append(Proc(python_cmd(
-                "-m", "clients.worker", "consume", "--url", ",".join([mesh.url(r)]), "--topic", "demo",
+                "-m", "oncemesh.harness.worker", "consume", "--url", ",".join([mesh.url(r)]), "--topic", "demo",
                 "--name", f"sub-{r}", "--state-dir", str(state / "clients" / f"sub-{r}"),
                 "--log-dir", str(logs), "--count", str(args.messages)), state / f"sub-{r}.out"))
         wait_for(lambda: len(list(logs.glob("*.subscriber.jsonl"))) >= len(sub_at), 30, "subscribers attached")
@@ -76,7 +77,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         say(f"subscribers: on {' and '.join(sub_at)}; publisher: on {pub_at}, "
             f"{args.messages} messages at {args.rate:g}/s")
         pub = Proc(python_cmd(
-            "-m", "clients.worker", "publish", "--url", mesh.url(pub_at), "--topic", "demo",
+            "-m", "oncemesh.harness.worker", "publish", "--url", mesh.url(pub_at), "--topic", "demo",
             "--count", str(args.messages), "--rate", str(args.rate), "--name", "demo-pub",
             "--state-dir", str(state / "clients" / "pub"), "--log-dir", str(logs)), state / "pub.out")
         procs.append(pub)
@@ -140,7 +141,7 @@ def _count(logs: Path, needle: str, role: str) -> int:
 def _reconcile(state: Path) -> bool:
     say("reconciling every settlement log with Spark (local) ...")
     try:
-        from spark.job import reconcile_paths
+        from ..spark.job import reconcile_paths
     except ImportError as exc:  # pragma: no cover - pyspark is a dependency
         say(f"  (skipped: {exc})")
         return True

@@ -30,11 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from router.testing import Proc, python_cmd, wait_for
-from topology.chaos import resolve_topology
-from topology.launcher import Mesh
-from topology.load import with_topic_order
-from topology.progress import ClientLogs
+from ..topology.launcher import Mesh
+from ..topology.load import with_topic_order
+from .chaos import resolve_topology
+from .progress import ClientLogs
+from .testing import Proc, python_cmd, wait_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class Outage:
 
 
 def _worker(kind: str, args: list[str], out: Path) -> Proc:
-    return Proc(python_cmd("-m", "clients.worker", kind, *args), out)
+    return Proc(python_cmd("-m", "oncemesh.harness.worker", kind, *args), out)
 
 
 def measure(topology: str | Path, fault: str, *, repeat: int = 3, publisher: str = "A", subscriber: str = "B",

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from topology.model import Topology
+from ..topology.model import Topology
 
 
 class FaultKind(StrEnum):

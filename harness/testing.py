@@ -18,9 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from router.ids import PLID_LEN, counter_seq
-
-ROOT = Path(__file__).resolve().parent.parent
+from ..common.ids import PLID_LEN, counter_seq
 
 
 class ProcessFailed(RuntimeError):
@@ -60,10 +58,9 @@ class Proc:
         out.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(out, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
         e = dict(os.environ)
-        e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
         e.update(env or {})
         self.p = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT, env=e,
-                                  start_new_session=True, cwd=str(ROOT))
+                                  start_new_session=True)
 
     @property
     def pid(self) -> int:
@@ -122,7 +119,7 @@ class RouterProcess:
         self.starts = 0
 
     def command(self) -> list[str]:
-        cmd = python_cmd("-m", "router.cli", "router", "--id", self.id, "--listen", self.listen,
+        cmd = python_cmd("-m", "oncemesh", "router", "--id", self.id, "--listen", self.listen,
                          "--state-dir", str(self.state_dir), "--log-dir", str(self.log_dir),
                          "--ready-file", str(self.ready_file), *self.extra)
         for k, v in self.settings.items():
@@ -224,7 +221,7 @@ def cpu_seconds(pid: int) -> float:
 
 def worker(kind: str, *args: str, workdir: Path, name: str) -> Proc:
     """Start `python -m clients.worker KIND ARGS...` with its output in workdir/NAME.out."""
-    return Proc(python_cmd("-m", "clients.worker", kind, *args), workdir / f"{name}.out")
+    return Proc(python_cmd("-m", "oncemesh.harness.worker", kind, *args), workdir / f"{name}.out")
 
 
 # ---------------------------------------------------------------------- settlement logs

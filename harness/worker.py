@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from clients.runtime import Client
-from clients.subscriber import Subscriber
+from ..clients.runtime import Client
+from ..clients.subscriber import Subscriber
 
 
 async def publish(args: argparse.Namespace) -> int:

@@ -16,8 +16,8 @@ import json
 import struct
 from typing import Any
 
-from interrouter.lamportcodec import lamport_from_list, lamport_to_list
-from interrouter.messages import (
+from .lamportcodec import lamport_from_list, lamport_to_list
+from .messages import (
     Acks,
     Bye,
     Control,
@@ -35,8 +35,8 @@ from interrouter.messages import (
     SubUpdate,
     TableSync,
 )
-from interrouter.ordercodec import wire_from_list, wire_to_list
-from interrouter.strict import Fields, FrameError
+from .ordercodec import wire_from_list, wire_to_list
+from .strict import Fields, FrameError
 
 _HDR = struct.Struct(">H")
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from interrouter.messages import Routed, SubAck, SubUpdate, TableSync
-from router.subscriptions import LifeEnded, Subscription, SubscriptionTable
+from ..router.subscriptions import LifeEnded, Subscription, SubscriptionTable
+from .messages import Routed, SubAck, SubUpdate, TableSync
 
 
 @dataclass

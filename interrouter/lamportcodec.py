@@ -31,8 +31,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, NamedTuple
 
-from interrouter.strict import Fields, show
-from router.order.lamport import (
+from ..router.order.lamport import (
     Accept,
     Accepted,
     Ack,
@@ -48,6 +47,7 @@ from router.order.lamport import (
     Refuse,
     Wire,
 )
+from .strict import Fields, show
 
 _F = Fields("lamport")
 _bad, _str, _seq, _int_from = _F.bad, _F.string, _F.seq, _F.int_from

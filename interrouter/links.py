@@ -16,8 +16,8 @@ from typing import Any
 
 from proton import symbol
 
-from router.engine import ffi as F
-from router.engine.amqp import AmqpConnection, Engine, Link
+from ..common import ffi as F
+from ..common.engine import AmqpConnection, Engine, Link
 
 log = logging.getLogger("oncemesh.interrouter")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from interrouter.messages import LinkState
+from .messages import LinkState
 
 
 def newer(a_inc: str, a_seq: int, b_inc: str, b_seq: int) -> bool:

@@ -12,15 +12,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from interrouter.codec import FrameError
-from interrouter.links import Peer, PeerHandler, dial
-from interrouter.node import MeshNode
-from router.engine.amqp import AmqpConnection, Engine
-from topology.model import TotalOrder
+from ..common.engine import AmqpConnection, Engine
+from ..topology.model import TotalOrder
+from .codec import FrameError
+from .links import Peer, PeerHandler, dial
+from .node import MeshNode
 
 if TYPE_CHECKING:
-    from router.config import RouterConfig
-    from router.server import Router
+    from ..router.config import RouterConfig
+    from ..router.server import Router
 
 log = logging.getLogger("oncemesh.mesh")
 

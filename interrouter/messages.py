@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from router.order import lamport
-from router.order.sequencer import Wire
+from ..router.order import lamport
+from ..router.order.sequencer import Wire
 
 PROTOCOL_VERSION = 1
 

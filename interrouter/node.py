@@ -18,12 +18,30 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from interrouter import codec
-from interrouter.channel import Sessions
-from interrouter.gossip import Gossip
-from interrouter.hello import HelloMonitor
-from interrouter.linkstate import LinkStateDb
-from interrouter.messages import (
+from ..common.errors import RemoteProtocolError
+from ..router.actions import (
+    Announce,
+    DeclarePublisher,
+    Forward,
+    SendAck,
+    SendFinal,
+    SendHold,
+    SendProbe,
+    SendQuery,
+    SubmitOrder,
+)
+from ..router.core import DeliveryCore
+from ..router.order import lamport
+from ..router.order.lamport import LamportNode
+from ..router.order.sequencer import Delivered, SendTo, SequencerNode, Unresolved
+from ..router.order.total import parse_start
+from ..router.subscriptions import SubState
+from . import codec
+from .channel import Sessions
+from .gossip import Gossip
+from .hello import HelloMonitor
+from .linkstate import LinkStateDb
+from .messages import (
     Acks,
     Bye,
     Control,
@@ -41,24 +59,6 @@ from interrouter.messages import (
     SubUpdate,
     TableSync,
 )
-from router.actions import (
-    Announce,
-    DeclarePublisher,
-    Forward,
-    SendAck,
-    SendFinal,
-    SendHold,
-    SendProbe,
-    SendQuery,
-    SubmitOrder,
-)
-from router.core import DeliveryCore
-from router.errors import RemoteProtocolError
-from router.order import lamport
-from router.order.lamport import LamportNode
-from router.order.sequencer import Delivered, SendTo, SequencerNode, Unresolved
-from router.order.total import parse_start
-from router.subscriptions import SubState
 
 MAX_CONTROL_BATCH = 2000
 

@@ -19,8 +19,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from interrouter.strict import Fields, show
-from router.order.sequencer import (
+from ..router.order.sequencer import (
     Accept,
     Accepted,
     Answer,
@@ -41,6 +40,7 @@ from router.order.sequencer import (
     SyncAck,
     Wire,
 )
+from .strict import Fields, show
 
 _F = Fields("order")
 _bad, _str, _bool, _seq = _F.bad, _F.string, _F.boolean, _F.seq

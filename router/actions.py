@@ -7,32 +7,9 @@ adapter drains the list after each batch of input.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Any
 
-
-class SizeCount(tuple[int, int]):
-    """Info of a core "received" log event: (size, count), written as "size" and "count" fields.
-    A tuple subclass, not a dict: the commonest event of the hot path is formatted in one step."""
-
-    __slots__ = ()
-
-
-class AcceptedBy(int):
-    """Info of a core "outcome" event when the outcome is ACCEPTED: the number of subscriptions."""
-
-    __slots__ = ()
-
-
-class Outcome(IntEnum):
-    ACCEPTED = 1
-    REJECTED = 2
-    RELEASED = 3
-    MODIFIED = 4
-
-
-# (module constants for per-message code: see router.core.S_QUEUED)
-O_ACCEPTED, O_REJECTED, O_RELEASED, O_MODIFIED = Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RELEASED, Outcome.MODIFIED
+from ..common.vocab import Outcome
 
 
 @dataclass(slots=True)

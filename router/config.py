@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from router.core import CoreConfig
+from .core import CoreConfig
 
 
 def parse_hostport(text: str) -> tuple[str, int]:

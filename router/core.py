@@ -48,13 +48,11 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from router import errors
-from router.actions import (
-    O_ACCEPTED,
-    O_MODIFIED,
-    O_REJECTED,
-    O_RELEASED,
-    AcceptedBy,
+from ..common import errors
+from ..common.ids import PLID_LEN, counter_seq, global_id, plid_of
+from ..common.settlement_log import AcceptedBy, SizeCount
+from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED, Outcome
+from .actions import (
     Action,
     Announce,
     DeclarePublisher,
@@ -63,7 +61,6 @@ from router.actions import (
     Forward,
     GrantCredit,
     NotifyFinal,
-    Outcome,
     SendAck,
     SendFinal,
     SendHold,
@@ -72,12 +69,10 @@ from router.actions import (
     SendQuery,
     SettleDelivery,
     SettlePublisher,
-    SizeCount,
     SubmitOrder,
 )
-from router.ids import PLID_LEN, counter_seq, global_id, plid_of
-from router.order.total import TotalStream, parse_start, start_key
-from router.subscriptions import SUB_ACTIVE, Subscription, SubscriptionTable
+from .order.total import TotalStream, parse_start, start_key
+from .subscriptions import SUB_ACTIVE, Subscription, SubscriptionTable
 
 
 class S(IntEnum):

@@ -20,12 +20,15 @@ from typing import Any
 
 from proton import Message, symbol
 
-from router import errors
-from router.actions import (
-    O_ACCEPTED,
-    O_MODIFIED,
-    O_REJECTED,
-    O_RELEASED,
+from ..common import engine as amqp
+from ..common import errors
+from ..common import ffi as F
+from ..common.engine import AmqpConnection, Engine, Link
+from ..common.ids import publisher_link_id, subscription_id
+from ..common.settlement_log import SettlementLog
+from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED
+from ..topology.model import TotalOrder
+from .actions import (
     Announce,
     Deliver,
     DetachLink,
@@ -35,15 +38,9 @@ from router.actions import (
     SettleDelivery,
     SettlePublisher,
 )
-from router.config import RouterConfig
-from router.core import DeliveryCore
-from router.engine import amqp
-from router.engine import ffi as F
-from router.engine.amqp import AmqpConnection, Engine, Link
-from router.ids import publisher_link_id, subscription_id
-from router.settlement_log import SettlementLog
-from router.subscriptions import SubscriptionStore, SubscriptionTable
-from topology.model import TotalOrder
+from .config import RouterConfig
+from .core import DeliveryCore
+from .subscriptions import SubscriptionStore, SubscriptionTable
 
 log = logging.getLogger("oncemesh.router")
 
@@ -688,7 +685,7 @@ async def run_router(cfg: RouterConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, router.request_stop)
     if cfg.topology is not None:
-        from interrouter.mesh import Mesh
+        from ..interrouter.mesh import Mesh
 
         router.mesh = Mesh(router, cfg, cfg.peers_dir)
     await router.start()

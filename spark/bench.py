@@ -23,7 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from spark.synth import ANOMALIES, SynthConfig, generate
+from .synth import ANOMALIES, SynthConfig, generate
 
 DEFAULT_DATA = Path(tempfile.gettempdir()) / "oncemesh-bench"
 CHECKED = (*("ok", *ANOMALIES), "messages", "pairs", "log_lines", "unsettled_live", "unsettled_dead")
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     records = int(a.records)
     data = a.data or Path(f"{DEFAULT_DATA}-{records}")
 
-    from spark.job import find_logs, hadoop_safe, run, spark_session
+    from .job import find_logs, hadoop_safe, run, spark_session
 
     expected, gen_s = prepare(records, data, a.seed)
     lines = int(expected["log_lines"])

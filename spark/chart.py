@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spark.schema import CLASSES
+from .schema import CLASSES
 
 KIND_ORDER = {"end_to_end": 0, "publish": 1, "mesh": 2, "deliver": 3}
 

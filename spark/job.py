@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from spark.reconcile import Reconciliation, Summary
+    from .reconcile import Reconciliation, Summary
 
 DEFAULT_OUT = Path("reconcile-out")
 DEFAULT_MASTER = "local[*]"
@@ -142,8 +142,8 @@ def hadoop_safe(files: Sequence[str]) -> Iterator[list[str]]:
 def read_logs(spark: SparkSession, sources: Sequence[str]) -> DataFrame:
     """Every line, parsed with the schema and a status (`reconcile.with_status`): local files as
     listed, URIs searched recursively for *.jsonl. Blank lines are skipped."""
-    from spark import reconcile as R
-    from spark import schema as S
+    from . import reconcile as R
+    from . import schema as S
 
     def reader() -> Any:
         return (spark.read.schema(S.PARSE_SCHEMA).option("mode", "PERMISSIVE")
@@ -261,7 +261,7 @@ def run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, si
 
     from pyspark import StorageLevel
 
-    from spark import reconcile as R
+    from . import reconcile as R
 
     say = warn_to or sys.stderr
     started = time.monotonic()
@@ -297,8 +297,8 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
     reversal or a gap), order_disagreements.parquet (the pairs of subscriptions handed messages in
     opposite orders), causal_violations.parquet (the subscriptions with a causal violation), and
     reconcile.png (local `out` only)."""
-    from spark import chart as C
-    from spark import reconcile as R
+    from . import chart as C
+    from . import reconcile as R
 
     remote = is_uri(str(out))
     if remote:
@@ -348,8 +348,8 @@ def anomaly_timeline(rec: Reconciliation, summary: Summary, collect_limit: int =
                      ) -> tuple[float, dict[str, list[tuple[float, int]]]]:
     """(bucket seconds, class -> [(bucket start, pairs)]): the anomalies' times are brought to the
     driver and bucketed here when there are few; otherwise bucketed by Spark."""
-    from spark import chart as C
-    from spark import reconcile as R
+    from . import chart as C
+    from . import reconcile as R
 
     timeline: dict[str, list[tuple[float, int]]] = {}
     n = summary.pairs - summary.ok
@@ -372,7 +372,7 @@ def anomaly_timeline(rec: Reconciliation, summary: Summary, collect_limit: int =
 
 def subs_frame(spark: SparkSession, summary: Summary) -> DataFrame:
     """The per-subscription counts of a summary as a frame."""
-    from spark.schema import CLASSES
+    from .schema import CLASSES
 
     cols = ", ".join(f"{c} long" for c in CLASSES)
     rows = [(s.sub, s.topic, s.pairs, s.owed, *(n for _, n in s.counts)) for s in summary.per_subscription]
@@ -400,7 +400,7 @@ def _ms(v: float | None) -> str:
 
 def format_summary(s: Summary) -> str:
     """A table a person reads."""
-    from spark.schema import CLASSES, FAILURES
+    from .schema import CLASSES, FAILURES
 
     lines = [
         f"logs: {s.extra.get('files', '?')} file(s), {s.log_lines} line(s): {s.malformed_lines} malformed, "
@@ -517,13 +517,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for `python -m spark.job` and `spark-submit spark/job.py`."""
+    """Entry point for `python -m oncemesh.spark.job` and `spark-submit spark/submit.py`."""
     parser = argparse.ArgumentParser(prog="oncemesh reconcile")
     add_arguments(parser)
     return cmd_reconcile(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
-    if __package__ in (None, ""):  # spark-submit spark/job.py: make `spark.*` importable
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.exit(main())

@@ -32,8 +32,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from router.settlement_log import SettlementLog
-from spark.schema import CLASSES
+from ..common.settlement_log import SettlementLog
+from .schema import CLASSES
 
 ANOMALIES = tuple(c for c in CLASSES if c != "ok")
 ANOMALY_TOPIC = "anomaly"

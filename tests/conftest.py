@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from router.testing import Proc, RouterProcess
+from oncemesh.harness.testing import Proc, RouterProcess
+from oncemesh.topology.load import example_path
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -83,13 +84,13 @@ def make_router(procs: Procs) -> Callable[..., RouterProcess]:
     return procs.router
 
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "topology" / "examples"
+EXAMPLES = example_path()
 
 
 @pytest.fixture
 def mesh_of(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
     """Start a mesh from a topology (a name in topology/examples or a path); stopped at teardown."""
-    from topology.launcher import Mesh
+    from oncemesh.topology.launcher import Mesh
 
     started: list[Mesh] = []
 

@@ -47,9 +47,9 @@ from typing import Any
 
 import networkx as nx
 
-from topology.load import TopologyError, load_topology, parse_topology
-from topology.model import LinkSpec, Topology, TotalOrder
-from topology.proxy import Mode, ProxyHub, ProxyStats
+from .load import TopologyError, load_topology, parse_topology
+from .model import LinkSpec, Topology, TotalOrder
+from .proxy import Mode, ProxyHub, ProxyStats
 
 DEFAULT_STATE_DIR = Path("oncemesh-state")
 STATE_DIR_ENV = "ONCEMESH_STATE_DIR"
@@ -217,7 +217,7 @@ class Mesh:
 
     def router_command(self, router_id: str, listen: str | None = None) -> list[str]:
         """The exact command line of one router (shown in mesh.json, checked against /proc)."""
-        cmd = [sys.executable, "-m", "router.cli", "router", "--topology", str(self.topology_path),
+        cmd = [sys.executable, "-m", "oncemesh", "router", "--topology", str(self.topology_path),
                "--id", router_id, "--state-dir", str(self.state_dir / "routers" / router_id),
                "--log-dir", str(self.log_dir), "--ready-file", str(self.ready_file(router_id)),
                "--peers-dir", str(self.peers_dir(router_id))]
@@ -327,8 +327,6 @@ class Mesh:
             d.mkdir(parents=True, exist_ok=True)
         cmd = self.router_command(router_id, listen)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        code_root = str(Path(__file__).resolve().parents[1])  # routers run the launcher's own code
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (code_root, env.get("PYTHONPATH")) if p)
         with self.out_file(router_id).open("ab") as out:
             offset = out.tell()
             out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} oncemesh: starting router {router_id}: "

@@ -15,12 +15,13 @@ import re
 import tomllib
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, fields
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from router.config import RouterConfig
-from router.core import CoreConfig
-from topology.model import (
+from ..router.config import RouterConfig
+from ..router.core import CoreConfig
+from .model import (
     DEFAULT_COST,
     DEFAULT_DEAD_AFTER,
     DEFAULT_HELLO_INTERVAL,
@@ -80,6 +81,13 @@ class TopologyError(Exception):
     @property
     def line(self) -> int:
         return self.problems[0].line
+
+
+def example_path(name: str = "") -> Path:
+    """An example topology shipped with oncemesh (`topology/examples/NAME`), or their folder.
+
+    Read through `importlib.resources`, so that it is found in an installed wheel as in a checkout."""
+    return Path(str(resources.files(__package__ or __name__.rpartition(".")[0]).joinpath("examples", name)))
 
 
 def load_topology(path: str | Path) -> Topology:

@@ -64,7 +64,7 @@ import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from router.errors import ResourceLimitExceeded
+from ...common.errors import ResourceLimitExceeded
 
 _ALL = 1 << 62  # frontier of a publisher declared wholly not owed
 

@@ -74,7 +74,7 @@ from dataclasses import dataclass
 from enum import Enum
 from itertools import islice
 
-from router.errors import OncemeshError, RemoteProtocolError
+from ...common.errors import OncemeshError, RemoteProtocolError
 
 Ballot = tuple[int, int, int]  # (round, member index, life)
 NO_BALLOT: Ballot = (0, -1, 0)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from topology.launcher import Mesh
+from oncemesh.topology.launcher import Mesh
+from oncemesh.topology.load import example_path
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "topology" / "examples"
+EXAMPLES = example_path()
 
 
 @pytest.fixture

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from topology.chaos import ChaosError, run_chaos
-from topology.faults import FaultKind, Limits
-
-ROOT = Path(__file__).resolve().parents[2]
+from oncemesh.harness.chaos import ChaosError, run_chaos
+from oncemesh.harness.faults import FaultKind, Limits
+from oncemesh.topology.load import example_path
 
 
 def processes_of(state_dir: Path) -> list[str]:
@@ -41,8 +40,8 @@ def processes_of(state_dir: Path) -> list[str]:
 
 
 def oncemesh(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "router.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, check=False)
+    return subprocess.run([sys.executable, "-m", "oncemesh", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 def test_short_chaos_run_with_every_fault_keeps_the_promises(tmp_path: Path) -> None:
@@ -98,7 +97,7 @@ def test_setup_errors_are_reported_and_start_nothing(tmp_path: Path) -> None:
     with pytest.raises(ChaosError, match="not empty"):
         run_chaos("line3", state_dir=busy)
     fixed = tmp_path / "fixed.toml"
-    fixed.write_text((ROOT / "topology/examples/line3.toml").read_text().replace(
+    fixed.write_text(example_path("line3.toml").read_text().replace(
         'inter_router = "127.0.0.1:0"', 'inter_router = "127.0.0.1:1"', 1))
     proc = oncemesh("chaos", str(fixed), "--state-dir", str(tmp_path / "x"), timeout=60)
     assert proc.returncode == 2 and "inter-router ports 0" in proc.stderr

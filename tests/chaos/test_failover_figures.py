@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from topology.failover import measure
+from oncemesh.harness.failover import measure
 
 pytestmark = [pytest.mark.slow, pytest.mark.bench]
 

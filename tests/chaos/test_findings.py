@@ -18,14 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from router.testing import Proc, RouterProcess, wait_for, worker
-from topology.progress import ClientLogs
+from oncemesh.harness.progress import ClientLogs
+from oncemesh.harness.testing import Proc, RouterProcess, wait_for, worker
 
 # The subscriber worker, with a SIGKILL of itself right after the state's hand-over COMMIT: the
 # moment the chaos run's client-kill happened to hit.
 DIES_AFTER_COMMIT = """
 import os, signal, sys
-from clients import state, worker
+from oncemesh.clients import state, worker
 original = state.ClientState.hand_over
 def hand_over(self, sub, gids):
     original(self, sub, gids)

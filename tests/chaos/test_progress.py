@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from topology.progress import ClientLogs
+from oncemesh.harness.progress import ClientLogs
 
 
 def line(src: str, ev: str, ts: float, **kw: object) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from topology.proxy import HOST, LinkProxy, Mode, ProxyError, ProxyHub
+from oncemesh.topology.proxy import HOST, LinkProxy, Mode, ProxyError, ProxyHub
 
 TIMEOUT = 5.0
 

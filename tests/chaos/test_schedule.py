@@ -5,16 +5,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topology.faults import ALL_FAULTS, Fault, FaultKind, Limits, make_schedule, parse_faults
-from topology.load import load_topology
+from oncemesh.harness.faults import ALL_FAULTS, Fault, FaultKind, Limits, make_schedule, parse_faults
+from oncemesh.topology.load import example_path, load_topology
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "topology" / "examples"
+EXAMPLES = example_path()
 TOPOLOGIES = {name: load_topology(EXAMPLES / f"{name}.toml") for name in ("line3", "triangle", "mesh4", "hubs")}
 CLIENTS = ["sub-0", "sub-1", "sub-2", "pub-0", "pub-1"]
 ROUTER_FAULTS = (FaultKind.KILL, FaultKind.FREEZE)

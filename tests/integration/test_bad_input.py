@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from proton import symbol, ubyte, uint
 
-from clients.runtime import Client, LinkRefused
-from router.testing import RouterProcess
+from oncemesh.clients.runtime import Client, LinkRefused
+from oncemesh.harness.testing import RouterProcess
 from tests.integration.rawamqp import (
     ATTACH,
     BEGIN,
@@ -378,8 +378,8 @@ def test_in_doubt_tags_are_read_as_proton_decodes_them() -> None:
     re-attached publisher for settled: false ACCEPTED in a chaos run)."""
     from proton import Data, symbol
 
-    from router.engine import ffi as F
-    from router.server import PROP_IN_DOUBT, in_doubt_tags
+    from oncemesh.common import ffi as F
+    from oncemesh.router.server import PROP_IN_DOUBT, in_doubt_tags
 
     d = Data()
     d.put_object({symbol("oncemesh.in-doubt"): [b"3", b"a\x00b"]})
@@ -399,7 +399,7 @@ def test_a_restarted_publisher_declaring_its_message_in_doubt_gets_no_outcome_be
     the resend ACCEPTED at once.)"""
     import signal
 
-    from router.testing import worker
+    from oncemesh.harness.testing import worker
 
     raw = RawClient(*host_port(router))
     raw.handshake()

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from router.bench import RabbitMQ, _callgrind_total, summarise_profile
-from router.benchclients import HEADER, MAGIC, MIN_SIZE, message_template, percentiles
-from router.testing import ROOT
+from oncemesh.harness.bench import RabbitMQ, _callgrind_total, summarise_profile
+from oncemesh.harness.benchclients import HEADER, MAGIC, MIN_SIZE, message_template, percentiles
+from oncemesh.topology.load import example_path
 
 CASE_KEYS = {"published_msg_s", "delivered_msg_s_per_sub", "delivered_msg_s_min_sub", "delivered_msg_s_total",
              "latency_ms", "server_cpu_us_per_msg_hop", "server_cpu_us_per_delivery", "server_cpu_util",
@@ -25,7 +25,7 @@ CASE_KEYS = {"published_msg_s", "delivered_msg_s_per_sub", "delivered_msg_s_min_
 
 
 def bench(*args: str, timeout: float = 240) -> dict:
-    out = subprocess.run([sys.executable, "-m", "router.cli", "bench", "--json", *args], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "oncemesh", "bench", "--json", *args],
                          capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, f"exit {out.returncode}\nstdout:\n{out.stdout[-3000:]}\nstderr:\n{out.stderr[-3000:]}"
     report: dict = json.loads(out.stdout)
@@ -97,7 +97,7 @@ def test_bench_json_has_the_documented_keys_and_plausible_values() -> None:
 
 
 def test_bench_on_a_topology_counts_every_router_a_message_crosses() -> None:
-    line = ROOT / "topology" / "examples" / "line3.toml"
+    line = example_path("line3.toml")
     rep = bench("--topology", str(line), "--pub-at", "A", "--sub-at", "C", "--count", "200", "--warmup", "0",
                 "--repeat", "1", "--baselines", "", "--latency-rate", "0")
     run = rep["throughput"]["mesh"]["runs"][0]

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from router.testing import LogSummary, wait_for
+from oncemesh.harness.testing import LogSummary, wait_for
+from oncemesh.topology.launcher import Mesh
 from tests.integration.test_failover import run_all
 from tests.integration.test_total_order import count_events, worker
-from topology.launcher import Mesh
 
 TOPIC = "ledger"  # (the name test_total_order's workers use)
 

@@ -15,17 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from router.testing import LogSummary, Proc, python_cmd, wait_for
+from oncemesh.harness.testing import LogSummary, Proc, python_cmd, wait_for
 
 
 def consumer(tmp: Path, logs: Path, urls: list[str], name: str, count: int) -> Proc:
-    return Proc(python_cmd("-m", "clients.worker", "consume", "--url", ",".join(urls), "--topic", "t",
+    return Proc(python_cmd("-m", "oncemesh.harness.worker", "consume", "--url", ",".join(urls), "--topic", "t",
                            "--name", name, "--state-dir", str(tmp / name), "--log-dir", str(logs),
                            "--count", str(count), "--reconnect-timeout", "60"), tmp / f"{name}.out")
 
 
 def publisher(tmp: Path, logs: Path, urls: list[str], name: str, count: int, rate: float) -> Proc:
-    return Proc(python_cmd("-m", "clients.worker", "publish", "--url", ",".join(urls), "--topic", "t",
+    return Proc(python_cmd("-m", "oncemesh.harness.worker", "publish", "--url", ",".join(urls), "--topic", "t",
                            "--name", name, "--state-dir", str(tmp / name), "--log-dir", str(logs),
                            "--count", str(count), "--rate", str(rate), "--reconnect-timeout", "60"),
                 tmp / f"{name}.out")

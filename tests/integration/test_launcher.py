@@ -8,7 +8,6 @@ Every wait is against a deadline.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -22,8 +21,7 @@ from typing import Any
 
 import pytest
 
-import topology
-from topology.launcher import (
+from oncemesh.topology.launcher import (
     Mesh,
     MeshError,
     RouterStartError,
@@ -31,14 +29,15 @@ from topology.launcher import (
     StopOutcome,
     _proc,
 )
+from oncemesh.topology.load import example_path
 
-EXAMPLES = Path(topology.__file__).parent / "examples"
+EXAMPLES = example_path()
 SINGLE = EXAMPLES / "single.toml"
 TIMEOUT = 30.0
 
 
 def _router_accepts_peers_dir() -> bool:
-    from router.cli import build_parser
+    from oncemesh.cli import build_parser
 
     try:
         with contextlib.redirect_stderr(io.StringIO()):
@@ -50,11 +49,10 @@ def _router_accepts_peers_dir() -> bool:
 
 needs_router = pytest.mark.skipif(not _router_accepts_peers_dir(),
                                   reason="`oncemesh router` has no --peers-dir yet (the launcher passes it)")
-needs_mesh = pytest.mark.skipif(not importlib.util.find_spec("interrouter.mesh"), reason="mesh layer not built yet")
 
 
 def oncemesh(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "router.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "oncemesh", *args], capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 
@@ -306,14 +304,13 @@ def test_router_command_is_the_documented_one(tmp_path: Path) -> None:
     mesh = Mesh(EXAMPLES / "line3.toml", tmp_path / "m")
     d = mesh.state_dir
     assert mesh.router_command("B") == [
-        sys.executable, "-m", "router.cli", "router", "--topology", str((EXAMPLES / "line3.toml").resolve()),
+        sys.executable, "-m", "oncemesh", "router", "--topology", str((EXAMPLES / "line3.toml").resolve()),
         "--id", "B", "--state-dir", f"{d}/routers/B", "--log-dir", f"{d}/logs",
         "--ready-file", f"{d}/status/B.json", "--peers-dir", f"{d}/status"]
 
 
 # ---------------------------------------------------------------------- a real mesh
 @needs_router
-@needs_mesh
 @pytest.mark.parametrize("name", ["line3", "triangle"])
 def test_mesh_converges_and_a_killed_router_rejoins(meshes: Callable[..., Mesh], name: str) -> None:
     mesh = meshes(EXAMPLES / f"{name}.toml")
@@ -339,7 +336,6 @@ def test_mesh_converges_and_a_killed_router_rejoins(meshes: Callable[..., Mesh],
 
 # ---------------------------------------------------------------------- links through proxies
 @needs_router
-@needs_mesh
 def test_proxied_links_go_through_the_proxies_and_survive_a_listener_restart(meshes: Callable[..., Mesh]) -> None:
     """line3 with proxies: A dials B and B dials C through them; each dialer's own peers dir names
     the proxy and the listener's pid; a restarted listener (new inter-router port) is found again."""
@@ -368,7 +364,6 @@ def test_proxied_links_go_through_the_proxies_and_survive_a_listener_restart(mes
 
 
 @needs_router
-@needs_mesh
 def test_only_the_owner_of_the_proxies_starts_routers_of_a_proxied_mesh(meshes: Callable[..., Mesh]) -> None:
     mesh = meshes(EXAMPLES / "line3.toml", proxies=True)
     mesh.up(timeout=60)
@@ -397,7 +392,7 @@ def test_proxies_need_inter_router_ports_0(tmp_path: Path) -> None:
 
 
 def test_convergence_tool_measures_a_death_and_a_join(tmp_path: Path) -> None:
-    from topology.convergence import measure
+    from oncemesh.harness.convergence import measure
 
     rounds = measure("line3", "C", fault="kill", repeat=1, state_dir=tmp_path / "m")
     assert len(rounds) == 1

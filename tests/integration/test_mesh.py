@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from clients.runtime import Client
-from clients.subscriber import Subscriber
-from router.testing import LogSummary
+from oncemesh.clients.runtime import Client
+from oncemesh.clients.subscriber import Subscriber
+from oncemesh.harness.testing import LogSummary
 from tests.integration.test_single_router import run
 
 

@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from clients.publisher import Publisher
-from clients.runtime import Client
-from router.actions import Outcome
-from router.testing import LogSummary, RouterProcess, wait_for, worker
+from oncemesh.clients.publisher import Publisher
+from oncemesh.clients.runtime import Client
+from oncemesh.common.vocab import Outcome
+from oncemesh.harness.testing import LogSummary, RouterProcess, wait_for, worker
 
 T = TypeVar("T")
 
@@ -275,7 +275,7 @@ def test_cli_operations_put_get_subscribe_unsubscribe(router: RouterProcess, tmp
         return cp
 
     import sys
-    om_cmd = [sys.executable, "-m", "router.cli"]
+    om_cmd = [sys.executable, "-m", "oncemesh"]
     sub_dir, pub_dir = str(tmp_path / "subst"), str(tmp_path / "pubst")
     om("subscribe", "news", "--subscription", "s1", "--state-dir", sub_dir)
     msgs = [f"message-{i}" for i in range(100)]

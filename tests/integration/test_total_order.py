@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from router.testing import LogSummary, Proc, python_cmd, wait_for
+from oncemesh.harness.testing import LogSummary, Proc, python_cmd, wait_for
 from tests.integration.test_failover import run_all
 
 TOPIC = "ledger"
@@ -30,7 +30,7 @@ def topology(tmp: Path, name: str, links: list[tuple[str, str]], algorithm: str 
 
 
 def worker(tmp: Path, logs: Path, kind: str, urls: list[str], name: str, count: int, *extra: str) -> Proc:
-    return Proc(python_cmd("-m", "clients.worker", kind, "--url", ",".join(urls), "--topic", TOPIC,
+    return Proc(python_cmd("-m", "oncemesh.harness.worker", kind, "--url", ",".join(urls), "--topic", TOPIC,
                            "--name", name, "--state-dir", str(tmp / name), "--log-dir", str(logs),
                            "--count", str(count), "--reconnect-timeout", "60", *extra), tmp / f"{name}.out")
 

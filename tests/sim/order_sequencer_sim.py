@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.order.sequencer import (
+from oncemesh.router.order.sequencer import (
     Accepted,
     Delivered,
     Numbered,

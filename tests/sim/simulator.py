@@ -34,21 +34,28 @@ from typing import Any
 
 import networkx as nx
 
-from interrouter.codec import FrameError
-from interrouter.node import MeshNode
-from router.actions import (
+from oncemesh.common.ids import (
+    PLID_LEN,
+    counter_seq,
+    counter_tag,
+    global_id,
+    publisher_link_id,
+    subscription_id,
+)
+from oncemesh.common.vocab import Outcome
+from oncemesh.interrouter.codec import FrameError
+from oncemesh.interrouter.node import MeshNode
+from oncemesh.router.actions import (
     Deliver,
     DetachLink,
     GrantCredit,
     NotifyFinal,
-    Outcome,
     SendOutcome,
     SettleDelivery,
     SettlePublisher,
 )
-from router.core import CoreConfig, DeliveryCore
-from router.ids import PLID_LEN, counter_seq, counter_tag, global_id, publisher_link_id, subscription_id
-from router.subscriptions import SubscriptionTable
+from oncemesh.router.core import CoreConfig, DeliveryCore
+from oncemesh.router.subscriptions import SubscriptionTable
 
 TOPIC = "t"
 HELLO = 0.5

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from router.order.lamport import (
+from oncemesh.router.order.lamport import (
     Action,
     Deliver,
     Duplicate,

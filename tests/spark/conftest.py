@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from spark.job import spark_session
+from oncemesh.spark.job import spark_session
 
 
 @pytest.fixture(scope="session")

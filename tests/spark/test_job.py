@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from router.cli import main as oncemesh
-from spark import chart
-from spark.job import UsageError, find_logs, is_uri, parse_since
-from spark.schema import CLASSES
-from spark.synth import LogBook, SynthConfig, generate
+from oncemesh.cli import main as oncemesh
+from oncemesh.spark import chart
+from oncemesh.spark.job import UsageError, find_logs, is_uri, parse_since
+from oncemesh.spark.schema import CLASSES
+from oncemesh.spark.synth import LogBook, SynthConfig, generate
 
 pytestmark = pytest.mark.spark
 
@@ -62,7 +62,7 @@ def test_since_takes_unix_seconds_or_an_iso_date() -> None:
 def test_no_logs_found_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "A.router.log").write_text("not a settlement log\n")
-    p = subprocess.run([sys.executable, "-m", "router.cli", "reconcile", str(tmp_path / "empty")],
+    p = subprocess.run([sys.executable, "-m", "oncemesh", "reconcile", str(tmp_path / "empty")],
                        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
     assert p.returncode == 2
     assert "no settlement logs" in p.stderr and str(tmp_path / "empty") in p.stderr

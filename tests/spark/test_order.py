@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from router.cli import main as oncemesh
-from spark import chart
-from spark import reconcile as R
-from spark.job import format_summary
-from spark.synth import LogBook
+from oncemesh.cli import main as oncemesh
+from oncemesh.spark import chart
+from oncemesh.spark import reconcile as R
+from oncemesh.spark.job import format_summary
+from oncemesh.spark.synth import LogBook
 
 pytestmark = pytest.mark.spark
 

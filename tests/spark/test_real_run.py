@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from spark.job import reconcile_paths
-from spark.schema import CLASSES
+from oncemesh.spark.job import reconcile_paths
+from oncemesh.spark.schema import CLASSES
 
 pytestmark = pytest.mark.spark
 
@@ -31,7 +31,7 @@ STEP_TIMEOUT = 60.0
 
 def oncemesh_cmd() -> list[str]:
     exe = Path(sys.executable).with_name("oncemesh")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "router.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "oncemesh"]
 
 
 def wait_ready(path: Path, proc: subprocess.Popen[bytes], deadline: float) -> dict[str, object]:

@@ -28,8 +28,8 @@ import pytest
 from pyspark.sql import Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from spark import reconcile as R
-from spark.synth import LogBook
+from oncemesh.spark import reconcile as R
+from oncemesh.spark.synth import LogBook
 
 pytestmark = pytest.mark.spark
 

@@ -8,10 +8,10 @@ import pytest
 from pyspark.sql import Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from clients.subscriber import SETTLEMENT_FIELDS as SUBSCRIBER_FIELDS
-from router import settlement_log as W
-from spark import reconcile as R
-from spark import schema as S
+from oncemesh.clients.subscriber import SETTLEMENT_FIELDS as SUBSCRIBER_FIELDS
+from oncemesh.common import settlement_log as W
+from oncemesh.spark import reconcile as R
+from oncemesh.spark import schema as S
 
 pytestmark = pytest.mark.spark
 
@@ -78,7 +78,7 @@ def test_the_subscriber_numbers_its_hand_overs_across_batches(spark: SparkSessio
     """`n` of the `handed` lines: 1, 2, ... in hand-over order, across batches (which share a ts)."""
     from types import SimpleNamespace
 
-    import clients.subscriber as sub_mod
+    import oncemesh.clients.subscriber as sub_mod
 
     path = tmp_path / "c.subscriber.jsonl"
     slog = W.SettlementLog(path, src="subscriber", node="c", inc="r1")

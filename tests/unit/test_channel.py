@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interrouter.channel import Frame, Sessions
+from oncemesh.interrouter.channel import Frame, Sessions
 
 
 def deliver(ses: Sessions[int], f: Frame[int], src: str, now: float) -> tuple[list[int], bool]:

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from proton import Message
 
-from clients.publisher import encode_body
+from oncemesh.clients.publisher import encode_body
 
 
 @settings(max_examples=300)
@@ -26,8 +26,8 @@ def test_other_bodies_and_messages_go_through_proton() -> None:
 
 
 def test_a_clients_causal_past_is_what_its_subscribers_were_handed_and_its_publishers_sent() -> None:
-    from clients.runtime import Client
-    from router.ids import counter_tag, global_id
+    from oncemesh.clients.runtime import Client
+    from oncemesh.common.ids import counter_tag, global_id
 
     client = Client("amqp://127.0.0.1:1", container_id="c1")
     sub = client.subscriber("t", "s")

@@ -6,21 +6,21 @@ import math
 
 import pytest
 
-from router import errors
-from router.actions import (
+from oncemesh.common import errors
+from oncemesh.common.ids import counter_seq, counter_tag, global_id, publisher_link_id, subscription_id
+from oncemesh.common.vocab import Outcome
+from oncemesh.router.actions import (
     Deliver,
     GrantCredit,
     NotifyFinal,
-    Outcome,
     SendAck,
     SendFinal,
     SendOutcome,
     SendQuery,
     SettleDelivery,
 )
-from router.core import CoreConfig, DeliveryCore, S
-from router.ids import counter_seq, counter_tag, global_id, publisher_link_id, subscription_id
-from router.subscriptions import SubscriptionTable, SubState
+from oncemesh.router.core import CoreConfig, DeliveryCore, S
+from oncemesh.router.subscriptions import SubscriptionTable, SubState
 
 PL = publisher_link_id("pub", "p")
 
@@ -359,7 +359,7 @@ def test_orphan_horizon_finalises_records_whose_publisher_never_returns() -> Non
 def test_subscription_table_survives_a_restart_suspended(tmp_path: object) -> None:
     from pathlib import Path
 
-    from router.subscriptions import SubscriptionStore
+    from oncemesh.router.subscriptions import SubscriptionStore
 
     t = SubscriptionTable()
     t.attach("s1", "t", "c", "a", 60.0, "R", 1.0)

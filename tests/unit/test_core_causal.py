@@ -4,10 +4,10 @@ message only after the messages of its own topic that it depends on."""
 
 from __future__ import annotations
 
-from router.actions import Deliver, Forward, SendQuery
-from router.core import CoreConfig, DeliveryCore, S
-from router.ids import counter_tag, global_id, publisher_link_id, subscription_id
-from router.subscriptions import SubscriptionTable
+from oncemesh.common.ids import counter_tag, global_id, publisher_link_id, subscription_id
+from oncemesh.router.actions import Deliver, Forward, SendQuery
+from oncemesh.router.core import CoreConfig, DeliveryCore, S
+from oncemesh.router.subscriptions import SubscriptionTable
 
 GROUPS = {"t": "group g", "u": "group g", "v": "topic v"}
 

@@ -28,19 +28,19 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from router.actions import (
+from oncemesh.common.ids import counter_tag, global_id, publisher_link_id, subscription_id
+from oncemesh.common.vocab import Outcome
+from oncemesh.router.actions import (
     Announce,
     Deliver,
     GrantCredit,
     NotifyFinal,
-    Outcome,
     SendOutcome,
     SettleDelivery,
     SettlePublisher,
 )
-from router.core import CoreConfig, DeliveryCore
-from router.ids import counter_tag, global_id, publisher_link_id, subscription_id
-from router.subscriptions import SubscriptionTable
+from oncemesh.router.core import CoreConfig, DeliveryCore
+from oncemesh.router.subscriptions import SubscriptionTable
 
 TOPIC = "t"
 N_SUBS = 3

@@ -3,11 +3,18 @@ subscriptions a message is owed to (the mesh layer's sequencer is played by hand
 
 from __future__ import annotations
 
-from router.actions import Deliver, Outcome, SendAck, SendOutcome, SendQuery, SubmitOrder
-from router.core import HELD, CoreConfig, DeliveryCore, S
-from router.ids import publisher_link_id, subscription_id
-from router.order.total import start_key
-from router.subscriptions import SubscriptionTable
+from oncemesh.common.ids import publisher_link_id, subscription_id
+from oncemesh.common.vocab import Outcome
+from oncemesh.router.actions import (
+    Deliver,
+    SendAck,
+    SendOutcome,
+    SendQuery,
+    SubmitOrder,
+)
+from oncemesh.router.core import HELD, CoreConfig, DeliveryCore, S
+from oncemesh.router.order.total import start_key
+from oncemesh.router.subscriptions import SubscriptionTable
 
 T = "t"
 PL = publisher_link_id("pub", "p")

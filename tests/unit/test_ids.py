@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router import ids
-from router.ids import (
+from oncemesh.common import ids
+from oncemesh.common.ids import (
     GID_MAX,
     counter_tag,
     global_id,

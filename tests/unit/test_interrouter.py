@@ -6,11 +6,11 @@ import networkx as nx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interrouter import codec
-from interrouter.gossip import Gossip
-from interrouter.hello import HelloMonitor
-from interrouter.linkstate import LinkStateDb
-from interrouter.messages import (
+from oncemesh.interrouter import codec
+from oncemesh.interrouter.gossip import Gossip
+from oncemesh.interrouter.hello import HelloMonitor
+from oncemesh.interrouter.linkstate import LinkStateDb
+from oncemesh.interrouter.messages import (
     Acks,
     Bye,
     Copy,
@@ -25,7 +25,7 @@ from interrouter.messages import (
     SubUpdate,
     TableSync,
 )
-from router.subscriptions import SubscriptionTable, SubState
+from oncemesh.router.subscriptions import SubscriptionTable, SubState
 
 # ---------------------------------------------------------------------- hello
 
@@ -252,9 +252,9 @@ def test_copies_round_trip_with_their_payload_untouched(payload: bytes, dests: d
 
 def test_only_the_incarnation_that_forwarded_a_copy_answers_a_probe() -> None:
     """A restarted origin has no record of anything: that must not read as 'final' (seed 12397)."""
-    from interrouter.node import MeshNode
-    from router.actions import SendFinal
-    from router.core import CoreConfig, DeliveryCore
+    from oncemesh.interrouter.node import MeshNode
+    from oncemesh.router.actions import SendFinal
+    from oncemesh.router.core import CoreConfig, DeliveryCore
 
     def finals_after(probe_inc: str) -> list[str]:
         core = DeliveryCore("A", SubscriptionTable(), CoreConfig())

@@ -21,12 +21,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interrouter import codec
-from interrouter.lamportcodec import lamport_from_list, lamport_to_list
-from interrouter.messages import Acks, Control, Finals, Hello, LamportOrder, LinkState, Order, Queries
-from interrouter.ordercodec import wire_from_list
-from router.order import lamport
-from router.order.lamport import (
+from oncemesh.interrouter import codec
+from oncemesh.interrouter.lamportcodec import lamport_from_list, lamport_to_list
+from oncemesh.interrouter.messages import (
+    Acks,
+    Control,
+    Finals,
+    Hello,
+    LamportOrder,
+    LinkState,
+    Order,
+    Queries,
+)
+from oncemesh.interrouter.ordercodec import wire_from_list
+from oncemesh.router.order import lamport
+from oncemesh.router.order.lamport import (
     GENESIS,
     MIN_KEY,
     Accept,

@@ -3,13 +3,13 @@ messages, and refuses (without crashing) what does not fit its group."""
 
 from __future__ import annotations
 
-from interrouter import codec
-from interrouter.messages import Order
-from interrouter.node import MeshNode
-from router.actions import SubmitOrder
-from router.core import CoreConfig, DeliveryCore
-from router.order.sequencer import NO_BALLOT, Nack, Request, Wire
-from router.subscriptions import SubscriptionTable
+from oncemesh.interrouter import codec
+from oncemesh.interrouter.messages import Order
+from oncemesh.interrouter.node import MeshNode
+from oncemesh.router.actions import SubmitOrder
+from oncemesh.router.core import CoreConfig, DeliveryCore
+from oncemesh.router.order.sequencer import NO_BALLOT, Nack, Request, Wire
+from oncemesh.router.subscriptions import SubscriptionTable
 
 
 def node(me: str = "A") -> MeshNode:

@@ -16,7 +16,13 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from router.order.causal import CausalBuffer, CausalDeliver, CausalTracker, HoldBackFull, VersionVector
+from oncemesh.router.order.causal import (
+    CausalBuffer,
+    CausalDeliver,
+    CausalTracker,
+    HoldBackFull,
+    VersionVector,
+)
 
 VV = VersionVector.of
 

@@ -16,7 +16,7 @@ from collections import deque
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
 
-from router.order.lamport import (
+from oncemesh.router.order.lamport import (
     Action,
     Commit,
     Deliver,

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from router.order.sequencer import (
+from oncemesh.router.order.sequencer import (
     Accept,
     Accepted,
     Body,

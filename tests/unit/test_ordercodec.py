@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from interrouter import codec
-from interrouter.messages import Acks, Control, Finals, Hello, LinkState, Order, Queries
-from interrouter.ordercodec import wire_from_list, wire_to_list
-from router.order.sequencer import (
+from oncemesh.interrouter import codec
+from oncemesh.interrouter.messages import Acks, Control, Finals, Hello, LinkState, Order, Queries
+from oncemesh.interrouter.ordercodec import wire_from_list, wire_to_list
+from oncemesh.router.order.sequencer import (
     NO_BALLOT,
     Accept,
     Accepted,

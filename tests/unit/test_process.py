@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 
-from router.engine.amqp import GC_THRESHOLD, tune_gc
-from router.server import _rss_kb
+from oncemesh.common.engine import GC_THRESHOLD, tune_gc
+from oncemesh.router.server import _rss_kb
 
 
 def _vmrss_kb() -> int:

@@ -8,8 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.actions import AcceptedBy, SizeCount
-from router.settlement_log import FIELDS, SettlementLog
+from oncemesh.common.settlement_log import FIELDS, AcceptedBy, SettlementLog, SizeCount
 
 ids = st.from_regex(r"[a-z0-9]{1,12}:[a-z0-9]{1,6}", fullmatch=True)
 topics = st.text(min_size=1, max_size=20)  # any text: topics are JSON-escaped
@@ -44,7 +43,7 @@ def test_fast_shapes_equal_the_generic_ones(tmp_path_factory, gid: str, topic: s
 
 
 def test_handed_in_log_reads_backwards_across_chunks_and_stops_at_older_lines(tmp_path: Path) -> None:
-    from clients.subscriber import handed_in_log
+    from oncemesh.clients.subscriber import handed_in_log
 
     path = tmp_path / "c.subscriber.jsonl"
     assert handed_in_log(path.open("w").name, "s", {"g"}, since=0) is None  # empty: no evidence
@@ -64,7 +63,7 @@ def test_handed_in_log_reads_backwards_across_chunks_and_stops_at_older_lines(tm
 def test_log_summary_finds_fifo_reversals_across_processes(tmp_path: Path) -> None:
     """The failover tests' FIFO check: hand-overs ordered by (ts, n) across a subscriber's
     processes; a message handed after a later one of its publisher is reported."""
-    from router.testing import LogSummary
+    from oncemesh.harness.testing import LogSummary
 
     def handed(ts: float, n: int, gid: str) -> str:
         return json.dumps({"v": 1, "ts": ts, "src": "subscriber", "ev": "handed", "gid": gid, "sub": "s", "n": n})

@@ -12,11 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import topology
-from topology.load import TopologyError, connected_components, load_topology, parse_topology
-from topology.model import LinkSpec, Order, TopicSpec, TotalOrder
+from oncemesh.topology.load import (
+    TopologyError,
+    connected_components,
+    example_path,
+    load_topology,
+    parse_topology,
+)
+from oncemesh.topology.model import LinkSpec, Order, TopicSpec, TotalOrder
 
-EXAMPLES = Path(topology.__file__).parent / "examples"
+EXAMPLES = example_path()
 
 LINE3 = """\
 [mesh]
@@ -480,7 +485,7 @@ def test_lines_are_right_whatever_the_layout(layout: tuple[str, dict[str, int]])
 
 
 def test_status_lists_topic_orders_and_the_sequencer_the_routers_see() -> None:
-    from topology.launcher import RouterState, RouterStatus, format_topics
+    from oncemesh.topology.launcher import RouterState, RouterStatus, format_topics
 
     topo = parse_topology(
         '[routers.A]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n'
@@ -499,7 +504,7 @@ def test_status_lists_topic_orders_and_the_sequencer_the_routers_see() -> None:
 
 
 def test_status_lists_the_lamport_view_the_routers_see() -> None:
-    from topology.launcher import RouterState, RouterStatus, format_topics
+    from oncemesh.topology.launcher import RouterState, RouterStatus, format_topics
 
     topo = parse_topology(
         '[routers.A]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n'

@@ -1,0 +1,7 @@
+"""`python -m oncemesh`: the `oncemesh` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
