@@ -5,7 +5,7 @@ Why it is built this way
 - Figures on a shared, noisy 2-core machine are only comparable when measured in the same run,
   interleaved (case A, B, C, then A, B, C again ...), and reported as medians. Every ratio in the
   report compares cases of the same run.
-- Clients are separate processes (`router.benchclients`, lean clients on the router's own I/O layer)
+- Clients are separate processes (`harness.benchclients`, lean clients on the router's own I/O layer)
   so that the router never shares a Python interpreter with them; the same clients talk to the
   router, to each other (the direct-link ceiling), to a naive `proton.reactor.Container` relay
   (below) and to RabbitMQ, so that only the thing in the middle changes.
@@ -45,7 +45,7 @@ from ..topology.load import example_path
 from .benchclients import MIN_SIZE, MODES
 from .testing import Proc, RouterProcess, cpu_seconds, python_cmd, read_json, rss_kb, wait_for
 
-CLIENTS_NOTE = ("lean engine clients (router.benchclients: router.engine.amqp driven directly, one "
+CLIENTS_NOTE = ("lean engine clients (harness.benchclients: common.engine driven directly, one "
                 "process per publisher and subscriber), not the full client library (its dedup store, "
                 "outbox and settlement logs cost per message)")
 JSON_VERSION = 1
@@ -1067,7 +1067,7 @@ def profile_router(args: argparse.Namespace, cfg: Settings, workdir: Path) -> di
 
 # ---------------------------------------------------------------------- targets and report
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The targets of issue 2 / 6, evaluated where this run measured what they are about."""
+    """The speed targets (docs/performance.md, "Where the router stands against its targets"), evaluated where this run measured what they are about."""
     t = report["throughput"]
     sc = report["scenario"]
     out: list[dict[str, Any]] = []
@@ -1343,8 +1343,8 @@ def _workdir(path: Path | None) -> Iterator[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m router.bench relay --ready FILE`: the Container relay process (internal)."""
-    p = argparse.ArgumentParser(prog="python -m router.bench")
+    """`python -m oncemesh.harness.bench relay --ready FILE`: the Container relay process (internal)."""
+    p = argparse.ArgumentParser(prog="python -m oncemesh.harness.bench")
     sub = p.add_subparsers(dest="what", required=True)
     r = sub.add_parser("relay", help="run the naive Container relay (used by oncemesh bench)")
     r.add_argument("--ready", type=Path, required=True)

@@ -1,12 +1,12 @@
 """Lean benchmark clients: one publisher, subscriber or connection holder per process.
 
-    python -m router.benchclients pub  --url HOST:PORT --address T --ready F --result F [...]
-    python -m router.benchclients sub  (--url HOST:PORT | --listen 127.0.0.1:0) --address T [...]
-    python -m router.benchclients hold --url HOST:PORT --connections N --ready F
+    python -m oncemesh.harness.benchclients pub  --url HOST:PORT --address T --ready F --result F [...]
+    python -m oncemesh.harness.benchclients sub  (--url HOST:PORT | --listen 127.0.0.1:0) --address T [...]
+    python -m oncemesh.harness.benchclients hold --url HOST:PORT --connections N --ready F
 
 Why not the client library: `clients.publisher` / `clients.subscriber` keep a deduplication store,
 an outbox and settlement logs, and pay for them per message; a benchmark of the router must not be
-bounded by them. These clients drive `router.engine.amqp` (the router's own I/O layer) directly
+bounded by them. These clients drive `common.engine` (the router's own I/O layer) directly
 and do only what the wire protocol requires, so the same clients can be pointed at a router, at
 each other (the direct-link baseline), at the naive Container relay and at RabbitMQ:
 
@@ -553,7 +553,7 @@ async def run_hold(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m router.benchclients", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m oncemesh.harness.benchclients", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="kind", required=True)
     for kind in ("pub", "sub", "hold"):

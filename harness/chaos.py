@@ -3,10 +3,10 @@
 The promises (DESIGN.md section 1) must hold while routers, links and clients crash; this is where
 that is tried as a whole. Theory of operation:
 
-1. The fault schedule is generated from the seed before anything starts (`topology.faults`), printed
+1. The fault schedule is generated from the seed before anything starts (`harness.faults`), printed
    and saved (`chaos.json`), so that a failing run can be told and replayed by its seed.
 2. The mesh runs as router processes with a fault-injecting proxy on every link (`Mesh(...,
-   proxies=True)`). Durable subscriber workers and publisher workers (`clients.worker`, each with
+   proxies=True)`). Durable subscriber workers and publisher workers (`harness.worker`, each with
    its own state directory and every router's URL for failover) are spread over the routers;
    every subscription is in force before the first message is sent, so every message is owed to
    every subscription.

@@ -1,7 +1,7 @@
 """Gossip convergence figures: how long the mesh takes to agree again after a router dies or joins.
 
-    python -m topology.convergence                              # line3, victim C, 5 rounds
-    python -m topology.convergence --topology mesh4 --victim B --repeat 3 --json
+    python -m oncemesh.harness.convergence                              # line3, victim C, 5 rounds
+    python -m oncemesh.harness.convergence --topology mesh4 --victim B --repeat 3 --json
 
 Each round, on a converged mesh, with the routers' own timing settings from the topology file:
 
@@ -94,7 +94,7 @@ def _stats(xs: list[float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m topology.convergence", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m oncemesh.harness.convergence", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", default="line3", help="a topology file or example name (default line3)")
     p.add_argument("--victim", default=None, help="the router that dies and joins (default: the last one)")

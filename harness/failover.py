@@ -1,7 +1,7 @@
 """Failover figures: how long traffic stops when a router is SIGKILLed or SIGSTOPped.
 
-    python -m topology.failover --fault kill --repeat 5
-    python -m topology.failover --fault freeze --topology mesh4 --publisher A --subscriber C --victim B
+    python -m oncemesh.harness.failover --fault kill --repeat 5
+    python -m oncemesh.harness.failover --fault freeze --topology mesh4 --publisher A --subscriber C --victim B
 
 Why a separate tool: the chaos runner answers "were the promises kept", not "how long did the
 outage last". Here one fault at a time hits a steady stream, and the outage is read from the client
@@ -152,7 +152,7 @@ def measure(topology: str | Path, fault: str, *, repeat: int = 3, publisher: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m topology.failover", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m oncemesh.harness.failover", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--fault", choices=["kill", "freeze"], default="kill")
     p.add_argument("--topology", default="triangle")

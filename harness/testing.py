@@ -220,7 +220,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def worker(kind: str, *args: str, workdir: Path, name: str) -> Proc:
-    """Start `python -m clients.worker KIND ARGS...` with its output in workdir/NAME.out."""
+    """Start `python -m oncemesh.harness.worker KIND ARGS...` with its output in workdir/NAME.out."""
     return Proc(python_cmd("-m", "oncemesh.harness.worker", kind, *args), workdir / f"{name}.out")
 
 

@@ -1,8 +1,8 @@
 """Long-running client processes for tests, chaos runs and benchmarks.
 
-    python -m clients.worker publish --url URLS --topic T --count N [--rate R] [--state-dir D]
-    python -m clients.worker consume --url URLS --topic T --name SUB [--state-dir D] [--count N]
-    python -m clients.worker relay --url URLS --topic T --name SUB --count N [--to-topic U]
+    python -m oncemesh.harness.worker publish --url URLS --topic T --count N [--rate R] [--state-dir D]
+    python -m oncemesh.harness.worker consume --url URLS --topic T --name SUB [--state-dir D] [--count N]
+    python -m oncemesh.harness.worker relay --url URLS --topic T --name SUB --count N [--to-topic U]
 
 A relay is one client (one container id, one connection) that consumes T and publishes one message
 on U (default T) for the first N messages it is handed (not its own relays): in causal order, what it
@@ -115,7 +115,7 @@ async def relay(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m clients.worker")
+    p = argparse.ArgumentParser(prog="python -m oncemesh.harness.worker")
     sub = p.add_subparsers(dest="kind", required=True)
     for kind in ("publish", "consume", "relay"):
         q = sub.add_parser(kind)

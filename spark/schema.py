@@ -11,7 +11,7 @@ from pyspark.sql.types import DataType, DoubleType, LongType, StringType, Struct
 
 SCHEMA_VERSION = 1
 
-# One column per field of a line, in the writers' order (router.settlement_log.FIELDS, then the
+# One column per field of a line, in the writers' order (common.settlement_log.FIELDS, then the
 # subscriber's own: clients.subscriber.SETTLEMENT_FIELDS). JSON int -> LongType, float -> DoubleType.
 LOG_SCHEMA = StructType([
     StructField("v", LongType()),
@@ -53,7 +53,7 @@ ROUTER = "router"
 PUBLISHER = "publisher"
 SUBSCRIBER = "subscriber"
 
-# Every event a writer emits, by source (the same sets as router.settlement_log.*_EVENTS: a test keeps
+# Every event a writer emits, by source (the same sets as common.settlement_log.*_EVENTS: a test keeps
 # them in step). A valid line whose event is not here for its source is counted and ignored.
 EVENTS_BY_SOURCE: dict[str, frozenset[str]] = {
     "router": frozenset({
@@ -68,7 +68,7 @@ EVENTS_BY_SOURCE: dict[str, frozenset[str]] = {
 }
 
 # The events the reconciliation interprets, by source. tests/spark/test_schema.py checks that every
-# one of them is an event its writer can emit (router.settlement_log.*_EVENTS).
+# one of them is an event its writer can emit (common.settlement_log.*_EVENTS).
 PUBLISHER_READ = frozenset({"published", "outcome"})
 SUBSCRIBER_READ = frozenset({"subscribed", "resumed", "unsubscribed", "handed", "duplicate"})
 ROUTER_READ = frozenset({

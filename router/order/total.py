@@ -9,7 +9,7 @@ replicated table says where it is homed, not since when it is owed).
 
 from __future__ import annotations
 
-START = "~"  # gids never contain it (router.ids): start keys cannot collide with messages
+START = "~"  # gids never contain it (common.ids): start keys cannot collide with messages
 
 
 def start_key(sid: str, created: float) -> str:

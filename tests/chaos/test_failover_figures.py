@@ -1,4 +1,4 @@
-"""Failover time is the detection time (`python -m topology.failover`; figures in operations.md).
+"""Failover time is the detection time (`python -m oncemesh.harness.failover`; figures in operations.md).
 
 Timing assertions belong to quiet machines, so these run with `-m bench` (and are `slow`):
 

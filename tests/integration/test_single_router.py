@@ -1,7 +1,7 @@
 """One real router process, real clients: exactly-once end to end, durable subscriptions, crashes.
 
 In-process clients (asyncio) where the test steers them step by step; client *processes*
-(`clients.worker`) where a test kills them. Verdicts come from the client settlement logs.
+(`harness.worker`) where a test kills them. Verdicts come from the client settlement logs.
 """
 
 from __future__ import annotations

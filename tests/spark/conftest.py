@@ -1,6 +1,6 @@
 """The one Spark session of the Spark tests: local[2], two shuffle partitions, quiet, loopback only.
 
-`oncemesh reconcile` run in-process (tests call `router.cli.main`) finds this session active and
+`oncemesh reconcile` run in-process (tests call `oncemesh.cli.main`) finds this session active and
 uses it instead of starting its own, and leaves it running.
 """
 
