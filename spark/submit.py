@@ -1,11 +1,14 @@
 """The file to hand to `spark-submit` (a script, so it names the package absolutely):
 
-    spark-submit --master yarn spark/submit.py /logs/mesh --out /results
+    spark-submit --master yarn "$(python -c 'import oncemesh.spark.submit as s; print(s.__file__)')" \
+        hdfs:///logs/mesh --out hdfs:///results
 
-The driver (and, for --py-files, the executors) need oncemesh installed; see docs/reconcile.md."""
+Only the driver runs Python code: oncemesh must be installed where the driver runs (docs/reconcile.md).
+"""
 
 import sys
 
 from oncemesh.spark.job import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())
