@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .clients import cli as clients_cli
 from .harness import bench, chaos, demo
 from .router.config import RouterConfig, parse_hostport
+from .router.meshport import MeshPort
 from .spark import job
 from .topology import launcher
+from .topology.model import Topology
 
 DESCRIPTION = """\
 oncemesh: a federated network of AMQP 1.0 routers with exactly-once publish/subscribe.
@@ -59,10 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
 def cmd_router(args: argparse.Namespace) -> int:
     import faulthandler
 
-    from .router.server import configure_logging, run_router
+    from .router.server import configure_logging
 
     faulthandler.enable()  # a crash in C code (SIGSEGV) leaves every thread's stack on stderr
     cfg = RouterConfig(id=args.id)
+    topo: Topology | None = None
     if args.topology is not None:
         from .topology.load import TopologyError, load_topology
 
@@ -76,7 +81,6 @@ def cmd_router(args: argparse.Namespace) -> int:
                   f"(routers: {', '.join(sorted(topo.routers))})", file=sys.stderr)
             return 2
         r = topo.routers[args.id]
-        cfg.topology = topo
         cfg.listen = (r.host, r.port)
         try:
             cfg.apply(topo.router_settings(args.id))
@@ -100,11 +104,34 @@ def cmd_router(args: argparse.Namespace) -> int:
         return 2
     configure_logging(cfg.log_dir, cfg.id, args.log_level)
     try:
-        asyncio.run(run_router(cfg))
+        asyncio.run(run_router(cfg, topo))
     except OSError as exc:
         print(f"oncemesh router: cannot listen on {cfg.listen[0]}:{cfg.listen[1]}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+async def run_router(cfg: RouterConfig, topo: Topology | None = None) -> None:
+    """Compose and run one router until SIGTERM/SIGINT: in a mesh (`topo`), its core learns the
+    topology's ordered topics and the router gets its mesh layer."""
+    from .common.engine import tune_gc
+    from .interrouter.mesh import Mesh, total_topics
+    from .router.server import Router
+
+    mesh: Callable[[Router], MeshPort] | None = None
+    if topo is not None:
+        mesh_topo = topo
+        cfg.core.total_topics = total_topics(topo)
+        cfg.core.causal_groups = topo.causal_groups()
+        mesh = lambda router: Mesh(router, mesh_topo, cfg.state_dir, cfg.peers_dir)  # noqa: E731
+
+    router = Router(cfg, mesh)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, router.request_stop)
+    await router.start()
+    tune_gc()
+    await router.serve_forever()
 
 
 def build_parser() -> argparse.ArgumentParser:

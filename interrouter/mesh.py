@@ -10,17 +10,15 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..common.engine import AmqpConnection, Engine
-from ..topology.model import TotalOrder
+from ..router.actions import MeshAction
+from ..router.server import Router
+from ..topology.model import Topology, TotalOrder
 from .codec import FrameError
 from .links import Peer, PeerHandler, dial
 from .node import MeshNode
-
-if TYPE_CHECKING:
-    from ..router.config import RouterConfig
-    from ..router.server import Router
 
 log = logging.getLogger("oncemesh.mesh")
 
@@ -40,22 +38,31 @@ def _first_life(state_dir: Path | None, me: str) -> bool:
     return True
 
 
+def total_topics(topo: Topology) -> frozenset[str]:
+    """The topics in total order, by either algorithm (the mesh numbers their messages)."""
+    return frozenset(topo.total_topics(TotalOrder.SEQUENCER) + topo.total_topics(TotalOrder.LAMPORT))
+
+
 class Mesh:
-    def __init__(self, router: Router, cfg: RouterConfig, peers_dir: Path | None) -> None:
-        topo = cfg.topology
+    """The mesh layer of one router (it satisfies `router.meshport.MeshPort`). The router's core must
+    be told the total-order topics and causal groups of `topo` before the router is built (the
+    composition root does: `oncemesh.cli`)."""
+
+    def __init__(self, router: Router, topo: Topology, state_dir: Path | None, peers_dir: Path | None) -> None:
         self.router = router
         self.topo = topo
         self.me = router.id
         self.peers_dir = peers_dir
         spec = topo.routers[self.me]
         self.listen_addr = (spec.inter_host, spec.inter_port)
-        nbrs = {n: float(topo.link(self.me, n).cost) for n in topo.neighbours(self.me)}
+        nbrs = {n: float(link.cost) for n in topo.neighbours(self.me)
+                if (link := topo.link(self.me, n)) is not None}  # a neighbour has a link
         total = router.cfg.core.total_topics
         lamport = [t for t in topo.total_topics(TotalOrder.LAMPORT) if t in total]
         sequenced = sorted(t for t in total if t not in lamport)
         self.node = MeshNode(self.me, router.incarnation, router.core, set(topo.routers), nbrs,
                              topo.hello_interval, topo.dead_after, time.time(), sequenced=sequenced,
-                             bootstrap=_first_life(cfg.state_dir, self.me) if total else True,
+                             bootstrap=_first_life(state_dir, self.me) if total else True,
                              lamport_topics=lamport)
         self.handler = PeerHandler(self.me, router.incarnation, set(nbrs), self._peer_up, self._on_frame,
                                    self._peer_down)
@@ -67,18 +74,12 @@ class Mesh:
         self._dialers: list[asyncio.Task[None]] = []
         self._stopping = False
 
-    def rebind_core(self) -> None:
-        """The router replaced its core (after loading its table): follow it."""
-        self.node.core = self.router.core
-        self.node.gossip.table = self.router.core.table
-        self.router.core.set_ready(self.node.ready)
-        self.router.core.mesh_size = len(self.node.routers)
+        router.core.set_ready(self.node.ready)
+        router.core.mesh_size = len(self.node.routers)
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self, router: Router) -> None:
-        assert router.engine is not None
-        self.engine = router.engine
-        self.rebind_core()
+    async def start(self, engine: Engine) -> None:
+        self.engine = engine
         host, port = self.listen_addr
         self.server = await self.engine.loop.create_server(
             lambda: self.handler.make_connection(self.engine, True, self.topo.dead_after),  # type: ignore[arg-type]
@@ -90,6 +91,12 @@ class Mesh:
                 self._dialers.append(self.engine.loop.create_task(self._dial_loop(n)))
         log.info("mesh.started inter_router=%s:%d neighbours=%s", *self.bound,
                  ",".join(sorted(self.node.hello.costs)))
+        core_cfg = self.router.cfg.core
+        for name, t in sorted(self.topo.topics.items()):
+            if name in core_cfg.total_topics:
+                log.info("topic.total_order topic=%s algorithm=%s", name, t.total.value if t.total else None)
+            elif name in core_cfg.causal_groups:
+                log.info("topic.causal_order topic=%s group=%s", name, core_cfg.causal_groups[name])
 
     async def stop(self) -> None:
         self._stopping = True
@@ -216,7 +223,7 @@ class Mesh:
         self._drain_node()
 
     # ------------------------------------------------------------------ router hooks
-    def perform(self, act: Any) -> None:
+    def perform(self, act: MeshAction) -> None:
         self.node.perform(act, time.time())
         self._drain_node()
 

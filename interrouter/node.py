@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, assert_never
 
 from ..common.errors import RemoteProtocolError
 from ..router.actions import (
     Announce,
     DeclarePublisher,
     Forward,
+    MeshAction,
     SendAck,
     SendFinal,
     SendHold,
@@ -327,43 +328,45 @@ class MeshNode:
                     or self._queries)
 
     # ------------------------------------------------------------------ core actions
-    def perform(self, act: Any, now: float) -> None:
-        t = type(act)
-        if t is Forward:
-            self._route_copy(self.me, self.inc, act.gid, act.topic, act.dests, act.payload, now, act.preds,
-                             act.deps)
-        elif t is SendAck:
-            self._acks.setdefault(act.to, []).append((act.gid, act.sid, act.state, act.error))
-        elif t is SendFinal:
-            self._finals.setdefault(act.to, []).append(act.gid)
-        elif t is SendProbe:
-            self._probes.setdefault((act.to, act.inc), []).append(act.gid)
-        elif t is SendHold:
-            self._holds.setdefault(act.to, []).append(act.gid)
-        elif t is SendQuery:
-            self._queries.setdefault(act.to, []).append(act.gid)
-        elif t is DeclarePublisher:
-            for r in sorted(self.core.reachable):
-                if r != self.me:
-                    self._route_control(PubDeclare(self.me, r, act.plid, list(act.in_doubt), act.mark))
-        elif t is Announce:
-            self._announce(act.sid)
-        elif t is SubmitOrder:
-            lam = self.lamports.get(act.topic)
-            if lam is not None:
-                life = parse_start(act.key)
-                if life is not None:
-                    self._await_start.add(life[0])
-                self._lam_submitted[act.topic].add(act.key)
-                self._lamport_do(act.topic, lam.publish(act.key, b"", now), now)
-                return
-            seq = self.seqs.get(act.topic)
-            if seq is not None:
-                life = parse_start(act.key)
-                if life is not None:
-                    self._await_start.add(life[0])
-                seq.submit(act.key, now)
-                self._drain_order(now)
+    def perform(self, act: MeshAction, now: float) -> None:
+        match act:
+            case Forward():
+                self._route_copy(self.me, self.inc, act.gid, act.topic, act.dests, act.payload, now, act.preds,
+                                 act.deps)
+            case SendAck():
+                self._acks.setdefault(act.to, []).append((act.gid, act.sid, act.state, act.error))
+            case SendFinal():
+                self._finals.setdefault(act.to, []).append(act.gid)
+            case SendProbe():
+                self._probes.setdefault((act.to, act.inc), []).append(act.gid)
+            case SendHold():
+                self._holds.setdefault(act.to, []).append(act.gid)
+            case SendQuery():
+                self._queries.setdefault(act.to, []).append(act.gid)
+            case DeclarePublisher():
+                for r in sorted(self.core.reachable):
+                    if r != self.me:
+                        self._route_control(PubDeclare(self.me, r, act.plid, list(act.in_doubt), act.mark))
+            case Announce():
+                self._announce(act.sid, act.presented)
+            case SubmitOrder():
+                lam = self.lamports.get(act.topic)
+                if lam is not None:
+                    life = parse_start(act.key)
+                    if life is not None:
+                        self._await_start.add(life[0])
+                    self._lam_submitted[act.topic].add(act.key)
+                    self._lamport_do(act.topic, lam.publish(act.key, b"", now), now)
+                    return
+                seq = self.seqs.get(act.topic)
+                if seq is not None:
+                    life = parse_start(act.key)
+                    if life is not None:
+                        self._await_start.add(life[0])
+                    seq.submit(act.key, now)
+                    self._drain_order(now)
+            case _:
+                assert_never(act)
 
     def _started(self, sid: str, topic: str) -> None:
         """A start was numbered: the ATTACH that waits for it may be answered, if it is this life's."""
@@ -471,14 +474,13 @@ class MeshNode:
                 self._route_control(LamportOrder(f.dst, self.me, topic, f.epoch, f.seq, f.ack_epoch, f.ack, f.msg))
             self.stats["order_out"] += len(out)
 
-    def _announce(self, sid: str) -> None:
+    def _announce(self, sid: str, presented: tuple[str, ...] = ()) -> None:
         sub = self.core.table.get(sid)
         if sub is None:
             return
         for old in [r for r, s in self.awaiting.items() if s == sid]:
             del self.awaiting[old]
         if sub.state is SubState.ACTIVE and sub.home == self.me:
-            presented = tuple(self.core.last_presented.pop(sid, ()))
             # a life no router has confirmed yet waits for the whole topology, even when it
             # resumes somewhere else (its first attach may never have completed)
             req = self.gossip.announce(sid, wait=True, new_life=not sub.confirmed, presented=presented)

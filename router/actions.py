@@ -133,9 +133,11 @@ class SendHold:
 
 @dataclass(slots=True)
 class Announce:
-    """A subscription homed here changed: tell the mesh (the entry is in the table)."""
+    """A subscription homed here changed: tell the mesh (the entry is in the table). `presented`: the
+    ids its subscriber presented when it attached here (empty for other changes)."""
 
     sid: str
+    presented: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -156,6 +158,9 @@ class SubmitOrder:
     key: str
 
 
-Action = (Deliver | SettleDelivery | NotifyFinal | SendOutcome | SettlePublisher | GrantCredit | Forward
-          | SendAck | SendFinal | SendProbe | Announce | DetachLink | DeclarePublisher | SendHold | SendQuery
-          | SubmitOrder)
+# what the router's own adapter performs on client links
+ClientAction = Deliver | SettleDelivery | NotifyFinal | SendOutcome | SettlePublisher | GrantCredit | DetachLink
+# what the mesh layer performs (a standalone router has no use for them but Announce, which it drops)
+MeshAction = (Forward | SendAck | SendFinal | SendProbe | Announce | DeclarePublisher | SendHold | SendQuery
+              | SubmitOrder)
+Action = ClientAction | MeshAction

@@ -40,8 +40,6 @@ class RouterConfig:
     log_flush_interval: float = 0.2
     tick_interval: float = 0.5
     core: CoreConfig = field(default_factory=CoreConfig)
-    # mesh (set when started from a topology)
-    topology: Any = None
     peers_dir: Path | None = None  # where port-0 peers publish their bound inter-router address
 
     def apply(self, settings: dict[str, Any]) -> None:
@@ -52,9 +50,9 @@ class RouterConfig:
             key = k.replace("-", "_")
             if key in core_names:
                 setattr(self.core, key, type(getattr(self.core, key))(v))
-            elif key in router_names and key not in ("id", "core", "topology", "peers_dir"):
+            elif key in router_names and key not in ("id", "core", "peers_dir"):
                 cur = getattr(self, key)
                 setattr(self, key, type(cur)(v) if cur is not None and not isinstance(cur, tuple) else v)
             else:
                 raise ValueError(f"unknown router setting {k!r}; known: "
-                                 f"{', '.join(sorted((router_names | core_names) - {'id', 'core', 'topology', 'peers_dir'}))}")
+                                 f"{', '.join(sorted((router_names | core_names) - {'id', 'core', 'peers_dir'}))}")

@@ -242,7 +242,6 @@ class DeliveryCore:
         self.pub_of: dict[Any, tuple[PubLink, str]] = {}  # publisher delivery token -> (link, gid)
         self.placeholders: dict[str, dict[str, float]] = {}  # gid -> {sid: since}
         self.recent_final: dict[str, float] = {}  # gid -> when it became final here (in order)
-        self.last_presented: dict[str, list[str]] = {}  # sid -> ids presented at its last attach here
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
@@ -618,7 +617,6 @@ class DeliveryCore:
         rt.client = container
         rt.credit = 0
         presented_set = set(presented or ())
-        self.last_presented[sid] = sorted(presented_set)
         self.log.append(("attach_requested", None, topic, sid, {
             "container": container, "link": link_name,
             "info": f"expiry={'never' if math.isinf(expiry) else expiry} presented={len(presented_set)}"}))
@@ -666,7 +664,7 @@ class DeliveryCore:
                 rt.tnext = None if capable else 0
             owed = rt.owed
             rt.queue = deque(sorted(rt.queue, key=lambda g: _tnum_key(owed.get(g))))
-        self.out.append(Announce(sid))
+        self.out.append(Announce(sid, tuple(sorted(presented_set))))
         return resumed
 
     def _distrust(self, rt: SubRuntime, now: float) -> None:

@@ -13,10 +13,10 @@ import json
 import logging
 import math
 import os
-import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from proton import Message, symbol
 
@@ -27,19 +27,28 @@ from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
 from ..common.settlement_log import SettlementLog
 from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED
-from ..topology.model import TotalOrder
 from .actions import (
+    Action,
     Announce,
+    DeclarePublisher,
     Deliver,
     DetachLink,
+    Forward,
     GrantCredit,
     NotifyFinal,
+    SendAck,
+    SendFinal,
+    SendHold,
     SendOutcome,
+    SendProbe,
+    SendQuery,
     SettleDelivery,
     SettlePublisher,
+    SubmitOrder,
 )
 from .config import RouterConfig
 from .core import DeliveryCore
+from .meshport import MeshPort
 from .subscriptions import SubscriptionStore, SubscriptionTable
 
 log = logging.getLogger("oncemesh.router")
@@ -123,18 +132,21 @@ def in_doubt_tags(value: list[Any] | tuple[Any, ...]) -> list[bytes]:
     return out
 
 class Router:
-    """One router. `start()` binds and loads state; `stop()` shuts down cleanly."""
+    """One router. It loads its subscription table at construction (it must know whom messages are
+    owed to before anyone can publish); `start()` binds; `stop()` shuts down cleanly.
 
-    def __init__(self, cfg: RouterConfig) -> None:
+    `mesh`: makes the mesh layer for this router (in a mesh), called once, when the core exists."""
+
+    def __init__(self, cfg: RouterConfig, mesh: Callable[[Router], MeshPort] | None = None) -> None:
         self.cfg = cfg
         self.id = cfg.id
         self.incarnation = str(time.time_ns() // 1000)
         self.table = SubscriptionTable()
-        if cfg.topology is not None:  # topics in total order (the mesh numbers them)
-            cfg.core.total_topics = frozenset(cfg.topology.total_topics(TotalOrder.SEQUENCER)
-                                              + cfg.topology.total_topics(TotalOrder.LAMPORT))
-            cfg.core.causal_groups = cfg.topology.causal_groups()
         self.store = SubscriptionStore(cfg.state_dir / f"{cfg.id}.subscriptions.json") if cfg.state_dir else None
+        snap = self.store.load() if self.store is not None else None
+        if snap is not None:
+            self.table.restore(snap, time.time())
+            log.info("router.table_loaded subscriptions=%d", sum(1 for _ in self.table.live()))
         self.core = DeliveryCore(cfg.id, self.table, cfg.core)
         self.slog = SettlementLog(
             (cfg.log_dir / f"{cfg.id}.settlement.jsonl") if cfg.log_dir else None,
@@ -152,22 +164,14 @@ class Router:
         self._pending_opens: list[Link] = []
         self._status_written = 0.0
         self._last_stats: dict[str, Any] = {}
-        self.mesh: Any = None  # the mesh layer (interrouter.mesh.Mesh), when this router is in a mesh
         self._awaiting_mesh: dict[str, Link] = {}  # subscriber ATTACHes waiting for gossip acks
+        self.mesh: MeshPort | None = mesh(self) if mesh is not None else None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.engine = Engine(loop)
         now = time.time()
-        if self.store is not None:
-            snap = self.store.load()
-            if snap is not None:
-                self.table.restore(snap, now)
-                self.core = DeliveryCore(self.id, self.table, self.cfg.core)
-                if self.mesh is not None:
-                    self.mesh.rebind_core()
-                log.info("router.table_loaded subscriptions=%d", sum(1 for _ in self.table.live()))
         self._saved_version = self.table.version
         host, port = self.cfg.listen
         engine = self.engine
@@ -176,16 +180,10 @@ class Router:
         self.bound = (sock[0], sock[1])
         self.slog.write("router_started", now, info=f"listen={sock[0]}:{sock[1]} pid={os.getpid()}")
         if self.mesh is not None:
-            await self.mesh.start(self)
+            await self.mesh.start(engine)
         self._schedule_tick()
         self.write_ready_file()
         log.info("router.started id=%s incarnation=%s listen=%s:%d", self.id, self.incarnation, *self.bound)
-        topo = self.cfg.topology
-        for name, t in sorted(topo.topics.items()) if topo is not None else ():
-            if name in self.cfg.core.total_topics:
-                log.info("topic.total_order topic=%s algorithm=%s", name, t.total.value if t.total else None)
-            elif name in self.cfg.core.causal_groups:
-                log.info("topic.causal_order topic=%s group=%s", name, self.cfg.core.causal_groups[name])
 
     def ready_info(self) -> dict[str, Any]:
         assert self.bound is not None
@@ -610,60 +608,62 @@ class Router:
         self.store.save(self.table.snapshot())
         self._saved_version = self.table.version
 
-    def _perform(self, act: Any) -> None:
-        t = type(act)
-        if t is Deliver:
-            link = self.sub_links.get(act.sid)
-            if link is None:
-                return
-            d = link.send(act.gid.encode("ascii"), act.payload)
-            ctx = link.ctx
-            ctx.deliveries[act.gid] = d
-            ctx.gid_of[d] = act.gid
-        elif t is SendOutcome:
-            d = act.pub
-            if d not in self.pub_deliveries:
-                return
-            amqp.update(d, _STATE_OF_OUTCOME[act.outcome], act.error)
-            self.pub_deliveries[d].conn.touch()
-            if act.settle:
-                self._settle_publisher_delivery(d)
-        elif t is SettleDelivery:
-            link = self.sub_links.get(act.sid)
-            if link is None:
-                return
-            ctx = link.ctx
-            d = ctx.deliveries.pop(act.gid, None)
-            if d is not None:
-                del ctx.gid_of[d]
-                amqp.settle(d)
-                link.conn.touch()
-        elif t is SettlePublisher:
-            if act.pub in self.pub_deliveries:
-                self._settle_publisher_delivery(act.pub)
-        elif t is GrantCredit:
-            link = act.link
-            if link.ctx is not None and link.local_active:
-                link.flow(act.credit)
-        elif t is NotifyFinal:
-            link = self.sub_links.get(act.sid)
-            if link is None:
-                return
-            ctx = link.ctx
-            ctx.final_seq += 1
-            body = Message(subject=FINAL_SUBJECT, body=list(act.gids)).encode()
-            link.send(f"$final:{ctx.final_seq}".encode(), body, settled=True)
-        elif t is DetachLink:
-            dlink: Link = act.link
-            if self.sub_links.get(act.sid) is dlink:
-                self._forget_sub_link(dlink)
-            dlink.close(act.condition, act.description)
-        elif self.mesh is not None:
-            self.mesh.perform(act)  # Forward, SendAck, SendFinal, SendProbe, Announce
-        elif t is Announce:
-            pass  # a standalone router has nobody to tell
-        else:  # pragma: no cover
-            raise TypeError(f"unknown action {act!r}")
+    def _perform(self, act: Action) -> None:
+        match act:  # the commonest first (class patterns are tried in order)
+            case Deliver():
+                link = self.sub_links.get(act.sid)
+                if link is None:
+                    return
+                d = link.send(act.gid.encode("ascii"), act.payload)
+                ctx = link.ctx
+                ctx.deliveries[act.gid] = d
+                ctx.gid_of[d] = act.gid
+            case SendOutcome():
+                d = act.pub
+                if d not in self.pub_deliveries:
+                    return
+                amqp.update(d, _STATE_OF_OUTCOME[act.outcome], act.error)
+                self.pub_deliveries[d].conn.touch()
+                if act.settle:
+                    self._settle_publisher_delivery(d)
+            case SettleDelivery():
+                link = self.sub_links.get(act.sid)
+                if link is None:
+                    return
+                ctx = link.ctx
+                d = ctx.deliveries.pop(act.gid, None)
+                if d is not None:
+                    del ctx.gid_of[d]
+                    amqp.settle(d)
+                    link.conn.touch()
+            case SettlePublisher():
+                if act.pub in self.pub_deliveries:
+                    self._settle_publisher_delivery(act.pub)
+            case GrantCredit():
+                link = act.link
+                if link.ctx is not None and link.local_active:
+                    link.flow(act.credit)
+            case NotifyFinal():
+                link = self.sub_links.get(act.sid)
+                if link is None:
+                    return
+                ctx = link.ctx
+                ctx.final_seq += 1
+                body = Message(subject=FINAL_SUBJECT, body=list(act.gids)).encode()
+                link.send(f"$final:{ctx.final_seq}".encode(), body, settled=True)
+            case DetachLink():
+                dlink: Link = act.link
+                if self.sub_links.get(act.sid) is dlink:
+                    self._forget_sub_link(dlink)
+                dlink.close(act.condition, act.description)
+            case (Forward() | SendAck() | SendFinal() | SendProbe() | Announce() | DeclarePublisher() | SendHold()
+                  | SendQuery() | SubmitOrder()):
+                if self.mesh is not None:
+                    self.mesh.perform(act)
+                elif not isinstance(act, Announce):  # a standalone router has nobody to tell of changes
+                    raise TypeError(f"a standalone router cannot perform {act!r}")
+            case _:
+                assert_never(act)
 
 
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -677,20 +677,6 @@ def _rss_kb() -> int:
             return int(f.read().split()[1]) * _PAGE_KB
     except (OSError, ValueError, IndexError):
         return 0
-
-
-async def run_router(cfg: RouterConfig) -> None:
-    router = Router(cfg)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, router.request_stop)
-    if cfg.topology is not None:
-        from ..interrouter.mesh import Mesh
-
-        router.mesh = Mesh(router, cfg, cfg.peers_dir)
-    await router.start()
-    amqp.tune_gc()
-    await router.serve_forever()
 
 
 def configure_logging(log_dir: Path | None, router_id: str, level: str = "INFO") -> None:

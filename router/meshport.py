@@ -1,0 +1,36 @@
+"""What the router asks of the mesh layer, as a type: the router never imports the mesh.
+
+The composition root (`oncemesh.cli`) builds a router with a factory that makes its mesh layer
+(`interrouter.mesh.Mesh`, which satisfies `MeshPort`) once the router's delivery core exists; the
+router holds it for its whole life. The mesh calls the router back through the router's own methods
+(interrouter imports router, never the other way round).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..common.engine import Engine
+from .actions import MeshAction
+
+
+class MeshPort(Protocol):
+    async def start(self, engine: Engine) -> None:
+        """Listen for and dial the neighbours; the router's listener is up."""
+
+    async def stop(self) -> None:
+        """Say goodbye to the other routers and close the inter-router connections."""
+
+    def tick(self, now: float) -> None:
+        """Timers of the mesh; ticks the delivery core too (expiry only while the mesh is whole)."""
+
+    def perform(self, act: MeshAction) -> None:
+        """Carry out a core action that concerns other routers."""
+
+    def attach_pending(self, sid: str) -> bool:
+        """Does the ATTACH of subscription `sid` still wait for the other routers' acknowledgements?"""
+        ...
+
+    def ready_info(self) -> dict[str, Any]:
+        """The mesh's part of the router's status file (peers, convergence, inter-router address)."""
+        ...
