@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..common.errors import ClientError, NoRouterAvailable
 from .publisher import Publisher, Result
-from .runtime import Client, ClientError, NoRouterAvailable
+from .runtime import Client
 from .state import default_state_dir
 
 DEFAULT_EXPIRY = 86400.0

@@ -19,33 +19,36 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from proton import Message, symbol, ulong
+from proton import Message, ulong
 
 from ..common import engine as amqp
+from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Link
+from ..common.errors import ClientError, LinkRefused
 from ..common.ids import counter_tag, global_id, publisher_link_id
-from ..common.vocab import Outcome
-from .runtime import Client, ClientError, LinkRefused
+from ..common.vocab import (
+    PROP_CAUSAL_PAST,
+    PROP_CLIENT,
+    PROP_IN_DOUBT,
+    PROP_NEXT_SEQ,
+    PROP_RECEIVED,
+    Outcome,
+)
+
+if TYPE_CHECKING:
+    from .runtime import Client
 
 log = logging.getLogger("oncemesh.publisher")
 
 _OUTCOMES = {F.ACCEPTED: Outcome.ACCEPTED, F.REJECTED: Outcome.REJECTED, F.RELEASED: Outcome.RELEASED,
              F.MODIFIED: Outcome.MODIFIED}
 SEQ_BLOCK = 1024
-
-
-class PublishError(ClientError):
-    """A message got an outcome other than ACCEPTED; `outcome` and `condition` say which."""
-
-    def __init__(self, gid: str, outcome: Outcome, condition: tuple[str, str] | None) -> None:
-        detail = f": {condition[0]}: {condition[1]}" if condition else ""
-        super().__init__(f"message {gid} was {outcome.name}{detail}")
-        self.gid = gid
-        self.outcome = outcome
-        self.condition = condition
+# a router refusing the link with one of these will refuse it again: fail what waits, do not retry
+_PERMANENT = frozenset({errors.UnauthorizedAccess.condition, errors.InvalidAddress.condition,
+                        errors.NotImplementedMode.condition, errors.MessageTooLarge.condition})
 
 
 class Result:
@@ -327,18 +330,18 @@ class Publisher:
         link.ctx = self
         link.set_target(self.topic)
         link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND if self.second else F.RCV_FIRST)
-        props: dict[Any, Any] = {symbol("oncemesh.client"): 1}
+        props: dict[Any, Any] = {PROP_CLIENT: 1}
         declared = [p for p in self.inflight.values() if p.sends > 0 or self.durable]
-        props[symbol("oncemesh.in-doubt")] = [p.tag for p in declared]
+        props[PROP_IN_DOUBT] = [p.tag for p in declared]
         # what we published by now and do not list is settled; nothing is said of later messages
         # (the first one not on the wire yet and every one after it)
         unsent = [p.seq for p in self.inflight.values() if not (p.sends > 0 or self.durable)]
-        props[symbol("oncemesh.next-seq")] = ulong(min(unsent, default=self._seq_next))
+        props[PROP_NEXT_SEQ] = ulong(min(unsent, default=self._seq_next))
         if self.want_received:
-            props[symbol("oncemesh.received")] = True
+            props[PROP_RECEIVED] = True
         past = self.client.causal_past()
         if past:  # causal order: what this client was handed and published, for a router it moved to
-            props[symbol("oncemesh.causal-past")] = past
+            props[PROP_CAUSAL_PAST] = past
         link.set_properties(props)
         link.open()
         self.link = link
@@ -409,6 +412,5 @@ class Publisher:
             log.warning("publisher.link_closed topic=%s link=%s condition=%s", self.topic, self.name,
                         condition)
             self._attached.set()  # wake waiters; they see the refusal
-            if condition[0] in ("amqp:unauthorized-access", "amqp:invalid-field", "amqp:not-implemented",
-                                "amqp:link:message-size-exceeded"):
+            if condition[0] in _PERMANENT:
                 self.fail(self._refused)

@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from tenacity import (
     AsyncRetrying,
@@ -30,31 +30,13 @@ from tenacity import (
 )
 
 from ..common.engine import AmqpConnection, Engine, Link, connect
+from ..common.errors import NoRouterAvailable
 from ..common.settlement_log import SettlementLog
+from .publisher import Publisher
 from .state import ClientState
-
-if TYPE_CHECKING:
-    from .publisher import Publisher
-    from .subscriber import Subscriber
+from .subscriber import Subscriber
 
 log = logging.getLogger("oncemesh.client")
-
-
-class ClientError(Exception):
-    """Base of client errors."""
-
-
-class NoRouterAvailable(ClientError):
-    """None of the router URLs accepted a connection within the reconnect timeout."""
-
-
-class LinkRefused(ClientError):
-    """A router refused our link; `condition` is the AMQP error condition it gave."""
-
-    def __init__(self, condition: str, description: str) -> None:
-        super().__init__(f"{condition}: {description}")
-        self.condition = condition
-        self.description = description
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -178,14 +160,10 @@ class Client:
 
     def publisher(self, topic: str, name: str | None = None, **kw: Any) -> Publisher:
         """A publisher on `topic`. Give a stable `name` when using a durable outbox."""
-        from .publisher import Publisher
-
         return Publisher(self, topic, name, **kw)
 
     def subscriber(self, topic: str, name: str, **kw: Any) -> Subscriber:
         """A durable subscription named `name` (the link name) on `topic`."""
-        from .subscriber import Subscriber
-
         return Subscriber(self, topic, name, **kw)
 
     def causal_past(self, limit: int = 1000) -> list[list[str]]:

@@ -21,19 +21,23 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from proton import Message, symbol
+from proton import Message
 
 from ..common import engine as amqp
+from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Link
+from ..common.errors import ClientError, LinkRefused
 from ..common.ids import PLID_LEN, counter_seq, is_control_tag, subscription_id
-from .runtime import Client, ClientError, LinkRefused
+from ..common.vocab import FINAL_SUBJECT, PROP_CLIENT, PROP_EPOCH, PROP_HANDED_LAST, PROP_RESUME, PROP_RESUMED
+
+if TYPE_CHECKING:
+    from .runtime import Client
 
 log = logging.getLogger("oncemesh.subscriber")
 
-FINAL_SUBJECT = "oncemesh.final"
 STOLEN_RETRY = 1.0  # seconds before attaching again after our link was taken (doubling, up to 30 s)
 
 # Settlement-log fields this writer adds to router.settlement_log.FIELDS (name -> JSON type), in line
@@ -336,11 +340,11 @@ class Subscriber:
         link.set_target(None)
         link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND)
         presented = self.client.state.unsettled(self.sid)
-        props: dict[Any, Any] = {symbol("oncemesh.client"): 1, symbol("oncemesh.resume"): presented,
-                                 symbol("oncemesh.handed-last"): self._presented_handed()}
+        props: dict[Any, Any] = {PROP_CLIENT: 1, PROP_RESUME: presented,
+                                 PROP_HANDED_LAST: self._presented_handed()}
         epoch = self.client.state.get_meta(f"epoch:{self.sid}")
         if epoch:  # where it last attached: a router with an older view distrusts what it held
-            props[symbol("oncemesh.epoch")] = int(epoch)
+            props[PROP_EPOCH] = int(epoch)
         link.set_properties(props)
         link.open()
         link.flow(self.window)
@@ -359,8 +363,8 @@ class Subscriber:
         if link is not self.link:
             return
         props = link.remote_properties
-        self.resumed = bool(props.get(symbol("oncemesh.resumed"), False))
-        epoch = props.get(symbol("oncemesh.epoch"))
+        self.resumed = bool(props.get(PROP_RESUMED, False))
+        epoch = props.get(PROP_EPOCH)
         if isinstance(epoch, int) and epoch > 0:
             self.client.state.set_meta(f"epoch:{self.sid}", str(epoch))
         self._refused = None
@@ -413,7 +417,7 @@ class Subscriber:
         if condition is None:
             return
         log.warning("subscriber.link_closed topic=%s link=%s condition=%s", self.topic, self.name, condition)
-        if condition[0] == "amqp:link:stolen":
+        if condition[0] == errors.LinkStolen.condition:
             if not self._closing:
                 # our current link was taken by an attach of this subscription at another router that
                 # the router heard of only now: an earlier, killed process of ours whose resume was

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from . import errors
 from . import ffi as F
 from .ffi import ffi, lib
 
@@ -400,7 +401,7 @@ class AmqpConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         try:
-            self._report_closed(("amqp:connection:forced", f"connection lost: {exc}" if exc else "connection lost"))
+            self._report_closed((errors.ConnectionForced.condition, f"connection lost: {exc}" if exc else "connection lost"))
         finally:
             self._release()
 
@@ -460,7 +461,7 @@ class AmqpConnection(asyncio.Protocol):
         except Exception as exc:  # supervision point: a faulty connection must not take the process down
             log.exception("connection.handler_failed peer=%s", self.peer)
             try:
-                self.close("amqp:internal-error", f"internal error: {type(exc).__name__}: {exc}")
+                self.close(errors.OncemeshError.condition, f"internal error: {type(exc).__name__}: {exc}")
             except Exception:
                 log.exception("connection.close_failed peer=%s", self.peer)
                 self.abort()
@@ -575,7 +576,7 @@ class AmqpConnection(asyncio.Protocol):
         """A transfer still arriving: enforce the link's max message size while it grows."""
         limit = int(lib.pn_link_max_message_size(link.ptr))
         if limit and lib.pn_delivery_pending(d) > limit:
-            link.close("amqp:link:message-size-exceeded",
+            link.close(errors.MessageTooLarge.condition,
                        f"message larger than the link's max-message-size of {limit} bytes")
 
     def _report_closed(self, cond: tuple[str, str] | None) -> None:

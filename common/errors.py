@@ -1,12 +1,20 @@
-"""One error tree; each class carries the AMQP condition the adapter puts on the wire.
+"""One error tree for routers and clients; each class carries its AMQP condition.
 
-`RemoteProtocolError` and its children: the peer did something wrong (bad address, unsupported
-mode, oversized message, abusive credit). The core raises them; only the adapter turns them into a
-detach or close with the condition and a description a person can act on. `LocalError`: our side
-cannot serve the request right now (resource limits); the peer did nothing wrong.
+- `RemoteProtocolError` and its children: the peer did something wrong (bad address, unsupported
+  mode, oversized message, abusive credit). The router's core raises them; only the adapter turns
+  them into a detach or close with the condition and a description a person can act on.
+- `LocalError`: our side cannot serve the request right now (resource limits, shutting down); the
+  peer did nothing wrong.
+- `ClientError` and its children: what our client library raises to the application. A router's
+  refusal keeps the condition the router gave (`LinkRefused.condition`, `PublishError.condition`).
+
+Every condition the project puts on the wire or compares is written here, once: code elsewhere
+names `errors.SomeError.condition`.
 """
 
 from __future__ import annotations
+
+from .vocab import Outcome
 
 
 class OncemeshError(Exception):
@@ -31,6 +39,24 @@ class ReservedAddress(RemoteProtocolError):
 
 class NotImplementedMode(RemoteProtocolError):
     condition = "amqp:not-implemented"
+
+
+class DecodeError(RemoteProtocolError):
+    """Bytes that do not decode (a malformed inter-router frame)."""
+
+    condition = "amqp:decode-error"
+
+
+class NotAllowed(RemoteProtocolError):
+    """An operation this link or connection does not take (e.g. a transfer on a link that receives none)."""
+
+    condition = "amqp:not-allowed"
+
+
+class UnauthorizedAccess(RemoteProtocolError):
+    """The peer is not who it must be for this listener (e.g. not an identified oncemesh router)."""
+
+    condition = "amqp:unauthorized-access"
 
 
 class MessageTooLarge(RemoteProtocolError):
@@ -61,6 +87,49 @@ class LocalError(OncemeshError):
 
 class ResourceLimitExceeded(LocalError):
     condition = "amqp:resource-limit-exceeded"
+
+
+class ConnectionForced(LocalError):
+    """We close the connection for a reason of our own (shutting down, replaced by a newer one, lost)."""
+
+    condition = "amqp:connection:forced"
+
+
+class ClientError(OncemeshError):
+    """Base of what the client library raises to the application."""
+
+    condition = "oncemesh:client-error"
+
+
+class NoRouterAvailable(ClientError):
+    """None of the router URLs accepted a connection within the reconnect timeout."""
+
+    condition = "oncemesh:no-router-available"
+
+
+class LinkRefused(ClientError):
+    """A router refused our link; `condition` is the AMQP error condition it gave."""
+
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(f"{condition}: {description}")
+        self.condition = condition
+        self.description = description
+
+
+class PublishError(ClientError):
+    """A message got an outcome other than ACCEPTED; `outcome` and `condition` say which (the condition
+    the router gave, when it gave one)."""
+
+    condition = "oncemesh:not-accepted"
+
+    def __init__(self, gid: str, outcome: Outcome, condition: tuple[str, str] | None) -> None:
+        detail = f": {condition[0]}: {condition[1]}" if condition else ""
+        super().__init__(f"message {gid} was {outcome.name}{detail}")
+        self.gid = gid
+        self.outcome = outcome
+        if condition is not None:
+            self.condition = condition[0]
+        self.description = condition[1] if condition else ""
 
 
 # conditions the router puts on outcomes (not exceptions)

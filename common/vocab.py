@@ -1,8 +1,11 @@
-"""Wire vocabulary shared by routers, the mesh and clients: message outcomes."""
+"""Wire vocabulary shared by routers, the mesh and clients: message outcomes, the link and connection
+properties of oncemesh's extensions (docs/wire-protocol.md), and the final notifications."""
 
 from __future__ import annotations
 
 from enum import IntEnum
+
+from proton import symbol
 
 
 class Outcome(IntEnum):
@@ -14,3 +17,24 @@ class Outcome(IntEnum):
 
 # (module constants for per-message code: see router.core.S_QUEUED)
 O_ACCEPTED, O_REJECTED, O_RELEASED, O_MODIFIED = Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RELEASED, Outcome.MODIFIED
+
+
+# link properties of the client extensions (resume, in-doubt declarations, ...)
+PROP_CLIENT = symbol("oncemesh.client")  # our client library (understands final notifications)
+PROP_RESUME = symbol("oncemesh.resume")  # subscriber: ids accepted but not seen settled
+PROP_IN_DOUBT = symbol("oncemesh.in-doubt")  # publisher: tags it still holds in doubt
+PROP_NEXT_SEQ = symbol("oncemesh.next-seq")  # publisher: the next counter-tag sequence number it uses
+PROP_RESUMED = symbol("oncemesh.resumed")  # router -> subscriber: the subscription resumed
+PROP_RECEIVED = symbol("oncemesh.received")  # publisher: send RECEIVED once a router holds a message
+PROP_EPOCH = symbol("oncemesh.epoch")  # subscription epoch: answered on attach, presented on resume
+PROP_CAUSAL_PAST = symbol("oncemesh.causal-past")  # publisher: [gid, topic] of its client's causal past
+PROP_HANDED_LAST = symbol("oncemesh.handed-last")  # subscriber: per publisher link, the latest id handed over
+# connection and link properties naming a router, and those of inter-router connections
+PROP_ROUTER = symbol("oncemesh.router")
+PROP_INCARNATION = symbol("oncemesh.incarnation")
+PROP_MESH = symbol("oncemesh.mesh")
+
+# final notifications: pre-settled control transfers to our subscribers naming ids accepted on an
+# earlier link that are now final (tags start with "$", which no global id does)
+FINAL_SUBJECT = "oncemesh.final"
+FINAL_TAG_PREFIX = "$final:"

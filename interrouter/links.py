@@ -14,16 +14,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from proton import symbol
-
+from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
+from ..common.vocab import PROP_INCARNATION, PROP_MESH, PROP_ROUTER
 
 log = logging.getLogger("oncemesh.interrouter")
 
-PROP_ROUTER = symbol("oncemesh.router")
-PROP_INCARNATION = symbol("oncemesh.incarnation")
-PROP_MESH = symbol("oncemesh.mesh")
 MESH_ADDRESS = "$mesh"
 CREDIT_WINDOW = 5000
 
@@ -89,7 +86,7 @@ class PeerHandler:
         peer_inc = props.get(PROP_INCARNATION)
         if not props.get(PROP_MESH) or not isinstance(peer_id, str) or peer_id not in self.allowed:
             log.warning("mesh.peer_refused peer=%s claimed=%r", conn.peer, peer_id)
-            conn.close("amqp:unauthorized-access",
+            conn.close(errors.UnauthorizedAccess.condition,
                        f"router {self.me} has no inter-router link to {peer_id!r} in its topology")
             return
         peer = Peer(conn, peer_id, str(peer_inc))
@@ -106,12 +103,12 @@ class PeerHandler:
     def on_link_open(self, link: Link) -> None:
         peer = link.conn.ctx
         if not isinstance(peer, Peer):
-            link.close("amqp:unauthorized-access", "not an identified oncemesh router")
+            link.close(errors.UnauthorizedAccess.condition, "not an identified oncemesh router")
             return
         link.ctx = peer
         if link.local_uninit:
             if link.is_sender or link.remote_target_address != MESH_ADDRESS:
-                link.close("amqp:not-found", f"inter-router connections carry only {MESH_ADDRESS}")
+                link.close(errors.NotFound.condition, f"inter-router connections carry only {MESH_ADDRESS}")
                 return
             link.set_target(MESH_ADDRESS)
             link.set_source(MESH_ADDRESS)
@@ -147,7 +144,7 @@ class PeerHandler:
     def on_link_closed(self, link: Link, closed: bool, condition: tuple[str, str] | None) -> None:
         peer = link.ctx
         if isinstance(peer, Peer) and link.conn is not None:
-            link.conn.close("amqp:connection:forced", "inter-router link closed")
+            link.conn.close(errors.ConnectionForced.condition, "inter-router link closed")
 
     def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
         peer = conn.ctx if isinstance(conn.ctx, Peer) else None

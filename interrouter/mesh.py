@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..common import errors
 from ..common.engine import AmqpConnection, Engine
 from ..router.actions import MeshAction
 from ..router.server import Router
@@ -107,7 +108,7 @@ class Mesh:
         if self.server is not None:
             self.server.close()
         for peer in list(self.peers.values()):
-            peer.conn.close("amqp:connection:forced", "router shutting down")
+            peer.conn.close(errors.ConnectionForced.condition, "router shutting down")
 
     def ready_info(self) -> dict[str, Any]:
         info = self.node.status()
@@ -157,7 +158,7 @@ class Mesh:
     def _peer_up(self, peer: Peer) -> None:
         old = self.peers.get(peer.id)
         if old is not None and old is not peer:
-            old.conn.close("amqp:connection:forced", "replaced by a newer connection")
+            old.conn.close(errors.ConnectionForced.condition, "replaced by a newer connection")
         self.peers[peer.id] = peer
         self.node.peer_up(peer.id, peer.inc, time.time())
         log.info("mesh.peer_up peer=%s incarnation=%s", peer.id, peer.inc)
@@ -178,7 +179,7 @@ class Mesh:
             self.node.frame(peer.id, frame, time.time())
         except FrameError as exc:
             log.error("mesh.bad_frame peer=%s error=%s", peer.id, exc)
-            peer.conn.close("amqp:decode-error", str(exc))
+            peer.conn.close(errors.DecodeError.condition, str(exc))
         self._after_input()
 
     def _after_input(self) -> None:
@@ -211,7 +212,7 @@ class Mesh:
                 peer = self.peers.pop(pid, None)
                 log.warning("mesh.peer_dead peer=%s silent_for=%.1fs", pid, self.topo.dead_after)
                 if peer is not None:
-                    peer.conn.close("amqp:resource-limit-exceeded", "no HELLO within dead_after")
+                    peer.conn.close(errors.ResourceLimitExceeded.condition, "no HELLO within dead_after")
                     peer.conn.abort()
         if node.view_changed:
             node.view_changed = False

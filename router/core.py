@@ -1519,7 +1519,7 @@ class DeliveryCore:
             if was_here:
                 rt = self.subs.get(sid)
                 if rt is not None and rt.link is not None:
-                    self.out.append(DetachLink(sid, rt.link, "amqp:link:stolen",
+                    self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
                                                "the subscription was ended elsewhere"))
                     self._unbind(rt)
             self._ended(sid, now, new.end_reason or "ended")
@@ -1572,7 +1572,7 @@ class DeliveryCore:
         if rt is None:
             return
         if rt.link is not None:
-            self.out.append(DetachLink(sid, rt.link, "amqp:link:stolen",
+            self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
                                        f"the subscription resumed at router {new.home}"))
             self._unbind(rt)
         for gid, rec in list(rt.owed.items()):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, assert_never
 
-from proton import Message, symbol
+from proton import Message
 
 from ..common import engine as amqp
 from ..common import errors
@@ -26,7 +26,24 @@ from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
 from ..common.settlement_log import SettlementLog
-from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED
+from ..common.vocab import (
+    FINAL_SUBJECT,
+    FINAL_TAG_PREFIX,
+    O_ACCEPTED,
+    O_MODIFIED,
+    O_REJECTED,
+    O_RELEASED,
+    PROP_CAUSAL_PAST,
+    PROP_CLIENT,
+    PROP_EPOCH,
+    PROP_HANDED_LAST,
+    PROP_IN_DOUBT,
+    PROP_NEXT_SEQ,
+    PROP_RECEIVED,
+    PROP_RESUME,
+    PROP_RESUMED,
+    PROP_ROUTER,
+)
 from .actions import (
     Action,
     Announce,
@@ -53,18 +70,7 @@ from .subscriptions import SubscriptionStore, SubscriptionTable
 
 log = logging.getLogger("oncemesh.router")
 
-PROP_CLIENT = symbol("oncemesh.client")  # our client library (understands final notifications)
-PROP_RESUME = symbol("oncemesh.resume")  # subscriber: ids accepted but not seen settled
-PROP_IN_DOUBT = symbol("oncemesh.in-doubt")  # publisher: tags it still holds in doubt
-PROP_NEXT_SEQ = symbol("oncemesh.next-seq")  # publisher: the next counter-tag sequence number it uses
-PROP_RESUMED = symbol("oncemesh.resumed")  # router -> subscriber: the subscription resumed
-PROP_RECEIVED = symbol("oncemesh.received")  # publisher: send RECEIVED once a router holds a message
-PROP_EPOCH = symbol("oncemesh.epoch")  # subscription epoch: answered on attach, presented on resume
-PROP_ROUTER = symbol("oncemesh.router")
-PROP_CAUSAL_PAST = symbol("oncemesh.causal-past")  # publisher: [gid, topic] of its client's causal past
-MAX_CAUSAL_PAST = 10_000
-PROP_HANDED_LAST = symbol("oncemesh.handed-last")  # subscriber: per publisher link, the latest id handed over
-FINAL_SUBJECT = "oncemesh.final"
+MAX_CAUSAL_PAST = 10_000  # ids a publisher may present as its causal past
 
 _OUTCOME_OF_STATE = {F.ACCEPTED: O_ACCEPTED, F.REJECTED: O_REJECTED,
                      F.RELEASED: O_RELEASED, F.MODIFIED: O_MODIFIED}
@@ -235,7 +241,7 @@ class Router:
         if self.server is not None:
             self.server.close()
         for conn in list(self.connections):
-            conn.close("amqp:connection:forced", "router shutting down")
+            conn.close(errors.ConnectionForced.condition, "router shutting down")
         if self.engine is not None:
             self.engine._flush_all()
         await asyncio.sleep(0)  # let the close frames go out
@@ -259,7 +265,7 @@ class Router:
         conn.ctx = ConnCtx()
         if len(self.connections) >= self.cfg.max_connections:
             log.warning("connection.refused reason=max_connections limit=%d", self.cfg.max_connections)
-            conn.close("amqp:resource-limit-exceeded",
+            conn.close(errors.ResourceLimitExceeded.condition,
                        f"router {self.id} holds its maximum of {self.cfg.max_connections} connections")
         self.connections.add(conn)
         return conn
@@ -396,7 +402,7 @@ class Router:
             if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link:
                 self._forget_sub_link(link)
                 self.core.detach_subscriber(link, ctx.sid, False, time.time())
-            link.close("amqp:invalid-field", "link-credit beyond 2147483647 is not supported")
+            link.close(errors.RemoteProtocolError.condition, "link-credit beyond 2147483647 is not supported")
             self.drain()
             return
         if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link and not link.local_uninit:
@@ -409,7 +415,7 @@ class Router:
         ctx = link.ctx
         if not isinstance(ctx, PubLinkCtx):
             if not settled:
-                amqp.update(delivery, F.REJECTED, ("amqp:not-allowed", "this link does not accept transfers"))
+                amqp.update(delivery, F.REJECTED, (errors.NotAllowed.condition, "this link does not accept transfers"))
                 amqp.settle(delivery)
             return
         if len(payload) > self.cfg.max_message_size:
@@ -498,7 +504,7 @@ class Router:
                     self.core.detach_subscriber(link, ctx.sid, False, now)
             elif isinstance(ctx, PubLinkCtx):
                 self._close_publisher(link, None, None)
-        if condition and condition[0] not in ("amqp:connection:forced",):
+        if condition and condition[0] != errors.ConnectionForced.condition:
             log.info("connection.closed peer=%s container=%s condition=%s", conn.peer,
                      conn.ctx.container if conn.ctx else None, condition)
         self.drain()
@@ -650,7 +656,7 @@ class Router:
                 ctx = link.ctx
                 ctx.final_seq += 1
                 body = Message(subject=FINAL_SUBJECT, body=list(act.gids)).encode()
-                link.send(f"$final:{ctx.final_seq}".encode(), body, settled=True)
+                link.send(f"{FINAL_TAG_PREFIX}{ctx.final_seq}".encode(), body, settled=True)
             case DetachLink():
                 dlink: Link = act.link
                 if self.sub_links.get(act.sid) is dlink:

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from proton import symbol, ubyte, uint
 
-from oncemesh.clients.runtime import Client, LinkRefused
+from oncemesh.clients.runtime import Client
+from oncemesh.common.errors import LinkRefused
 from oncemesh.harness.testing import RouterProcess
 from tests.integration.rawamqp import (
     ATTACH,
