@@ -151,6 +151,7 @@ class Publisher:
         return self.client.state.durable
 
     async def wait_attached(self, timeout: float | None = None) -> None:
+        """Wait until the router answered the link's attach (raises `LinkRefused` if it refused)."""
         await asyncio.wait_for(self._attached.wait(), timeout)
         if self._refused is not None:
             raise self._refused
@@ -196,6 +197,7 @@ class Publisher:
         return list(await asyncio.wait_for(asyncio.gather(*futs), timeout))
 
     def in_doubt(self) -> int:
+        """Messages sent whose outcome is not known yet (resent after a failover)."""
         return len(self.inflight)
 
     def _load_outbox(self) -> None:
@@ -248,6 +250,7 @@ class Publisher:
         self.client.remove_owner(self)
 
     def fail(self, exc: BaseException) -> None:
+        """Give up: every waiting send fails with `exc` (what is in the outbox stays there)."""
         self._failed = exc
         for p in list(self.inflight.values()):
             if p.future is not None and not p.future.done():
@@ -323,6 +326,7 @@ class Publisher:
 
     # ------------------------------------------------------------------ link owner
     def attach(self, conn: AmqpConnection, session: Any) -> None:
+        """Attach the link on a new connection, declaring what is in doubt (the client calls it)."""
         if self.closed:
             return
         self._attached.clear()
@@ -350,6 +354,7 @@ class Publisher:
         self.unsent = deque(p for p in self.inflight.values() if p.seq not in persisting)
 
     def connection_lost(self) -> None:
+        """The connection went: what was sent is in doubt until resent (the client calls it)."""
         self.link = None
         self.by_delivery.clear()
         self._attached.clear()

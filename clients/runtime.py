@@ -115,6 +115,7 @@ class Client:
 
     # ------------------------------------------------------------------ settlement logs
     def settlement_log(self, role: str) -> SettlementLog:
+        """What this client's publishers or subscribers (`role`) write for the reconciliation."""
         slog = self._logs.get(role)
         if slog is None:
             path = self._log_dir / f"{self.container_id}.{role}.jsonl" if self._log_dir else None
@@ -122,6 +123,7 @@ class Client:
         return slog
 
     def flush_logs(self) -> None:
+        """Write out the settlement-log lines buffered so far."""
         for slog in self._logs.values():
             slog.flush()
 
@@ -131,14 +133,17 @@ class Client:
         return self._connected.is_set()
 
     async def start(self) -> Client:
+        """Connect to the first router that answers (trying the URLs in turn); returns self."""
         self.engine = Engine(asyncio.get_running_loop())
         await self._connect_with_failover()
         return self
 
     async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until a router connection is up (after a failover, the next one)."""
         await asyncio.wait_for(self._connected.wait(), timeout)
 
     async def close(self) -> None:
+        """Detach every link (subscriptions stay, suspended, until they expire) and disconnect."""
         self._closing = True
         if self._reconnect_task is not None:
             self._reconnect_task.cancel()
@@ -179,11 +184,13 @@ class Client:
         return out[-limit:]
 
     def add_owner(self, owner: LinkOwner) -> None:
+        """Register a link owner (publisher or subscriber): it attaches on every connection."""
         self.owners.append(owner)
         if self.conn is not None and self.connected:
             owner.attach(self.conn, self.session)
 
     def remove_owner(self, owner: LinkOwner) -> None:
+        """Forget a link owner (it closed)."""
         if owner in self.owners:
             self.owners.remove(owner)
 

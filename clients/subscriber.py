@@ -119,11 +119,13 @@ class Subscriber:
 
     # ------------------------------------------------------------------ public API
     async def wait_attached(self, timeout: float | None = None) -> None:
+        """Wait until the subscription is in force (the router answered the attach)."""
         await asyncio.wait_for(self._attached.wait(), timeout)
         if self._refused is not None:
             raise self._refused
 
     async def get(self, timeout: float | None = None) -> Delivered | None:
+        """The next message, or None after `timeout` seconds (None: wait for ever)."""
         got = await self.get_many(1, timeout)
         return got[0] if got else None
 
@@ -179,6 +181,7 @@ class Subscriber:
         self._slog.flush()
 
     def fail(self, exc: BaseException) -> None:
+        """Give up: waiting getters fail with `exc`."""
         self._failed = exc
         self._arrived.set()
 
@@ -328,6 +331,7 @@ class Subscriber:
 
     # ------------------------------------------------------------------ link owner
     def attach(self, conn: AmqpConnection, session: Any) -> None:
+        """Attach (or resume) the link on a new connection, presenting what it accepted (the client calls it)."""
         if self._closing:
             return
         self._attached.clear()
@@ -351,6 +355,7 @@ class Subscriber:
         self.link = link
 
     def connection_lost(self) -> None:
+        """The connection went: resume on the next one (the client calls it)."""
         self._flush_now()
         self.link = None
         self._buffer.clear()  # not handed over: the routers redeliver them after resume

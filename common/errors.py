@@ -18,6 +18,7 @@ from .vocab import Outcome
 
 
 class OncemeshError(Exception):
+    """Base of every error oncemesh raises; `condition` is the AMQP error condition it stands for."""
     condition = "amqp:internal-error"
 
 
@@ -60,6 +61,7 @@ class UnauthorizedAccess(RemoteProtocolError):
 
 
 class MessageTooLarge(RemoteProtocolError):
+    """A message above the router's max_message_size."""
     condition = "amqp:link:message-size-exceeded"
 
 
@@ -86,6 +88,7 @@ class LocalError(OncemeshError):
 
 
 class ResourceLimitExceeded(LocalError):
+    """A budget of ours is used up (connections, in-flight messages, causal state)."""
     condition = "amqp:resource-limit-exceeded"
 
 
