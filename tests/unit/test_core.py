@@ -19,7 +19,8 @@ from oncemesh.router.actions import (
     SendQuery,
     SettleDelivery,
 )
-from oncemesh.router.core import CoreConfig, DeliveryCore, S
+from oncemesh.router.core import CoreConfig, DeliveryCore
+from oncemesh.router.state import S
 from oncemesh.router.subscriptions import SubscriptionTable, SubState
 
 PL = publisher_link_id("pub", "p")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from oncemesh.common.ids import counter_tag, global_id, publisher_link_id, subscription_id
 from oncemesh.router.actions import Deliver, Forward, SendQuery
-from oncemesh.router.core import CoreConfig, DeliveryCore, S
+from oncemesh.router.core import CoreConfig, DeliveryCore
+from oncemesh.router.state import S
 from oncemesh.router.subscriptions import SubscriptionTable
 
 GROUPS = {"t": "group g", "u": "group g", "v": "topic v"}

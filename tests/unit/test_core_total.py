@@ -12,8 +12,9 @@ from oncemesh.router.actions import (
     SendQuery,
     SubmitOrder,
 )
-from oncemesh.router.core import HELD, CoreConfig, DeliveryCore, S
+from oncemesh.router.core import CoreConfig, DeliveryCore
 from oncemesh.router.order.total import start_key
+from oncemesh.router.state import HELD, S
 from oncemesh.router.subscriptions import SubscriptionTable
 
 T = "t"

@@ -1,0 +1,132 @@
+"""The delivery core's housekeeping, as named sweeps run by `tick`, and its statistics.
+
+Part of the delivery core (`router.core.DeliveryCore` composes it); sans-IO like the rest."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .actions import (
+    SendProbe,
+    SendQuery,
+)
+from .subscriptions import SUB_ACTIVE
+
+if TYPE_CHECKING:
+    from .core import DeliveryCore
+
+
+class Sweeps:
+    """Part of `DeliveryCore` (its methods run on the core's state: `self` is the core)."""
+
+    def tick(self: DeliveryCore, now: float, may_expire: bool = True) -> None:
+        """Expire suspended subscriptions homed here (only when `may_expire`: in a mesh, while the
+        whole mesh is reachable), give up on vanished publishers and origins, probe for lost FINALs."""
+        self._now = now
+        if may_expire:
+            for sub in self.table.expired(now, home=self.router_id):
+                self._end(sub.sid, now, "expired")
+        # decided records whose publisher (or origin) vanished without settling: after the horizon
+        # (or, oldest first, when there are too many) we stop waiting for a resend that will not come
+        orphaned = now - self.cfg.orphan_horizon
+        excess = len(self.records) - self.undecided - self.cfg.max_decided_records
+        reach = self.reachable
+        orphans = sorted((r for r in self.records.values()
+                          if r.pending == 0 and not r.pubs and (r.outcome is not None or r.origin is not None) and
+                          (r.origin is None or not any(reach.get(o) == i for o, i in (r.origins or {}).items()))),
+                         key=lambda r: r.decided)
+        for rec in orphans:
+            if rec.decided >= orphaned and excess <= 0:
+                break
+            excess -= 1
+            rec.pub_settled = True
+            self.log.append(("orphan_final", rec.gid, rec.topic, None, None))
+            self._finalize(rec, now)
+        # records done long ago that wait for a FINAL: ask their origin (if it is still the same
+        # incarnation) whether the FINAL was lost, or, when no origin of theirs is left and no
+        # publisher holds them, ask everybody
+        probe_before = now - self.cfg.probe_after
+        reach = self.reachable
+        final_now: list[str] = []
+        for rec in self.records.values():
+            if rec.pubs or rec.probed >= probe_before:
+                continue
+            if rec.origin is None:
+                # an origin whose publisher left: it resends elsewhere, or settled, or is gone
+                if rec.pub_settled or rec.created >= probe_before or len(reach) < 2:
+                    continue
+                live: list[tuple[str, str]] = []
+            else:
+                if rec.pending or rec.decided >= probe_before:
+                    continue
+                live = [(o, i) for o, i in (rec.origins or {}).items() if reach.get(o) == i and o != self.router_id]
+            rec.probed = now
+            if self._settled_by_local_publisher(rec.gid):
+                final_now.append(rec.gid)
+            elif live:
+                for origin, inc in live:
+                    self.out.append(SendProbe(origin, rec.gid, inc))
+            else:
+                for r in sorted(reach):
+                    if r != self.router_id:
+                        self.out.append(SendQuery(r, rec.gid))
+        for gid in final_now:
+            self.handle_final(gid, now)
+        forget = now - self.cfg.final_memory
+        for gid in [g for g, rs in self.held_for.items() if max(rs.values()) < forget]:
+            del self.held_for[gid]
+        for gid in [g for g, (first, _) in self.awaited.items()
+                    if g in self.records or g in self.recent_final or first < forget]:
+            del self.awaited[gid]
+        while self.recent_final:
+            gid, t = next(iter(self.recent_final.items()))
+            if t >= forget and len(self.recent_final) <= 1_000_000:
+                break
+            del self.recent_final[gid]
+        for rt in self.subs.values():  # deliveries parked while we asked about them
+            if rt.link is not None and rt.credit > 0 and (rt.queue or (self.total and self._total_topic(rt.sid))):
+                self._pump(rt)
+        # copies whose destination never confirmed them (lost with a connection that broke without
+        # changing who is reachable): send them again
+        retry_before = now - self.cfg.copy_retry
+        for rec in list(self.records.values()):
+            if rec.origin is None and rec.outcome is None and rec.fwd and rec.sent_at < retry_before \
+                    and self._driving(rec):
+                self._route(rec, force=True, unconfirmed_only=True)
+        # placeholders nobody resolved: ask the mesh (an origin may have finalised it while it
+        # could not reach the routers the subscription presented it at)
+        known = [g for g in self.placeholders
+                 if g not in self.records and (g in self.recent_final or self._settled_by_local_publisher(g))]
+        for gid in known:
+            self._placeholder_final(gid)
+        if len(reach) > 1:
+            for gid, phs in self.placeholders.items():
+                if min(phs.values()) < probe_before and self._ph_queried.get(gid, 0.0) < probe_before:
+                    self._ph_queried[gid] = now
+                    for r in sorted(reach):
+                        if r != self.router_id:
+                            self.out.append(SendQuery(r, gid))
+            for gid in [g for g in self._ph_queried if g not in self.placeholders]:
+                del self._ph_queried[gid]
+        horizon = now - self.cfg.placeholder_horizon
+        for gid in [g for g, phs in self.placeholders.items() if min(phs.values()) < horizon]:
+            if gid not in self.records:
+                self._placeholder_final(gid)
+            else:
+                self.placeholders.pop(gid, None)
+
+    def stats(self: DeliveryCore) -> dict[str, int]:
+        live = list(self.table.live())
+        return {
+            "records": len(self.records), "undecided": self.undecided, "inflight_bytes": self.inflight_bytes,
+            "destination_records": sum(1 for r in self.records.values() if r.origin is not None),
+            "reserved_credit": self.reserved_credit, "subscriptions": len(live),
+            "local_subscriptions": sum(1 for s in live if s.home == self.router_id),
+            "active_subscriptions": sum(1 for s in live if s.state is SUB_ACTIVE),
+            "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
+            "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.awaited),
+            "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
+            "causal_cycles": self.stats_causal_cycles,
+            "finals_ignored": self.stats_final_ignored,
+            "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
+        }
