@@ -25,7 +25,8 @@ from oncemesh.harness.testing import Proc, RouterProcess, wait_for, worker
 # moment the chaos run's client-kill happened to hit.
 DIES_AFTER_COMMIT = """
 import os, signal, sys
-from oncemesh.clients import state, worker
+from oncemesh.clients import state
+from oncemesh.harness import worker
 original = state.ClientState.hand_over
 def hand_over(self, sub, gids):
     original(self, sub, gids)
