@@ -333,9 +333,7 @@ class Handing:
             return True
         if now - times[1] >= 4 * self.cfg.stale_wait:
             times[1] = now
-            for r in sorted(self.reachable):
-                if r != self.router_id:
-                    self.out.append(SendQuery(r, gid))
+            self._ask_everybody(gid)
         return False
 
     def _withhold(self: DeliveryCore, rec: Record, rt: SubRuntime) -> bool:
@@ -356,8 +354,13 @@ class Handing:
         now = self._now
         if now - rec.asked_at > 4 * self.cfg.stale_wait:
             rec.asked_at = now
-            for r in sorted(self.reachable):
-                if r != self.router_id:
-                    self.out.append(SendQuery(r, rec.gid))
+            self._ask_everybody(rec.gid)
             return True
         return now - rec.asked_at < self.cfg.stale_wait
+
+    def _ask_everybody(self: DeliveryCore, gid: str) -> None:
+        """Ask every other reachable router whether `gid` is final (a FINAL answers; silence does not)."""
+        me = self.router_id
+        for r in sorted(self.reachable):
+            if r != me:
+                self.out.append(SendQuery(r, gid))

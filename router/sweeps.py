@@ -6,10 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .actions import (
-    SendProbe,
-    SendQuery,
-)
+from .actions import SendProbe
 from .subscriptions import SUB_ACTIVE
 
 if TYPE_CHECKING:
@@ -20,14 +17,26 @@ class Sweeps:
     """Part of `DeliveryCore` (its methods run on the core's state: `self` is the core)."""
 
     def tick(self: DeliveryCore, now: float, may_expire: bool = True) -> None:
-        """Expire suspended subscriptions homed here (only when `may_expire`: in a mesh, while the
-        whole mesh is reachable), give up on vanished publishers and origins, probe for lost FINALs."""
+        """Run the sweeps, in this order. Expiry only when `may_expire` (in a mesh: while the whole
+        mesh is reachable)."""
         self._now = now
         if may_expire:
-            for sub in self.table.expired(now, home=self.router_id):
-                self._end(sub.sid, now, "expired")
-        # decided records whose publisher (or origin) vanished without settling: after the horizon
-        # (or, oldest first, when there are too many) we stop waiting for a resend that will not come
+            self._sweep_expired_subscriptions(now)
+        self._sweep_orphans(now)
+        self._sweep_probes(now)
+        self._sweep_forgotten(now)
+        self._sweep_parked(now)
+        self._sweep_unconfirmed_copies(now)
+        self._sweep_placeholders(now)
+
+    def _sweep_expired_subscriptions(self: DeliveryCore, now: float) -> None:
+        """Suspended subscriptions homed here whose expiry passed end."""
+        for sub in self.table.expired(now, home=self.router_id):
+            self._end(sub.sid, now, "expired")
+
+    def _sweep_orphans(self: DeliveryCore, now: float) -> None:
+        """Decided records whose publisher (or origin) vanished without settling: after the horizon
+        (or, oldest first, when there are too many) we stop waiting for a resend that will not come."""
         orphaned = now - self.cfg.orphan_horizon
         excess = len(self.records) - self.undecided - self.cfg.max_decided_records
         reach = self.reachable
@@ -42,9 +51,11 @@ class Sweeps:
             rec.pub_settled = True
             self.log.append(("orphan_final", rec.gid, rec.topic, None, None))
             self._finalize(rec, now)
-        # records done long ago that wait for a FINAL: ask their origin (if it is still the same
-        # incarnation) whether the FINAL was lost, or, when no origin of theirs is left and no
-        # publisher holds them, ask everybody
+
+    def _sweep_probes(self: DeliveryCore, now: float) -> None:
+        """Records done long ago that wait for a FINAL: ask their origin (if it is still the same
+        incarnation) whether the FINAL was lost, or, when no origin of theirs is left and no
+        publisher holds them, ask everybody."""
         probe_before = now - self.cfg.probe_after
         reach = self.reachable
         final_now: list[str] = []
@@ -67,11 +78,13 @@ class Sweeps:
                 for origin, inc in live:
                     self.out.append(SendProbe(origin, rec.gid, inc))
             else:
-                for r in sorted(reach):
-                    if r != self.router_id:
-                        self.out.append(SendQuery(r, rec.gid))
+                self._ask_everybody(rec.gid)
         for gid in final_now:
             self.handle_final(gid, now)
+
+    def _sweep_forgotten(self: DeliveryCore, now: float) -> None:
+        """Forget what is older than `final_memory`: who held a copy, the predecessors we waited
+        for, and finals (the oldest first; at most a million remembered)."""
         forget = now - self.cfg.final_memory
         for gid in [g for g, rs in self.held_for.items() if max(rs.values()) < forget]:
             del self.held_for[gid]
@@ -83,29 +96,36 @@ class Sweeps:
             if t >= forget and len(self.recent_final) <= 1_000_000:
                 break
             del self.recent_final[gid]
-        for rt in self.subs.values():  # deliveries parked while we asked about them
+
+    def _sweep_parked(self: DeliveryCore, now: float) -> None:
+        """Deliveries parked while we asked about them: pump the links that have credit."""
+        for rt in self.subs.values():
             if rt.link is not None and rt.credit > 0 and (rt.queue or (self.total and self._total_topic(rt.sid))):
                 self._pump(rt)
-        # copies whose destination never confirmed them (lost with a connection that broke without
-        # changing who is reachable): send them again
+
+    def _sweep_unconfirmed_copies(self: DeliveryCore, now: float) -> None:
+        """Copies whose destination never confirmed them (lost with a connection that broke without
+        changing who is reachable): send them again."""
         retry_before = now - self.cfg.copy_retry
         for rec in list(self.records.values()):
             if rec.origin is None and rec.outcome is None and rec.fwd and rec.sent_at < retry_before \
                     and self._driving(rec):
                 self._route(rec, force=True, unconfirmed_only=True)
-        # placeholders nobody resolved: ask the mesh (an origin may have finalised it while it
-        # could not reach the routers the subscription presented it at)
+
+    def _sweep_placeholders(self: DeliveryCore, now: float) -> None:
+        """Placeholders nobody resolved: resolve those now known final, ask the mesh about the rest
+        (an origin may have finalised one while it could not reach the routers the subscription
+        presented it at), and give up on them after `placeholder_horizon`."""
         known = [g for g in self.placeholders
                  if g not in self.records and (g in self.recent_final or self._settled_by_local_publisher(g))]
         for gid in known:
             self._placeholder_final(gid)
-        if len(reach) > 1:
+        probe_before = now - self.cfg.probe_after
+        if len(self.reachable) > 1:
             for gid, phs in self.placeholders.items():
                 if min(phs.values()) < probe_before and self._ph_queried.get(gid, 0.0) < probe_before:
                     self._ph_queried[gid] = now
-                    for r in sorted(reach):
-                        if r != self.router_id:
-                            self.out.append(SendQuery(r, gid))
+                    self._ask_everybody(gid)
             for gid in [g for g in self._ph_queried if g not in self.placeholders]:
                 del self._ph_queried[gid]
         horizon = now - self.cfg.placeholder_horizon
