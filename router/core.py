@@ -87,6 +87,21 @@ from .subscriptions import Subscription, SubscriptionTable
 from .sweeps import Sweeps
 
 
+@dataclass(frozen=True, slots=True)
+class SubscriberAttach:
+    """What a subscriber's ATTACH asked for, kept with its link (a refused resume takes it again)."""
+
+    sid: str
+    topic: str
+    container: str
+    link_name: str
+    expiry: float
+    capable: bool  # the client presents ids and takes FINAL notifications (ours do)
+    presented: list[str] | None  # ids it accepted and has not seen settled
+    epoch: int | None = None
+    handed_last: tuple[str, ...] = ()  # per publisher link, the latest message it was handed
+
+
 @dataclass(slots=True)
 class CoreConfig:
     max_inflight_messages: int = 20_000
@@ -561,6 +576,19 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 move(rec, sid, None)
                 if rec.pending == 0:
                     self._decide(rec, now)
+
+    def attach(self, link: Any, att: SubscriberAttach, now: float) -> bool:
+        """`attach_subscriber` with what the ATTACH asked for. Returns True when it resumed."""
+        return self.attach_subscriber(link, att.sid, att.topic, att.container, att.link_name, att.expiry,
+                                      att.capable, att.presented, now, att.epoch, att.handed_last)
+
+    def resume_refused(self, link: Any, att: SubscriberAttach, now: float) -> None:
+        """The mesh refused the resume of `att` here: the subscription's old home ended that life
+        meanwhile. The rule: the link becomes the first link of a new life of the same identity (the
+        old life is ended here too, and the same ATTACH is taken again, now as a new subscription).
+        The caller answers the ATTACH once the mesh acknowledged the new life."""
+        self.detach_subscriber(link, att.sid, True, now)
+        self.attach(link, att, now)
 
     def detach_subscriber(self, link: Any, sid: str, closed: bool, now: float) -> None:
         """The subscriber's link detached (`closed`: unsubscribe) or its connection dropped.

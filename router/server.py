@@ -64,7 +64,7 @@ from .actions import (
     SubmitOrder,
 )
 from .config import RouterConfig
-from .core import DeliveryCore
+from .core import DeliveryCore, SubscriberAttach
 from .meshport import MeshPort
 from .subscriptions import SubscriptionStore, SubscriptionTable
 
@@ -96,7 +96,7 @@ class SubLinkCtx:
     def __init__(self, sid: str, topic: str) -> None:
         self.sid = sid
         self.topic = topic
-        self.attach_args: tuple[Any, ...] = ()
+        self.attach_args: SubscriberAttach | None = None
         self.resumed = False
         self.deliveries: dict[str, Any] = {}  # gid -> unsettled delivery pointer
         self.gid_of: dict[Any, str] = {}  # delivery pointer -> gid
@@ -340,9 +340,9 @@ class Router:
         ids = [str(g) for g in presented] if presented else None
         epoch = props.get(PROP_EPOCH)
         epoch = int(epoch) if isinstance(epoch, int) and epoch > 0 else None
-        link.ctx.attach_args = (sid, topic, container, link.name, expiry, capable, ids, epoch, last)
-        link.ctx.resumed = self.core.attach_subscriber(link, sid, topic, container, link.name, expiry,
-                                                       capable, ids, time.time(), epoch, last)
+        att = link.ctx.attach_args = SubscriberAttach(sid, topic, container, link.name, expiry, capable, ids,
+                                                      epoch, last)
+        link.ctx.resumed = self.core.attach(link, att, time.time())
         link.set_source(topic, 0 if math.isinf(expiry) else int(expiry),
                         F.EXPIRE_NEVER if math.isinf(expiry) else F.EXPIRE_WITH_LINK)
         link.set_target(link.remote_target_address)
@@ -589,11 +589,8 @@ class Router:
         if refused is not None:
             # the old home ended this life meanwhile: it becomes a new subscription (a new life)
             log.info("subscription.resume_refused sid=%s reason=%s", sid, refused)
-            now = time.time()
-            self.core.detach_subscriber(link, sid, True, now)
-            sid_, topic, container, name, expiry, capable, ids, epoch, last = link.ctx.attach_args
-            self.core.attach_subscriber(link, sid_, topic, container, name, expiry, capable, ids, now, epoch,
-                                        last)
+            assert link.ctx.attach_args is not None
+            self.core.resume_refused(link, link.ctx.attach_args, time.time())
             link.ctx.resumed = False
             self._pending_opens.append(link)
             self.drain()

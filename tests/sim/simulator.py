@@ -54,7 +54,7 @@ from oncemesh.router.actions import (
     SettleDelivery,
     SettlePublisher,
 )
-from oncemesh.router.core import CoreConfig, DeliveryCore
+from oncemesh.router.core import CoreConfig, DeliveryCore, SubscriberAttach
 from oncemesh.router.subscriptions import SubscriptionTable
 
 TOPIC = "t"
@@ -126,7 +126,7 @@ class SimRouter:
         self.sub_links: dict[str, tuple[Token, SimSubscriber]] = {}
         self.pub_tokens: dict[Token, SimPublisher] = {}
         self.pub_links: dict[Token, SimPublisher] = {}
-        self.awaiting: dict[str, tuple[Token, SimSubscriber, bool]] = {}
+        self.awaiting: dict[str, tuple[Token, SimSubscriber, SubscriberAttach]] = {}
         self.late: list[Callable[[], None]] = []  # client disconnects it will notice when it thaws
         self.started_before = False  # a restart recovers its part of the sequencer group
 
@@ -237,15 +237,12 @@ class SimRouter:
         entry = self.awaiting.pop(sid, None)
         if entry is None:
             return
-        link, sub, _ = entry
+        link, sub, att = entry
         if self.sub_links.get(sid, (None,))[0] is not link:
             return
         if refused is not None:
-            now = self.sim.now
-            self.core.detach_subscriber(link, sid, True, now)
-            self.core.attach_subscriber(link, sid, TOPIC, self.sim.client_of(sub.name), sub.name, float("inf"), True,
-                                        sorted(sub.accepted), now, sub.epoch)
-            self.awaiting[sid] = (link, sub, False)
+            self.core.resume_refused(link, att, self.sim.now)
+            self.awaiting[sid] = entry
             if not self.node.attach_pending(sid):
                 self.attach_done(sid, None)
             return
@@ -686,10 +683,10 @@ class Simulation:
                 if sid == s.sid and seq >= 0]
         if self.sequence.get(s.sid):  # and the latest handed of all (total order)
             last.append(self.sequence[s.sid][-1])
-        r.core.attach_subscriber(link, s.sid, TOPIC, self.client_of(s.name), s.name, float("inf"), True,
-                                 sorted(s.accepted),
-                                 self.now, s.epoch, last)
-        r.awaiting[s.sid] = (link, s, False)
+        att = SubscriberAttach(s.sid, TOPIC, self.client_of(s.name), s.name, float("inf"), True, sorted(s.accepted),
+                               s.epoch, tuple(last))
+        r.core.attach(link, att, self.now)
+        r.awaiting[s.sid] = (link, s, att)
         r.process()
         if s.sid in r.awaiting and not r.node.attach_pending(s.sid):
             r.attach_done(s.sid, None)

@@ -19,7 +19,7 @@ from oncemesh.router.actions import (
     SendQuery,
     SettleDelivery,
 )
-from oncemesh.router.core import CoreConfig, DeliveryCore
+from oncemesh.router.core import CoreConfig, DeliveryCore, SubscriberAttach
 from oncemesh.router.state import S
 from oncemesh.router.subscriptions import SubscriptionTable, SubState
 
@@ -223,6 +223,27 @@ def test_suspended_subscription_holds_messages_and_gets_them_on_resume() -> None
     assert not delivered(acts) and not outcomes(acts)
     _, _, acts = h.sub("a")
     assert delivered(acts) == [(s1, gid)]
+
+
+def test_a_refused_resume_becomes_a_new_life_of_the_same_identity() -> None:
+    h = Harness()
+    s1, link, _ = h.sub("a")
+    h.core.detach_subscriber(link, s1, False, h.now)
+    h.attach_pub()
+    tok1, _, _ = h.publish(b"1")  # owed to the suspended life
+    new_link = object()
+    att = SubscriberAttach(s1, "t", "c", "a", 60.0, True, None)
+    assert h.core.attach(new_link, att, h.now)  # it resumed here ...
+    h.take()
+    h.core.resume_refused(new_link, att, h.now)  # ... but the mesh says that life ended meanwhile
+    acts = h.take()
+    [o] = outcomes(acts)  # the old life's part ended: the publisher is told (nobody else owed it)
+    assert o.pub is tok1 and o.outcome is Outcome.ACCEPTED
+    sub = h.core.table.get(s1)
+    assert sub is not None and sub.live and h.core.subs[s1].link is new_link  # the new life, on the same link
+    h.core.subscriber_credit(s1, 10)
+    _, g2, acts = h.publish(b"2")
+    assert delivered(acts + h.take()) == [(s1, g2)]  # it gets what is published from now on, not g1
 
 
 def test_resume_presenting_an_accepted_id_is_not_redelivered() -> None:
