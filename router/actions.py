@@ -7,11 +7,12 @@ adapter drains the list after each batch of input.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, final
 
 from ..common.vocab import Outcome
 
 
+@final
 @dataclass(slots=True)
 class Deliver:
     """Send `payload` to subscription `sid` on its current link, tag = gid, unsettled."""
@@ -22,6 +23,7 @@ class Deliver:
     redelivery: bool
 
 
+@final
 @dataclass(slots=True)
 class SettleDelivery:
     """The message is final: settle its delivery on the subscription's current link."""
@@ -30,6 +32,7 @@ class SettleDelivery:
     gid: str
 
 
+@final
 @dataclass(slots=True)
 class NotifyFinal:
     """Tell a subscription (one of our clients) that ids it accepted on an earlier link are final."""
@@ -38,6 +41,7 @@ class NotifyFinal:
     gids: tuple[str, ...]
 
 
+@final
 @dataclass(slots=True)
 class SendOutcome:
     """Tell the publisher delivery `pub` its outcome; `settle` for receiver-settle-mode first."""
@@ -48,6 +52,7 @@ class SendOutcome:
     settle: bool
 
 
+@final
 @dataclass(slots=True)
 class SettlePublisher:
     """The publisher settled `pub`: settle our side and forget the delivery."""
@@ -55,6 +60,7 @@ class SettlePublisher:
     pub: Any
 
 
+@final
 @dataclass(slots=True)
 class GrantCredit:
     link: Any
@@ -64,6 +70,7 @@ class GrantCredit:
 # ---------------------------------------------------------------- mesh: addressed to other routers
 
 
+@final
 @dataclass(slots=True)
 class Forward:
     """Send a copy of `gid` toward the routers in `dests`, each to deliver to the listed subscriptions."""
@@ -76,6 +83,7 @@ class Forward:
     deps: tuple[tuple[str, str], ...] = ()  # causal order: (gid, topic) its publisher depended on
 
 
+@final
 @dataclass(slots=True)
 class SendAck:
     """Tell origin router `to` what subscription `sid` (hosted here) did with `gid`."""
@@ -87,6 +95,7 @@ class SendAck:
     error: tuple[str, str] | None
 
 
+@final
 @dataclass(slots=True)
 class SendFinal:
     """Tell router `to` that `gid` is final (its publisher settled it)."""
@@ -95,6 +104,7 @@ class SendFinal:
     gid: str
 
 
+@final
 @dataclass(slots=True)
 class SendProbe:
     """Ask origin router `to` whether `gid` is still in flight (a FINAL may have been lost).
@@ -105,6 +115,7 @@ class SendProbe:
     inc: str
 
 
+@final
 @dataclass(slots=True)
 class SendQuery:
     """Ask router `to` what it knows of `gid` (a record of ours lost its publisher and its origin)."""
@@ -113,6 +124,7 @@ class SendQuery:
     gid: str
 
 
+@final
 @dataclass(slots=True)
 class DeclarePublisher:
     """One of our publishers attached here and declared what it holds in doubt: tell the mesh, so
@@ -123,6 +135,7 @@ class DeclarePublisher:
     mark: int | None = None  # the next sequence number it will use (counter tags): see PubLink.mark
 
 
+@final
 @dataclass(slots=True)
 class SendHold:
     """Tell router `to` (a new origin of `gid`) that we hold a record of it: include us in its FINAL."""
@@ -131,6 +144,7 @@ class SendHold:
     gid: str
 
 
+@final
 @dataclass(slots=True)
 class Announce:
     """A subscription homed here changed: tell the mesh (the entry is in the table). `presented`: the
@@ -140,6 +154,7 @@ class Announce:
     presented: tuple[str, ...] = ()
 
 
+@final
 @dataclass(slots=True)
 class DetachLink:
     """Detach the local link of `sid` (the subscription moved to another router, or ended there)."""
@@ -150,6 +165,7 @@ class DetachLink:
     description: str
 
 
+@final
 @dataclass(slots=True)
 class SubmitOrder:
     """Have `key` (a gid, or a subscription's start) numbered in the total order of `topic`."""
@@ -159,6 +175,8 @@ class SubmitOrder:
 
 
 # what the router's own adapter performs on client links
+# Every action class is final: a router dispatches on `type(act) is C` (mypy narrows that, and
+# checks with assert_never that every action is handled, only for final classes).
 ClientAction = Deliver | SettleDelivery | NotifyFinal | SendOutcome | SettlePublisher | GrantCredit | DetachLink
 # what the mesh layer performs (a standalone router has no use for them but Announce, which it drops)
 MeshAction = (Forward | SendAck | SendFinal | SendProbe | Announce | DeclarePublisher | SendHold | SendQuery

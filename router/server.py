@@ -548,8 +548,7 @@ class Router:
         core = self.core
         while core.out:  # (a mesh action can make more: a number from a one-router sequencer group)
             out, core.out = core.out, []
-            for act in out:
-                self._perform(act)
+            self._perform(out)
         if core.log:
             entries, core.log = core.log, []
             self.slog.write_core_events(time.time(), entries)  # flushes subscription lifecycle lines at once
@@ -611,61 +610,68 @@ class Router:
         self.store.save(self.table.snapshot())
         self._saved_version = self.table.version
 
-    def _perform(self, act: Action) -> None:
-        match act:  # the commonest first (class patterns are tried in order)
-            case Deliver():
+    def _perform(self, actions: list[Action]) -> None:
+        """Perform a batch of the core's actions (one call per batch, not per action: four actions per
+        message, and the calls cost ~1,400 instructions per message, measured)."""
+        for act in actions:
+            # The commonest first. Not a `match`: a class pattern that fails costs an isinstance miss
+            # (~700 instructions), and three of the four actions per message would miss at least once:
+            # +4,300 instructions per message (2.5%) measured with `oncemesh bench --instructions`. The
+            # classes are final, so mypy narrows `type(act) is C` and assert_never checks that every
+            # action is handled.
+            if type(act) is Deliver:
                 link = self.sub_links.get(act.sid)
                 if link is None:
-                    return
+                    continue
                 d = link.send(act.gid.encode("ascii"), act.payload)
                 ctx = link.ctx
                 ctx.deliveries[act.gid] = d
                 ctx.gid_of[d] = act.gid
-            case SendOutcome():
+            elif type(act) is SendOutcome:
                 d = act.pub
                 if d not in self.pub_deliveries:
-                    return
+                    continue
                 amqp.update(d, _STATE_OF_OUTCOME[act.outcome], act.error)
                 self.pub_deliveries[d].conn.touch()
                 if act.settle:
                     self._settle_publisher_delivery(d)
-            case SettleDelivery():
+            elif type(act) is SettleDelivery:
                 link = self.sub_links.get(act.sid)
                 if link is None:
-                    return
+                    continue
                 ctx = link.ctx
                 d = ctx.deliveries.pop(act.gid, None)
                 if d is not None:
                     del ctx.gid_of[d]
                     amqp.settle(d)
                     link.conn.touch()
-            case SettlePublisher():
+            elif type(act) is SettlePublisher:
                 if act.pub in self.pub_deliveries:
                     self._settle_publisher_delivery(act.pub)
-            case GrantCredit():
+            elif type(act) is GrantCredit:
                 link = act.link
                 if link.ctx is not None and link.local_active:
                     link.flow(act.credit)
-            case NotifyFinal():
+            elif type(act) is NotifyFinal:
                 link = self.sub_links.get(act.sid)
                 if link is None:
-                    return
+                    continue
                 ctx = link.ctx
                 ctx.final_seq += 1
                 body = Message(subject=FINAL_SUBJECT, body=list(act.gids)).encode()
                 link.send(f"{FINAL_TAG_PREFIX}{ctx.final_seq}".encode(), body, settled=True)
-            case DetachLink():
+            elif type(act) is DetachLink:
                 dlink: Link = act.link
                 if self.sub_links.get(act.sid) is dlink:
                     self._forget_sub_link(dlink)
                 dlink.close(act.condition, act.description)
-            case (Forward() | SendAck() | SendFinal() | SendProbe() | Announce() | DeclarePublisher() | SendHold()
-                  | SendQuery() | SubmitOrder()):
+            elif isinstance(act, Forward | SendAck | SendFinal | SendProbe | Announce | DeclarePublisher | SendHold
+                            | SendQuery | SubmitOrder):
                 if self.mesh is not None:
                     self.mesh.perform(act)
                 elif not isinstance(act, Announce):  # a standalone router has nobody to tell of changes
                     raise TypeError(f"a standalone router cannot perform {act!r}")
-            case _:
+            else:
                 assert_never(act)
 
 

@@ -22,8 +22,6 @@ highest router for coordinator and it leads.
 
 from __future__ import annotations
 
-import heapq
-import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,12 +38,9 @@ from oncemesh.router.order.sequencer import (
     Unresolved,
     Wire,
 )
+from tests.sim.kernel import Network, Scheduler, Violation
 
 TICK = 0.05
-
-
-class Violation(AssertionError):
-    pass
 
 
 @dataclass
@@ -71,7 +66,9 @@ class Router:
 class OrderSim:
     def __init__(self, seed: int, *, duration: float = 20.0, settle: float = 10.0, gids: int | None = None) -> None:
         self.seed = seed
-        self.rng = rng = random.Random(seed)
+        self.k = Scheduler(seed)
+        self.rng = rng = self.k.rng
+        self.net = Network(self.k, per_link=False)
         self.n = rng.choice([3, 3, 4, 5, 5])
         self.ids = [chr(ord("A") + i) for i in range(self.n)]
         self.quorum = self.n // 2 + 1
@@ -86,15 +83,10 @@ class OrderSim:
         self.vote_crash = rng.choice([0.0, 0.01, 0.03])  # chance a router dies right after it votes
         self.profile = (f"N={self.n} compacting={self.compacting} slow={self.slow} spike={self.spike} "
                         f"quick_restart={self.quick_restart} suspicion={self.suspicion} vote_crash={self.vote_crash}")
-        self.now = 0.0
-        self.seq = 0
-        self.events: list[tuple[float, int, str, tuple[Any, ...]]] = []
         self.trace: deque[str] = deque(maxlen=80)
         self.routers = {r: Router(r, SequencerNode(r, self.ids, f"{r}.0", 0.0, bootstrap=True), f"{r}.0")
                         for r in self.ids}
         self.restarts = dict.fromkeys(self.ids, 0)
-        self.conn: dict[tuple[str, str], int] = {}
-        self.arrive: dict[tuple[str, str], float] = {}
         self.cuts: dict[frozenset[str], int] = {}
         self.num2gid: dict[int, str] = {}
         self.gid2num: dict[str, int] = {}
@@ -119,9 +111,12 @@ class OrderSim:
         self._detect_all(0.0)
 
     # ------------------------------------------------------------------ plumbing
+    @property
+    def now(self) -> float:
+        return self.k.now
+
     def _at(self, t: float, kind: str, *args: Any) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, kind, args))
+        self.k.at(t, getattr(self, f"_ev_{kind}"), *args)
 
     def _log(self, text: str) -> None:
         self.trace.append(f"{self.now:7.3f} {text}")
@@ -142,18 +137,13 @@ class OrderSim:
                 if a != b:
                     self._at(now + self.rng.uniform(0.05, 0.6), "detect", a, b)
 
-    def _reset(self, a: str, b: str) -> None:
-        self.conn[(a, b)] = self.conn.get((a, b), 0) + 1
-
     def _send(self, src: str, dst: str, wire: Wire) -> None:
         if self.cuts.get(frozenset((src, dst))) or not self.up(dst):
             return
         self.stats["msgs"] += 1
         spike = self.rng.random() < self.spike
         delay = self.rng.uniform(0.2, 1.5) if spike else self.rng.uniform(0.001, self.slow)
-        t = max(self.now + delay, self.arrive.get((src, dst), 0.0))
-        self.arrive[(src, dst)] = t
-        self._at(t, "msg", src, dst, self.conn.get((src, dst), 0), wire)
+        self.net.send(src, dst, delay, self._arrived, src, dst, wire)
 
     def _drain(self, r: Router) -> None:
         node = r.node
@@ -230,15 +220,7 @@ class OrderSim:
 
     # ------------------------------------------------------------------ run
     def run(self) -> OrderSim:
-        end = self.duration + self.settle
-        steps = 0
-        while self.events and self.events[0][0] <= end:
-            t, _, kind, args = heapq.heappop(self.events)
-            self.now = t
-            steps += 1
-            if steps > 400_000:
-                self.fail("runaway simulation")
-            getattr(self, f"_ev_{kind}")(*args)
+        self.k.run(until=self.duration + self.settle, max_steps=400_000, runaway=True)
         self.check_end()
         return self
 
@@ -267,9 +249,7 @@ class OrderSim:
             node.submit(item[1], self.now)
         self._drain(r)
 
-    def _ev_msg(self, src: str, dst: str, conn: int, wire: Wire) -> None:
-        if conn != self.conn.get((src, dst), 0):
-            return
+    def _arrived(self, src: str, dst: str, wire: Wire) -> None:
         self._log(f"{src}->{dst} {type(wire.body).__name__} life={wire.life}")
         self._input(self.routers[dst], ("msg", src, wire))
 
@@ -350,8 +330,8 @@ class OrderSim:
             for p in pairs:
                 self.cuts[p] = self.cuts.get(p, 0) + 1
                 a, b = tuple(p)
-                self._reset(a, b)
-                self._reset(b, a)
+                self.net.reset(a, b)
+                self.net.reset(b, a)
             self._at(self.now + rng.uniform(0.2, 1.0) * (3 if self.rate > 0.3 else 1), "heal_cut", pairs)
             self._detect_all(self.now)
 
@@ -363,15 +343,10 @@ class OrderSim:
         r.node, r.frozen_until, r.last = None, None, None
         r.inbox.clear()
         for o in self.ids:
-            self._reset(o, victim)
+            self.net.reset(o, victim)
         if self.rng.random() < 0.5:  # what it sent before dying crawls in late (order kept per channel)
             lag = {o: self.rng.uniform(0.1, 1.0) for o in self.ids}
-            self.events = [(t + lag[a[1]], q, k, a) if k == "msg" and a[0] == victim else (t, q, k, a)
-                           for t, q, k, a in self.events]
-            heapq.heapify(self.events)
-            for o in self.ids:
-                if (victim, o) in self.arrive:
-                    self.arrive[(victim, o)] += lag[o]
+            self.net.delay_sent(victim, lag)
         self._detect_all(self.now)
 
     def _ev_restart(self, victim: str) -> None:

@@ -26,8 +26,6 @@ holds a record.
 
 from __future__ import annotations
 
-import heapq
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,14 +54,12 @@ from oncemesh.router.actions import (
 )
 from oncemesh.router.core import CoreConfig, DeliveryCore, SubscriberAttach
 from oncemesh.router.subscriptions import SubscriptionTable
+from tests.sim.kernel import Network as KernelNetwork
+from tests.sim.kernel import Scheduler, Violation
 
 TOPIC = "t"
 HELLO = 0.5
 DEAD_AFTER = 1.5
-
-
-class Violation(AssertionError):
-    pass
 
 
 @dataclass
@@ -258,48 +254,45 @@ class SimRouter:
 
 # ---------------------------------------------------------------------- network
 class Network:
+    """The links of the topology over the kernel's network: a link is up or not (cut: it stays down),
+    frames go only over an up link, and a reset loses what was in flight on it."""
+
     def __init__(self, sim: Simulation, graph: nx.Graph) -> None:
         self.sim = sim
         self.graph = graph
         self.cut: set[frozenset[str]] = set()
-        self.conn: dict[frozenset[str], int] = {}  # live connection id per link
         self.up: dict[frozenset[str], bool] = {}
-        self.last: dict[tuple[str, str], float] = {}
-        self.next_conn = 0
-        self.frames = 0
+        self.wire = KernelNetwork(sim.k, per_link=True)
         self.loss = 0.0
+
+    @property
+    def frames(self) -> int:
+        return self.wire.frames
 
     def key(self, a: str, b: str) -> frozenset[str]:
         return frozenset((a, b))
 
     def send(self, frm: str, to: str, frame: bytes) -> None:
-        k = self.key(frm, to)
-        cid = self.conn.get(k)
-        if cid is None or not self.up.get(k):
+        if not self.up.get(self.key(frm, to)):
             return
-        delay = self.sim.rng.uniform(0.0005, 0.004)
-        at = max(self.sim.now + delay, self.last.get((frm, to), 0.0))
-        self.last[(frm, to)] = at
-        self.frames += 1
-        self.sim.schedule_at(at, lambda: self.deliver(frm, to, frame, cid))
+        at = self.wire.send(frm, to, self.sim.rng.uniform(0.0005, 0.004), self.deliver, frm, to, frame)
         if self.loss and self.sim.rng.random() < self.loss:
             self.sim.schedule_at(at, lambda: self.reset(frm, to))  # a reset: this frame and the rest lost
 
-    def deliver(self, frm: str, to: str, frame: bytes, cid: int) -> None:
-        k = self.key(frm, to)
-        if self.conn.get(k) != cid or not self.up.get(k):
-            return
+    def deliver(self, frm: str, to: str, frame: bytes) -> bool:
+        if not self.up.get(self.key(frm, to)):
+            return True
         r = self.sim.routers[to]
         if not r.alive:
-            return
+            return True
         if r.frozen:  # the kernel buffers it; delivered when it thaws (unless the connection dies)
-            self.sim.schedule(0.05, lambda: self.deliver(frm, to, frame, cid))
-            return
+            return False
         try:
             r.node.frame(frm, frame, self.sim.now)
         except FrameError as exc:
             raise Violation(f"router {to} could not read a frame from {frm}: {exc}") from None
         r.process()
+        return True
 
     def reset(self, a: str, b: str) -> None:
         """The connection a-b breaks (both ends notice at once, as with a TCP reset)."""
@@ -307,7 +300,7 @@ class Network:
         if not self.up.get(k):
             return
         self.up[k] = False
-        self.conn.pop(k, None)
+        self.wire.reset(a, b)
         for x, y in ((a, b), (b, a)):
             r = self.sim.routers[x]
             if r.alive and not r.frozen:
@@ -322,8 +315,6 @@ class Network:
             if not self.up.get(k):
                 self.sim.schedule(0.2, lambda: self.try_connect(a, b))
             return
-        self.next_conn += 1
-        self.conn[k] = self.next_conn
         self.up[k] = True
         ra.node.peer_up(b, str(rb.incarnation), self.sim.now)
         rb.node.peer_up(a, str(ra.incarnation), self.sim.now)
@@ -368,10 +359,8 @@ class Simulation:
                  faults: Faults | None = None, duration: float = 20.0, total: bool | str = False,
                  causal: bool = False) -> None:
         self.seed = seed
-        self.rng = random.Random(seed)
-        self.now = 1000.0
-        self.events: list[tuple[float, int, Callable[[], None]]] = []
-        self.seq = 0
+        self.k = Scheduler(seed, start=1000.0)
+        self.rng = self.k.rng
         self.faults = faults or Faults()
         self.duration = duration
         # the topic in total order ("sequencer" or "lamport"; True: "sequencer") instead of FIFO ("")
@@ -415,12 +404,15 @@ class Simulation:
         self.watch: set[str] | None = None  # ids whose core events go into the log (debugging)
 
     # -- scheduling -------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.k.now
+
     def schedule(self, delay: float, fn: Callable[[], None]) -> None:
-        self.schedule_at(self.now + delay, fn)
+        self.k.after(delay, fn)
 
     def schedule_at(self, at: float, fn: Callable[[], None]) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (at, self.seq, fn))
+        self.k.at(at, fn)
 
     def client_event(self, fn: Callable[[], None], link: object = None) -> None:
         """Something reaches a client after a random delay; on one link (a TCP connection) in the
@@ -447,14 +439,7 @@ class Simulation:
         for p in self.pubs:
             self.schedule(self.rng.uniform(0.5, 2.0), lambda p=p: self.pub_connect(p))
         self.schedule(0.1, self.chaos)
-        n = 0
-        while self.events and n < max_events:
-            at, _, fn = heapq.heappop(self.events)
-            self.now = at
-            fn()
-            n += 1
-            if self.healed and self.now > self.heal_at + 5 and self.quiet():
-                break
+        self.k.run(max_steps=max_events, stop=lambda: self.healed and self.now > self.heal_at + 5 and self.quiet())
         self.final_checks()
 
     def quiet(self) -> bool:

@@ -23,9 +23,7 @@ ONCEMESH_ORDER_SEED=N pytest tests/sim/test_order_lamport_sim.py -k replay -s
 
 from __future__ import annotations
 
-import heapq
 import os
-import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,15 +40,12 @@ from oncemesh.router.order.lamport import (
     Send,
     ViewInstalled,
 )
+from tests.sim.kernel import Network, Scheduler, Violation, env_seed, env_seeds, judged
 
 FD_DELAY = 0.02
 RESEND = 0.4
 TICK = 0.1
 SETTLE = 40.0
-
-
-class Violation(AssertionError):
-    pass
 
 
 @dataclass
@@ -64,7 +59,9 @@ class Publisher:
 class LamportSim:
     def __init__(self, seed: int, faults: bool = True, duration: float = 8.0) -> None:
         self.seed = seed
-        self.rng = rng = random.Random(seed)
+        self.k = Scheduler(seed)
+        self.rng = rng = self.k.rng
+        self.net = Network(self.k, per_link=True)  # a link that changes state loses what is in flight
         self.faults = faults
         self.fault_run = faults
         self.duration = duration
@@ -74,11 +71,6 @@ class LamportSim:
         self.alive = {r: True for r in self.ids}
         self.dying: set[str] = set()
         self.group = {r: 0 for r in self.ids}
-        self.epoch: dict[frozenset[str], int] = {}
-        self.fifo: dict[tuple[str, str], float] = {}
-        self.events: list[tuple[float, int, str, tuple[Any, ...]]] = []
-        self.n = 0
-        self.now = 0.0
         self.seqs: dict[tuple[str, int], list[str]] = {(r, 0): [] for r in self.ids}
         self.seen: dict[tuple[str, int], set[str]] = {(r, 0): set() for r in self.ids}
         self.gapped: set[tuple[str, int]] = set()
@@ -92,9 +84,12 @@ class LamportSim:
         self.partitions = 0
 
     # -- scheduling -------------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.k.now
+
     def at(self, t: float, kind: str, *args: Any) -> None:
-        self.n += 1
-        heapq.heappush(self.events, (t, self.n, kind, args))
+        self.k.at(t, getattr(self, f"_ev_{kind}"), *args)
 
     def connected(self, a: str, b: str) -> bool:
         return self.alive[a] and self.alive[b] and self.group[a] == self.group[b]
@@ -107,8 +102,7 @@ class LamportSim:
             now_up = self.connected(a, b)
             if was == now_up:
                 continue
-            link = frozenset((a, b))
-            self.epoch[link] = self.epoch.get(link, 0) + 1  # what was in flight is lost
+            self.net.reset(a, b)
             for x, y in ((a, b), (b, a)):
                 if self.alive[x]:
                     self.at(self.now + FD_DELAY, "fd", x, self.inc[x], y, self.inc[y] if now_up else None)
@@ -199,10 +193,7 @@ class LamportSim:
         for a in actions:
             if isinstance(a, Send):
                 if self.connected(r, a.to):
-                    ch = (r, a.to)
-                    t = max(self.fifo.get(ch, 0.0), self.now + self.rng.uniform(0.001, 0.03))
-                    self.fifo[ch] = t
-                    self.at(t, "msg", r, a.to, self.epoch.get(frozenset(ch), 0), a.msg)
+                    self.net.send(r, a.to, self.rng.uniform(0.001, 0.03), self._arrived, r, a.to, a.msg)
             elif isinstance(a, Deliver):
                 if a.gid in self.seen[key]:
                     raise Violation(f"{r}#{key[1]} delivered {a.gid} twice")
@@ -244,54 +235,53 @@ class LamportSim:
                 if gid not in p.answered:
                     self.perform(p.router, self.nodes[p.router].publish(gid, gid.encode(), self.now))
 
-    def step(self) -> None:
-        t, _, kind, args = heapq.heappop(self.events)
-        self.now = t
-        if kind in ("msg", "fd", "tick") and (args[1] if kind == "msg" else args[0]) in self.dying:
-            if kind == "tick":
-                self.at(t + TICK, "tick", args[0])
-            return  # a dead process handles nothing
-        if kind == "die":
-            self.dying.discard(args[0])
-            self.crash(args[0], "(after its last frames)")
-        elif kind == "msg":
-            a, b, epoch, msg = args
-            if self.connected(a, b) and self.epoch.get(frozenset((a, b)), 0) == epoch:
-                self.perform(b, self.nodes[b].handle(a, msg, t))
-        elif kind == "fd":
-            r, inc, peer, peer_inc = args
-            if self.alive[r] and self.inc[r] == inc:
-                node = self.nodes[r]
-                self.perform(r, node.member_down(peer, t) if peer_inc is None else node.member_up(peer, peer_inc, t))
-        elif kind == "tick":
-            (r,) = args
-            if self.alive[r]:
-                self.perform(r, self.nodes[r].tick(t))
-            self.at(t + TICK, "tick", r)
-        elif kind == "publish":
-            p, gid = args
-            p.gids.append(gid)
-            self.published += 1
-            self.resend(p)
-        elif kind == "resend":
-            p = args[0]
-            self.resend(p)
-            if len(args) == 1:
-                self.at(t + RESEND, "resend", p)
-        elif kind == "fault":
-            self.fault(args[0])
-        elif kind == "restart":
-            self.restart(args[0])
-        elif kind == "unpartition":
-            self.log("heal partition")
-            self.link_changes(lambda: self.group.update({r: 0 for r in self.ids}))
-        elif kind == "heal":
-            self.faults = False
-            self.log("faults stop")
-            self.link_changes(lambda: self.group.update({r: 0 for r in self.ids}))
-            for r in self.ids:
-                if not self.alive[r]:
-                    self.at(t, "restart", r)
+    # -- events (a dying process handles nothing: what it computed never leaves it) -----------------
+    def _arrived(self, a: str, b: str, msg: Any) -> None:
+        if b not in self.dying and self.connected(a, b):
+            self.perform(b, self.nodes[b].handle(a, msg, self.now))
+
+    def _ev_die(self, r: str) -> None:
+        self.dying.discard(r)
+        self.crash(r, "(after its last frames)")
+
+    def _ev_fd(self, r: str, inc: int, peer: str, peer_inc: int | None) -> None:
+        if r not in self.dying and self.alive[r] and self.inc[r] == inc:
+            node = self.nodes[r]
+            self.perform(r, node.member_down(peer, self.now) if peer_inc is None
+                         else node.member_up(peer, peer_inc, self.now))
+
+    def _ev_tick(self, r: str) -> None:
+        if r not in self.dying and self.alive[r]:
+            self.perform(r, self.nodes[r].tick(self.now))
+        self.at(self.now + TICK, "tick", r)
+
+    def _ev_publish(self, p: Publisher, gid: str) -> None:
+        p.gids.append(gid)
+        self.published += 1
+        self.resend(p)
+
+    def _ev_resend(self, p: Publisher, again: bool = True) -> None:
+        self.resend(p)
+        if again:
+            self.at(self.now + RESEND, "resend", p)
+
+    def _ev_fault(self, kind: str) -> None:
+        self.fault(kind)
+
+    def _ev_restart(self, r: str) -> None:
+        self.restart(r)
+
+    def _ev_unpartition(self) -> None:
+        self.log("heal partition")
+        self.link_changes(lambda: self.group.update({r: 0 for r in self.ids}))
+
+    def _ev_heal(self) -> None:
+        self.faults = False
+        self.log("faults stop")
+        self.link_changes(lambda: self.group.update({r: 0 for r in self.ids}))
+        for r in self.ids:
+            if not self.alive[r]:
+                self.at(self.now, "restart", r)
 
     def settled(self) -> bool:
         if self.now < self.duration or any(not a for a in self.alive.values()):
@@ -305,8 +295,8 @@ class LamportSim:
 
     def run(self) -> None:
         self.schedule()
-        while self.events and self.now < self.duration + SETTLE:
-            self.step()
+        while self.k.pending() and self.now < self.duration + SETTLE:
+            self.k.step()
             if self.now >= self.duration and self.settled():
                 break
         self.check()
@@ -364,21 +354,13 @@ def replay_command(seed: int, faults: bool) -> str:
 
 def simulate(seed: int, faults: bool = True) -> LamportSim:
     sim = LamportSim(seed, faults=faults)
-    try:
-        sim.run()
-    except Violation as exc:
-        raise AssertionError(f"seed {seed} (faults={faults}): {exc}\nreplay: {replay_command(seed, faults)}\n"
-                             f"{sim.describe()}") from None
+    judged(sim.run, what=f"seed {seed} (faults={faults})", replay=replay_command(seed, faults), describe=sim.describe)
     return sim
-
-
-def seeds(default: int) -> range:
-    return range(1, int(os.environ.get("ONCEMESH_ORDER_SEEDS", default)) + 1)
 
 
 def test_total_order_without_faults_costs_r_times_r_minus_1() -> None:
     """No faults: every router delivers the same sequence, at exactly R(R-1) frames per message."""
-    for seed in seeds(40):
+    for seed in env_seeds(40):
         sim = simulate(100_000 + seed, faults=False)
         assert sim.view_changes == 0 and sim.published > 0
 
@@ -386,15 +368,15 @@ def test_total_order_without_faults_costs_r_times_r_minus_1() -> None:
 def test_total_order_under_crashes_and_partitions() -> None:
     """Crashes with amnesia, restarts, partitions: one order, no duplicate, everything delivered."""
     restarts = partitions = changes = 0
-    for seed in seeds(300):
+    for seed in env_seeds(300):
         sim = simulate(seed)
         restarts, partitions, changes = restarts + sim.restarts, partitions + sim.partitions, changes + sim.view_changes
     assert restarts and partitions and changes  # the faults did happen and force view changes
 
 
 def test_replay() -> None:
-    seed = os.environ.get("ONCEMESH_ORDER_SEED")
+    seed = env_seed()
     if seed is None:
         pytest.skip("set ONCEMESH_ORDER_SEED=N to replay one simulation")
-    sim = simulate(int(seed), faults=os.environ.get("ONCEMESH_ORDER_FAULTS", "1") != "0")
+    sim = simulate(seed, faults=os.environ.get("ONCEMESH_ORDER_FAULTS", "1") != "0")
     print(sim.describe())

@@ -7,12 +7,12 @@ a failing seed prints that command.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
-from tests.sim.order_sequencer_sim import OrderSim, Violation
+from tests.sim.kernel import env_seed, env_seeds, judged
+from tests.sim.order_sequencer_sim import OrderSim
 
 
 def replay_command(seed: int) -> str:
@@ -22,13 +22,7 @@ def replay_command(seed: int) -> str:
 
 def simulate(seed: int) -> OrderSim:
     sim = OrderSim(seed)
-    try:
-        sim.run()
-    except Violation as exc:
-        raise AssertionError(f"seed {seed}: {exc}\nreplay: {replay_command(seed)}\n{sim.describe()}") from None
-    except Exception as exc:  # the core raised: report the seed all the same
-        raise AssertionError(f"seed {seed}: {type(exc).__name__}: {exc}\nreplay: {replay_command(seed)}\n"
-                             f"{sim.describe()}") from exc
+    judged(sim.run, what=f"seed {seed}", replay=replay_command(seed), describe=sim.describe, crashes=True)
     return sim
 
 
@@ -36,10 +30,11 @@ def test_order_sequencer_seeds() -> None:
     """Crashes (amnesia, often of the leader), freezes, partitions, random delays: every seed keeps one
     number per gid and one gid per number, the same gap-free order everywhere; after healing,
     everything is numbered and delivered everywhere under the highest router as coordinator."""
-    n = int(os.environ.get("ONCEMESH_ORDER_SEEDS", "300"))
+    seeds = env_seeds(300)
+    n = len(seeds)
     totals: dict[str, int] = {}
     start = time.monotonic()
-    for seed in range(1, n + 1):
+    for seed in seeds:
         sim = simulate(seed)
         for k, v in sim.stats.items():
             totals[k] = totals.get(k, 0) + v
@@ -49,8 +44,8 @@ def test_order_sequencer_seeds() -> None:
 
 
 def test_replay() -> None:
-    seed = os.environ.get("ONCEMESH_ORDER_SEED")
+    seed = env_seed()
     if seed is None:
         pytest.skip("set ONCEMESH_ORDER_SEED=N to replay one seed")
-    sim = simulate(int(seed))
+    sim = simulate(seed)
     print(sim.describe())

@@ -11,7 +11,8 @@ from __future__ import annotations
 import networkx as nx
 import pytest
 
-from tests.sim.simulator import Faults, Simulation, Violation
+from tests.sim.kernel import judged
+from tests.sim.simulator import Faults, Simulation
 
 TOPOLOGIES: dict[str, list[tuple[str, str, float]]] = {
     "line3": [("A", "B", 1), ("B", "C", 1)],
@@ -32,15 +33,12 @@ def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messa
              total: bool | str = False, causal: bool = False) -> Simulation:
     sim = Simulation(seed, graph(topology), faults=Faults.parse(faults), duration=duration, messages=messages,
                      total=total, causal=causal)
-    try:
-        sim.run()
-    except Violation as exc:
-        cmd = (f"pytest tests/sim -k replay --sim-seed {seed} --sim-topology {topology} "
-               f"--sim-faults {faults or 'none'} --sim-duration {duration:g} --sim-messages {messages}"
-               + (" --sim-lamport" if total == "lamport" else " --sim-total" if total else "")
-               + (" --sim-causal" if causal else ""))
-        raise AssertionError(f"seed {seed} on {topology} with faults [{faults}]: {exc}\n"
-                             f"replay: {cmd}\nlast events:\n{sim.describe()}") from None
+    cmd = (f"pytest tests/sim -k replay --sim-seed {seed} --sim-topology {topology} "
+           f"--sim-faults {faults or 'none'} --sim-duration {duration:g} --sim-messages {messages}"
+           + (" --sim-lamport" if total == "lamport" else " --sim-total" if total else "")
+           + (" --sim-causal" if causal else ""))
+    judged(sim.run, what=f"seed {seed} on {topology} with faults [{faults}]", replay=cmd,
+           describe=lambda: "last events:\n" + sim.describe())
     return sim
 
 
