@@ -426,7 +426,8 @@ class Subscriber:
             if not self._closing:
                 # our current link was taken by an attach of this subscription at another router that
                 # the router heard of only now: an earlier, killed process of ours whose resume was
-                # announced late (chaos line3, seed 8: a router frozen meanwhile), or a second live
+                # announced late (a router frozen meanwhile: test_single_router.py::
+                # test_a_subscriber_whose_link_was_taken_attaches_again_and_goes_on), or a second live
                 # client with our container id and link name. We are alive: attach again (the newest
                 # attach wins), after a pause that doubles while it keeps happening
                 self._steals += 1

@@ -192,8 +192,9 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                     self._causal_note(client, group, g, t, ())
         self.pub_links[token] = pl
         # the newest attach of a link name supersedes older ones still open here (their connections
-        # not yet noticed dead, e.g. after a freeze): only its declaration is evidence (chaos mesh4
-        # seed 21: an older declaration, made before a message existed, took it for settled)
+        # not yet noticed dead, e.g. after a freeze): only its declaration is evidence (an older
+        # declaration, made before a message existed, took it for settled; regression test:
+        # test_core.py::test_an_older_link_of_the_same_publisher_is_no_evidence_of_settlement)
         self.newest_link[plid] = pl
         if in_doubt is not None:
             gids = {global_id(plid, t) for t in in_doubt}

@@ -34,7 +34,8 @@ class Handing:
     def _ask_ahead(self: DeliveryCore, rt: SubRuntime, topic: str, n: int) -> None:
         """The walk waits at number `n` for the mesh's answer about a message whose publisher left
         us: ask now about the next ones in the same case too, so that their answers come meanwhile
-        (one at a time, a backlog of them took `stale_wait` each: chaos triangle, seed 11)."""
+        (one at a time, a backlog of them took `stale_wait` each; regression test:
+        test_core_total.py::test_a_backlog_whose_publisher_left_is_asked_about_at_once_not_one_by_one)."""
         seq_of = self.total[topic].seq
         sid = rt.sid
         for k in range(n + 1, n + 1 + ASK_AHEAD):
@@ -321,8 +322,8 @@ class Handing:
     def _await(self: DeliveryCore, gid: str) -> bool:
         """A predecessor unknown here: ask the mesh whether it is final (a FINAL answer makes it
         known). Returns True when there is nobody to wait for: its publisher is attached here and
-        settled it (nobody else may remember it: causal seed 194), a standalone router (it would be
-        here), or nobody answered for longer than we remember finals."""
+        settled it (nobody else may remember it; test_sim.py::test_causal_order_regressions), a
+        standalone router (it would be here), or nobody answered for longer than we remember finals."""
         if self._settled_by_local_publisher(gid):
             return True
         now = self._now

@@ -42,7 +42,8 @@ def declared_settled(in_doubt: set[str], mark: int | None, gid: str) -> bool:
     """Does a publisher's declaration (what it held in doubt when it attached, and the next
     sequence number it would use then) say it settled `gid`? Only what it had published by then
     and no longer holds in doubt: a message published after the declaration is not in it either
-    (a frozen router that comes back holds an old attach: chaos mesh4, the known limit of stop 9)."""
+    (a frozen router that comes back holds an old attach; regression test:
+    test_core.py::test_a_declaration_says_nothing_of_messages_published_after_it)."""
     if gid in in_doubt:
         return False
     if mark is None:

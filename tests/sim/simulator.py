@@ -5,8 +5,9 @@ and the faults are simulated from one seed, so a failing run replays exactly:
 
     pytest tests/sim -k replay --sim-seed N [--sim-faults kill,freeze,partition,loss]
 
-The network: per directed link a FIFO with random delay; a connection has an id, and frames of a
-connection that broke are never delivered on the next one (TCP). Faults: router crash and restart
+The network (the kernel's, tests/sim/kernel.py): per directed link a FIFO with random delay; a
+connection has a number, and frames of a connection that broke are never delivered on the next one
+(TCP). Faults: router crash and restart
 (only the subscription table survives), freeze (no processing; peers time it out), link cuts
 (partitions), connection resets (what is in flight is lost).
 

@@ -459,8 +459,8 @@ def test_an_older_link_of_the_same_publisher_is_no_evidence_of_settlement() -> N
 
 
 def test_a_declaration_says_nothing_of_messages_published_after_it() -> None:
-    """The known limit of stop 9: a frozen router that comes back still holds an old attach of a
-    publisher. Its declaration (nothing in doubt then) must not make it answer FINAL for a message
+    """A frozen router that comes back still holds an old attach of a publisher (found in chaos runs
+    on mesh4 with freezes). Its declaration (nothing in doubt then) must not make it answer FINAL for a message
     the publisher published later, elsewhere: only what came before the declaration's mark."""
     h = Harness()
     h.core.reachable = {"R": "", "S": ""}
