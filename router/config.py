@@ -39,6 +39,8 @@ class RouterConfig:
     max_connections: int = 20_000
     log_flush_interval: float = 0.2
     tick_interval: float = 0.5
+    loop_lag_window: float = 60.0  # seconds summarised per loop-lag report (status, log)
+    loop_stall: float = 0.5  # a loop lag or GC pause this long is logged at once
     core: CoreConfig = field(default_factory=CoreConfig)
     peers_dir: Path | None = None  # where port-0 peers publish their bound inter-router address
 

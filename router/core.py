@@ -65,6 +65,7 @@ from .actions import (
     SettlePublisher,
     SubmitOrder,
 )
+from .finals import FinalMemory
 from .handing import Handing
 from .meshside import MeshSide
 from .order.total import TotalStream, start_key
@@ -115,6 +116,7 @@ class CoreConfig:
     copy_retry: float = 2.0  # an origin re-sends a copy its destination has not confirmed after this long
     stale_wait: float = 0.5  # a record whose publisher left asks the mesh this long before handing it over
     final_memory: float = 300.0  # seconds a router remembers a final gid (late copies and presenters)
+    final_memory_gids: int = 1_000_000  # at most this many final gids remembered (the oldest go first)
     final_notify_batch: int = 256
     # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
     # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
@@ -140,7 +142,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.pub_links: dict[Any, PubLink] = {}
         self.pub_of: dict[Any, tuple[PubLink, str]] = {}  # publisher delivery token -> (link, gid)
         self.placeholders: dict[str, dict[str, float]] = {}  # gid -> {sid: since}
-        self.recent_final: dict[str, float] = {}  # gid -> when it became final here (in order)
+        self.recent_final = FinalMemory(self.cfg.final_memory_gids)  # gid -> when it became final here
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
@@ -476,7 +478,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             tell.discard(me)
             for router in sorted(tell):
                 self.out.append(SendFinal(router, gid))
-        self.recent_final[gid] = now  # late copies and late presenters learn it is final
+        self.recent_final.add(gid, now)  # late copies and late presenters learn it is final
         if gid in self.placeholders:  # other subscriptions here that hold it without a part in it
             self._placeholder_final(gid)
         self.log.append(("settled", gid, rec.topic, None, None))

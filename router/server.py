@@ -9,6 +9,7 @@ on that link or connection and a log line; the router and all other traffic carr
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import math
@@ -65,6 +66,7 @@ from .actions import (
 )
 from .config import RouterConfig
 from .core import DeliveryCore, SubscriberAttach
+from .looplag import LagSummary, LoopLag
 from .meshport import MeshPort
 from .subscriptions import SubscriptionStore, SubscriptionTable
 
@@ -166,6 +168,9 @@ class Router:
         self._saved_version = -1
         self._drain_scheduled = False
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._tick_due = 0.0  # loop time the tick was asked for: how late it runs is the loop's lag
+        self.lag = LoopLag(cfg.loop_lag_window, cfg.loop_stall)
+        self._gc_started = 0.0
         self._stopped = asyncio.Event()
         self._pending_opens: list[Link] = []
         self._status_written = 0.0
@@ -188,6 +193,7 @@ class Router:
         if self.mesh is not None:
             await self.mesh.start(engine)
         self._schedule_tick()
+        gc.callbacks.append(self._on_gc)
         self.write_ready_file()
         log.info("router.started id=%s incarnation=%s listen=%s:%d", self.id, self.incarnation, *self.bound)
 
@@ -198,21 +204,28 @@ class Router:
                                 "url": f"amqp://{self.bound[0]}:{self.bound[1]}",
                                 "peers": [], "converged": True, "updated": time.time(),
                                 "stats": {**self.core.stats(), "connections": len(self.connections),
-                                          "rss_kb": _rss_kb()}}
+                                          "rss_kb": _rss_kb(), **self._lag_fields()}}
         if self.mesh is not None:
             info.update(self.mesh.ready_info())
         return info
 
-    def _maybe_write_status(self) -> None:
+    def _lag_fields(self) -> dict[str, float]:
+        """Loop lag for the status: the last complete minute (the minute so far before the first),
+        and the worst since start."""
+        return {**(self.lag.last or self.lag.current()).fields(), "loop_lag_worst_ms": round(self.lag.worst_ms, 1)}
+
+    def _maybe_write_status(self, force: bool = False) -> None:
         """Refresh the ready/status file (with delivery statistics) about once a second."""
         now = time.monotonic()
-        if now - self._status_written < 0.5:
+        if now - self._status_written < 0.5 and not force:
             return
         self._status_written = now
         info = self.ready_info()
         info.pop("updated", None)
-        info.get("stats", {}).pop("rss_kb", None)
-        if info != self._last_stats:
+        stats = info.get("stats", {})
+        for k in ("rss_kb", *self._lag_fields()):  # (these alone change all the time)
+            stats.pop(k, None)
+        if info != self._last_stats or force:
             self._last_stats = info
             self.write_ready_file()
 
@@ -250,6 +263,8 @@ class Router:
                 conn.sock.close()
         if self._tick_handle:
             self._tick_handle.cancel()
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         self._save_table(force=True)
         self.slog.write("router_stopped", time.time())
         self.slog.close()
@@ -273,10 +288,40 @@ class Router:
     # ------------------------------------------------------------------ time
     def _schedule_tick(self) -> None:
         loop = asyncio.get_running_loop()
+        self._tick_due = loop.time() + self.cfg.tick_interval
         self._tick_handle = loop.call_later(self.cfg.tick_interval, self._on_tick)
+
+    def _measure_lag(self) -> bool:
+        """How late this tick runs. Returns True when a minute's summary was completed."""
+        lag = asyncio.get_running_loop().time() - self._tick_due
+        done, stall = self.lag.sample(lag, time.monotonic())
+        if stall:
+            log.warning("router.loop_stall lag_ms=%.0f (the event loop ran nothing else meanwhile; past "
+                        "idle_timeout=%gs connections close)", lag * 1000, self.cfg.idle_timeout)
+        if done is not None:
+            self._log_lag(done)
+        return done is not None
+
+    def _log_lag(self, s: LagSummary) -> None:
+        log.info("router.loop_lag window_s=%g samples=%d max_ms=%.1f p99_ms=%.1f gc_pause_max_ms=%.1f",
+                 self.lag.window, s.samples, s.max_ms, s.p99_ms, s.gc_max_ms)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        """gc.callbacks: time every collection (a long one is a stall no code path explains)."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._gc_started
+        done = self.lag.gc_pause(pause, time.monotonic())
+        if pause >= self.lag.stall:
+            log.warning("router.gc_pause ms=%.0f generation=%s collected=%s", pause * 1000,
+                        info.get("generation"), info.get("collected"))
+        if done is not None:
+            self._log_lag(done)
 
     def _on_tick(self) -> None:
         try:
+            window_done = self._measure_lag()
             now = time.time()
             if self.mesh is not None:
                 self.mesh.tick(now)  # ticks the core too (expiry only while the mesh is whole)
@@ -284,7 +329,7 @@ class Router:
                 self.core.tick(now)
             self.drain()
             self.slog.flush()
-            self._maybe_write_status()
+            self._maybe_write_status(force=window_done)
         except Exception:  # supervision point for timers
             log.exception("router.tick_failed")
         self._schedule_tick()

@@ -84,18 +84,14 @@ class Sweeps:
 
     def _sweep_forgotten(self: DeliveryCore, now: float) -> None:
         """Forget what is older than `final_memory`: who held a copy, the predecessors we waited
-        for, and finals (the oldest first; at most a million remembered)."""
+        for, and finals (the oldest first; at most `final_memory_gids` remembered)."""
         forget = now - self.cfg.final_memory
         for gid in [g for g, rs in self.held_for.items() if max(rs.values()) < forget]:
             del self.held_for[gid]
         for gid in [g for g, (first, _) in self.awaited.items()
                     if g in self.records or g in self.recent_final or first < forget]:
             del self.awaited[gid]
-        while self.recent_final:
-            gid, t = next(iter(self.recent_final.items()))
-            if t >= forget and len(self.recent_final) <= 1_000_000:
-                break
-            del self.recent_final[gid]
+        self.recent_final.forget(forget)  # (one step per gid forgotten: router/finals.py)
 
     def _sweep_parked(self: DeliveryCore, now: float) -> None:
         """Deliveries parked while we asked about them: pump the links that have credit."""

@@ -98,6 +98,7 @@ class RouterStatus:
     converged: bool = False
     started: float | None = None  # wall-clock time the launcher started it
     order: dict[str, Any] | None = None  # per total-order topic: its sequencer as this router sees it
+    loop_lag_ms: tuple[float, float] | None = None  # event-loop lag, max and p99 of the last minute
 
     @property
     def alive(self) -> bool:
@@ -306,7 +307,8 @@ class Mesh:
             router_id, RouterState.FROZEN if proc.state in ("T", "t") else RouterState.RUNNING, pid,
             url=ready.get("url"), listen=ready.get("listen"), inter_router=ready.get("inter_router"),
             incarnation=ready.get("incarnation"), peers=tuple(sorted(ready.get("peers", ()))),
-            converged=bool(ready.get("converged")), started=started, order=ready.get("order") or None)
+            converged=bool(ready.get("converged")), started=started, order=ready.get("order") or None,
+            loop_lag_ms=_lag_of(ready.get("stats") or {}))
 
     def _ids(self, st: dict[str, Any]) -> list[str]:
         """The topology's routers, and any other this state dir started that still runs (e.g. one
@@ -781,13 +783,21 @@ def _alive_text(s: RouterStatus) -> str:
             RouterState.DEAD: "no (dead)", RouterState.STOPPED: "no (stopped)"}[s.state]
 
 
+def _lag_of(stats: dict[str, Any]) -> tuple[float, float] | None:
+    if "loop_lag_max_ms" not in stats:
+        return None
+    return (float(stats["loop_lag_max_ms"]), float(stats.get("loop_lag_p99_ms", 0.0)))
+
+
 def format_table(statuses: list[RouterStatus]) -> str:
-    rows = [("ID", "PID", "URL", "ALIVE", "PEERS", "INCARNATION")]
+    rows = [("ID", "PID", "URL", "ALIVE", "PEERS", "LOOP LAG MAX/P99", "INCARNATION")]
     for s in statuses:
         peers = ",".join(s.peers) if s.peers else "-"
         if s.state is RouterState.RUNNING and not s.converged:
             peers += " (converging)"
-        rows.append((s.id, str(s.pid) if s.pid else "-", s.url or "-", _alive_text(s), peers, s.incarnation or "-"))
+        lag = f"{s.loop_lag_ms[0]:.0f}/{s.loop_lag_ms[1]:.0f} ms" if s.loop_lag_ms else "-"
+        rows.append((s.id, str(s.pid) if s.pid else "-", s.url or "-", _alive_text(s), peers, lag,
+                     s.incarnation or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 

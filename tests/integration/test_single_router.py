@@ -10,6 +10,7 @@ import asyncio
 import json
 import signal
 import subprocess
+import time
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -356,3 +357,27 @@ async def wait_until(cond: Any, timeout: float) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError("condition not met")
         await asyncio.sleep(0.02)
+
+
+def test_the_router_reports_a_stall_of_its_event_loop_in_its_log_and_status(make_router: Any) -> None:
+    """A router frozen for a while (SIGSTOP: the event loop runs nothing) reports the lag at once in
+    its log, then in the window's summary, and in its status."""
+    r: RouterProcess = make_router("LAG", settings={"loop_lag_window": 1.0, "loop_stall": 0.3})
+    log = r.log_dir / "LAG.router.log"
+    wait_for(lambda: r.stats().get("loop_lag_samples", 0) > 0, 10, "a first lag sample")
+    r.freeze()
+    try:
+        time.sleep(1.5)  # the fault itself: frozen for 1.5 s, its next tick (every 0.5 s) runs >= 1 s late
+    finally:
+        r.thaw()
+
+    def lines(marker: str, field: str) -> list[dict[str, Any]]:
+        found = [json.loads(x) for x in log.read_text().splitlines() if marker in x]
+        return [d for d in found if float(d["event"].split(field)[1].split()[0]) >= 900]
+
+    [stall, *_] = wait_for(lambda: lines("router.loop_stall", "lag_ms="), 10, "the stall in the log")
+    assert stall["level"] == "WARNING"
+    wait_for(lambda: r.stats().get("loop_lag_worst_ms", 0) >= 900, 10, "the stall in the status")
+    [summary, *_] = wait_for(lambda: lines("router.loop_lag ", "max_ms="), 10, "the window's summary")
+    assert "p99_ms=" in summary["event"] and "gc_pause_max_ms=" in summary["event"]
+    assert r.stats()["loop_lag_max_ms"] >= 0 and "gc_pause_max_ms" in r.stats()

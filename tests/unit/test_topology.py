@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from oncemesh.topology.launcher import RouterState, RouterStatus, _lag_of, format_table
 from oncemesh.topology.load import (
     TopologyError,
     connected_components,
@@ -520,3 +521,13 @@ def test_status_lists_the_lamport_view_the_routers_see() -> None:
     assert "topic ledger: order total (lamport); Lamport view 3.A of A,B, numbered 5" in agreed
     split = format_topics(topo, [status_of("A", [3, "A"], "frozen", 5), status_of("B", None, "frozen", 0)])
     assert "Lamport joining at B; view 3.A of A,B (changing) at A, numbered 5" in split
+
+
+def test_status_table_shows_each_routers_loop_lag() -> None:
+    lag = _lag_of({"loop_lag_max_ms": 812.4, "loop_lag_p99_ms": 3.2})
+    table = format_table([RouterStatus("A", RouterState.RUNNING, 42, url="amqp://127.0.0.1:1", converged=True,
+                                       loop_lag_ms=lag),
+                          RouterStatus("B", RouterState.STOPPED)])
+    header, a, b = table.splitlines()
+    assert "LOOP LAG MAX/P99" in header and "812/3 ms" in a and " - " in b
+    assert _lag_of({}) is None
