@@ -65,7 +65,6 @@ from .actions import (
     SettlePublisher,
     SubmitOrder,
 )
-from .finals import FinalMemory
 from .handing import Handing
 from .meshside import MeshSide
 from .order.total import TotalStream, start_key
@@ -142,7 +141,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.pub_links: dict[Any, PubLink] = {}
         self.pub_of: dict[Any, tuple[PubLink, str]] = {}  # publisher delivery token -> (link, gid)
         self.placeholders: dict[str, dict[str, float]] = {}  # gid -> {sid: since}
-        self.recent_final = FinalMemory(self.cfg.final_memory_gids)  # gid -> when it became final here
+        self.recent_final: dict[str, float] = {}  # gid -> when it became final here (router/finals.py)
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
@@ -478,7 +477,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             tell.discard(me)
             for router in sorted(tell):
                 self.out.append(SendFinal(router, gid))
-        self.recent_final.add(gid, now)  # late copies and late presenters learn it is final
+        self.recent_final[gid] = now  # late copies and late presenters learn it is final
         if gid in self.placeholders:  # other subscriptions here that hold it without a part in it
             self._placeholder_final(gid)
         self.log.append(("settled", gid, rec.topic, None, None))

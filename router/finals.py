@@ -3,12 +3,14 @@
 A late copy, a late presenter or a message waiting for its predecessor must learn that a gid is
 final (never hand it again, never wait for it), for `final_memory` seconds after it became final.
 
-`FinalMemory` is the set of those gids (a dict: membership is one C-level lookup, on the hot path),
-with the order they were added in kept beside it in a deque, so that forgetting the oldest costs
-one step per gid forgotten, whatever the size. (Forgetting from the front of a dict by
-`next(iter(d))` is quadratic in CPython: the iteration walks every slot already deleted. With a
-million gids, each tick's purge grew from 0.26 s to 0.87 s in five rounds and a loop pass past the
-idle timeout closed every connection.)
+The memory is a plain dict gid -> when it became final, in the order added: adding is one C-level
+store and membership one C-level lookup (both on the per-message path; a dict subclass would
+lose the interpreter's specialised paths). `forget_finals` walks it once
+from the front, which costs the gids forgotten plus the slots deleted before that the dict has not
+reclaimed yet (skipped in C, a few ms per million at most; a resize reclaims them). It must not
+pop from the front with `next(iter(d))` per gid: every such call walks every deleted slot again,
+quadratic in what was forgotten (with a million gids each tick's purge grew from 0.26 s to 0.87 s in
+five rounds, and a loop pass past the idle timeout closed every connection).
 
 Bound: at most `max_gids` gids (the oldest forgotten first when there are more), each about 150
 bytes with its key string: ~150 MB at the default million. Compacting it further (per-publisher
@@ -17,37 +19,18 @@ ranges) is future work.
 
 from __future__ import annotations
 
-from collections import deque
 
-
-class FinalMemory(dict[str, float]):
-    """gid -> when it first became final here. Add with `add` (not `[]=`), forget with `forget`."""
-
-    __slots__ = ("_order", "max_gids")
-
-    def __init__(self, max_gids: int = 1_000_000) -> None:
-        super().__init__()
-        self._order: deque[str] = deque()
-        self.max_gids = max_gids
-
-    def add(self, gid: str, now: float) -> None:
-        """`gid` is final (again: it keeps the time it first became final)."""
-        if gid not in self:
-            self[gid] = now
-            self._order.append(gid)
-
-    def forget(self, before: float) -> int:
-        """Forget the gids that became final before `before`, and the oldest beyond `max_gids`.
-        Returns how many; the cost is one step per gid forgotten."""
-        order = self._order
-        n = 0
-        while order:
-            gid = order[0]
-            t = self.get(gid)
-            if t is not None and t >= before and len(self) <= self.max_gids:
-                break
-            order.popleft()
-            if t is not None:
-                del self[gid]
-                n += 1
-        return n
+def forget_finals(finals: dict[str, float], before: float, max_gids: int) -> int:
+    """Forget, from the front of `finals` (gid -> when it became final, in the order added), the gids
+    that became final before `before` (up to the first that did not: a gid final again keeps its
+    place), and the oldest beyond `max_gids`. Returns how many."""
+    excess = len(finals) - max_gids
+    dead = []
+    for gid, t in finals.items():  # one pass from the front
+        if t >= before and excess <= 0:
+            break
+        dead.append(gid)
+        excess -= 1
+    for gid in dead:
+        del finals[gid]
+    return len(dead)

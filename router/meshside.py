@@ -155,7 +155,7 @@ class MeshSide:
             if gid in self.placeholders:
                 self._placeholder_final(gid)
             if self.awaited.pop(gid, None) is not None:
-                self.recent_final.add(gid, now)  # a predecessor something waits for here
+                self.recent_final[gid] = now  # a predecessor something waits for here
             return True
         if rec.pubs and rec.outcome is None and not rec.pub_settled:
             self.stats_final_ignored += 1

@@ -223,7 +223,7 @@ class Router:
         info = self.ready_info()
         info.pop("updated", None)
         stats = info.get("stats", {})
-        for k in ("rss_kb", *self._lag_fields()):  # (these alone change all the time)
+        for k in _VOLATILE_STATS:  # (these alone change all the time)
             stats.pop(k, None)
         if info != self._last_stats or force:
             self._last_stats = info
@@ -720,6 +720,8 @@ class Router:
                 assert_never(act)
 
 
+_VOLATILE_STATS = ("rss_kb", "loop_lag_max_ms", "loop_lag_p99_ms", "gc_pause_max_ms", "loop_lag_samples",
+                   "loop_lag_worst_ms")
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 

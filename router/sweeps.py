@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .actions import SendProbe
+from .finals import forget_finals
 from .subscriptions import SUB_ACTIVE
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class Sweeps:
         for gid in [g for g, (first, _) in self.awaited.items()
                     if g in self.records or g in self.recent_final or first < forget]:
             del self.awaited[gid]
-        self.recent_final.forget(forget)  # (one step per gid forgotten: router/finals.py)
+        forget_finals(self.recent_final, forget, self.cfg.final_memory_gids)
 
     def _sweep_parked(self: DeliveryCore, now: float) -> None:
         """Deliveries parked while we asked about them: pump the links that have credit."""

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oncemesh.router.core import CoreConfig, DeliveryCore
-from oncemesh.router.finals import FinalMemory
+from oncemesh.router.finals import forget_finals
 from oncemesh.router.subscriptions import SubscriptionTable
 
 
@@ -17,35 +17,36 @@ from oncemesh.router.subscriptions import SubscriptionTable
                           st.tuples(st.just("forget"), st.integers(0, 0), st.floats(0, 100))), max_size=80),
        st.integers(1, 20))
 def test_it_answers_like_a_model(steps: list[tuple[str, int, float]], cap: int) -> None:
-    """Model: gid -> first time, in the order added; forget drops those before the time and the
-    oldest beyond the cap."""
-    fm = FinalMemory(max_gids=cap)
+    """Model: an ordered dict; forget drops from the front while the time is before the cut (or
+    there are more than the cap), and stops at the first that is not."""
+    fm: dict[str, float] = {}
     model: dict[str, float] = {}
     now = 0.0
     for op, g, t in steps:
         now = max(now, t)  # time goes forward
         gid = f"g{g}"
         if op == "add":
-            fm.add(gid, now)
-            model.setdefault(gid, now)
+            fm[gid] = now
+            model[gid] = now
         else:
-            expected = {k: v for k, v in model.items() if v >= now}
-            while len(expected) > cap:
-                del expected[next(iter(expected))]
-            gone = fm.forget(now)
-            assert gone == len(model) - len(expected)
+            keys = list(model)
+            k = 0
+            while k < len(keys) and (model[keys[k]] < now or len(keys) - k > cap):
+                k += 1
+            expected = {key: model[key] for key in keys[k:]}
+            assert forget_finals(fm, now, cap) == k
             model = expected
-        assert dict(fm) == model
+        assert list(fm.items()) == list(model.items())
         assert all((gid in fm) == (gid in model) for gid in (f"g{i}" for i in range(31)))
 
 
-def test_a_gid_final_again_keeps_its_first_time() -> None:
-    fm = FinalMemory()
-    fm.add("a", 1.0)
-    fm.add("b", 2.0)
-    fm.add("a", 3.0)
-    assert fm["a"] == 1.0
-    assert fm.forget(1.5) == 1 and "a" not in fm and "b" in fm
+def test_a_gid_final_again_keeps_its_place_and_holds_the_later_ones() -> None:
+    fm: dict[str, float] = {}
+    fm["a"] = 1.0
+    fm["b"] = 2.0
+    fm["a"] = 3.0  # final again (e.g. a predecessor something waits for): remembered longer
+    assert forget_finals(fm, 2.5, 10) == 0 and "b" in fm  # (b waits behind it: remembered a little longer)
+    assert forget_finals(fm, 3.5, 10) == 2 and not fm
 
 
 def _purge_rounds(core: DeliveryCore, rounds: int, per_round: int, start: float) -> list[float]:
@@ -64,7 +65,7 @@ def test_the_purge_cost_per_tick_stays_flat_with_millions_of_final_gids() -> Non
     core = DeliveryCore("R", SubscriptionTable(), CoreConfig(final_memory=300.0, final_memory_gids=10_000_000))
     n, per_round = 2_000_000, 20_000
     for i in range(n):
-        core.recent_final.add(f"{i:016x}:{i}", i * 1e-3)
+        core.recent_final[f"{i:016x}:{i}"] = i * 1e-3
     # warm up, then compare early rounds with late ones (the same work each: per_round gids)
     times = _purge_rounds(core, 80, per_round, 0.0)
     assert len(core.recent_final) == n - 80 * per_round

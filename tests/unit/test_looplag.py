@@ -43,3 +43,10 @@ def test_p99_is_a_sample_at_or_below_the_max_with_at_most_1_percent_above(lags: 
     ms = [x * 1000 for x in lags]
     assert s.max_ms == max(ms) and s.p99_ms in ms and s.p99_ms <= s.max_ms
     assert sum(1 for x in ms if x > s.p99_ms) <= len(ms) // 100
+
+
+def test_the_status_file_is_not_rewritten_for_lag_figures_alone() -> None:
+    from oncemesh.router.looplag import LagSummary
+    from oncemesh.router.server import _VOLATILE_STATS
+
+    assert {*LagSummary(0, 0.0, 0.0, 0.0).fields(), "loop_lag_worst_ms", "rss_kb"} == set(_VOLATILE_STATS)
