@@ -566,7 +566,9 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
         server = _start_server(case, wd, cfg, rabbit, [f"{t}-{uniq}" for t in set(case.pub_topics)])
     procs: list[Proc] = []
     try:
-        common = ["--mode", case.mode or cfg.mode, "--timeout", str(cfg.timeout)]
+        # (the clients' timeout runs from "go": a run of --duration first sends for that long)
+        timeout = cfg.timeout + (cfg.duration if not cfg.count else 0.0)
+        common = ["--mode", case.mode or cfg.mode, "--timeout", str(timeout)]
         subs: list[tuple[Proc, Path, Path]] = []
         for j, (at, topic) in enumerate(zip(case.sub_at, case.sub_topics, strict=True)):
             npubs = sum(1 for t in case.pub_topics if t == topic)
@@ -770,7 +772,9 @@ _MEDIAN_KEYS = ("published_msg_s", "delivered_msg_s_per_sub", "delivered_msg_s_m
 
 
 def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    good = [r for r in runs if r.get("ok")] or runs
+    """Medians over the runs that succeeded: a failed run has no figures (a case none of whose runs
+    succeeded has none at all, and is reported as failed)."""
+    good = [r for r in runs if r.get("ok")]
     out: dict[str, Any] = {}
     for k in _MEDIAN_KEYS:
         vals = [r[k] for r in good if r.get(k) is not None]
@@ -1094,6 +1098,11 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _ok_text(md: dict[str, Any]) -> str:
+    """Runs that succeeded; a case with none is FAILED (and has no figures: see median_of)."""
+    return f"{md['ok_runs']}/{md['runs']}" + ("" if md["ok_runs"] else " FAILED")
+
+
 def _fmt(v: Any, nd: int = 0) -> str:
     if v is None:
         return "-"
@@ -1133,18 +1142,18 @@ def format_report(rep: dict[str, Any]) -> str:
                          _fmt(md["server_cpu_util"] * 100 if md["server_cpu_util"] is not None else None),
                          _fmt(md["server_peak_rss_kb"] / 1024 if md["server_peak_rss_kb"] else None, 1),
                          f"{_fmt(md['pub_cpu_us_per_msg'], 1)} / {_fmt(md['sub_cpu_us_per_msg'], 1)}",
-                         _wire_text(md.get("wire_per_msg")), f"{md['ok_runs']}/{md['runs']}"])
+                         _wire_text(md.get("wire_per_msg")), _ok_text(md)])
         return rows
 
     if rep["throughput"]:
         lines += ["throughput (unbounded rate unless stated)", _table(rows_of(rep["throughput"])), ""]
     if rep.get("latency"):
-        rows = [["case", "p50 ms", "p99 ms", "p999 ms", "max ms", "delivered msg/s/sub", "server CPU-us/msg/hop"]]
+        rows = [["case", "p50 ms", "p99 ms", "p999 ms", "max ms", "delivered msg/s/sub", "server CPU-us/msg/hop", "ok"]]
         for c in rep["latency"].values():
             md = c["median"]
             lat = md["latency_ms"]
             rows.append([c["label"], _fmt(lat["p50"], 3), _fmt(lat["p99"], 3), _fmt(lat["p999"], 3), _fmt(lat["max"], 3),
-                         _fmt(md["delivered_msg_s_per_sub"]), _fmt(md["server_cpu_us_per_msg_hop"], 1)])
+                         _fmt(md["delivered_msg_s_per_sub"]), _fmt(md["server_cpu_us_per_msg_hop"], 1), _ok_text(md)])
         lines += ["latency, publish -> hand-over (worst subscriber of each run; median of runs)", _table(rows), ""]
     if rep.get("ratios"):
         lines.append("ratios (delivered msg/s per subscriber, same run): " + ", ".join(
@@ -1158,7 +1167,7 @@ def format_report(rep: dict[str, Any]) -> str:
             rows.append([c["label"], _fmt(md["delivered_msg_s_total"]), _fmt(md["delivered_msg_s_min_sub"]),
                          _fmt(md["server_cpu_us_per_msg_hop"], 1),
                          _fmt(md["server_cpu_util"] * 100 if md["server_cpu_util"] is not None else None),
-                         f"{md['ok_runs']}/{md['runs']}"])
+                         _ok_text(md)])
         lines += ["scale-out", _table(rows), ""]
     mem = rep.get("memory")
     if mem:

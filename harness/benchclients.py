@@ -310,7 +310,8 @@ class BenchPublisher(_Base):
             self.pump()
 
     def result(self) -> dict[str, Any]:
-        span = max(1, self.t_last_outcome - self.t_go) / 1e9
+        # (no last outcome: it did not finish; the rate is over the time it ran)
+        span = max(1, (self.t_last_outcome or time.monotonic_ns()) - self.t_go) / 1e9
         return {"kind": "pub", "index": self.args.index, "sent": self.seq, "outcomes": self.outcomes,
                 "accepted": self.accepted, "seconds": round(span, 4),
                 "msg_s": round(self.outcomes / span, 1), "cpu_s": round(cpu_now() - self.cpu_go, 4),

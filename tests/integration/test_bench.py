@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from oncemesh.harness.bench import RabbitMQ, _callgrind_total, summarise_profile
+from oncemesh.harness.bench import RabbitMQ, _callgrind_total, _ok_text, median_of, summarise_profile
 from oncemesh.harness.benchclients import HEADER, MAGIC, MIN_SIZE, message_template, percentiles
 from oncemesh.topology.load import example_path
 
@@ -105,6 +105,18 @@ def test_bench_on_a_topology_counts_every_router_a_message_crosses() -> None:
     assert run["delivered"] == 200
     # three routers on the path: per hop is a third of the routers' CPU per delivery
     assert run["server_cpu_us_per_msg_hop"] == pytest.approx(run["server_cpu_us_per_delivery"] / 3, rel=0.02)
+
+
+def test_a_failed_case_is_reported_failed_never_with_figures() -> None:
+    """A run whose connections closed once printed "published msg/s 1,233,750,000,000,000"."""
+    failed = {"ok": False, "published_msg_s": 1.23375e15, "delivered_msg_s_per_sub": 16_000.0,
+              "latency_ms": {"p50": 1.0, "p99": 2.0, "p999": 3.0, "max": 4.0}}
+    good = {**failed, "ok": True, "published_msg_s": 16_000.0}
+    md = median_of([failed])
+    assert md["published_msg_s"] is None and md["delivered_msg_s_per_sub"] is None
+    assert md["latency_ms"]["p99"] is None and _ok_text(md) == "0/1 FAILED"
+    md = median_of([failed, good])
+    assert md["published_msg_s"] == 16_000.0 and _ok_text(md) == "1/2"
 
 
 def test_callgrind_total_is_read_from_the_summary_line(tmp_path: Path) -> None:
