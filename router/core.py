@@ -65,6 +65,7 @@ from .actions import (
     SettlePublisher,
     SubmitOrder,
 )
+from .finals import OldFinals
 from .handing import Handing
 from .meshside import MeshSide
 from .order.total import TotalStream, start_key
@@ -115,7 +116,8 @@ class CoreConfig:
     copy_retry: float = 2.0  # an origin re-sends a copy its destination has not confirmed after this long
     stale_wait: float = 0.5  # a record whose publisher left asks the mesh this long before handing it over
     final_memory: float = 300.0  # seconds a router remembers a final gid (late copies and presenters)
-    final_memory_gids: int = 1_000_000  # at most this many final gids remembered (the oldest go first)
+    final_memory_young: float = 5.0  # seconds a final gid stays in the plain dict before it is compacted
+    final_memory_entries: int = 1_000_000  # final gids and gid intervals remembered at most (oldest go first)
     final_notify_batch: int = 256
     # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
     # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
@@ -141,7 +143,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.pub_links: dict[Any, PubLink] = {}
         self.pub_of: dict[Any, tuple[PubLink, str]] = {}  # publisher delivery token -> (link, gid)
         self.placeholders: dict[str, dict[str, float]] = {}  # gid -> {sid: since}
-        self.recent_final: dict[str, float] = {}  # gid -> when it became final here (router/finals.py)
+        self.recent_final: dict[str, float] = {}  # gid -> when it became final here: the young tier
+        self.old_finals = OldFinals()  # and the compacted old tier (router/finals.py)
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
@@ -174,6 +177,10 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
+
+    def is_final(self, gid: str) -> bool:
+        """Did `gid` become final here within `final_memory` (its record freed)?"""
+        return gid in self.recent_final or gid in self.old_finals
 
     def _local(self, sub: Subscription | None) -> bool:
         return sub is not None and sub.live and sub.home == self.router_id
@@ -529,7 +536,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 rt.notify.append(gid)
             else:
                 rec2 = self.records.get(gid)
-                if rec2 is None and gid in self.recent_final:
+                if rec2 is None and self.is_final(gid):
                     rt.notify.append(gid)  # we were its origin and it is final
                 elif rec2 is None:
                     if self._settled_by_local_publisher(gid):

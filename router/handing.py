@@ -283,7 +283,7 @@ class Handing:
                 if st is not None:
                     p += 1
                     continue
-            elif key in self.recent_final:
+            elif key in self.recent_final or key in self.old_finals:
                 p += 1
                 continue
             # owed to it and not here (yet): its copy is on the way, or it was resolved for it
@@ -304,7 +304,7 @@ class Handing:
         for p in rec.preds:
             r = self.records.get(p)
             if r is None:
-                if p in self.recent_final or self._await(p):
+                if p in self.recent_final or p in self.old_finals or self._await(p):
                     continue
                 self.stats_fifo_held += 1
                 return False

@@ -62,7 +62,7 @@ class MeshSide:
         self._now = now
         rec = self.records.get(gid)
         table = self.table
-        if rec is None and gid in self.recent_final:
+        if rec is None and self.is_final(gid):
             # final already (its publisher settled it through another origin): a late copy
             self.out.append(SendFinal(origin, gid))
             return
@@ -201,7 +201,7 @@ class MeshSide:
                     rec.holders = set()
                 rec.holders.add(frm)
             return
-        if gid in self.recent_final:
+        if self.is_final(gid):
             self.out.append(SendFinal(frm, gid))
             return
         pl = self._declaring(plid_of(gid))
@@ -349,7 +349,7 @@ class MeshSide:
                     self._resolve(rec, sid, S_ACCEPTED, None, now, "presented")
                 elif st is None:
                     move(rec, sid, S_ACCEPTED)
-            elif rec is None and gid in self.recent_final:
+            elif rec is None and self.is_final(gid):
                 self.out.append(SendFinal(home, gid))
 
     def _moved_here(self: DeliveryCore, sid: str) -> None:
@@ -435,7 +435,7 @@ class MeshSide:
             if rec.holders is None:
                 rec.holders = set()
             rec.holders.add(frm)
-        elif gid in self.recent_final:
+        elif self.is_final(gid):
             self.out.append(SendFinal(frm, gid))
         else:
             self.held_for.setdefault(gid, {})[frm] = now

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .actions import SendProbe
-from .finals import forget_finals
+from .finals import age_finals
 from .subscriptions import SUB_ACTIVE
 
 if TYPE_CHECKING:
@@ -85,14 +85,15 @@ class Sweeps:
 
     def _sweep_forgotten(self: DeliveryCore, now: float) -> None:
         """Forget what is older than `final_memory`: who held a copy, the predecessors we waited
-        for, and finals (the oldest first; at most `final_memory_gids` remembered)."""
+        for, and finals (the oldest first; at most `final_memory_entries` remembered; router/finals.py)."""
         forget = now - self.cfg.final_memory
         for gid in [g for g, rs in self.held_for.items() if max(rs.values()) < forget]:
             del self.held_for[gid]
         for gid in [g for g, (first, _) in self.awaited.items()
-                    if g in self.records or g in self.recent_final or first < forget]:
+                    if g in self.records or self.is_final(g) or first < forget]:
             del self.awaited[gid]
-        forget_finals(self.recent_final, forget, self.cfg.final_memory_gids)
+        age_finals(self.recent_final, self.old_finals, now, self.cfg.final_memory, self.cfg.final_memory_young,
+                   self.cfg.final_memory_entries)
 
     def _sweep_parked(self: DeliveryCore, now: float) -> None:
         """Deliveries parked while we asked about them: pump the links that have credit."""
@@ -114,7 +115,7 @@ class Sweeps:
         (an origin may have finalised one while it could not reach the routers the subscription
         presented it at), and give up on them after `placeholder_horizon`."""
         known = [g for g in self.placeholders
-                 if g not in self.records and (g in self.recent_final or self._settled_by_local_publisher(g))]
+                 if g not in self.records and (self.is_final(g) or self._settled_by_local_publisher(g))]
         for gid in known:
             self._placeholder_final(gid)
         probe_before = now - self.cfg.probe_after
@@ -145,5 +146,7 @@ class Sweeps:
             "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
             "causal_cycles": self.stats_causal_cycles,
             "finals_ignored": self.stats_final_ignored,
+            "final_gids": len(self.recent_final) + self.old_finals.gids,
+            "final_entries": len(self.recent_final) + len(self.old_finals),
             "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
         }
