@@ -9,14 +9,35 @@ Lines are buffered and written with one `write` per flush (a timer, a size thres
 A flushed line is in the kernel's page cache, so it survives a SIGKILL of the process; the unflushed
 tail (at most `flush_interval` seconds) does not, which the reconciliation tolerates for routers.
 Clients flush before they acknowledge, so their logs are exact.
+
+Segments (`Segments`, routers): the log is a series of files `<stem>.<inc>.<n>.jsonl`, a new one
+when the open one reaches a size or an age; a closed segment is compressed to `.jsonl.gz` by a
+worker thread (never on the event loop: gzip of a 64 MiB segment takes about a second), and
+retention deletes the oldest closed segments by age or total size, only when configured. A crash
+between writing `X.jsonl.gz` and removing `X.jsonl` leaves both: readers take the `.gz` (it is
+renamed into place only when complete) and the next start removes the plain one.
+
+A full disk (ENOSPC, EDQUOT, or free space below a floor) never loses a line: the unwritten bytes
+stay in memory, `writable` turns False and `on_writable(False)` is called (the router then stops
+granting publishers credit, so what is held stays bounded); every later flush retries, and the
+first that writes everything calls `on_writable(True)`. A writer in `hold` mode (routers) keeps
+going; otherwise (clients, which flush before they act) `flush` raises after keeping the bytes.
 """
 
 from __future__ import annotations
 
+import errno
+import gzip
 import json
+import logging
 import os
+import queue
+import re
+import shutil
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +93,169 @@ EVENTS = ROUTER_EVENTS | PUBLISHER_EVENTS | SUBSCRIBER_EVENTS
 
 _enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
+log = logging.getLogger("oncemesh.settlement_log")
+
+# errors that mean "no room": the bytes are kept and the write is retried later
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+PLAIN, COMPRESSED = ".jsonl", ".jsonl.gz"
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """How a log is cut into segments and how long they are kept. 0 means "no limit"; retention 0
+    keeps every segment (the default: evidence is deleted only when the operator says so)."""
+
+    max_bytes: int = 64 * 1024 * 1024  # a new segment after this many bytes
+    max_seconds: float = 3600.0  # ... or when the open one is this old
+    retention_bytes: int = 0  # delete the oldest closed segments while all of them exceed this
+    retention_seconds: float = 0.0  # delete closed segments whose last line is older than this
+    compress: bool = True  # gzip closed segments (in a worker thread)
+    free_floor_bytes: int = 0  # hold the log (as on ENOSPC) while the file system has less free
+
+
+def segment_name(stem: str, inc: str, n: int, compressed: bool = False) -> str:
+    """`<stem>.<inc>.<n>.jsonl` (`.jsonl.gz` once compressed); n counts from 1 in each incarnation."""
+    return f"{stem}.{inc}.{n:06d}{COMPRESSED if compressed else PLAIN}"
+
+
+def _segment_re(stem: str) -> re.Pattern[str]:
+    return re.compile(re.escape(stem) + r"\.(?P<inc>[^.]+)\.(?P<n>\d{6})(?P<ext>\.jsonl(?:\.gz)?)$")
+
+
+def compress_segment(path: Path) -> Path:
+    """gzip `X.jsonl` to `X.jsonl.gz` (written as `.tmp`, synced, renamed), then remove `X.jsonl`.
+    zlib releases the GIL while it compresses, so a worker thread does not stall the event loop."""
+    gz = path.with_name(path.name + ".gz")
+    tmp = path.with_name(path.name + ".gz.tmp")
+    with open(path, "rb") as src, open(tmp, "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        raw.flush()
+        os.fsync(raw.fileno())
+    os.replace(tmp, gz)
+    path.unlink(missing_ok=True)
+    return gz
+
+
+def log_files(directory: Path) -> list[Path]:
+    """Every settlement-log file under `directory` (recursively): plain `*.jsonl` and compressed
+    `*.jsonl.gz`, without a plain segment whose `.gz` exists (a crash between the two: the `.gz` is
+    the complete one)."""
+    found = sorted(f for f in directory.rglob("*.jsonl*") if f.is_file() and f.name.endswith((PLAIN, COMPRESSED)))
+    names = {str(f) for f in found}
+    return [f for f in found if not (f.name.endswith(PLAIN) and str(f) + ".gz" in names)]
+
+
+def read_lines(path: Path) -> Iterable[str]:
+    """The lines of one log file, plain or gzipped (a torn gzip tail ends the file quietly)."""
+    if path.name.endswith(".gz"):
+        try:
+            with gzip.open(path, "rt", encoding="utf-8", newline="\n") as f:
+                yield from f
+        except EOFError:
+            return
+    else:
+        with open(path, encoding="utf-8", newline="\n") as f:
+            yield from f
+
+
+def _free_bytes(directory: str) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+class _Housekeeper:
+    """The worker thread of one segmented log: compresses closed segments and applies retention.
+    Jobs are paths (compress, then retention) or None (retention only)."""
+
+    def __init__(self, directory: Path, stem: str, policy: Segments, open_path: Callable[[], Path | None]) -> None:
+        self.directory = directory
+        self.pattern = _segment_re(stem)
+        self.policy = policy
+        self.open_path = open_path
+        self.jobs: queue.Queue[Path | None] = queue.Queue()
+        self.compressed = 0
+        self.deleted = 0
+        self.thread = threading.Thread(target=self._run, name=f"slog-{stem}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            try:
+                if job is not None and self.policy.compress and job.exists():
+                    compress_segment(job)
+                    self.compressed += 1
+                self.retain()
+            except OSError as exc:  # ENOSPC while compressing: the plain segment stays, readable
+                log.warning("settlement_log.housekeeping_failed path=%s error=%s", job, exc)
+            finally:
+                self.jobs.task_done()
+
+    def segments(self) -> list[tuple[float, str, Path, int]]:
+        """Closed segments on disk: (mtime, name, path, size), oldest first."""
+        out = []
+        current = self.open_path()
+        for entry in os.scandir(self.directory):
+            if not self.pattern.match(entry.name) or (current is not None and entry.name == current.name):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            out.append((st.st_mtime, entry.name, Path(entry.path), st.st_size))
+        out.sort()
+        return out
+
+    def retain(self, now: float | None = None) -> list[Path]:
+        """Delete the oldest closed segments beyond the retention limits (none when both are 0)."""
+        p = self.policy
+        if not p.retention_bytes and not p.retention_seconds:
+            return []
+        now = time.time() if now is None else now
+        segs = self.segments()
+        current = self.open_path()
+        total = sum(s[3] for s in segs) + (current.stat().st_size if current is not None and current.exists() else 0)
+        gone = []
+        for mtime, _name, path, size in segs:
+            old = p.retention_seconds and mtime < now - p.retention_seconds
+            big = p.retention_bytes and total > p.retention_bytes
+            if not (old or big):
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+            gone.append(path)
+            self.deleted += 1
+            log.info("settlement_log.segment_deleted path=%s reason=%s", path, "age" if old else "size")
+        return gone
+
 
 class SettlementLog:
+    """One writer's settlement log. `path` names the log: with `segments`, the files are
+    `<path without .jsonl>.<inc>.<n>.jsonl` (see `Segments`); without, `path` itself, appended to.
+    `write_fn` and `free_bytes_fn` are the I/O, injectable for tests."""
+
     def __init__(self, path: Path | str | None, src: str, node: str, inc: str,
-                 flush_interval: float = 0.2, max_buffer: int = 4096) -> None:
+                 flush_interval: float = 0.2, max_buffer: int = 4096, segments: Segments | None = None,
+                 hold: bool = False, on_writable: Callable[[bool], None] | None = None,
+                 write_fn: Callable[[int, memoryview], int] = os.write,
+                 free_bytes_fn: Callable[[str], int] = _free_bytes) -> None:
         self.path = Path(path) if path else None
+        self.segments = segments
+        self.hold = hold
+        self.on_writable = on_writable
+        self._write_fn = write_fn
+        self._free_bytes = free_bytes_fn
+        self.writable = True
+        self.blocked_since: float | None = None  # wall clock of the first failed write of this block
+        self.block_reason = ""
+        self.blocks = 0
+        self._pending = b""  # encoded bytes not written yet (a full disk): written before anything else
+        self._seg_n = 0
+        self._seg_bytes = 0
+        self._seg_opened = 0.0
+        self.open_segment: Path | None = None
+        self._keeper: _Housekeeper | None = None
         self.src = src
         self.node = node
         self.inc = inc
@@ -92,7 +271,14 @@ class SettlementLog:
         self.last_flush = time.monotonic()
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            if self.segments is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            else:
+                stem = self.path.name[:-len(PLAIN)] if self.path.name.endswith(PLAIN) else self.path.name
+                self._stem = stem
+                self._keeper = _Housekeeper(self.path.parent, stem, self.segments, lambda: self.open_segment)
+                self._recover()
+                self._open_next()
 
     @property
     def enabled(self) -> bool:
@@ -208,19 +394,159 @@ class SettlementLog:
         t = self._ev_tails[ev] = self._tail + ev + '"'
         return t
 
-    def flush(self) -> None:
-        if self._fd is None or not self._buf:
-            return
-        data = "".join(self._buf).encode("utf-8")
-        self._buf.clear()
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        self.last_flush = time.monotonic()
+    # ------------------------------------------------------------------ segments
+    def _recover(self) -> None:
+        """At start: earlier incarnations' segments are closed; finish what a crash interrupted
+        (a `.gz.tmp` is removed, a plain segment next to its `.gz` is removed, the others are
+        compressed) and apply retention."""
+        assert self.path is not None and self._keeper is not None
+        pattern = _segment_re(self._stem)
+        names = {e.name for e in os.scandir(self.path.parent)}
+        for name in sorted(names):  # first, before the worker makes new ones
+            if name.endswith(".gz.tmp") and pattern.match(name[:-len(".tmp")]):
+                (self.path.parent / name).unlink(missing_ok=True)
+        for name in sorted(names):
+            m = pattern.match(name)
+            if m is None or m["ext"] != PLAIN:
+                continue
+            if name + ".gz" in names:
+                (self.path.parent / name).unlink(missing_ok=True)
+            else:  # no process writes it any more: this incarnation has not opened one yet
+                self._keeper.jobs.put(self.path.parent / name)
+        self._keeper.jobs.put(None)
 
-    def close(self) -> None:
-        self.flush()
-        if self._fd is not None:
+    def _open_next(self) -> None:
+        assert self.path is not None
+        seg = self.path.parent / segment_name(self._stem, self.inc, self._seg_n + 1)
+        self._fd = os.open(seg, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._seg_n += 1
+        self.open_segment = seg
+        self._seg_bytes = 0
+        self._seg_opened = time.monotonic()
+
+    def _close_segment(self) -> None:
+        """Close the open segment and hand it to the worker (compression, retention)."""
+        if self._fd is None or self.open_segment is None or self._keeper is None:
+            return
+        os.close(self._fd)
+        self._fd = None
+        closed, self.open_segment = self.open_segment, None
+        if self._seg_bytes == 0:
+            closed.unlink(missing_ok=True)
+            return
+        self._keeper.jobs.put(closed)
+
+    def _maybe_rotate(self) -> None:
+        p = self.segments
+        if p is None or self._pending or self._seg_bytes == 0:
+            return
+        if ((p.max_bytes and self._seg_bytes >= p.max_bytes)
+                or (p.max_seconds and time.monotonic() - self._seg_opened >= p.max_seconds)):
+            old_fd, old_seg, old_bytes = self._fd, self.open_segment, self._seg_bytes
+            try:
+                self._open_next()
+            except OSError as exc:  # no room for a new file: keep appending to the open one
+                log.warning("settlement_log.rotate_failed path=%s error=%s", old_seg, exc)
+                return
+            new_fd, new_seg = self._fd, self.open_segment
+            self._fd, self.open_segment, self._seg_bytes = old_fd, old_seg, old_bytes
+            self._close_segment()
+            self._fd, self.open_segment, self._seg_bytes = new_fd, new_seg, 0
+
+    # ------------------------------------------------------------------ writing
+    def _set_writable(self, writable: bool, reason: str = "") -> None:
+        if writable == self.writable:
+            return
+        self.writable = writable
+        if writable:
+            self.blocked_since = None
+            self.block_reason = ""
+        else:
+            self.blocks += 1
+            self.blocked_since = time.time()
+            self.block_reason = reason
+        if self.on_writable is not None:
+            self.on_writable(writable)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held in memory, not yet written (buffered lines and what a full disk refused)."""
+        return len(self._pending) + sum(len(line) for line in self._buf)
+
+    def flush(self) -> None:
+        """Write everything buffered. On a full disk the bytes are kept (never dropped) and the log
+        turns not writable; a writer not in `hold` mode then raises the OSError."""
+        if self._fd is None:
+            return
+        if self._buf:
+            self._pending += "".join(self._buf).encode("utf-8")
+            self._buf.clear()
+        if not self._pending:
+            if self.segments is not None and self.segments.max_seconds:
+                self._maybe_rotate()
+            return
+        floor = self.segments.free_floor_bytes if self.segments is not None else 0
+        if floor and self.path is not None:
+            try:
+                free = self._free_bytes(str(self.path.parent))
+            except OSError:
+                free = floor
+            if free < floor:
+                self._set_writable(False, f"free space {free} B below the floor of {floor} B")
+                if not self.hold:
+                    raise OSError(errno.ENOSPC, f"settlement log held: {self.block_reason}")
+                return
+        view = memoryview(self._pending)
+        written = 0
+        try:
+            while written < len(view):
+                written += self._write_fn(self._fd, view[written:])
+        except OSError as exc:
+            self._pending = bytes(view[written:])
+            self._seg_bytes += written
+            if exc.errno not in NO_SPACE:
+                raise
+            self._set_writable(False, os.strerror(exc.errno))
+            if not self.hold:
+                raise
+            return
+        finally:
+            del view
+        self._seg_bytes += written
+        self._pending = b""
+        self.last_flush = time.monotonic()
+        self._set_writable(True)
+        self._maybe_rotate()
+
+    def close(self, wait: bool = True) -> None:
+        """Flush, close the open segment (compressed by the worker) and, with `wait`, wait until
+        the worker is done. Bytes a full disk still refuses are reported, then dropped."""
+        try:
+            self.flush()
+        except OSError as exc:
+            log.error("settlement_log.lost_at_close path=%s bytes=%d error=%s", self.path,
+                      self.pending_bytes, exc)
+        if self._pending:
+            log.error("settlement_log.lost_at_close path=%s bytes=%d reason=%s", self.path,
+                      len(self._pending), self.block_reason)
+            self._pending = b""
+        if self._keeper is not None:
+            self._close_segment()
+            if wait:
+                self._keeper.jobs.join()
+        elif self._fd is not None:
             os.close(self._fd)
-            self._fd = None
+        self._fd = None
+
+    def stats(self) -> dict[str, Any]:
+        """For the router's status: writable, blocked since, held bytes, segments."""
+        out: dict[str, Any] = {"log_writable": self.writable, "log_pending_bytes": self.pending_bytes,
+                               "log_blocks": self.blocks}
+        if self.blocked_since is not None:
+            out["log_blocked_since"] = round(self.blocked_since, 3)
+            out["log_blocked_reason"] = self.block_reason
+        if self._keeper is not None:
+            out["log_segment"] = self.open_segment.name if self.open_segment is not None else None
+            out["log_segments_compressed"] = self._keeper.compressed
+            out["log_segments_deleted"] = self._keeper.deleted
+        return out

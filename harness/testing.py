@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.ids import PLID_LEN, counter_seq
+from ..common.settlement_log import log_files, read_lines
 
 
 class ProcessFailed(RuntimeError):
@@ -227,11 +228,10 @@ def worker(kind: str, *args: str, workdir: Path, name: str) -> Proc:
 # ---------------------------------------------------------------------- settlement logs
 def iter_log_lines(*dirs: Path) -> Iterator[dict[str, Any]]:
     for d in dirs:
-        for path in sorted(Path(d).rglob("*.jsonl")):
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        yield json.loads(line)
+        for path in log_files(Path(d)):  # plain and gzipped segments
+            for line in read_lines(path):
+                if line.strip():
+                    yield json.loads(line)
 
 
 class LogSummary:

@@ -38,6 +38,14 @@ class RouterConfig:
     max_expiry: float = 7 * 24 * 3600.0  # cap on a subscription's requested timeout
     max_connections: int = 20_000
     log_flush_interval: float = 0.2
+    # settlement-log segments (docs/settlement-log.md, "Files"): a new segment at this size or age,
+    # closed ones gzipped in a worker thread ("gzip" or "none"); retention 0 keeps every segment
+    log_segment_bytes: int = 64 * 1024 * 1024
+    log_segment_seconds: float = 3600.0
+    log_retention_bytes: int = 0
+    log_retention_seconds: float = 0.0
+    log_compress: str = "gzip"
+    log_free_floor_bytes: int = 0  # below this free space the log is held as on a full disk
     tick_interval: float = 0.5
     loop_lag_window: float = 60.0  # seconds summarised per loop-lag report (status, log)
     loop_stall: float = 0.5  # a loop lag or GC pause this long is logged at once

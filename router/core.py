@@ -159,6 +159,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.stats_fifo_held = 0  # times a delivery was held back behind an earlier message of its publisher
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
+        self.log_writable = True  # and only while the settlement log can be written (a full disk)
         self._blocked: deque[PubLink] = deque()
         self.out: list[Action] = []
         self.log: list[tuple[Any, ...]] = []  # settlement-log events: (ev, gid, topic, sid, info)
@@ -842,7 +843,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         room = self.cfg.max_inflight_messages - self.undecided - self.reserved_credit
         if len(self.records) >= self.cfg.max_decided_records + self.cfg.max_inflight_messages:
             room = 0
-        if not self.ready or self.inflight_bytes >= self.cfg.max_inflight_bytes:
+        if not self.ready or not self.log_writable or self.inflight_bytes >= self.cfg.max_inflight_bytes:
             room = 0
         n = min(want, room)
         if n > 0:
@@ -866,4 +867,11 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
     def set_ready(self, ready: bool) -> None:
         self.ready = ready
         if ready:
+            self._unblock()
+
+    def set_log_writable(self, writable: bool) -> None:
+        """The settlement log can(not) be written: no publisher credit while it cannot, so that
+        nothing is accepted without its evidence; credit flows again once it can."""
+        self.log_writable = writable
+        if writable:
             self._unblock()

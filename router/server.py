@@ -26,7 +26,7 @@ from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
-from ..common.settlement_log import SettlementLog
+from ..common.settlement_log import Segments, SettlementLog
 from ..common.vocab import (
     FINAL_SUBJECT,
     FINAL_TAG_PREFIX,
@@ -156,9 +156,15 @@ class Router:
             self.table.restore(snap, time.time())
             log.info("router.table_loaded subscriptions=%d", sum(1 for _ in self.table.live()))
         self.core = DeliveryCore(cfg.id, self.table, cfg.core)
+        if cfg.log_compress not in ("gzip", "none"):
+            raise ValueError(f"log_compress: {cfg.log_compress!r} is neither 'gzip' nor 'none'")
         self.slog = SettlementLog(
             (cfg.log_dir / f"{cfg.id}.settlement.jsonl") if cfg.log_dir else None,
-            src="router", node=cfg.id, inc=self.incarnation, flush_interval=cfg.log_flush_interval)
+            src="router", node=cfg.id, inc=self.incarnation, flush_interval=cfg.log_flush_interval,
+            segments=Segments(cfg.log_segment_bytes, cfg.log_segment_seconds, cfg.log_retention_bytes,
+                              cfg.log_retention_seconds, cfg.log_compress == "gzip",
+                              cfg.log_free_floor_bytes),
+            hold=True, on_writable=self._on_log_writable)
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None
         self.connections: set[AmqpConnection] = set()
@@ -174,6 +180,7 @@ class Router:
         self._stopped = asyncio.Event()
         self._pending_opens: list[Link] = []
         self._status_written = 0.0
+        self._log_blocked_at: float | None = None
         self._last_stats: dict[str, Any] = {}
         self._awaiting_mesh: dict[str, Link] = {}  # subscriber ATTACHes waiting for gossip acks
         self.mesh: MeshPort | None = mesh(self) if mesh is not None else None
@@ -204,10 +211,32 @@ class Router:
                                 "url": f"amqp://{self.bound[0]}:{self.bound[1]}",
                                 "peers": [], "converged": True, "updated": time.time(),
                                 "stats": {**self.core.stats(), "connections": len(self.connections),
-                                          "rss_kb": _rss_kb(), **self._lag_fields()}}
+                                          "rss_kb": _rss_kb(), **self._lag_fields(),
+                                          **self.slog.stats()}}
         if self.mesh is not None:
             info.update(self.mesh.ready_info())
         return info
+
+    def _on_log_writable(self, writable: bool) -> None:
+        """The settlement log could not be written (a full disk) or can again: publishers get no
+        credit meanwhile (evidence first), and the log and the status say so."""
+        self.core.set_log_writable(writable)
+        if writable:
+            log.warning("router.log_resumed id=%s held_s=%.1f", self.id,
+                        time.time() - (self._log_blocked_at or time.time()))
+            self._log_blocked_at = None
+            if self.engine is not None:
+                self._drain_later()  # the credit granted again
+        else:
+            self._log_blocked_at = time.time()
+            log.error("router.log_blocked id=%s reason=%s held_bytes=%d (no publisher credit until the "
+                      "settlement log can be written; free space under %s)", self.id,
+                      self.slog.block_reason, self.slog.pending_bytes, self.cfg.log_dir)
+        if self.bound is not None:
+            try:
+                self._maybe_write_status(force=True)
+            except OSError as exc:  # the status file may live on the same full disk
+                log.warning("router.status_not_written error=%s", exc)
 
     def _lag_fields(self) -> dict[str, float]:
         """Loop lag for the status: the last complete minute (the minute so far before the first),

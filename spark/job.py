@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 DEFAULT_OUT = Path("reconcile-out")
 DEFAULT_MASTER = "local[*]"
 LOG_SUFFIX = ".jsonl"
+GZ_SUFFIX = ".gz"  # a closed, compressed segment: Spark (Hadoop's gzip codec) reads it as text
 # Characters a Hadoop path cannot carry in a file name (':' breaks its URI parsing) or that it
 # would take for a glob pattern.
 _HADOOP_UNSAFE = set(':*?[]{}\\')
@@ -80,6 +81,8 @@ def find_logs(paths: Iterable[Path | str]) -> list[str]:
     """Every *.jsonl file under the given local directories (recursively) and every local file given
     by name, as absolute paths; URIs (hdfs://..., s3a://...) are kept as they are, for Spark to
     search. Raises UsageError for a local path that does not exist or when nothing is found."""
+    from ..common.settlement_log import log_files
+
     found: list[Path] = []
     uris: list[str] = []
     missing: list[str] = []
@@ -89,7 +92,7 @@ def find_logs(paths: Iterable[Path | str]) -> list[str]:
             continue
         p = Path(str(raw)[len("file://"):] if str(raw).startswith("file://") else raw)
         if p.is_dir():
-            found.extend(sorted(f for f in p.rglob(f"*{LOG_SUFFIX}") if f.is_file()))
+            found.extend(log_files(p))  # plain and gzipped segments (common.settlement_log)
         elif p.is_file():
             found.append(p)
         else:
@@ -130,7 +133,7 @@ def hadoop_safe(files: Sequence[str]) -> Iterator[list[str]]:
                 continue
             if tmp is None:
                 tmp = tempfile.mkdtemp(prefix="oncemesh-reconcile-")
-            link = Path(tmp) / f"log{i:06d}{LOG_SUFFIX}"
+            link = Path(tmp) / f"log{i:06d}{GZ_SUFFIX if f.endswith(GZ_SUFFIX) else LOG_SUFFIX}"
             link.symlink_to(f)
             out.append(str(link))
         yield out
@@ -153,7 +156,7 @@ def read_logs(spark: SparkSession, sources: Sequence[str]) -> DataFrame:
     frames = [reader().json(local)] if local else []
     for uri in (f for f in sources if is_uri(f)):
         frames.append(reader().option("recursiveFileLookup", "true")
-                      .option("pathGlobFilter", f"*{LOG_SUFFIX}").json(uri))
+                      .option("pathGlobFilter", f"*{{{LOG_SUFFIX},{LOG_SUFFIX}{GZ_SUFFIX}}}").json(uri))
     fields = frames[0]
     for f in frames[1:]:
         fields = fields.unionByName(f)

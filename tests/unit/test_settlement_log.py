@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oncemesh.common.settlement_log import FIELDS, AcceptedBy, SettlementLog, SizeCount
+from oncemesh.common.settlement_log import FIELDS, AcceptedBy, Segments, SettlementLog, SizeCount
 
 ids = st.from_regex(r"[a-z0-9]{1,12}:[a-z0-9]{1,6}", fullmatch=True)
 topics = st.text(min_size=1, max_size=20)  # any text: topics are JSON-escaped
@@ -76,3 +80,169 @@ def test_log_summary_finds_fifo_reversals_across_processes(tmp_path: Path) -> No
     (tmp_path / "c.subscriber.jsonl").write_text(handed(4.0, 1, f"{p}:4") + "\n")
     [problem] = LogSummary(tmp_path).check_fifo(["s"])
     assert f"{p}:4" in problem and "1 handed after" in problem
+
+
+# ---------------------------------------------------------------------- segments, full disk
+def read_segments(directory: Path) -> list[dict]:
+    """Every line of every segment (plain and gzipped), in segment order."""
+    from oncemesh.common.settlement_log import log_files, read_lines
+
+    return [json.loads(line) for f in log_files(directory) for line in read_lines(f) if line.strip()]
+
+
+def gids(lines: list[dict]) -> list[str]:
+    return [line["gid"] for line in lines if "gid" in line]
+
+
+def test_segments_rotate_by_size_and_closed_ones_are_gzipped_without_losing_a_line(tmp_path: Path) -> None:
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(max_bytes=2000, max_seconds=0))
+    for i in range(100):
+        log.write_core_events(1.0 + i, [("delivered", f"p:{i}", "t", "s" * 16, None)])
+        log.flush()
+    log.close()
+    names = sorted(f.name for f in tmp_path.iterdir())
+    assert len(names) > 3 and all(n.startswith("A.settlement.7.") and n.endswith(".jsonl.gz") for n in names)
+    assert all(f.stat().st_size < 2000 for f in tmp_path.iterdir())  # gzipped: smaller than a segment
+    assert gids(read_segments(tmp_path)) == [f"p:{i}" for i in range(100)]
+
+
+def test_a_segment_older_than_max_seconds_is_closed_at_the_next_flush(tmp_path: Path) -> None:
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(max_bytes=0, max_seconds=60, compress=False))
+    log.write("router_started", 1.0)
+    log.flush()
+    first = log.open_segment
+    log.flush()
+    assert log.open_segment == first  # young: kept
+    log._seg_opened -= 61  # the clock moved on a minute
+    log.flush()
+    assert log.open_segment != first and first is not None and first.exists()
+    log.write("router_stopped", 2.0)
+    log.close()
+    assert [x["ev"] for x in read_segments(tmp_path)] == ["router_started", "router_stopped"]
+
+
+def test_retention_deletes_the_oldest_closed_segments_only_when_configured(tmp_path: Path) -> None:
+    def run(directory: Path, segments: Segments) -> list[str]:
+        log = SettlementLog(directory / "A.settlement.jsonl", src="router", node="A", inc="7",
+                            segments=segments)
+        for i in range(60):
+            log.write_core_events(1.0 + i, [("delivered", f"p:{i}", "t", "s" * 16, None)])
+            log.flush()
+        log.close()
+        return gids(read_segments(directory))
+
+    keep = run(tmp_path / "keep", Segments(max_bytes=1000, max_seconds=0, compress=False))
+    assert keep == [f"p:{i}" for i in range(60)]  # default: every segment kept
+    kept = run(tmp_path / "cut", Segments(max_bytes=1000, max_seconds=0, retention_bytes=3000, compress=False))
+    assert 0 < len(kept) < 60 and kept == [f"p:{i}" for i in range(60 - len(kept), 60)]  # the newest
+    assert sum(f.stat().st_size for f in (tmp_path / "cut").iterdir()) <= 3000
+
+
+def test_retention_by_age(tmp_path: Path) -> None:
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(max_bytes=200, max_seconds=0, retention_seconds=3600, compress=False))
+    log.write_core_events(1.0, [("delivered", "p:0", "t", "s" * 16, None)] * 3)
+    log.flush()
+    assert log._keeper is not None
+    log._keeper.jobs.join()
+    [old] = [f for f in tmp_path.iterdir() if f != log.open_segment]
+    os.utime(old, (time.time() - 7200, time.time() - 7200))  # last written two hours ago
+    log.write_core_events(2.0, [("delivered", "p:1", "t", "s" * 16, None)] * 3)
+    log.close()
+    assert not old.exists() and gids(read_segments(tmp_path)) == ["p:1"] * 3
+
+
+def test_a_restart_finishes_what_a_crash_left_half_done(tmp_path: Path) -> None:
+    """A crash while compressing leaves X.jsonl with X.jsonl.gz (complete) or X.jsonl.gz.tmp: the
+    reader and the next start take the .gz; a plain segment of a dead incarnation is compressed."""
+    from oncemesh.common.settlement_log import compress_segment, log_files, segment_name
+
+    def seg(inc: str, n: int, gid: str) -> Path:
+        p = tmp_path / segment_name("A.settlement", inc, n)
+        p.write_text(json.dumps({"v": 1, "ts": 1.0, "src": "router", "node": "A", "inc": inc,
+                                 "ev": "delivered", "gid": gid}) + "\n")
+        return p
+
+    both = seg("1", 1, "g1")
+    copy = both.read_bytes()
+    compress_segment(both)
+    both.write_bytes(copy)  # the crash came before the plain one was removed
+    seg("1", 2, "g2").with_name(segment_name("A.settlement", "1", 2) + ".gz.tmp").write_bytes(b"\x1f\x8b")
+    seg("1", 3, "g3")
+    assert gids(read_segments(tmp_path)) == ["g1", "g2", "g3"]  # read once each, .tmp ignored
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="2", segments=Segments())
+    log.write("router_started", 5.0)
+    log.close()
+    assert all(f.name.endswith(".jsonl.gz") for f in tmp_path.iterdir())
+    assert len(log_files(tmp_path)) == 4
+    assert gids(read_segments(tmp_path)) == ["g1", "g2", "g3"]
+
+
+class FullDisk:
+    """A write function over a disk with `room` bytes left; `room = None`: no limit."""
+
+    def __init__(self, room: int | None) -> None:
+        self.room = room
+
+    def __call__(self, fd: int, data: memoryview) -> int:
+        if self.room is not None and self.room <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = len(data) if self.room is None else min(len(data), self.room)
+        if self.room is not None:
+            self.room -= n
+        return os.write(fd, data[:n])
+
+
+def test_a_full_disk_holds_every_line_blocks_and_resumes_without_a_torn_line(tmp_path: Path) -> None:
+    disk = FullDisk(room=500)
+    events: list[bool] = []
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(compress=False), hold=True, on_writable=events.append,
+                        write_fn=disk)
+    for i in range(20):
+        log.write_core_events(1.0 + i, [("delivered", f"p:{i}", "t", "s" * 16, None)])
+        log.flush()  # in hold mode a full disk does not raise
+    assert events == [False] and not log.writable and log.pending_bytes > 0
+    assert log.stats()["log_writable"] is False and "No space" in log.stats()["log_blocked_reason"]
+    log.flush()
+    assert events == [False]  # still full: no flapping
+    disk.room = None  # space returns
+    log.flush()
+    assert events == [False, True] and log.writable and log.pending_bytes == 0
+    log.close()
+    assert gids(read_segments(tmp_path)) == [f"p:{i}" for i in range(20)]  # none lost, none torn
+
+
+def test_free_space_below_the_floor_holds_the_log_like_a_full_disk(tmp_path: Path) -> None:
+    free = [10_000]
+    events: list[bool] = []
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(compress=False, free_floor_bytes=1_000_000), hold=True,
+                        on_writable=events.append, free_bytes_fn=lambda _d: free[0])
+    log.write("router_started", 1.0)
+    log.flush()
+    assert events == [False] and "below the floor" in log.block_reason
+    assert log.open_segment is not None and log.open_segment.stat().st_size == 0
+    free[0] = 2_000_000
+    log.flush()
+    assert events == [False, True]
+    log.close()
+    assert [x["ev"] for x in read_segments(tmp_path)] == ["router_started"]
+
+
+def test_a_client_log_raises_on_a_full_disk_but_keeps_the_line_for_a_retry(tmp_path: Path) -> None:
+    """Clients flush before they act: the flush must fail (so the client does not act), and the
+    line must still be written by a later flush."""
+    disk = FullDisk(room=0)
+    path = tmp_path / "c.subscriber.jsonl"
+    log = SettlementLog(path, src="subscriber", node="c", inc="r1", write_fn=disk)
+    log.write("handed", 1.0, "p:1", "t", "s", link="l", n=1)
+    with pytest.raises(OSError) as err:
+        log.flush()
+    assert err.value.errno == errno.ENOSPC and not log.writable
+    disk.room = None
+    log.flush()
+    log.close()
+    assert gids(read(path)) == ["p:1"]
