@@ -1,8 +1,10 @@
 """The whole mesh in one process under a seeded simulator (see simulator.py for what is checked).
 
-Default run: 500 seeds without faults and 300 per fault case (2,000 simulations, over the example
-topologies). More: `pytest tests/sim --sim-seeds 5000`, or `pytest tests/sim -m slow` (5,000 longer
-runs with every fault at once). Replay one: `pytest tests/sim -k replay --sim-seed N
+Default run (`SEEDS`, first column): 200 seeds without faults, 120 per fault case, 40 per case of
+each ordering mode (1,520 simulations over the example topologies, ~4 minutes on 2 cores). `pytest
+tests/sim -m slow` runs the seeds after those up to the second column (3,800 in all, as the default
+run did before it had to fit CI's time), plus 5,000 longer runs with every fault at once. Or
+`pytest tests/sim --sim-seeds N` for seeds 1..N of every case. Replay one: `pytest tests/sim -k replay --sim-seed N
 --sim-topology mesh4 --sim-faults kill,partition`. A failing seed prints that command.
 """
 
@@ -42,14 +44,22 @@ def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messa
     return sim
 
 
-def seeds(config: pytest.Config, default: int) -> range:
-    n = config.getoption("--sim-seeds") or default
-    return range(1, n + 1)
+# seeds per case: (default run, with -m slow)
+SEEDS = {"mesh": (200, 500), "faults": (120, 300), "total": (40, 100), "lamport": (40, 100), "causal": (40, 100)}
 
 
-def test_mesh_without_faults(pytestconfig: pytest.Config) -> None:
+def seeds(config: pytest.Config, case: str, full: bool = False) -> range:
+    """Seeds of a case: 1..default, or with `full` the rest up to the slow run's count."""
+    n = config.getoption("--sim-seeds")
+    if n:
+        return range(1, n + 1) if not full else range(0)
+    default, more = SEEDS[case]
+    return range(default + 1, more + 1) if full else range(1, default + 1)
+
+
+def test_mesh_without_faults(pytestconfig: pytest.Config, full: bool = False) -> None:
     """Random publish / attach / detach / move schedules: exactly once, truthful outcomes."""
-    for seed in seeds(pytestconfig, 500):
+    for seed in seeds(pytestconfig, "mesh", full):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         sim = simulate(seed, topology, "", duration=6.0, messages=30)
         assert sum(len(v) for v in sim.owed.values()) > 0 or seed > 3
@@ -67,31 +77,31 @@ def test_replay(pytestconfig: pytest.Config) -> None:
 
 
 @pytest.mark.parametrize("faults", ["kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"])
-def test_mesh_with_faults(pytestconfig: pytest.Config, faults: str) -> None:
+def test_mesh_with_faults(pytestconfig: pytest.Config, faults: str, full: bool = False) -> None:
     """Crashes and restarts, freezes, partitions and connection resets, at random: no duplicate,
     no false ACCEPTED ever; once faults heal, every message reaches its outcome."""
-    for seed in seeds(pytestconfig, 300):
+    for seed in seeds(pytestconfig, "faults", full):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         simulate(seed, topology, faults, duration=8.0, messages=30)
 
 
 @pytest.mark.parametrize("faults", ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"])
-def test_total_order_with_faults(pytestconfig: pytest.Config, faults: str) -> None:
+def test_total_order_with_faults(pytestconfig: pytest.Config, faults: str, full: bool = False) -> None:
     """A topic in total order (sequencer): on top of every promise above, every two subscriptions
     are handed the messages they both get in the same order, while the sequencer's router dies,
     freezes or is cut off."""
-    for seed in seeds(pytestconfig, 100):
+    for seed in seeds(pytestconfig, "total", full):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         sim = simulate(seed, topology, faults, duration=8.0, messages=30, total=True)
         assert sum(len(v) for v in sim.sequence.values()) > 0 or seed > 3
 
 
 @pytest.mark.parametrize("faults", ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"])
-def test_lamport_order_with_faults(pytestconfig: pytest.Config, faults: str) -> None:
+def test_lamport_order_with_faults(pytestconfig: pytest.Config, faults: str, full: bool = False) -> None:
     """A topic in total order by Lamport clocks: the same promises as with the sequencer, while
     routers die (restarting without their part of the stream), freeze or are cut off, and
     connections reset (frames lost on the way between two routers that stay reachable)."""
-    for seed in seeds(pytestconfig, 100):
+    for seed in seeds(pytestconfig, "lamport", full):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         sim = simulate(seed, topology, faults, duration=8.0, messages=30, total="lamport")
         assert sum(len(v) for v in sim.sequence.values()) > 0 or seed > 3
@@ -137,12 +147,12 @@ TOTAL_REGRESSIONS = [
 
 
 @pytest.mark.parametrize("faults", ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"])
-def test_causal_order_with_faults(pytestconfig: pytest.Config, faults: str) -> None:
+def test_causal_order_with_faults(pytestconfig: pytest.Config, faults: str, full: bool = False) -> None:
     """A topic in causal order: subscriber i and publisher i are one client; a message its client
     had been handed (through the router it publishes through) before publishing is never handed
     after it, on top of exactly-once, truthful outcomes and FIFO."""
     deps = 0
-    for seed in seeds(pytestconfig, 100):
+    for seed in seeds(pytestconfig, "causal", full):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         sim = simulate(seed, topology, faults, duration=8.0, messages=30, causal=True)
         deps += sum(len(d) for d in sim.deps.values())
@@ -186,3 +196,22 @@ def test_lamport_order_regressions(seed: int, topology: str, faults: str) -> Non
 def test_total_order_regressions(seed: int, topology: str, faults: str) -> None:
     sim = simulate(seed, topology, faults, duration=8.0, messages=30, total=True)  # raises on any violation
     assert all(not p.in_doubt for p in sim.pubs)
+
+
+FULL_CASES = [("mesh", "")] + [(case, f) for case in ("faults",) for f in
+                                ["kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"]] + \
+    [(case, f) for case in ("total", "lamport", "causal")
+     for f in ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,faults", FULL_CASES)
+def test_more_seeds(pytestconfig: pytest.Config, case: str, faults: str) -> None:
+    """Behind `-m slow`: every case above with the seeds after the default run's, up to `SEEDS`'s
+    second column."""
+    run = {"mesh": lambda: test_mesh_without_faults(pytestconfig, full=True),
+           "faults": lambda: test_mesh_with_faults(pytestconfig, faults, full=True),
+           "total": lambda: test_total_order_with_faults(pytestconfig, faults, full=True),
+           "lamport": lambda: test_lamport_order_with_faults(pytestconfig, faults, full=True),
+           "causal": lambda: test_causal_order_with_faults(pytestconfig, faults, full=True)}
+    run[case]()
