@@ -37,6 +37,11 @@ class RouterConfig:
     max_frame: int = 1024 * 1024
     max_expiry: float = 7 * 24 * 3600.0  # cap on a subscription's requested timeout
     max_connections: int = 20_000
+    # ids a subscriber presents as accepted (resume): per attach, and held as placeholders in all;
+    # beyond either the attach is refused with amqp:resource-limit-exceeded (docs/operations.md)
+    max_presented: int = 100_000
+    max_placeholders: int = 1_000_000
+    max_subscriptions: int = 100_000  # entries in the (mesh-wide) subscription table; a new one beyond is refused
     log_flush_interval: float = 0.2
     # settlement-log segments (docs/settlement-log.md, "Files"): a new segment at this size or age,
     # closed ones gzipped in a worker thread ("gzip" or "none"); retention 0 keeps every segment

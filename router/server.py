@@ -376,7 +376,7 @@ class Router:
                 self._open_subscriber(link)
             else:
                 self._open_publisher(link)
-        except errors.RemoteProtocolError as exc:
+        except (errors.RemoteProtocolError, errors.ResourceLimitExceeded) as exc:
             log.warning("link.refused peer=%s container=%s link=%s condition=%s reason=%s", link.conn.peer,
                         link.conn.ctx.container, link.name, exc.condition, exc)
             link.close(exc.condition, str(exc))
@@ -399,11 +399,23 @@ class Router:
         presented = props.get(PROP_RESUME)
         if presented is not None and not isinstance(presented, list | tuple):
             raise errors.RemoteProtocolError(f"link property {PROP_RESUME} must be a list of ids")
+        if presented and len(presented) > self.cfg.max_presented:
+            raise errors.ResourceLimitExceeded(
+                f"{len(presented)} ids presented in {PROP_RESUME}; at most {self.cfg.max_presented} per attach")
+        if presented and len(self.core.placeholders) + len(presented) > self.cfg.max_placeholders:
+            raise errors.ResourceLimitExceeded(
+                f"this router holds {len(self.core.placeholders)} presented ids that no message matched yet "
+                f"(max_placeholders {self.cfg.max_placeholders}); attach again later")
         handed_last = props.get(PROP_HANDED_LAST)
         if handed_last is not None and not isinstance(handed_last, list | tuple):
             raise errors.RemoteProtocolError(f"link property {PROP_HANDED_LAST} must be a list of ids")
         last = tuple(str(g) for g in handed_last) if handed_last else ()
         sid = subscription_id(container, link.name, topic)
+        known = self.core.table.get(sid)
+        if (known is None or not known.live) and len(self.core.table) >= self.cfg.max_subscriptions:
+            raise errors.ResourceLimitExceeded(
+                f"the subscription table holds {len(self.core.table)} subscriptions (max_subscriptions "
+                f"{self.cfg.max_subscriptions}); end some, or raise the limit")
         old = self.sub_links.get(sid)
         if old is not None and old is not link:
             log.info("link.stolen sid=%s old_peer=%s new_peer=%s", sid, old.conn.peer, link.conn.peer)

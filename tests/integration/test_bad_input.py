@@ -449,3 +449,61 @@ def test_a_causal_past_that_is_not_gid_topic_pairs_is_an_invalid_field(router: R
     assert error_condition(detach, 2) == "amqp:invalid-field"
     raw.close()
     canary.check()
+
+
+def test_presented_ids_beyond_the_limits_refuse_the_attach(make_router: Any) -> None:
+    """A subscriber presents ids it accepted (resume); ids no message matches yet are held as
+    placeholders. Too many in one attach, or too many held in all, refuse the attach with
+    amqp:resource-limit-exceeded instead of growing without bound."""
+    r = make_router("P", settings={"max_presented": 50, "max_placeholders": 120})
+    canary = Canary(r.url)
+    canary.check()
+
+    def attach(name: str, ids: list[str]) -> Any:
+        raw = RawClient(*host_port(r))
+        raw.handshake()
+        props = {symbol("oncemesh.client"): 1, symbol("oncemesh.resume"): ids}
+        raw.send(frame(ATTACH, [name, uint(0), True, ubyte(0), ubyte(1), described(0x28, ["presenting"]),
+                                described(0x29, [None]), None, None, None, None, None, None, props]))
+        answer = raw.expect(ATTACH)
+        return raw, answer
+
+    def unknown(prefix: str, n: int) -> list[str]:
+        return [f"{prefix:a<12}:{i}" for i in range(n)]
+
+    raw, _ = attach("too-many", unknown("x", 51))
+    detach = raw.expect(DETACH)
+    assert error_condition(detach, 2) == "amqp:resource-limit-exceeded"
+    raw.close()
+    held = []
+    for k in range(2):  # 100 placeholders held: within the limit
+        raw, _ = attach(f"ok-{k}", unknown(f"p{k}", 50))
+        held.append(raw)
+    raw, _ = attach("one-too-many", unknown("p9", 50))  # 150 > 120
+    detach = raw.expect(DETACH)
+    assert error_condition(detach, 2) == "amqp:resource-limit-exceeded"
+    raw.close()
+    for h in held:
+        h.close()
+    canary.check()
+
+
+def test_a_new_subscription_beyond_max_subscriptions_is_refused(make_router: Any) -> None:
+    r = make_router("Q", settings={"max_subscriptions": 3})
+
+    async def main() -> None:
+        c = await Client(r.url, container_id="many").start()
+        try:
+            subs = [c.subscriber("t", f"s{i}", expiry=60) for i in range(3)]
+            for s in subs:
+                await s.wait_attached(10)
+            with pytest.raises(LinkRefused) as ei:
+                await c.subscriber("t", "s3", expiry=60).wait_attached(10)
+            assert ei.value.condition == "amqp:resource-limit-exceeded" and "max_subscriptions" in ei.value.description
+            await subs[0].detach()  # (suspended, not ended: still in the table) ...
+            again = c.subscriber("t", "s0", expiry=60)  # ... and it may resume
+            await again.wait_attached(10)
+        finally:
+            await c.close()
+
+    run(main())
