@@ -99,6 +99,7 @@ class RouterStatus:
     started: float | None = None  # wall-clock time the launcher started it
     order: dict[str, Any] | None = None  # per total-order topic: its sequencer as this router sees it
     loop_lag_ms: tuple[float, float] | None = None  # event-loop lag, max and p99 of the last minute
+    log_blocked: str | None = None  # why the settlement log cannot be written (no publisher credit)
 
     @property
     def alive(self) -> bool:
@@ -308,7 +309,8 @@ class Mesh:
             url=ready.get("url"), listen=ready.get("listen"), inter_router=ready.get("inter_router"),
             incarnation=ready.get("incarnation"), peers=tuple(sorted(ready.get("peers", ()))),
             converged=bool(ready.get("converged")), started=started, order=ready.get("order") or None,
-            loop_lag_ms=_lag_of(ready.get("stats") or {}))
+            loop_lag_ms=_lag_of(ready.get("stats") or {}),
+            log_blocked=_log_blocked_of(ready.get("stats") or {}))
 
     def _ids(self, st: dict[str, Any]) -> list[str]:
         """The topology's routers, and any other this state dir started that still runs (e.g. one
@@ -789,6 +791,12 @@ def _lag_of(stats: dict[str, Any]) -> tuple[float, float] | None:
     return (float(stats["loop_lag_max_ms"]), float(stats.get("loop_lag_p99_ms", 0.0)))
 
 
+def _log_blocked_of(stats: dict[str, Any]) -> str | None:
+    if stats.get("log_writable", True):
+        return None
+    return str(stats.get("log_blocked_reason") or "settlement log not writable")
+
+
 def format_table(statuses: list[RouterStatus]) -> str:
     rows = [("ID", "PID", "URL", "ALIVE", "PEERS", "LOOP LAG MAX/P99", "INCARNATION")]
     for s in statuses:
@@ -796,7 +804,8 @@ def format_table(statuses: list[RouterStatus]) -> str:
         if s.state is RouterState.RUNNING and not s.converged:
             peers += " (converging)"
         lag = f"{s.loop_lag_ms[0]:.0f}/{s.loop_lag_ms[1]:.0f} ms" if s.loop_lag_ms else "-"
-        rows.append((s.id, str(s.pid) if s.pid else "-", s.url or "-", _alive_text(s), peers, lag,
+        alive = _alive_text(s) + (f", LOG BLOCKED: {s.log_blocked} (no publisher credit)" if s.log_blocked else "")
+        rows.append((s.id, str(s.pid) if s.pid else "-", s.url or "-", alive, peers, lag,
                      s.incarnation or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)

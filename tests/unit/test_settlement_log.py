@@ -246,3 +246,16 @@ def test_a_client_log_raises_on_a_full_disk_but_keeps_the_line_for_a_retry(tmp_p
     log.flush()
     log.close()
     assert gids(read(path)) == ["p:1"]
+
+
+def test_oncemesh_status_shows_a_blocked_settlement_log() -> None:
+    from oncemesh.topology.launcher import Mesh, RouterState, RouterStatus, format_table
+
+    assert Mesh is not None
+    ok = RouterStatus("A", RouterState.RUNNING, 1, url="amqp://h:1", converged=True)
+    full = RouterStatus("B", RouterState.RUNNING, 2, url="amqp://h:2", converged=True,
+                        log_blocked="No space left on device")
+    table = format_table([ok, full])
+    [a_row] = [r for r in table.splitlines() if r.startswith("A ")]
+    [b_row] = [r for r in table.splitlines() if r.startswith("B ")]
+    assert "LOG BLOCKED" not in a_row and "LOG BLOCKED: No space left on device" in b_row
