@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .clients import cli as clients_cli
-from .harness import bench, chaos, demo
+from .harness import bench, chaos, demo, soak
 from .router.config import RouterConfig, parse_hostport
 from .router.meshport import MeshPort
 from .spark import job
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(sub)  # oncemesh router
-    for module in (demo, clients_cli, launcher, job, chaos, bench):
+    for module in (demo, clients_cli, launcher, job, chaos, bench, soak):
         module.register(sub)
     return parser
 

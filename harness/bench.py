@@ -554,13 +554,19 @@ def _wait_files(procs: list[tuple[Proc, Path]], timeout: float, what: str) -> li
     return got
 
 
+def run_suffix(tag: str) -> str:
+    """What `run_once` appends to the topics of a run (`t` -> `t-SUFFIX`): a caller that starts the
+    server itself (`oncemesh soak`) names those topics in its topology."""
+    return f"{tag}-{os.getpid()}"
+
+
 def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitMQ | None = None,
              profile: float = 0.0, server: Server | None = None) -> dict[str, Any]:
     """Start the server (unless given) and the clients of `case`, run it, and measure it. Everything
     started here is stopped here; a given server and the shared RabbitMQ node are left running."""
     wd = workdir / tag
     wd.mkdir(parents=True, exist_ok=True)
-    uniq = f"{tag}-{os.getpid()}"
+    uniq = run_suffix(tag)
     owned = server is None and case.kind != "rabbitmq"
     if server is None:
         server = _start_server(case, wd, cfg, rabbit, [f"{t}-{uniq}" for t in set(case.pub_topics)])
