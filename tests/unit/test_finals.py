@@ -178,7 +178,7 @@ def test_the_purge_cost_per_tick_stays_flat_with_millions_of_final_gids() -> Non
     per_round, dt = 20_000, 1e-4
     times = []
     i = 0
-    for k in range(85):
+    for _round in range(85):
         for _ in range(per_round):
             core.recent_final[f"{i:016x}:{i}"] = i * dt
             i += 1
