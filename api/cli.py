@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .clients import cli as clients_cli
 from .harness import bench, chaos, demo, soak
@@ -19,6 +20,9 @@ from .router.meshport import MeshPort
 from .spark import job
 from .topology import launcher
 from .topology.model import Topology
+
+if TYPE_CHECKING:
+    from .interrouter.mesh import MeshTls
 
 DESCRIPTION = """\
 oncemesh: a federated network of AMQP 1.0 routers with exactly-once publish/subscribe.
@@ -56,6 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a setting, e.g. --set max_inflight_messages=50000 (repeatable); "
                         "see docs/operations.md for the list")
+    p.add_argument("--mesh-tls-dir", type=Path, default=None,
+                   help="directory holding ca.pem (the mesh CA), ID.pem and ID.key (this router's "
+                        "certificate and key) for inter-router TLS, unless the topology's settings name "
+                        "mesh_tls_cert/mesh_tls_key/mesh_tls_ca ('oncemesh up' makes one by itself)")
+    p.add_argument("--insecure-mesh", action="store_true",
+                   help="run a mesh without inter-router TLS: any process that reaches the inter-router "
+                        "port can join as a router and forge acknowledgements. For experiments only; "
+                        "logged and shown in the status as INSECURE")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=cmd_router)
 
@@ -102,18 +114,50 @@ def cmd_router(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"oncemesh router: --set: {exc}", file=sys.stderr)
         return 2
+    base = args.topology.parent if args.topology is not None else Path.cwd()
+    for key in ("mesh_tls_cert", "mesh_tls_key", "mesh_tls_ca", "tls_cert", "tls_key", "tls_ca"):
+        if getattr(cfg, key):  # relative paths are read from the topology file's directory
+            setattr(cfg, key, str(base / getattr(cfg, key)))
+    if args.mesh_tls_dir is not None:
+        d = args.mesh_tls_dir
+        cfg.mesh_tls_cert = cfg.mesh_tls_cert or str(d / f"{cfg.id}.pem")
+        cfg.mesh_tls_key = cfg.mesh_tls_key or str(d / f"{cfg.id}.key")
+        cfg.mesh_tls_ca = cfg.mesh_tls_ca or str(d / "ca.pem")
+    cfg.insecure_mesh = cfg.insecure_mesh or args.insecure_mesh
+    mesh_tls = None
+    if topo is not None and not cfg.insecure_mesh:
+        from .common.tls import TlsConfigError
+        from .interrouter.mesh import MeshTls
+
+        missing = [k for k in ("mesh_tls_cert", "mesh_tls_key", "mesh_tls_ca") if not getattr(cfg, k)]
+        if missing:
+            print(f"oncemesh router: the mesh is closed: inter-router connections need TLS, and "
+                  f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Name the files in "
+                  f"the topology ([routers.{cfg.id}.settings] or [defaults]), or give --mesh-tls-dir; "
+                  f"'oncemesh up' makes a private CA by itself. --insecure-mesh runs without (any process "
+                  f"could join as a router).", file=sys.stderr)
+            return 2
+        try:
+            mesh_tls = MeshTls(Path(cfg.mesh_tls_cert), Path(cfg.mesh_tls_key), Path(cfg.mesh_tls_ca))
+        except TlsConfigError as exc:
+            print(f"oncemesh router: inter-router TLS: {exc}", file=sys.stderr)
+            return 2
     configure_logging(cfg.log_dir, cfg.id, args.log_level)
     try:
-        asyncio.run(run_router(cfg, topo))
+        asyncio.run(run_router(cfg, topo, mesh_tls))
+    except ValueError as exc:  # (TlsConfigError: the client listener's files)
+        print(f"oncemesh router: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"oncemesh router: cannot listen on {cfg.listen[0]}:{cfg.listen[1]}: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-async def run_router(cfg: RouterConfig, topo: Topology | None = None) -> None:
+async def run_router(cfg: RouterConfig, topo: Topology | None = None, mesh_tls: MeshTls | None = None) -> None:
     """Compose and run one router until SIGTERM/SIGINT: in a mesh (`topo`), its core learns the
-    topology's ordered topics and the router gets its mesh layer."""
+    topology's ordered topics and the router gets its mesh layer (`mesh_tls`: its inter-router TLS;
+    None only for an insecure mesh). SIGHUP reloads certificates, keys and CAs for new connections."""
     from .common.engine import tune_gc
     from .interrouter.mesh import Mesh, total_topics
     from .router.server import Router
@@ -123,12 +167,19 @@ async def run_router(cfg: RouterConfig, topo: Topology | None = None) -> None:
         mesh_topo = topo
         cfg.core.total_topics = total_topics(topo)
         cfg.core.causal_groups = topo.causal_groups()
-        mesh = lambda router: Mesh(router, mesh_topo, cfg.state_dir, cfg.peers_dir)  # noqa: E731
+        mesh = lambda router: Mesh(router, mesh_topo, cfg.state_dir, cfg.peers_dir, mesh_tls)  # noqa: E731
 
     router = Router(cfg, mesh)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, router.request_stop)
+
+    def reload_tls() -> None:
+        for provider in (router.client_tls, mesh_tls):
+            if provider is not None:
+                provider.reload()
+
+    loop.add_signal_handler(signal.SIGHUP, reload_tls)
     await router.start()
     tune_gc()
     await router.serve_forever()

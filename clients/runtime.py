@@ -32,6 +32,7 @@ from tenacity import (
 from ..common.engine import AmqpConnection, Engine, Link, connect
 from ..common.errors import NoRouterAvailable
 from ..common.settlement_log import SettlementLog
+from ..common.tls import TlsFiles, make_context
 from .publisher import Publisher
 from .state import ClientState
 from .subscriber import Subscriber
@@ -40,17 +41,25 @@ log = logging.getLogger("oncemesh.client")
 
 
 def parse_url(url: str) -> tuple[str, int]:
+    host, port, _ = parse_url_tls(url)
+    return host, port
+
+
+def parse_url_tls(url: str) -> tuple[str, int, bool]:
+    """(host, port, TLS?) of amqp://HOST:PORT (5672) or amqps://HOST:PORT (TLS, 5671)."""
     u = url.strip()
+    scheme = "amqp"
     if "://" in u:
         scheme, u = u.split("://", 1)
-        if scheme not in ("amqp",):
-            raise ValueError(f"unsupported URL scheme {scheme!r} in {url!r} (use amqp://HOST:PORT)")
+        if scheme not in ("amqp", "amqps"):
+            raise ValueError(f"unsupported URL scheme {scheme!r} in {url!r} (use amqp://HOST:PORT or "
+                             f"amqps://HOST:PORT)")
     u = u.split("/", 1)[0]
     host, _, port = u.rpartition(":")
     if not host:
-        host, port = u, "5672"
+        host, port = u, "5671" if scheme == "amqps" else "5672"
     try:
-        return host.strip("[]"), int(port)
+        return host.strip("[]"), int(port), scheme == "amqps"
     except ValueError:
         raise ValueError(f"bad router URL {url!r}: expected amqp://HOST:PORT") from None
 
@@ -88,8 +97,14 @@ class Client:
     def __init__(self, urls: str | Sequence[str], *, state_dir: Path | str | None = None,
                  idle_timeout: float = 2.0, reconnect_timeout: float | None = 60.0,
                  connect_timeout: float = 3.0, log_dir: Path | str | None = None,
-                 dedup_retention: float = 3600.0, container_id: str | None = None) -> None:
+                 dedup_retention: float = 3600.0, container_id: str | None = None,
+                 tls: TlsFiles | None = None, check_hostname: bool = True) -> None:
+        """`tls`: for amqps:// URLs, the CAs to trust (`ca`; default the system's) and a client
+        certificate (`cert`, `key`) if the router asks for one; the router's certificate must name
+        the URL's host unless `check_hostname` is False."""
         self.urls = split_urls(urls)
+        self._tls = make_context(tls or TlsFiles(), server=False, check_hostname=check_hostname) \
+            if tls is not None or any(parse_url_tls(u)[2] for u in self.urls) else None
         self.state = ClientState(state_dir, retention=dedup_retention)
         self.container_id = container_id or self.state.container_id
         self.idle_timeout = idle_timeout
@@ -198,12 +213,13 @@ class Client:
         assert self.engine is not None
         url = self.urls[self._url_index % len(self.urls)]
         self._url_index += 1
-        host, port = parse_url(url)
+        host, port, secure = parse_url_tls(url)
         loop = asyncio.get_running_loop()
         self._opened = loop.create_future()
         conn = await connect(self.engine, lambda: AmqpConnection(
             self.engine, self, server=False, container_id=self.container_id,  # type: ignore[arg-type]
-            idle_timeout=self.idle_timeout, hostname=host), host, port, timeout=self.connect_timeout)
+            idle_timeout=self.idle_timeout, hostname=host), host, port, timeout=self.connect_timeout,
+            tls=self._tls if secure else None)
         self.conn = conn
         try:
             await asyncio.wait_for(asyncio.shield(self._opened), self.connect_timeout)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 from . import errors
 from . import ffi as F
 from .ffi import ffi, lib
+from .tls import TlsProvider, peer_names
 
 log = logging.getLogger("oncemesh.engine")
 
@@ -368,6 +370,15 @@ class AmqpConnection(asyncio.Protocol):
             return []
         return list(obj) if isinstance(obj, list | tuple) else [obj]
 
+    @property
+    def encrypted(self) -> bool:
+        return self.sock is not None and self.sock.get_extra_info("ssl_object") is not None
+
+    @property
+    def peer_names(self) -> set[str]:
+        """The names the peer's verified TLS certificate carries (empty without one)."""
+        return peer_names(self.sock.get_extra_info("peercert")) if self.sock is not None else set()
+
     # -- asyncio Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -659,12 +670,57 @@ def tune_gc(threshold: int = GC_THRESHOLD) -> None:
 
 
 async def listen(engine: Engine, factory: Callable[[], AmqpConnection], host: str, port: int,
-                 backlog: int = 1024) -> asyncio.Server:
-    return await engine.loop.create_server(factory, host, port, backlog=backlog, reuse_address=True)
+                 backlog: int = 1024, tls: TlsProvider | None = None) -> asyncio.Server:
+    """A listener. With `tls`, each accepted connection is upgraded with the context current at
+    that moment (so a reload applies to new connections only); a failed handshake is logged with
+    the peer's address and the connection dropped."""
+    if tls is None:
+        return await engine.loop.create_server(factory, host, port, backlog=backlog, reuse_address=True)
+    return await engine.loop.create_server(lambda: _TlsAccept(engine, factory, tls), host, port,
+                                           backlog=backlog, reuse_address=True)
+
+
+TLS_HANDSHAKE_TIMEOUT = 10.0
+
+
+class _TlsAccept(asyncio.Protocol):
+    """An accepted TCP connection until its TLS handshake is done; then the AMQP connection's."""
+
+    def __init__(self, engine: Engine, factory: Callable[[], AmqpConnection], tls: TlsProvider) -> None:
+        self.engine = engine
+        self.factory = factory
+        self.tls = tls
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # (nothing is read before start_tls takes the connection over)
+        self.engine.loop.create_task(self._upgrade(transport))
+
+    async def _upgrade(self, transport: asyncio.Transport) -> None:
+        peer = transport.get_extra_info("peername")
+        conn = self.factory()
+        try:
+            tls_transport = await self.engine.loop.start_tls(
+                transport, conn, self.tls.context(), server_side=True, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT)
+        except (TimeoutError, ssl.SSLError, OSError, ConnectionError) as exc:
+            log.warning("tls.handshake_failed endpoint=%s peer=%s error=%s", self.tls.what,
+                        f"{peer[0]}:{peer[1]}" if peer else "?", exc)
+            transport.abort()
+            conn.connection_lost(exc)
+            return
+        if tls_transport is None:  # (the peer went away during the handshake)
+            transport.abort()
+            return
+        conn.connection_made(tls_transport)
+
+    def data_received(self, data: bytes) -> None:  # (reading is paused until start_tls)
+        pass
 
 
 async def connect(engine: Engine, factory: Callable[[], AmqpConnection], host: str, port: int,
-                  timeout: float = 5.0) -> AmqpConnection:
-    _, proto = await asyncio.wait_for(engine.loop.create_connection(factory, host, port), timeout)
+                  timeout: float = 5.0, tls: ssl.SSLContext | None = None) -> AmqpConnection:
+    _, proto = await asyncio.wait_for(engine.loop.create_connection(
+        factory, host, port, ssl=tls, server_hostname=host if tls is not None else None,
+        ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT if tls is not None else None), timeout)
     assert isinstance(proto, AmqpConnection)
     return proto

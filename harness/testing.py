@@ -146,7 +146,7 @@ class RouterProcess:
 
     @property
     def url(self) -> str:
-        return f"amqp://127.0.0.1:{self.port}"
+        return f"{'amqps' if self.settings.get('tls_cert') else 'amqp'}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int:

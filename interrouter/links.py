@@ -4,19 +4,24 @@ Each side opens one sender link (`mesh:A->B`, target `$mesh`) and accepts the ot
 as pre-settled transfers, in order. Reliability is end to end (the origin re-sends copies and the
 destinations re-acknowledge after any fault), so a frame lost with a connection is never a lost
 message. The lexically smaller router id dials; the other listens on its inter-router address.
+
+The mesh is closed (docs/security.md): connections are mutual TLS with the mesh CA, and the router id
+a peer claims in its open properties must be a name in its certificate (common name, DNS name, or
+the URI `urn:oncemesh:router:<id>`), else the connection is refused with amqp:unauthorized-access.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import ssl
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from ..common import errors
 from ..common import ffi as F
-from ..common.engine import AmqpConnection, Engine, Link
+from ..common.engine import AmqpConnection, Engine, Link, connect
+from ..common.tls import router_uri
 from ..common.vocab import PROP_INCARNATION, PROP_MESH, PROP_ROUTER
 
 log = logging.getLogger("oncemesh.interrouter")
@@ -66,10 +71,13 @@ class PeerHandler:
 
     def __init__(self, me: str, inc: str, allowed: set[str],
                  on_up: Callable[[Peer], None], on_frame: Callable[[Peer, bytes], None],
-                 on_down: Callable[[Peer | None, AmqpConnection], None]) -> None:
+                 on_down: Callable[[Peer | None, AmqpConnection], None], verify_identity: bool = True) -> None:
         self.me = me
         self.inc = inc
         self.allowed = allowed
+        # the router id a peer claims must be a name its (verified) certificate carries; off only
+        # for a mesh run with --insecure-mesh
+        self.verify_identity = verify_identity
         self.on_up = on_up
         self.on_frame = on_frame
         self.on_down = on_down
@@ -88,6 +96,12 @@ class PeerHandler:
             log.warning("mesh.peer_refused peer=%s claimed=%r", conn.peer, peer_id)
             conn.close(errors.UnauthorizedAccess.condition,
                        f"router {self.me} has no inter-router link to {peer_id!r} in its topology")
+            return
+        if self.verify_identity and not (names := conn.peer_names) & {peer_id, router_uri(peer_id)}:
+            log.warning("mesh.peer_refused peer=%s claimed=%r reason=identity certificate_names=%s", conn.peer,
+                        peer_id, ",".join(sorted(names)) or "(none)")
+            conn.close(errors.UnauthorizedAccess.condition,
+                       f"the certificate presented names {sorted(names)}, not router {peer_id!r}")
             return
         peer = Peer(conn, peer_id, str(peer_inc))
         conn.ctx = peer
@@ -154,9 +168,6 @@ class PeerHandler:
 
 
 async def dial(engine: Engine, handler: PeerHandler, host: str, port: int, idle_timeout: float,
-               timeout: float = 3.0) -> AmqpConnection:
-    loop = engine.loop
-    _, proto = await asyncio.wait_for(
-        loop.create_connection(lambda: handler.make_connection(engine, False, idle_timeout), host, port), timeout)
-    assert isinstance(proto, AmqpConnection)
-    return proto
+               timeout: float = 3.0, tls: ssl.SSLContext | None = None) -> AmqpConnection:
+    return await connect(engine, lambda: handler.make_connection(engine, False, idle_timeout), host, port,
+                         timeout, tls=tls)

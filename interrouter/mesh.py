@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..common import errors
-from ..common.engine import AmqpConnection, Engine
+from ..common.engine import AmqpConnection, Engine, listen
+from ..common.tls import TlsFiles, TlsProvider
 from ..router.actions import MeshAction
 from ..router.server import Router
 from ..topology.model import Topology, TotalOrder
@@ -39,6 +40,19 @@ def _first_life(state_dir: Path | None, me: str) -> bool:
     return True
 
 
+class MeshTls:
+    """The TLS of one router's inter-router connections: one set of files (its certificate and key,
+    the mesh CA) for both sides, each peer's certificate required and verified."""
+
+    def __init__(self, cert: Path, key: Path, ca: Path) -> None:
+        files = TlsFiles(cert, key, ca, verify_peer=True)
+        self.server = TlsProvider(files, server=True, what="inter-router-listener")
+        self.client = TlsProvider(files, server=False, what="inter-router-dialer")
+
+    def reload(self) -> bool:
+        return self.server.reload() & self.client.reload()
+
+
 def total_topics(topo: Topology) -> frozenset[str]:
     """The topics in total order, by either algorithm (the mesh numbers their messages)."""
     return frozenset(topo.total_topics(TotalOrder.SEQUENCER) + topo.total_topics(TotalOrder.LAMPORT))
@@ -49,8 +63,10 @@ class Mesh:
     be told the total-order topics and causal groups of `topo` before the router is built (the
     composition root does: `oncemesh.cli`)."""
 
-    def __init__(self, router: Router, topo: Topology, state_dir: Path | None, peers_dir: Path | None) -> None:
+    def __init__(self, router: Router, topo: Topology, state_dir: Path | None, peers_dir: Path | None,
+                 tls: MeshTls | None = None) -> None:
         self.router = router
+        self.tls = tls  # None: an insecure mesh (--insecure-mesh)
         self.topo = topo
         self.me = router.id
         self.peers_dir = peers_dir
@@ -66,7 +82,7 @@ class Mesh:
                              bootstrap=_first_life(state_dir, self.me) if total else True,
                              lamport_topics=lamport)
         self.handler = PeerHandler(self.me, router.incarnation, set(nbrs), self._peer_up, self._on_frame,
-                                   self._peer_down)
+                                   self._peer_down, verify_identity=tls is not None)
         self.peers: dict[str, Peer] = {}
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None
@@ -82,9 +98,12 @@ class Mesh:
     async def start(self, engine: Engine) -> None:
         self.engine = engine
         host, port = self.listen_addr
-        self.server = await self.engine.loop.create_server(
-            lambda: self.handler.make_connection(self.engine, True, self.topo.dead_after),  # type: ignore[arg-type]
-            host, port, reuse_address=True, backlog=128)
+        self.server = await listen(
+            self.engine, lambda: self.handler.make_connection(self.engine, True, self.topo.dead_after),  # type: ignore[arg-type]
+            host, port, backlog=128, tls=self.tls.server if self.tls is not None else None)
+        if self.tls is None:
+            log.warning("mesh.INSECURE inter_router=%s:%d: any process that reaches this port can join the mesh "
+                        "as a router (started with --insecure-mesh)", *self.server.sockets[0].getsockname()[:2])
         sock = self.server.sockets[0].getsockname()
         self.bound = (sock[0], sock[1])
         for n in sorted(self.node.hello.costs):
@@ -112,6 +131,7 @@ class Mesh:
 
     def ready_info(self) -> dict[str, Any]:
         info = self.node.status()
+        info["mesh_security"] = "mutual-tls" if self.tls is not None else "INSECURE"
         info["inter_router"] = f"{self.bound[0]}:{self.bound[1]}" if self.bound else None
         return info
 
@@ -142,7 +162,8 @@ class Mesh:
             addr = self._peer_address(peer)
             if addr is not None:
                 try:
-                    await dial(self.engine, self.handler, addr[0], addr[1], self.topo.dead_after)
+                    await dial(self.engine, self.handler, addr[0], addr[1], self.topo.dead_after,
+                               tls=self.tls.client.context() if self.tls is not None else None)
                     delay = 0.05
                     for _ in range(40):  # the link pair, or the connection's failure, before retrying
                         if peer in self.peers or self._stopping:

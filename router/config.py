@@ -42,6 +42,19 @@ class RouterConfig:
     max_presented: int = 100_000
     max_placeholders: int = 1_000_000
     max_subscriptions: int = 100_000  # entries in the (mesh-wide) subscription table; a new one beyond is refused
+    # TLS (docs/security.md): PEM file paths, relative ones read from the topology file's directory.
+    # Inter-router connections are mutual TLS with the mesh CA, and a peer's certificate must name
+    # the router id it claims; a mesh without these refuses to start unless `insecure_mesh`.
+    mesh_tls_cert: str = ""
+    mesh_tls_key: str = ""
+    mesh_tls_ca: str = ""
+    insecure_mesh: bool = False
+    # the client listener speaks TLS only (amqps) when tls_cert is set; with tls_verify_clients,
+    # clients must present a certificate signed by a CA in tls_ca
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    tls_verify_clients: bool = False
     log_flush_interval: float = 0.2
     # settlement-log segments (docs/settlement-log.md, "Files"): a new segment at this size or age,
     # closed ones gzipped in a worker thread ("gzip" or "none"); retention 0 keeps every segment

@@ -27,6 +27,7 @@ from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
 from ..common.settlement_log import Segments, SettlementLog
+from ..common.tls import TlsFiles, TlsProvider
 from ..common.vocab import (
     FINAL_SUBJECT,
     FINAL_TAG_PREFIX,
@@ -165,6 +166,10 @@ class Router:
                               cfg.log_retention_seconds, cfg.log_compress == "gzip",
                               cfg.log_free_floor_bytes),
             hold=True, on_writable=self._on_log_writable)
+        # the client listener's TLS (amqps), None for plain AMQP; raises TlsConfigError at once
+        self.client_tls = TlsProvider(TlsFiles(Path(cfg.tls_cert), Path(cfg.tls_key) if cfg.tls_key else None,
+                                               Path(cfg.tls_ca) if cfg.tls_ca else None, cfg.tls_verify_clients),
+                                      server=True, what="client-listener") if cfg.tls_cert else None
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None
         self.connections: set[AmqpConnection] = set()
@@ -193,7 +198,7 @@ class Router:
         self._saved_version = self.table.version
         host, port = self.cfg.listen
         engine = self.engine
-        self.server = await amqp.listen(engine, self._make_connection, host, port)
+        self.server = await amqp.listen(engine, self._make_connection, host, port, tls=self.client_tls)
         sock = self.server.sockets[0].getsockname()
         self.bound = (sock[0], sock[1])
         self.slog.write("router_started", now, info=f"listen={sock[0]}:{sock[1]} pid={os.getpid()}")
@@ -208,7 +213,7 @@ class Router:
         assert self.bound is not None
         info: dict[str, Any] = {"id": self.id, "pid": os.getpid(), "incarnation": self.incarnation,
                                 "listen": f"{self.bound[0]}:{self.bound[1]}",
-                                "url": f"amqp://{self.bound[0]}:{self.bound[1]}",
+                                "url": f"{'amqps' if self.client_tls else 'amqp'}://{self.bound[0]}:{self.bound[1]}",
                                 "peers": [], "converged": True, "updated": time.time(),
                                 "stats": {**self.core.stats(), "connections": len(self.connections),
                                           "rss_kb": _rss_kb(), **self._lag_fields(),

@@ -147,8 +147,10 @@ class Mesh:
     """
 
     def __init__(self, topology_path: str | Path, state_dir: str | Path = DEFAULT_STATE_DIR, *,
-                 topology: Topology | None = None, proxies: bool = False) -> None:
+                 topology: Topology | None = None, proxies: bool = False, insecure_mesh: bool = False) -> None:
         self.topology_path = Path(topology_path).resolve()
+        # without TLS files named in the topology, the routers get a private CA made in tls_dir
+        self.insecure_mesh = insecure_mesh
         self.topology = topology if topology is not None else load_topology(self.topology_path)
         self.state_dir = Path(state_dir).resolve()
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # pid -> process started by this object
@@ -195,7 +197,7 @@ class Mesh:
             if "topology_text" not in st:
                 raise
             topo = parse_topology(st["topology_text"], f"{path} (as recorded in {state_path})")
-        return cls(path, state_dir, topology=topo)
+        return cls(path, state_dir, topology=topo, insecure_mesh=bool(st.get("insecure_mesh", False)))
 
     # ------------------------------------------------------------------ paths
     @property
@@ -217,12 +219,26 @@ class Mesh:
         directory, or with proxies its own directory naming the proxies."""
         return self.state_dir / "peers" / router_id if self._proxy_id else self.status_dir
 
+    @property
+    def tls_dir(self) -> Path:
+        """The private mesh CA and router certificates `up` makes when the topology names none."""
+        return self.state_dir / "tls"
+
+    def _own_pki(self) -> bool:
+        """Do the routers use the CA made in `tls_dir` (the topology names no TLS files)?"""
+        return not self.insecure_mesh and not any(
+            "mesh_tls_cert" in self.topology.router_settings(rid) for rid in self.topology.routers)
+
     def router_command(self, router_id: str, listen: str | None = None) -> list[str]:
         """The exact command line of one router (shown in mesh.json, checked against /proc)."""
         cmd = [sys.executable, "-m", "oncemesh", "router", "--topology", str(self.topology_path),
                "--id", router_id, "--state-dir", str(self.state_dir / "routers" / router_id),
                "--log-dir", str(self.log_dir), "--ready-file", str(self.ready_file(router_id)),
                "--peers-dir", str(self.peers_dir(router_id))]
+        if self.insecure_mesh:
+            cmd.append("--insecure-mesh")
+        elif self._own_pki():
+            cmd += ["--mesh-tls-dir", str(self.tls_dir)]
         if listen is not None:
             cmd += ["--listen", listen]
         return cmd
@@ -329,6 +345,11 @@ class Mesh:
         self.ready_file(router_id).unlink(missing_ok=True)
         for d in (self.status_dir, self.log_dir, self.state_dir / "routers" / router_id):
             d.mkdir(parents=True, exist_ok=True)
+        if self._own_pki():
+            from ..common.pki import make_mesh_pki  # (cryptography: loaded only when a mesh starts)
+
+            make_mesh_pki(self.tls_dir, self.topology.routers)
+        st["insecure_mesh"] = self.insecure_mesh
         cmd = self.router_command(router_id, listen)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with self.out_file(router_id).open("ab") as out:
