@@ -45,6 +45,7 @@ from ..router.order.lamport import (
     Prepare,
     Promise,
     Refuse,
+    Snapshot,
     Wire,
 )
 from .strict import Fields, show
@@ -230,3 +231,25 @@ def lamport_from_list(x: object) -> Wire:
         _bad(f"{name} ({tag}): expected {n} fields, got {len(x) - 1}")
     msg: Wire = rec.dec(x[1:], name)
     return msg
+
+
+# ---------------------------------------------------------------------- what a router keeps on disk
+
+SNAPSHOT_VERSION = 1
+_SNAPSHOT = _record(Snapshot, BALLOT, BALLOT, BALLOT, MEMBERS, _optional(_pair(BALLOT, DECISION)),
+                    _optional(COMMIT), _many(NAT))
+
+
+def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
+    """A member's durable part (`LamportNode.snapshot`) as a JSON document, versioned:
+    {"version": 1, "lamport": [promised, seen, installed, members, accepted, commit, [life...]]}."""
+    return {"version": SNAPSHOT_VERSION, "lamport": _SNAPSHOT.enc(snap)}
+
+
+def snapshot_from_json(doc: object) -> Snapshot:
+    """The snapshot `snapshot_to_json` made `doc` from; `codec.FrameError` for anything else (a file of
+    another version, or damaged)."""
+    if not isinstance(doc, dict) or doc.get("version") != SNAPSHOT_VERSION or "lamport" not in doc:
+        _bad(f"lamport snapshot: expected {{'version': {SNAPSHOT_VERSION}, 'lamport': [...]}}")
+    snap: Snapshot = _SNAPSHOT.dec(doc["lamport"], "snapshot")
+    return snap

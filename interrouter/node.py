@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, assert_never
 
 from ..common.errors import RemoteProtocolError
@@ -74,12 +74,15 @@ log = logging.getLogger("oncemesh.mesh")
 class MeshNode:
     def __init__(self, me: str, inc: str, core: DeliveryCore, routers: set[str],
                  neighbours: dict[str, float], hello_interval: float, dead_after: float, now: float,
-                 sequenced: Iterable[str] = (), bootstrap: bool = True, lamport_topics: Iterable[str] = ()
-                 ) -> None:
+                 sequenced: Iterable[str] = (), bootstrap: bool = True, lamport_topics: Iterable[str] = (),
+                 lamport_restore: Mapping[str, lamport.Snapshot] | None = None,
+                 persist: Callable[[str, lamport.Snapshot], None] | None = None) -> None:
         """`sequenced`: topics in total order by the sequencer (one numbering group per topic, every
         router of the topology a member); `lamport_topics`: topics in total order by Lamport clocks
         (every router a member); `bootstrap`: this is the groups' first life here (a router
-        restarted with its state directory recovers its part from the others)."""
+        restarted with its state directory recovers its part from the others); `lamport_restore`:
+        what an earlier life wrote (`persist`: where a stream's durable part goes when it changed,
+        once per pass, before that pass's frames leave: `flush`)."""
         self.me = me
         self.inc = inc
         self.core = core
@@ -116,8 +119,12 @@ class MeshNode:
         # topics in total order by Lamport clocks: one stream per topic over reliable sessions
         # (`interrouter.channel`); its deliveries are numbered 1, 2, 3, ... here, alike on every router
         lam_inc = lamport_incarnation(inc)
-        self.lamports = {t: LamportNode(me, sorted(self.routers), lam_inc, restarted=not bootstrap)
+        restore = lamport_restore or {}
+        self.lamports = {t: LamportNode.restore(restore.get(t), me, sorted(self.routers), lam_inc)
+                         if not bootstrap else LamportNode(me, sorted(self.routers), lam_inc)
                          for t in sorted(lamport_topics)}
+        self._persist = persist
+        self._lam_saved: dict[str, int] = {t: lam.durable for t, lam in self.lamports.items()}
         self._lam_sessions: dict[str, Sessions[lamport.Wire]] = {t: Sessions() for t in self.lamports}
         self._lam_alive: dict[str, str] = {}  # members reachable -> their incarnation
         self._lam_count: dict[str, int] = dict.fromkeys(self.lamports, 0)
@@ -301,6 +308,7 @@ class MeshNode:
 
     def flush(self) -> None:
         """End of a pass: batch what was queued into one control frame per neighbour."""
+        self._persist_order()
         for topic, ses in self._lam_sessions.items():
             ses.flush_acks()
             self._lamport_frames(topic, ses)
@@ -466,6 +474,18 @@ class MeshNode:
         self._lamport_frames(topic, ses)
         for g in again:
             self._lamport_do(topic, lam.publish(g, b"", now), now)
+
+    def _persist_order(self) -> None:
+        """The streams' durable parts that changed this pass go to disk before its frames leave."""
+        if self._persist is None:
+            return
+        for t, lam in self.lamports.items():
+            if lam.durable != self._lam_saved[t]:
+                snap = lam.snapshot()
+                if snap is not None:
+                    self._persist(t, snap)
+                    self.stats["order_persisted"] = self.stats.get("order_persisted", 0) + 1
+                self._lam_saved[t] = lam.durable
 
     def _lamport_frames(self, topic: str, ses: Sessions[lamport.Wire]) -> None:
         if ses.out:

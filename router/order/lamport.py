@@ -46,6 +46,18 @@ before the next view forms), the stream blocks: the survivors cannot know what t
 decided, and an operator must recover from the settlement log. Histories older than
 `history_limit` entries are not carried: a router that needs them reports `HistoryGap`.
 
+Restart with disk. What a member must not forget to keep voting is small and changes only in view
+changes: its promise, the highest ballot it saw, what it accepted, the view it installed
+(`snapshot()`; `durable` counts its changes). An adapter that writes it (fsynced) before the
+messages of the same pass leave can `restore` it into a new incarnation: that member is not
+amnesic for Paxos (its votes stand, it counts toward read quorums of its view), only for the stream
+(it lost its queue and what it delivered: it freezes, and takes the history like a restarted
+member). A read quorum holding restored members also needs one member of the view that did not
+restart (`intact`): every entry any member delivered was held by every member of the view, so such
+a member holds all of them, and the cut cannot lose one. A view whose members all restarted waits.
+(Genesis is never restored: there every member's life is named 0 and a restarted one could not be
+told from the others; a restart before the first view change is amnesic.)
+
 Cost per published message in a stable view of R routers: R - 1 data frames and (R - 1)^2 ACKs
 (R(R - 1) in all; the origin's data frame stands for its own ACK), counted in `stats`. A view change
 costs 5(R - 1) control frames (7(R - 1) when a second Prepare asks for the history of stale
@@ -64,6 +76,8 @@ Key = tuple[Ballot, int, str]  # (view, Lamport timestamp, origin router): the t
 GENESIS: Ballot = (0, "")
 MAX_BACKOFF = 4  # a view change retries after view_timeout * (rank + 1) * 2**min(attempts, MAX_BACKOFF)
 MIN_KEY: Key = ((-1, ""), 0, "")
+MAX_LIVES = 16  # lives a snapshot names (restarts with disk since this router last installed a view)
+MAX_FUTURE = 100_000  # messages kept for a view not installed here yet; past it they are dropped (below)
 Members = tuple[tuple[str, int], ...]  # (router id, incarnation), sorted
 
 
@@ -85,6 +99,19 @@ class Decision:
     extra: tuple[Entry, ...]  # ... and these above it
     history: tuple[Entry, ...]  # what stale members miss, up to `upto`
     floor: Key | None  # `history` may lack entries up to this key (retention)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A member's durable part (`LamportNode.snapshot`, `LamportNode.restore`)."""
+
+    promised: Ballot
+    seen: Ballot
+    installed: Ballot
+    members: Members
+    accepted: tuple[Ballot, Decision] | None
+    commit: Commit | None  # the commit that installed `installed`: a lagging member may need it
+    lives: tuple[int, ...]  # the incarnations whose votes this state carries (restored ones, newest last)
 
 
 # -- router-to-router messages -------------------------------------------------------------------
@@ -198,6 +225,7 @@ class Counters:
     acks_sent: int = 0
     control_sent: int = 0
     view_changes: int = 0
+    future_dropped: int = 0
 
 
 @dataclass(slots=True)
@@ -248,12 +276,38 @@ class LamportNode:
         self.pending: dict[str, bytes] = {}  # accepted from a publisher, not stamped yet
         self.future: list[tuple[str, Data | Ack]] = []  # for a view not installed yet
         self.stats = Counters()
+        self.restored = False  # restored from a snapshot: votes, but lost the stream (see `restore`)
+        self.lives: tuple[int, ...] = (incarnation,)
+        self.durable = 0  # bumped whenever what `snapshot` returns changes
         self._out: list[Action] = []
         self._loop: deque[Wire] = deque()
 
     @property
     def frozen(self) -> bool:
-        return self.installed is None or self.promised > self.installed
+        return self.installed is None or self.promised > self.installed or self.restored
+
+    # -- durable state ----------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot | None:
+        """What to write to disk (None: nothing worth restoring: no view installed since genesis).
+        It must be on disk before the messages produced with it leave (a vote is a promise kept)."""
+        if self.installed is None or self.installed == GENESIS:
+            return None
+        return Snapshot(self.promised, self.seen, self.installed, tuple(sorted(self.members.items())),
+                        self.accepted, self.commit, self.lives)
+
+    @classmethod
+    def restore(cls, snap: Snapshot | None, me: str, universe: Iterable[str], incarnation: int, *,
+                view_timeout: float = 0.5, history_limit: int | None = None) -> LamportNode:
+        """A new incarnation that remembers its votes (`snap` from an earlier one; None: amnesic)."""
+        node = cls(me, universe, incarnation, restarted=True, view_timeout=view_timeout,
+                   history_limit=history_limit)
+        if snap is not None:
+            node.promised, node.seen, node.accepted = snap.promised, snap.seen, snap.accepted
+            node.installed, node.members, node.commit = snap.installed, dict(snap.members), snap.commit
+            node.restored = True
+            node.lives = (*snap.lives, incarnation)[-MAX_LIVES:]
+            node.durable = 1
+        return node
 
     # -- inputs -----------------------------------------------------------------------------------
     def publish(self, gid: str, payload: bytes, now: float) -> list[Action]:
@@ -330,6 +384,12 @@ class LamportNode:
 
     def _in_view(self, frm: str, view: Ballot, msg: Data | Ack) -> bool:
         if self.installed is None or view > self.installed:
+            if len(self.future) >= MAX_FUTURE:
+                # bounded: dropped unacknowledged, nobody delivers them without our ACK (a member
+                # of that view) or they are not ours to deliver; the view change ahead orphans them
+                self.stats.future_dropped += 1
+                self.damaged = True
+                return False
             self.future.append((frm, msg))  # a member installed it before us: keep it for then
             return False
         return view == self.installed and frm in self.members  # older views: the change decided
@@ -430,6 +490,7 @@ class LamportNode:
     def _start_round(self, now: float, after: Key | None) -> None:
         ballot = (max(self.promised[0], self.seen[0]) + 1, self.me)
         self.seen, self.since = ballot, now
+        self.durable += 1
         self.attempts += 1
         self.round = _Round(ballot, dict(self.up), after)
         for r in sorted(self.up):
@@ -440,7 +501,9 @@ class LamportNode:
         if m.ballot < self.promised:
             self._send(frm, Refuse(m.ballot, self.promised))
             return
-        self.promised = m.ballot
+        if m.ballot != self.promised:
+            self.promised = m.ballot
+            self.durable += 1
         history = () if m.after is None else tuple(e for e in self.history if e.key > m.after)
         self._send(frm, Promise(m.ballot, self.incarnation, self.installed, tuple(sorted(self.members.items())),
                                 self.last, tuple(self.queue[k] for k in sorted(self.queue)), history,
@@ -460,7 +523,10 @@ class LamportNode:
         base = max((p.installed for p in ps.values() if p.installed is not None), default=None)
         current = {r: p for r, p in ps.items() if p.installed == base}
         base_members = next(iter(current.values())).view_members if current else ()
-        lagging = [r for r, p in ps.items() if p.installed != base and (r, p.incarnation) in base_members]
+        # lagging: a member of the latest view, or a restored life of one (its view names its earlier life)
+        lagging = [r for r, p in ps.items() if p.installed != base and (
+            (r, p.incarnation) in base_members
+            or (p.installed not in (None, GENESIS) and (r, dict(p.view_members).get(r, -1)) in base_members))]
         commit = next((p.commit for p in current.values() if p.commit is not None), None)
         if lagging and commit is not None:
             for r in lagging:  # members that missed the commit of the latest view get it first
@@ -468,16 +534,22 @@ class LamportNode:
             self._start_round(now, rd.after)
             return
         n = len(base_members)
+        # restored from disk (a new life that promises the latest view): it votes, but lost the stream
+        restored = {r for r, p in current.items() if base != GENESIS and (r, p.incarnation) not in base_members}
         # restarted: never votes again. Genesis's 0 stands for every member's first life, whatever its
         # incarnation: there a restarted member is one that promises no installed view
         if base == GENESIS:
             lost = sum(1 for p in ps.values() if p.installed is None)
         else:
-            lost = sum(1 for r, i in base_members if rd.targets.get(r, i) != i)
-        if base is None or len(current) < max(n - n // 2, n // 2 + 1 - lost):
-            self.round = None  # no quorum of the latest view here: wait (minority side)
+            lost = sum(1 for r, i in base_members if rd.targets.get(r, i) != i and r not in restored)
+        if base is None or len(current) < max(n - n // 2, n // 2 + 1 - lost) or len(restored) == len(current):
+            self.round = None  # no quorum of the latest view here (minority side), or nobody intact: wait
+            if commit is not None:  # a restored life of a member may take the view (rounds back off)
+                for r, p in ps.items():
+                    if p.installed is not None and p.installed != base and r != self.me:
+                        self._send(r, commit)
             return
-        stale = [p.last for p in ps.values() if p.installed != base]
+        stale = [p.last for r, p in ps.items() if p.installed != base or r in restored]
         if stale and (rd.after is None or rd.after > min(stale)):
             self._start_round(now, min(stale))  # again, asking for the history they miss
             return
@@ -485,7 +557,7 @@ class LamportNode:
         if prior:
             decision = max(prior, key=lambda a: a[0])[1]  # Paxos: keep what may have been chosen
         else:
-            donor = max(current.values(), key=lambda p: p.last)
+            donor = max((p for r, p in current.items() if r not in restored), key=lambda p: p.last)
             extra = {e.key: e for p in current.values() for e in p.held if e.key > donor.last}
             floor = donor.floor if stale and donor.floor is not None and min(stale) < donor.floor else None
             decision = Decision(rd.ballot, base, tuple(sorted(rd.targets.items())), donor.last,
@@ -509,6 +581,7 @@ class LamportNode:
         self.promised = m.ballot
         if self.installed is not None and m.decision.base == self.installed:
             self.accepted = (m.ballot, m.decision)  # only a current member's acceptance counts
+        self.durable += 1
         self._send(frm, Accepted(m.ballot))
 
     def _on_accepted(self, frm: str, m: Accepted) -> None:
@@ -525,11 +598,20 @@ class LamportNode:
     def _on_commit(self, m: Commit, now: float) -> None:
         d = m.decision
         self.seen = max(self.seen, m.ballot)
-        if (self.installed is not None and d.view <= self.installed) or (self.me, self.incarnation) not in d.members:
+        if self.installed is not None and d.view <= self.installed:
+            return
+        if (self.me, self.incarnation) not in d.members:
+            if self.restored and any((self.me, i) in d.members for i in self.lives):
+                # made for the life we restored (it accepted it, then died): we learn the view, not
+                # the stream (we deliver nothing from it); a round with our new life follows
+                self.promised = max(self.promised, m.ballot)
+                self.installed, self.members, self.accepted, self.commit = d.view, dict(d.members), None, m
+                self.durable += 1
+                self._review(now, start=True)
             return
         self.promised = max(self.promised, m.ballot)
         old = [self.queue[k] for k in sorted(self.queue)]
-        if self.installed == d.base:
+        if self.installed == d.base and not self.restored:
             cut = {e.key: e for e in old if e.key <= d.upto}
         else:  # stale or restarted: the decision carries what this router misses
             if d.floor is not None and d.floor > self.last:
@@ -548,7 +630,9 @@ class LamportNode:
         self.acks.clear()
         self.queued.clear()
         self.installed, self.members, self.accepted, self.commit = d.view, dict(d.members), None, m
-        self.damaged = False
+        self.damaged = self.restored = False
+        self.lives = (self.incarnation,)
+        self.durable += 1
         self.attempts = 0
         self.stats.view_changes += 1
         self._out.append(ViewInstalled(d.view, tuple(r for r, _ in d.members)))

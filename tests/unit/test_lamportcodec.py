@@ -791,3 +791,28 @@ def test_random_bytes_are_a_frame_error_or_a_control_frame(b: bytes) -> None:
         except codec.FrameError:
             continue
         assert isinstance(msgs, list)
+
+
+# ---------------------------------------------------------------------- the snapshot on disk
+
+snapshots = st.builds(lamport.Snapshot, ballots, ballots, ballots, members,
+                      st.none() | st.tuples(ballots, decisions), st.none() | commits,
+                      st.lists(nats, max_size=3).map(tuple))
+
+
+@given(snapshots)
+def test_a_snapshot_round_trips_through_json(snap: lamport.Snapshot) -> None:
+    from oncemesh.interrouter.lamportcodec import snapshot_from_json, snapshot_to_json
+
+    doc = json.loads(json.dumps(snapshot_to_json(snap)))
+    assert snapshot_from_json(doc) == snap and doc["version"] == 1
+
+
+@pytest.mark.parametrize("doc", [None, [], {"version": 2, "lamport": []}, {"version": 1},
+                                 {"version": 1, "lamport": [[0, ""], [0, ""]]},
+                                 {"version": 1, "lamport": [[0, ""], [0, ""], [-1, ""], [], None, None]}])
+def test_a_damaged_or_foreign_snapshot_is_a_frame_error(doc: Any) -> None:
+    from oncemesh.interrouter.lamportcodec import snapshot_from_json
+
+    with pytest.raises(codec.FrameError):
+        snapshot_from_json(doc)

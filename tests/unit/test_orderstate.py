@@ -1,0 +1,83 @@
+"""The Lamport streams' votes on disk (`interrouter.orderstate`) and the mesh node that writes them:
+once per pass when they changed, before the pass's frames leave; a later life restores them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oncemesh.interrouter.node import MeshNode
+from oncemesh.interrouter.orderstate import OrderStateError, OrderStore
+from oncemesh.router.core import CoreConfig, DeliveryCore
+from oncemesh.router.order.lamport import GENESIS, Snapshot
+from oncemesh.router.subscriptions import SubscriptionTable
+
+T = "a/b topic"  # not a file name as it is
+
+
+def mesh(me: str, store: OrderStore | None, first: bool = True) -> MeshNode:
+    core = DeliveryCore(me, SubscriptionTable(), CoreConfig(total_topics=frozenset({T})))
+    others = {r: 1.0 for r in "AB" if r != me}
+    return MeshNode(me, "1000" if first else "2000", core, {"A", "B"}, others, 1.0, 3.0, 0.0,
+                    lamport_topics=(T,), bootstrap=first,
+                    lamport_restore=store.lamport_restore([T]) if store and not first else None,
+                    persist=store.persist_lamport if store else None)
+
+
+def exchange(nodes: dict[str, MeshNode], now: float, rounds: int = 60,
+             before_send: dict[str, list[Snapshot | None]] | None = None) -> float:
+    for _ in range(rounds):
+        now += 0.05
+        for r, n in nodes.items():
+            n.tick(now)
+            n.flush()
+            sends, n.sends = n.sends, []
+            for to, frame in sends:
+                if to in nodes:
+                    nodes[to].frame(r, frame, now)
+    return now
+
+
+def test_a_view_change_is_written_before_its_frames_leave_and_a_restart_restores_it(tmp_path: Path) -> None:
+    stores = {r: OrderStore(tmp_path / r, r) for r in "AB"}
+    nodes = {r: mesh(r, stores[r]) for r in "AB"}
+    written: list[int] = []
+    real = stores["B"].save
+
+    def save(topic: str, doc: dict[str, object]) -> None:
+        written.append(len(nodes["B"].sends))  # nothing of this pass has left yet
+        real(topic, doc)
+
+    stores["B"].save = save  # type: ignore[method-assign]
+    now = 0.0
+    nodes["A"].peer_up("B", "1000", now)
+    nodes["B"].peer_up("A", "1000", now)
+    now = exchange(nodes, now)  # both started alone: the view with both is a view change
+    lam = nodes["B"].lamports[T]
+    assert lam.installed != GENESIS and not lam.frozen
+    assert written and set(written) == {0}
+    assert stores["B"].stats["writes"] == len(written) == nodes["B"].stats["order_persisted"]
+    assert stores["B"].stats["write_ms_max"] > 0
+    n = len(written)
+    now = exchange(nodes, now)
+    assert len(written) == n  # nothing changed: nothing written (never per message or per tick)
+    doc = json.loads(stores["B"].path(T).read_text())
+    assert doc["version"] == 1
+    # B restarts with its state directory: its new life remembers its votes and view, frozen
+    again = mesh("B", stores["B"], first=False)
+    b = again.lamports[T]
+    assert b.restored and b.frozen and b.installed == lam.installed and b.promised >= lam.promised
+    assert mesh("B", None, first=False).lamports[T].installed is None  # without it: amnesic
+
+
+def test_an_unreadable_state_file_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
+    store = OrderStore(tmp_path, "B")
+    tmp_path.mkdir(exist_ok=True)
+    store.path(T).write_text("{not json")
+    with pytest.raises(OrderStateError, match="unreadable"):
+        store.lamport_restore([T])
+    store.path(T).write_text(json.dumps({"version": 9}))
+    with pytest.raises(OrderStateError, match="version"):
+        store.lamport_restore([T])
