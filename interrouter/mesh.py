@@ -21,6 +21,7 @@ from ..topology.model import Topology, TotalOrder
 from .codec import FrameError
 from .links import Peer, PeerHandler, dial
 from .node import MeshNode
+from .orderstate import OrderStore
 
 log = logging.getLogger("oncemesh.mesh")
 
@@ -77,10 +78,15 @@ class Mesh:
         total = router.cfg.core.total_topics
         lamport = [t for t in topo.total_topics(TotalOrder.LAMPORT) if t in total]
         sequenced = sorted(t for t in total if t not in lamport)
+        first = _first_life(state_dir, self.me) if total else True
+        # the Lamport streams' votes on disk: a restart is not amnesic (interrouter.orderstate)
+        self.order_store = OrderStore(state_dir, self.me) if state_dir is not None and lamport else None
+        store = self.order_store
         self.node = MeshNode(self.me, router.incarnation, router.core, set(topo.routers), nbrs,
                              topo.hello_interval, topo.dead_after, time.time(), sequenced=sequenced,
-                             bootstrap=_first_life(state_dir, self.me) if total else True,
-                             lamport_topics=lamport)
+                             bootstrap=first, lamport_topics=lamport,
+                             lamport_restore=store.lamport_restore(lamport) if store and not first else None,
+                             persist=store.persist_lamport if store else None)
         self.handler = PeerHandler(self.me, router.incarnation, set(nbrs), self._peer_up, self._on_frame,
                                    self._peer_down, verify_identity=tls is not None)
         self.peers: dict[str, Peer] = {}
@@ -133,6 +139,8 @@ class Mesh:
         info = self.node.status()
         info["mesh_security"] = "mutual-tls" if self.tls is not None else "INSECURE"
         info["inter_router"] = f"{self.bound[0]}:{self.bound[1]}" if self.bound else None
+        if self.order_store is not None:
+            info["order_state"] = dict(self.order_store.stats)
         return info
 
     # ------------------------------------------------------------------ dialing
