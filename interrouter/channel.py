@@ -23,6 +23,12 @@ one is above both the last one and the current time in microseconds, so also abo
 earlier life of this router). A receiver that sees a new epoch from a peer reports it (`broken`): the
 peer may have dropped messages of the old session, and the ordered stream must treat that as a break
 of the channel (a view change), exactly as if the connection had dropped.
+
+Bounds. A receiver keeps at most `max_early` messages that came early; one more is dropped
+unacknowledged (its sender still holds it and sends it again). A sender keeps at most
+`max_unacked` messages a peer has not acknowledged: one more refuses the send (`send` returns
+False, having ended the session): the adapter reports the break to the stream, which changes the
+view without that peer until it catches up (a peer that reads nothing is not buffered forever).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from typing import Generic, TypeVar
 
 M = TypeVar("M")
 
+MAX_EARLY = 65_536
+MAX_UNACKED = 200_000
 RETRY = 0.3  # seconds without an acknowledgement before the unacknowledged messages go again
 MAX_RETRY = 10.0  # ... doubling after each resend that brought no acknowledgement, up to this
 
@@ -71,8 +79,10 @@ class Sessions(Generic[M]):
     `tick`; outputs: frames in `out` (for the adapter to route) and, from `receive`, the messages to
     hand on in order."""
 
-    def __init__(self, retry: float = RETRY, window: int = 16) -> None:
+    def __init__(self, retry: float = RETRY, window: int = 16, max_early: int = MAX_EARLY,
+                 max_unacked: int = MAX_UNACKED) -> None:
         self.retry = retry
+        self.max_early, self.max_unacked = max_early, max_unacked
         # at most this many unacknowledged messages go again at once, from the oldest: the receiver
         # keeps what comes early, so the oldest is what unblocks it; each acknowledgement brings the
         # wait back to `retry` for the next ones (messages can be big: whole histories)
@@ -81,11 +91,18 @@ class Sessions(Generic[M]):
         self._in: dict[str, _In[M]] = {}
         self._last_epoch = 0
         self.out: list[Frame[M]] = []
-        self.stats = {"resent": 0, "duplicates": 0, "early": 0, "stale": 0, "acks_only": 0, "broken": 0}
+        self.stats = {"resent": 0, "duplicates": 0, "early": 0, "stale": 0, "acks_only": 0, "broken": 0,
+                      "early_dropped": 0, "overflows": 0}
 
     # ------------------------------------------------------------------ sending
-    def send(self, dst: str, msg: M, now: float) -> None:
+    def send(self, dst: str, msg: M, now: float) -> bool:
+        """Send `msg` to `dst` in our session with it. False: `dst` holds `max_unacked` messages of
+        ours unacknowledged; the session is ended and `msg` not sent (report a break of the channel)."""
         o = self._out.get(dst)
+        if o is not None and len(o.unacked) >= self.max_unacked:
+            self.stats["overflows"] += 1
+            self.reset(dst)
+            return False
         if o is None:
             self._last_epoch = max(self._last_epoch + 1, int(now * 1_000_000))
             o = self._out[dst] = _Out(self._last_epoch, sent_at=now, wait=self.retry)
@@ -95,6 +112,7 @@ class Sessions(Generic[M]):
             o.sent_at = now
         o.unacked.append((seq, msg))
         self.out.append(self._frame(dst, o.epoch, seq, msg))
+        return True
 
     def _frame(self, dst: str, epoch: int, seq: int, msg: M | None) -> Frame[M]:
         i = self._in.get(dst)
@@ -144,6 +162,9 @@ class Sessions(Generic[M]):
             return [], broken
         ready: list[M] = []
         if seq != i.got + 1:
+            if len(i.early) >= self.max_early:
+                self.stats["early_dropped"] += 1  # not acknowledged: its sender sends it again
+                return ready, broken
             self.stats["early"] += 1
             i.early[seq] = msg  # type: ignore[assignment]
             return ready, broken

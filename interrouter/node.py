@@ -444,11 +444,14 @@ class MeshNode:
         ses = self._lam_sessions[topic]
         lam = self.lamports[topic]
         again: list[str] = []
+        overflow: list[str] = []
         delivered = False
         for a in actions:
             t = type(a)
             if t is lamport.Send:
-                ses.send(a.to, a.msg, now)  # type: ignore[union-attr]
+                to = a.to  # type: ignore[union-attr]
+                if to not in overflow and not ses.send(to, a.msg, now):  # type: ignore[union-attr]
+                    overflow.append(to)
             elif t is lamport.Deliver:
                 gid = a.gid  # type: ignore[union-attr]
                 self._lam_count[topic] = n = self._lam_count[topic] + 1
@@ -474,6 +477,14 @@ class MeshNode:
         self._lamport_frames(topic, ses)
         for g in again:
             self._lamport_do(topic, lam.publish(g, b"", now), now)
+        for r in overflow:  # a peer that acknowledges nothing: a break of the channel, a view change
+            self.stats["order_sessions_overflowed"] = self.stats.get("order_sessions_overflowed", 0) + 1
+            log.error("mesh.order_session_overflow topic=%s peer=%s unacked=%d: the peer acknowledges nothing; "
+                      "the stream changes its view without it until it catches up", topic, r, ses.max_unacked)
+            self._lamport_do(topic, lam.member_down(r, now), now)
+            inc = self._lam_alive.get(r)
+            if inc is not None:
+                self._lamport_do(topic, lam.member_up(r, lamport_incarnation(inc), now), now)
 
     def _persist_order(self) -> None:
         """The streams' durable parts that changed this pass go to disk before its frames leave."""

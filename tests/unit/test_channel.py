@@ -176,3 +176,36 @@ def test_resends_back_off_until_something_is_acknowledged() -> None:
     drain(a)
     a.tick(now + 0.31)
     assert [f.seq for f in drain(a)] == [2]  # after 0.3 s again
+
+
+def test_early_messages_beyond_the_bound_are_dropped_unacknowledged_and_come_again() -> None:
+    a, b = Sessions[int](), Sessions[int](max_early=2)
+    for m in range(5):
+        a.send("B", m, 1.0)
+    first, *rest = drain(a)
+    for f in rest:  # 1..4 come before 0: two are kept, two dropped
+        assert deliver(b, f, "A", 1.0) == ([], False)
+    assert b.stats["early"] == 2 and b.stats["early_dropped"] == 2
+    got, _ = deliver(b, first, "A", 1.0)
+    assert got == [0, 1, 2]
+    b.flush_acks()
+    deliver(a, drain(b)[0], "B", 1.1)
+    assert a.unacked() == 2
+    a.tick(1.1 + a.retry)
+    for f in drain(a):
+        got += deliver(b, f, "A", 2.0)[0]
+    assert got == [0, 1, 2, 3, 4]
+
+
+def test_a_peer_that_acknowledges_nothing_is_refused_past_the_bound_and_the_session_ends() -> None:
+    a, b = Sessions[int](max_unacked=3), Sessions[int]()
+    assert all(a.send("B", m, 1.0) for m in range(3))
+    assert a.send("B", 3, 1.0) is False and a.stats["overflows"] == 1
+    assert a.unacked() == 0  # what it held is dropped with the session
+    out = drain(a)
+    assert [f.seq for f in out] == [1, 2, 3]
+    for f in out:
+        deliver(b, f, "A", 1.0)
+    assert a.send("B", 4, 2.0)  # a new session, which the receiver reports as a break
+    (f,) = drain(a)
+    assert deliver(b, f, "A", 2.0) == ([4], True)
