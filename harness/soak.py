@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..router.core import CoreConfig
 from ..topology.load import TopologyError, with_topic_order
 from .bench import BenchError, Case, MeshServer, Server, Settings, SingleRouter, run_once, run_suffix
 from .chaos import ChaosError, resolve_topology
@@ -333,7 +334,7 @@ class SoakConfig:
     sub_at: tuple[str, ...] = ()  # routers of its subscribers (default: one at every router)
     size: int = 100
     interval: float = 1.0
-    warmup: float | None = None  # seconds excluded from the slopes (default min(120, duration / 5))
+    warmup: float | None = None  # seconds excluded from the slopes (default: `default_warmup`)
     witness_rate: float = 20.0  # witness messages per second (with --clients bench)
     reconcile: bool = True
     reconcile_router_logs: bool = False
@@ -342,7 +343,17 @@ class SoakConfig:
 
     @property
     def warmup_s(self) -> float:
-        return self.warmup if self.warmup is not None else min(120.0, self.duration / 5)
+        if self.warmup is not None:
+            return self.warmup
+        final_memory = dict(self.router_settings).get("final_memory", CoreConfig().final_memory)
+        return default_warmup(self.duration, float(final_memory))
+
+
+def default_warmup(duration: float, final_memory: float) -> float:
+    """Seconds left out of the slopes when not told: a router's memory grows by design until its
+    final-gid memory (`final_memory`, 300 s by default) is full, then stays; so a minute past that,
+    or a fifth of the run if longer, but never more than half the run."""
+    return min(duration / 2, max(duration / 5, final_memory + 60.0))
 
 
 @dataclass(slots=True)
@@ -871,7 +882,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--size", type=int, default=100, help="load message bytes (default 100)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
     p.add_argument("--warmup", type=float, default=None,
-                   help="seconds left out of the slopes (default min(120, duration/5))")
+                   help="seconds left out of the slopes (default: final_memory + 60 s, or a fifth of the "
+                        "run if longer, at most half of it: a router fills its final-gid memory first)")
     p.add_argument("--witness-rate", type=float, default=20.0,
                    help="witness messages per second with --clients bench (default 20)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",

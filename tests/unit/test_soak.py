@@ -19,6 +19,7 @@ from oncemesh.harness.soak import (
     SoakResult,
     after_warmup,
     count_events,
+    default_warmup,
     dir_bytes,
     fit_line,
     router_figures,
@@ -98,6 +99,17 @@ def test_scaling_a_fit_scales_slope_and_noise() -> None:
 
 def test_warmup_drops_the_early_points() -> None:
     assert after_warmup([(0.0, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0)], 2.0) == ([2.0, 3.0], [3.0, 4.0])
+
+
+def test_default_warmup_covers_the_final_gid_memory_filling_up() -> None:
+    assert default_warmup(1800, 300) == 360  # 30 min: past the 300 s window, a minute more
+    assert default_warmup(3600, 300) == 720  # a fifth of a long run
+    assert default_warmup(600, 300) == 300  # at most half the run
+    assert default_warmup(15, 300) == 7.5
+    assert SoakConfig("router", duration=1800).warmup_s == 360
+    assert SoakConfig("router", duration=1800, router_settings=(("final_memory", "30"),)).warmup_s == 360
+    assert SoakConfig("router", duration=600, router_settings=(("final_memory", "30"),)).warmup_s == 120
+    assert SoakConfig("router", duration=1800, warmup=10).warmup_s == 10
 
 
 def _sample(t: float, rss_mb: float, log: int = 0, lag: float = 1.0, records: int = 0, alive: bool = True) -> Sample:
