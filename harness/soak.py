@@ -36,6 +36,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -396,7 +397,13 @@ class SoakResult:
         return s.fifo_reversals + (s.causal_violations if order == "causal" else 0)
 
     @property
+    def interrupted(self) -> bool:
+        return self.error == "interrupted"
+
+    @property
     def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
         if self.error is not None and not self.samples:
             return 2
         failed = (self.error is not None or self.problems or self.connections_dropped
@@ -733,7 +740,7 @@ def run_soak(cfg: SoakConfig, say: Callable[[str], None] | None = None) -> SoakR
     finally:
         run.stop_all()
     r.seconds = time.monotonic() - started
-    if r.error != "interrupted":
+    if r.error != "interrupted" and run.sampler is not None:  # (else it never got going: nothing to judge)
         try:
             run.judge()
         except Exception as exc:  # the judge's own failure must not hide what the run measured
@@ -910,6 +917,11 @@ def cmd_soak(args: argparse.Namespace) -> int:
     if args.chart is not None and not chart_available():
         print("oncemesh soak: --chart needs matplotlib (pip install 'oncemesh[chart]')", file=sys.stderr)
         return 2
+
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # stop everything started, as Ctrl-C does
+
+    old = signal.signal(signal.SIGTERM, terminate)
     try:
         settings = tuple(tuple(kv.split("=", 1)) for kv in args.set)
         if any(len(kv) != 2 for kv in settings):
@@ -923,6 +935,8 @@ def cmd_soak(args: argparse.Namespace) -> int:
     except SoakError as exc:
         print(f"oncemesh soak: {exc}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, old)
     say(format_report(result))
     if args.chart is not None and result.samples:
         say(f"chart: {render_chart(result, args.chart)}")

@@ -16,6 +16,7 @@ from oncemesh.cli import build_parser
 from oncemesh.harness.soak import (
     Sample,
     SoakConfig,
+    SoakError,
     SoakResult,
     after_warmup,
     count_events,
@@ -23,6 +24,7 @@ from oncemesh.harness.soak import (
     dir_bytes,
     fit_line,
     router_figures,
+    run_soak,
     t975,
 )
 
@@ -188,3 +190,19 @@ def test_soak_is_a_subcommand_whose_help_explains_itself(capsys: pytest.CaptureF
         assert word in text, word
     args = build_parser().parse_args(["soak", "line3", "--order", "lamport", "--rate", "2000"])
     assert (args.target, args.order, args.rate, args.clients) == ("line3", "lamport", 2000.0, "bench")
+
+
+def test_a_run_that_cannot_be_set_up_says_why_and_starts_nothing(tmp_path: Path) -> None:
+    said: list[str] = []
+    r = run_soak(SoakConfig("router", order="causal", workdir=tmp_path / "a", reconcile=False), said.append)
+    assert r.exit_code == 2 and "--order needs a topology" in str(r.error) and not r.samples
+    assert not (tmp_path / "a" / "router").exists()
+    r = run_soak(SoakConfig(str(tmp_path / "nowhere.toml"), workdir=tmp_path / "b"), said.append)
+    assert r.exit_code == 2 and "no topology file" in str(r.error)
+    assert json.loads((tmp_path / "b" / "soak-result.json").read_text())["exit_code"] == 2
+    with pytest.raises(SoakError, match="--duration"):
+        run_soak(SoakConfig("router", duration=0))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "old").write_text("x")
+    with pytest.raises(SoakError, match="not empty"):
+        run_soak(SoakConfig("router", workdir=tmp_path / "c"))
