@@ -253,3 +253,19 @@ def snapshot_from_json(doc: object) -> Snapshot:
         _bad(f"lamport snapshot: expected {{'version': {SNAPSHOT_VERSION}, 'lamport': [...]}}")
     snap: Snapshot = _SNAPSHOT.dec(doc["lamport"], "snapshot")
     return snap
+
+
+_ACCEPTED = _optional(_pair(BALLOT, DECISION))
+_COMMIT = _optional(COMMIT)
+
+
+def decisions_to_json(accepted: tuple[Ballot, Decision] | None, commit: Commit | None) -> dict[str, Any]:
+    """A snapshot's big part (decisions carry histories), kept in a file of its own so that a new
+    promise, the frequent change, rewrites only the small part: {"version": 1, "accepted", "commit"}."""
+    return {"version": SNAPSHOT_VERSION, "accepted": _ACCEPTED.enc(accepted), "commit": _COMMIT.enc(commit)}
+
+
+def decisions_from_json(doc: object) -> tuple[tuple[Ballot, Decision] | None, Commit | None]:
+    if not isinstance(doc, dict) or doc.get("version") != SNAPSHOT_VERSION or not {"accepted", "commit"} <= set(doc):
+        _bad(f"lamport decisions: expected {{'version': {SNAPSHOT_VERSION}, 'accepted': ..., 'commit': ...}}")
+    return _ACCEPTED.dec(doc["accepted"], "accepted"), _COMMIT.dec(doc["commit"], "commit")
