@@ -181,6 +181,7 @@ class Sample:
     inflight_bytes: int | None
     connections: int | None
     status_age_s: float | None  # how old the status file was when read
+    log_segments_deleted: int | None = None  # by the settlement log's retention, since the router started
 
 
 def dir_bytes(directory: Path, prefix: str = "") -> int:
@@ -219,7 +220,7 @@ def take_sample(target: Target, t: float, now: float | None = None) -> Sample:
                   _num(stats, "loop_lag_max_ms"), _num(stats, "loop_lag_p99_ms"), _num(stats, "loop_lag_worst_ms"),
                   _num(stats, "gc_pause_max_ms"), _num(stats, "records"), _num(stats, "undecided"),
                   _num(stats, "inflight_bytes"), _num(stats, "connections"),
-                  round(now - updated, 2) if updated is not None else None)
+                  round(now - updated, 2) if updated is not None else None, _num(stats, "log_segments_deleted"))
 
 
 class Sampler:
@@ -309,6 +310,7 @@ def router_figures(samples: Sequence[Sample], warmup: float) -> dict[str, Any]:
         "inflight_bytes_max": _max([s.inflight_bytes for s in samples]),
         "connections_max": _max([s.connections for s in samples]),
         "log_bytes_last": samples[-1].log_bytes if samples else 0,
+        "log_segments_deleted": _max([s.log_segments_deleted for s in samples]),
         "exited": any(not s.alive for s in samples),
     }
     for key, points in (("rss", rss), ("log", logs)):
@@ -791,6 +793,10 @@ def format_report(r: SoakResult) -> str:
     lines.append(f"router log bytes for {r.pairs:,} (message, subscription) pairs: {r.log_bytes_live:,} at the "
                  f"end of the traffic ({per(r.log_bytes_live)} per pair), {r.log_bytes:,} after the routers "
                  f"stopped ({per(r.log_bytes)} per pair)")
+    deleted = sum(f.get("log_segments_deleted") or 0 for f in r.routers.values())
+    if deleted:
+        lines.append(f"  (retention deleted {deleted} settlement-log segment(s) during the run: the bytes per pair "
+                     f"count only what was kept)")
     if r.summary is not None:
         s = r.summary
         lines.append(f"reconciliation: {s.messages} messages, {s.pairs} pairs: lost {s.lost}, duplicated "
