@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from .clients import cli as clients_cli
 from .harness import bench, chaos, demo, soak
+from .router import users
 from .router.config import RouterConfig, parse_hostport
 from .router.meshport import MeshPort
 from .spark import job
@@ -174,12 +175,12 @@ async def run_router(cfg: RouterConfig, topo: Topology | None = None, mesh_tls: 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, router.request_stop)
 
-    def reload_tls() -> None:
-        for provider in (router.client_tls, mesh_tls):
-            if provider is not None:
-                provider.reload()
+    def reload() -> None:  # certificates, keys, CAs (for new connections) and the users file
+        router.reload()
+        if mesh_tls is not None:
+            mesh_tls.reload()
 
-    loop.add_signal_handler(signal.SIGHUP, reload_tls)
+    loop.add_signal_handler(signal.SIGHUP, reload)
     await router.start()
     tune_gc()
     await router.serve_forever()
@@ -190,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(sub)  # oncemesh router
-    for module in (demo, clients_cli, launcher, job, chaos, bench, soak):
+    for module in (demo, clients_cli, launcher, job, chaos, bench, soak, users):
         module.register(sub)
     return parser
 

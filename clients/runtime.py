@@ -30,7 +30,8 @@ from tenacity import (
 )
 
 from ..common.engine import AmqpConnection, Engine, Link, connect
-from ..common.errors import NoRouterAvailable
+from ..common.errors import AuthenticationFailed, NoRouterAvailable
+from ..common.sasl import SaslClient
 from ..common.settlement_log import SettlementLog
 from ..common.tls import TlsFiles, make_context
 from .publisher import Publisher
@@ -98,10 +99,16 @@ class Client:
                  idle_timeout: float = 2.0, reconnect_timeout: float | None = 60.0,
                  connect_timeout: float = 3.0, log_dir: Path | str | None = None,
                  dedup_retention: float = 3600.0, container_id: str | None = None,
-                 tls: TlsFiles | None = None, check_hostname: bool = True) -> None:
+                 tls: TlsFiles | None = None, check_hostname: bool = True,
+                 user: str | None = None, password: str | None = None) -> None:
         """`tls`: for amqps:// URLs, the CAs to trust (`ca`; default the system's) and a client
         certificate (`cert`, `key`) if the router asks for one; the router's certificate must name
-        the URL's host unless `check_hostname` is False."""
+        the URL's host unless `check_hostname` is False. `user`/`password`: log in with SCRAM-SHA-256
+        (or PLAIN over TLS); with a client certificate and no password, SASL EXTERNAL. Wrong
+        credentials raise `AuthenticationFailed` at once (no retries)."""
+        self.user = user
+        self.password = password
+        self._certificate = tls is not None and tls.cert is not None
         self.urls = split_urls(urls)
         self._tls = make_context(tls or TlsFiles(), server=False, check_hostname=check_hostname) \
             if tls is not None or any(parse_url_tls(u)[2] for u in self.urls) else None
@@ -216,9 +223,11 @@ class Client:
         host, port, secure = parse_url_tls(url)
         loop = asyncio.get_running_loop()
         self._opened = loop.create_future()
+        sasl = (lambda c: SaslClient(self.user, self.password, c.encrypted, self._certificate and c.encrypted)) \
+            if self.user is not None or self._certificate else None
         conn = await connect(self.engine, lambda: AmqpConnection(
             self.engine, self, server=False, container_id=self.container_id,  # type: ignore[arg-type]
-            idle_timeout=self.idle_timeout, hostname=host), host, port, timeout=self.connect_timeout,
+            idle_timeout=self.idle_timeout, hostname=host, sasl=sasl), host, port, timeout=self.connect_timeout,
             tls=self._tls if secure else None)
         self.conn = conn
         try:
@@ -263,7 +272,7 @@ class Client:
             try:
                 await self._connect_with_failover()
                 self.failovers += 1
-            except NoRouterAvailable as exc:
+            except (NoRouterAvailable, AuthenticationFailed) as exc:
                 self.last_error = exc
                 log.error("client.gave_up %s", exc)
                 for owner in self.owners:
@@ -307,7 +316,11 @@ class Client:
         if conn is not self.conn:
             return
         if self._opened is not None and not self._opened.done():
-            self._opened.set_exception(ConnectionError(f"connection closed: {condition}"))
+            if conn.auth_error is not None:  # (not worth retrying: the same credentials fail again)
+                self._opened.set_exception(AuthenticationFailed(f"{self.urls[(self._url_index - 1) % len(self.urls)]}: "
+                                                                f"{conn.auth_error}"))
+            else:
+                self._opened.set_exception(ConnectionError(f"connection closed: {condition}"))
         was_connected = self._connected.is_set()
         self._connected.clear()
         self.conn = None

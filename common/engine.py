@@ -27,9 +27,11 @@ from typing import Any, Protocol
 from . import errors
 from . import ffi as F
 from .ffi import ffi, lib
-from .tls import TlsProvider, peer_names
+from .sasl import SaslClient, SaslError, SaslServer
+from .tls import TlsProvider, peer_common_name, peer_names
 
 log = logging.getLogger("oncemesh.engine")
+MAX_PASSWORD_CHECKS = 16  # PLAIN logins checked at once; more get "try again" (a login storm must not queue)
 
 # the per-message C calls, bound once (a `lib.` attribute lookup per call is measurable)
 _peek = lib.pn_collector_peek
@@ -95,6 +97,7 @@ class Engine:
         self._dirty: set[AmqpConnection] = set()
         self._scheduled = False
         self._after_pass: list[Callable[[], None]] = []
+        self.checks: set[asyncio.Task[None]] = set()  # PLAIN passwords being checked off the loop
 
     def mark_dirty(self, conn: AmqpConnection) -> None:
         """(`AmqpConnection.touch` calls this once per pass: the connection remembers it is dirty.)"""
@@ -318,7 +321,11 @@ class AmqpConnection(asyncio.Protocol):
     def __init__(self, engine: Engine, handler: ConnectionHandler, *, server: bool, container_id: str,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_frame: int = DEFAULT_MAX_FRAME,
                  hostname: str | None = None, properties: dict[Any, Any] | None = None,
-                 offered_capabilities: list[Any] | None = None) -> None:
+                 offered_capabilities: list[Any] | None = None,
+                 sasl: Callable[[AmqpConnection], SaslServer | SaslClient] | None = None) -> None:
+        """`sasl`: makes this connection's SASL layer once the transport (and its TLS) is up; the
+        engine runs it before AMQP (common/sasl.py). Without it, Proton's own SASL offers and
+        takes ANONYMOUS."""
         self.engine = engine
         self.handler = handler
         self.server = server
@@ -331,6 +338,11 @@ class AmqpConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline = 0
         self._close_reported = False
+        self._sasl_factory = sasl
+        self._early = b""  # bytes that came before connection_made (a TLS upgrade can deliver them first)
+        self.sasl: SaslServer | SaslClient | None = None
+        self.user: str | None = None  # who logged in (SASL), None before or without
+        self.auth_error: str | None = None  # why our login failed (client side)
 
         self.pn_conn = lib.pn_connection()
         self.pn_transport = lib.pn_transport()
@@ -345,8 +357,9 @@ class AmqpConnection(asyncio.Protocol):
             F.obj_to_data(offered_capabilities, lib.pn_connection_offered_capabilities(self.pn_conn))
         if server:
             lib.pn_transport_set_server(self.pn_transport)
-        sasl = lib.pn_sasl(self.pn_transport)
-        lib.pn_sasl_allowed_mechs(sasl, b"ANONYMOUS")
+        if sasl is None:
+            pn_sasl = lib.pn_sasl(self.pn_transport)
+            lib.pn_sasl_allowed_mechs(pn_sasl, b"ANONYMOUS")
         lib.pn_transport_set_idle_timeout(self.pn_transport, int(idle_timeout * 1000))
         lib.pn_transport_set_max_frame(self.pn_transport, max_frame)
         lib.pn_transport_bind(self.pn_transport, self.pn_conn)
@@ -375,6 +388,11 @@ class AmqpConnection(asyncio.Protocol):
         return self.sock is not None and self.sock.get_extra_info("ssl_object") is not None
 
     @property
+    def peer_common_name(self) -> str | None:
+        """The common name of the peer's verified TLS certificate (None without one)."""
+        return peer_common_name(self.sock.get_extra_info("peercert")) if self.sock is not None else None
+
+    @property
     def peer_names(self) -> set[str]:
         """The names the peer's verified TLS certificate carries (empty without one)."""
         return peer_names(self.sock.get_extra_info("peercert")) if self.sock is not None else set()
@@ -385,11 +403,89 @@ class AmqpConnection(asyncio.Protocol):
         self.sock = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self._sasl_factory is not None:
+            self.sasl = self._sasl_factory(self)
+            if isinstance(self.sasl, SaslClient):
+                transport.write(self.sasl.start())
         self._process()
+        if self._early:
+            data, self._early = self._early, b""
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if self.sock is None:  # (TLS: the application data of the handshake's last flight)
+            self._early += data
+            return
+        sasl = self.sasl
+        if sasl is not None and (not sasl.done or (isinstance(sasl, SaslServer) and sasl.check is not None)):
+            self._sasl_received(data)
+            return
+        self._push(data)
+
+    # -- SASL (before AMQP) ----------------------------------------------------------------------
+    def _sasl_received(self, data: bytes) -> None:
+        sasl = self.sasl
+        assert sasl is not None and self.sock is not None
+        try:
+            out = sasl.receive(data)
+        except SaslError as exc:
+            log.warning("connection.sasl_error peer=%s error=%s", self.peer, exc)
+            self.auth_error = f"SASL protocol error: {exc}"
+            self.sock.abort()
+            return
+        if out:
+            self.sock.write(out)
+        if isinstance(sasl, SaslServer) and sasl.check is not None:
+            if len(self.engine.checks) >= MAX_PASSWORD_CHECKS:
+                sasl.check = None
+                self.sock.write(sasl.refuse_busy())
+                self._sasl_done()
+                return
+            task = self.engine.loop.create_task(self._check_password(sasl))
+            self.engine.checks.add(task)
+            task.add_done_callback(self.engine.checks.discard)
+            return
+        if sasl.done:
+            self._sasl_done()
+
+    async def _check_password(self, sasl: SaslServer) -> None:
+        """A PLAIN password, checked off the event loop (a PBKDF2 of ~0.1 s releases the GIL)."""
+        assert sasl.check is not None
+        secret, password, _ = sasl.check
+        ok = await self.engine.loop.run_in_executor(None, secret.check_password, password)
+        if self.closed or self.sock is None:
+            return
+        self.sock.write(sasl.resolve(ok))
+        self._sasl_done()
+
+    def _sasl_done(self) -> None:
+        sasl = self.sasl
+        assert sasl is not None and self.sock is not None
+        if isinstance(sasl, SaslServer):
+            if sasl.user is None:
+                log.warning("connection.auth_failed peer=%s mechanism=%s reason=%s", self.peer, sasl.mechanism,
+                            sasl.failed)
+                self.sock.close()  # (after the outcome is written)
+                return
+            self.user = sasl.user
+            log.info("connection.authenticated peer=%s user=%s mechanism=%s", self.peer, sasl.user,
+                     sasl.mechanism)
+        else:
+            if not sasl.ok:
+                self.auth_error = sasl.failed
+                self.sock.close()
+                return
+            self.user = sasl.user
+        data, sasl.amqp = sasl.amqp, b""
+        self.touch()
+        if data:
+            self._push(data)
+        else:
+            self._process()
+
+    def _push(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
             n = lib.pn_transport_push(self.pn_transport, ffi.from_buffer(view), len(view))
@@ -402,6 +498,13 @@ class AmqpConnection(asyncio.Protocol):
         self._process()
 
     def eof_received(self) -> bool:
+        sasl = self.sasl
+        if isinstance(sasl, SaslServer) and not sasl.done and self.sock is not None:
+            log.warning("connection.auth_failed peer=%s mechanism=%s reason=the client left during the SASL "
+                        "exchange (offered: %s)", self.peer, sasl.mechanism, " ".join(sasl.policy.mechanisms()))
+            sasl.done = True
+            self.sock.close()
+            return False
         lib.pn_transport_close_tail(self.pn_transport)
         self._process()
         return False
@@ -412,7 +515,11 @@ class AmqpConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         try:
-            self._report_closed((errors.ConnectionForced.condition, f"connection lost: {exc}" if exc else "connection lost"))
+            if self.auth_error is not None:
+                self._report_closed((errors.UnauthorizedAccess.condition, self.auth_error))
+            else:
+                self._report_closed((errors.ConnectionForced.condition,
+                                     f"connection lost: {exc}" if exc else "connection lost"))
         finally:
             self._release()
 
@@ -619,6 +726,9 @@ class AmqpConnection(asyncio.Protocol):
         sock = self.sock
         if sock is None or self.closed:
             return
+        sasl = self.sasl
+        if sasl is not None and (not sasl.done or (isinstance(sasl, SaslServer) and sasl.check is not None)):
+            return  # (AMQP waits for the SASL exchange)
         t = self.pn_transport
         eng = self.engine
         out = eng.out_cbuf

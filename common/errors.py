@@ -110,6 +110,12 @@ class NoRouterAvailable(ClientError):
     condition = "oncemesh:no-router-available"
 
 
+class AuthenticationFailed(ClientError):
+    """The router refused our credentials (or we refused the router's SCRAM proof)."""
+
+    condition = "amqp:unauthorized-access"
+
+
 class LinkRefused(ClientError):
     """A router refused our link; `condition` is the AMQP error condition it gave."""
 

@@ -35,6 +35,7 @@ OK, AUTH, SYS, SYS_PERM, SYS_TEMP = 0, 1, 2, 3, 4
 MAX_FRAME = 64 * 1024  # a SASL frame larger than this is an attack, not a login
 
 PLAIN, SCRAM, EXTERNAL, ANONYMOUS = "PLAIN", "SCRAM-SHA-256", "EXTERNAL", "ANONYMOUS"
+_DECOY_KEY = os.urandom(32)  # unknown users' salts: stable per process, unguessable
 
 
 class SaslError(Exception):
@@ -186,6 +187,26 @@ class SaslServer:
         self.without_sasl = False  # the client went straight to AMQP (anonymous, if allowed)
         self._scram: tuple[str, str, str, ScramSecret] | None = None  # (user, client-first-bare, server-first)
         self._pending = b""
+        # a PLAIN password to check, (secret, password, user): `secret.check_password(password)`
+        # then `resolve(ok)`; the exchange waits meanwhile
+        self.check: tuple[ScramSecret, str, str] | None = None
+
+    def refuse_busy(self) -> bytes:
+        """Too many password checks at once: this login is told to try again (sys-temp)."""
+        self.check = None
+        return self._outcome(SYS_TEMP, None, "too many logins at once")
+
+    def resolve(self, ok: bool) -> bytes:
+        """The outcome of the PLAIN check asked for in `check`."""
+        assert self.check is not None
+        _, _, user = self.check
+        self.check = None
+        if not ok:
+            return self._outcome(AUTH, None, f"wrong user name or password for {user!r}")
+        out = self._outcome(OK, user, None)
+        self.amqp += bytes(self.reader.buf)
+        self.reader.buf.clear()
+        return out
 
     def receive(self, data: bytes) -> bytes:
         if self.done:
@@ -216,7 +237,7 @@ class SaslServer:
                                                        *[symbol(m) for m in self.policy.mechanisms()])]))
             data = rest
         self.reader.feed(data)
-        while not self.done and (fr := self.reader.frame()) is not None:
+        while not self.done and self.check is None and (fr := self.reader.frame()) is not None:
             out.append(self._frame(*fr))
         if self.done:
             self.amqp += bytes(self.reader.buf)
@@ -246,9 +267,12 @@ class SaslServer:
                     return self._outcome(AUTH, None, "malformed PLAIN response")
                 user, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
                 secret = self.policy.secrets(user)
-                if secret is None or not secret.check_password(password):
+                if secret is None:
                     return self._outcome(AUTH, None, f"wrong user name or password for {user!r}")
-                return self._outcome(OK, user, None)
+                # checking costs a PBKDF2 (~0.1 s): the I/O edge runs it off the event loop
+                self.check = (secret, password, user)
+                return b""
+            return self._scram_first(resp)
             return self._scram_first(resp)
         if code == RESPONSE and self.mechanism == SCRAM and self._scram is not None:
             return self._scram_final(_bytes(_field(fields, 0)))
@@ -265,7 +289,8 @@ class SaslServer:
         if not user or not cnonce:
             return self._outcome(AUTH, None, "malformed SCRAM client-first message")
         if secret is None:  # (an unknown user gets a challenge like any other, and fails later)
-            secret = ScramSecret.from_password(os.urandom(8).hex(), 4096, hashlib.sha256(user.encode()).digest()[:16])
+            salt = hmac.digest(_DECOY_KEY, user.encode(), "sha256")[:16]
+            secret = ScramSecret(salt, 100_000, os.urandom(32), os.urandom(32))
             user_known = False
         else:
             user_known = True
@@ -342,9 +367,7 @@ class SaslClient:
         if self.done:
             self.amqp += bytes(self.reader.buf)
             self.reader.buf.clear()
-            if self.ok:
-                out.append(AMQP_HEADER)
-        return b"".join(out)
+        return b"".join(out)  # (after the outcome, AMQP goes on with the engine's own header)
 
     def _choose(self, offered: list[str]) -> str | None:
         if self.certificate and self.password is None and EXTERNAL in offered:

@@ -117,6 +117,16 @@ def peer_names(peercert: dict[str, Any] | None) -> set[str]:
     return names
 
 
+def peer_common_name(peercert: dict[str, Any] | None) -> str | None:
+    """The subject common name of a verified peer certificate (a client's identity for SASL
+    EXTERNAL), None without one."""
+    for rdn in (peercert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
 def router_uri(router_id: str) -> str:
     """The subject alternative name (URI) that names a router in the certificates we make."""
     return f"urn:oncemesh:router:{router_id}"

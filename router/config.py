@@ -55,6 +55,11 @@ class RouterConfig:
     tls_key: str = ""
     tls_ca: str = ""
     tls_verify_clients: bool = False
+    # client authentication (docs/security.md): SASL with the users file (SCRAM-SHA-256, PLAIN over
+    # TLS) and EXTERNAL from verified client certificates; anonymous clients only if allowed. With
+    # neither users_file nor tls_verify_clients the router is open (and says so in log and status)
+    users_file: str = ""
+    allow_anonymous: bool = False
     log_flush_interval: float = 0.2
     # settlement-log segments (docs/settlement-log.md, "Files"): a new segment at this size or age,
     # closed ones gzipped in a worker thread ("gzip" or "none"); retention 0 keeps every segment

@@ -26,6 +26,7 @@ from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
+from ..common.sasl import SaslServer, ScramSecret, ServerPolicy
 from ..common.settlement_log import Segments, SettlementLog
 from ..common.tls import TlsFiles, TlsProvider
 from ..common.vocab import (
@@ -70,6 +71,7 @@ from .core import DeliveryCore, SubscriberAttach
 from .looplag import LagSummary, LoopLag
 from .meshport import MeshPort
 from .subscriptions import SubscriptionStore, SubscriptionTable
+from .users import Users
 
 log = logging.getLogger("oncemesh.router")
 
@@ -170,6 +172,9 @@ class Router:
         self.client_tls = TlsProvider(TlsFiles(Path(cfg.tls_cert), Path(cfg.tls_key) if cfg.tls_key else None,
                                                Path(cfg.tls_ca) if cfg.tls_ca else None, cfg.tls_verify_clients),
                                       server=True, what="client-listener") if cfg.tls_cert else None
+        # who may connect: the users file (passwords) and verified client certificates (EXTERNAL)
+        self.users = Users(Path(cfg.users_file)) if cfg.users_file else None
+        self.client_auth = self.users is not None or cfg.tls_verify_clients
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None
         self.connections: set[AmqpConnection] = set()
@@ -208,6 +213,9 @@ class Router:
         gc.callbacks.append(self._on_gc)
         self.write_ready_file()
         log.info("router.started id=%s incarnation=%s listen=%s:%d", self.id, self.incarnation, *self.bound)
+        if not self.client_auth:
+            log.warning("router.open_access listen=%s:%d: any client that reaches this port may connect, publish "
+                        "and subscribe without credentials (set users_file and/or tls_verify_clients)", *self.bound)
 
     def ready_info(self) -> dict[str, Any]:
         assert self.bound is not None
@@ -215,6 +223,8 @@ class Router:
                                 "listen": f"{self.bound[0]}:{self.bound[1]}",
                                 "url": f"{'amqps' if self.client_tls else 'amqp'}://{self.bound[0]}:{self.bound[1]}",
                                 "peers": [], "converged": True, "updated": time.time(),
+                                "client_auth": ("sasl" + ("+anonymous" if self.cfg.allow_anonymous else ""))
+                                if self.client_auth else "none",
                                 "stats": {**self.core.stats(), "connections": len(self.connections),
                                           "rss_kb": _rss_kb(), **self._lag_fields(),
                                           **self.slog.stats()}}
@@ -306,11 +316,24 @@ class Router:
             self.cfg.ready_file.unlink(missing_ok=True)
         self._stopped.set()
 
+    def _sasl_for(self, conn: AmqpConnection) -> SaslServer:
+        users = self.users
+        return SaslServer(ServerPolicy(users.secret if users is not None else _no_secret, conn.encrypted,
+                                       conn.peer_common_name, self.cfg.allow_anonymous))
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the client listener's TLS files and the users file (for new logins)."""
+        if self.client_tls is not None:
+            self.client_tls.reload()
+        if self.users is not None:
+            self.users.reload()
+
     def _make_connection(self) -> AmqpConnection:
         assert self.engine is not None
         conn = AmqpConnection(self.engine, self, server=True, container_id=f"oncemesh-router-{self.id}",
                               idle_timeout=self.cfg.idle_timeout, max_frame=self.cfg.max_frame,
-                              properties={PROP_ROUTER: self.id})
+                              properties={PROP_ROUTER: self.id},
+                              sasl=self._sasl_for if self.client_auth else None)
         conn.ctx = ConnCtx()
         if len(self.connections) >= self.cfg.max_connections:
             log.warning("connection.refused reason=max_connections limit=%d", self.cfg.max_connections)
@@ -769,6 +792,10 @@ class Router:
 _VOLATILE_STATS = ("rss_kb", "loop_lag_max_ms", "loop_lag_p99_ms", "gc_pause_max_ms", "loop_lag_samples",
                    "loop_lag_worst_ms")
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _no_secret(user: str) -> ScramSecret | None:
+    return None  # (no users file: no password logins)
 
 
 def _rss_kb() -> int:
