@@ -42,7 +42,7 @@ What waits. Partition: only the side holding a read quorum of the latest view ca
 other side freezes when it tries, and cannot deliver anyway (it lacks ACKs): no router delivers past
 an entry it cannot rule out. After a crash every router waits one view change (Prepare, Accept,
 Commit). If fewer than ceil(n/2) members of the latest view keep their state (amnesic restarts
-before the next view forms), the stream blocks: the survivors cannot know what the lost ones
+before the next view forms; votes restored from disk count, below), the stream blocks: the survivors cannot know what the lost ones
 decided, and an operator must recover from the settlement log. Histories older than
 `history_limit` entries are not carried: a router that needs them reports `HistoryGap`.
 
@@ -560,8 +560,9 @@ class LamportNode:
         if base is None or len(current) < max(n - n // 2, n // 2 + 1 - lost) or len(restored) == len(current):
             self.round = None  # no quorum of the latest view here (minority side), or nobody intact: wait
             if commit is not None:  # a restored life of a member may take the view (rounds back off)
-                for r, p in ps.items():
-                    if p.installed is not None and p.installed != base and r != self.me:
+                for r, p in ps.items():  # (restored: its view names an earlier life of it)
+                    if p.installed not in (None, GENESIS, base) and r != self.me \
+                            and (r, p.incarnation) not in p.view_members:
                         self._send(r, commit)
             return
         stale = [p.last for r, p in ps.items() if p.installed != base or r in restored]
