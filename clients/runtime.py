@@ -235,6 +235,8 @@ class Client:
         except BaseException:
             conn.abort()
             raise
+        if conn.closed or self.conn is not conn:  # opened and closed at once (e.g. a connection limit)
+            raise ConnectionError(f"{url}: the router closed the connection as it opened it")
         self.router_url = url
         self.router_id = str(conn.remote_properties.get("oncemesh.router", "")) or None
         self.session = conn.open_session()

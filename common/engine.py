@@ -369,10 +369,14 @@ class AmqpConnection(asyncio.Protocol):
     # -- identity --------------------------------------------------------------------------------
     @property
     def remote_container(self) -> str | None:
+        if self.pn_conn == F.NULL:  # (released: the connection is gone)
+            return None
         return F.cstr(lib.pn_connection_remote_container(self.pn_conn))
 
     @property
     def remote_properties(self) -> dict[Any, Any]:
+        if self.pn_conn == F.NULL:
+            return {}
         obj = F.data_to_obj(lib.pn_connection_remote_properties(self.pn_conn))
         return obj if isinstance(obj, dict) else {}
 

@@ -60,6 +60,8 @@ class RouterConfig:
     # neither users_file nor tls_verify_clients the router is open (and says so in log and status)
     users_file: str = ""
     allow_anonymous: bool = False
+    # authorization (docs/security.md): topics per user/group and per-user limits; none: all allowed
+    policy_file: str = ""
     log_flush_interval: float = 0.2
     # settlement-log segments (docs/settlement-log.md, "Files"): a new segment at this size or age,
     # closed ones gzipped in a worker thread ("gzip" or "none"); retention 0 keeps every segment

@@ -101,6 +101,7 @@ class SubscriberAttach:
     presented: list[str] | None  # ids it accepted and has not seen settled
     epoch: int | None = None
     handed_last: tuple[str, ...] = ()  # per publisher link, the latest message it was handed
+    owner: str = ""  # the authenticated identity attaching ("" without client authentication)
 
 
 @dataclass(slots=True)
@@ -495,7 +496,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
     # ================================================================ subscribers: attach, detach, pump, send, resolve
     def attach_subscriber(self, link: Any, sid: str, topic: str, container: str, link_name: str,
                           expiry: float, capable: bool, presented: Iterable[str] | None,
-                          now: float, epoch: int | None = None, handed_last: Iterable[str] = ()) -> bool:
+                          now: float, epoch: int | None = None, handed_last: Iterable[str] = (),
+                          owner: str = "") -> bool:
         """A subscriber link attached here (new or resuming). Returns True when it resumed.
         `epoch`: the subscription's epoch its client last attached with (our clients present it).
         `handed_last`: per publisher link, the latest message its client was handed (FIFO: an
@@ -510,7 +512,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         # what we still hold for it may have been dealt with elsewhere meanwhile
         stale_view = before is not None and before.live and epoch is not None and before.epoch < epoch
         sub, resumed = self.table.attach(sid, topic, container, link_name, expiry, self.router_id, now,
-                                         min_epoch=epoch or 0)
+                                         min_epoch=epoch or 0, owner=owner)
         rt = self.subs.get(sid)
         fresh = rt is None
         if rt is None:
@@ -590,7 +592,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
     def attach(self, link: Any, att: SubscriberAttach, now: float) -> bool:
         """`attach_subscriber` with what the ATTACH asked for. Returns True when it resumed."""
         return self.attach_subscriber(link, att.sid, att.topic, att.container, att.link_name, att.expiry,
-                                      att.capable, att.presented, now, att.epoch, att.handed_last)
+                                      att.capable, att.presented, now, att.epoch, att.handed_last, att.owner)
 
     def resume_refused(self, link: Any, att: SubscriberAttach, now: float) -> None:
         """The mesh refused the resume of `att` here: the subscription's old home ended that life

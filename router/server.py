@@ -70,7 +70,8 @@ from .config import RouterConfig
 from .core import DeliveryCore, SubscriberAttach
 from .looplag import LagSummary, LoopLag
 from .meshport import MeshPort
-from .subscriptions import SubscriptionStore, SubscriptionTable
+from .policy import Grants, PolicyError, load_policy
+from .subscriptions import Subscription, SubscriptionStore, SubscriptionTable
 from .users import Users
 
 log = logging.getLogger("oncemesh.router")
@@ -109,21 +110,23 @@ class SubLinkCtx:
 
 
 class PubLinkCtx:
-    __slots__ = ("topic", "plid", "deliveries", "want_received")
+    __slots__ = ("topic", "plid", "deliveries", "want_received", "max_size")
 
-    def __init__(self, topic: str, plid: str, want_received: bool) -> None:
+    def __init__(self, topic: str, plid: str, want_received: bool, max_size: int) -> None:
         self.topic = topic
         self.plid = plid
         self.want_received = want_received
+        self.max_size = max_size  # the router's max_message_size, or the user's limit if lower
         self.deliveries: set[Any] = set()  # unsettled publisher deliveries on this link
 
 
 class ConnCtx:
-    __slots__ = ("container", "peer_kind")
+    __slots__ = ("container", "peer_kind", "counted")
 
     def __init__(self) -> None:
         self.container: str | None = None
         self.peer_kind = "client"
+        self.counted: tuple[str, str] | None = None  # (user, host) counted against connection limits
 
 
 
@@ -175,6 +178,9 @@ class Router:
         # who may connect: the users file (passwords) and verified client certificates (EXTERNAL)
         self.users = Users(Path(cfg.users_file)) if cfg.users_file else None
         self.client_auth = self.users is not None or cfg.tls_verify_clients
+        self.policy = load_policy(Path(cfg.policy_file)) if cfg.policy_file else None  # PolicyError at once
+        self._conns_by_user: dict[str, int] = {}
+        self._conns_by_host: dict[tuple[str, str], int] = {}
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None
         self.connections: set[AmqpConnection] = set()
@@ -327,6 +333,12 @@ class Router:
             self.client_tls.reload()
         if self.users is not None:
             self.users.reload()
+        if self.policy is not None:
+            try:
+                self.policy = load_policy(Path(self.cfg.policy_file))
+                log.info("policy.reloaded file=%s", self.cfg.policy_file)
+            except PolicyError as exc:
+                log.error("policy.reload_failed error=%s (the previous policy stays in force)", exc)
 
     def _make_connection(self) -> AmqpConnection:
         assert self.engine is not None
@@ -394,6 +406,52 @@ class Router:
     # ------------------------------------------------------------------ engine events
     def on_connection_open(self, conn: AmqpConnection) -> None:
         conn.ctx.container = conn.remote_container
+        grants = self._grants(conn)
+        if grants is None:
+            return
+        user, host = self._user(conn), conn.peer.rsplit(":", 1)[0]
+        for what, count, limit in (
+                ("user", self._conns_by_user.get(user, 0), grants.limit("max_connections")),
+                ("host", self._conns_by_host.get((user, host), 0), grants.limit("max_connections_per_host"))):
+            if limit is not None and count >= limit:
+                log.warning("connection.refused reason=max_connections_per_%s user=%s host=%s limit=%d", what, user,
+                            host, limit)
+                conn.close(errors.ResourceLimitExceeded.condition,
+                           f"user {user!r} holds its maximum of {limit} connections"
+                           + (f" from {host}" if what == "host" else ""))
+                return
+        conn.ctx.counted = (user, host)
+        self._conns_by_user[user] = self._conns_by_user.get(user, 0) + 1
+        self._conns_by_host[(user, host)] = self._conns_by_host.get((user, host), 0) + 1
+
+    # ------------------------------------------------------------------ authorization
+    def _user(self, conn: AmqpConnection) -> str:
+        return conn.user or "anonymous"
+
+    def _grants(self, conn: AmqpConnection) -> Grants | None:
+        """What the connection's user may do (None: no policy, everything)."""
+        if self.policy is None:
+            return None
+        user = self._user(conn)
+        return self.policy.grants(user, self.users.groups(user) if self.users is not None else ())
+
+    def _authorize_subscriber(self, conn: AmqpConnection, topic: str, sid: str, known: Subscription | None) -> None:
+        user = conn.user
+        if known is not None and known.live and known.owner and user is not None and known.owner != user:
+            raise errors.UnauthorizedAccess(f"subscription {sid} belongs to another identity; attach with the "
+                                            f"credentials that made it")
+        grants = self._grants(conn)
+        if grants is None:
+            return
+        if not grants.may_subscribe(topic):
+            raise errors.UnauthorizedAccess(f"user {self._user(conn)!r} may not subscribe to {topic!r} "
+                                            f"(policy {self.policy.source if self.policy else ''})")
+        limit = grants.limit("max_subscriptions")
+        if limit is not None and (known is None or not known.live):
+            owned = sum(1 for s in self.core.table.live() if s.owner == self._user(conn))
+            if owned >= limit:
+                raise errors.ResourceLimitExceeded(f"user {self._user(conn)!r} holds its maximum of {limit} "
+                                                   f"subscriptions")
 
     def on_link_open(self, link: Link) -> None:
         if not link.local_uninit:
@@ -440,6 +498,7 @@ class Router:
         last = tuple(str(g) for g in handed_last) if handed_last else ()
         sid = subscription_id(container, link.name, topic)
         known = self.core.table.get(sid)
+        self._authorize_subscriber(link.conn, topic, sid, known)
         if (known is None or not known.live) and len(self.core.table) >= self.cfg.max_subscriptions:
             raise errors.ResourceLimitExceeded(
                 f"the subscription table holds {len(self.core.table)} subscriptions (max_subscriptions "
@@ -455,7 +514,7 @@ class Router:
         epoch = props.get(PROP_EPOCH)
         epoch = int(epoch) if isinstance(epoch, int) and epoch > 0 else None
         att = link.ctx.attach_args = SubscriberAttach(sid, topic, container, link.name, expiry, capable, ids,
-                                                      epoch, last)
+                                                      epoch, last, link.conn.user or "")
         link.ctx.resumed = self.core.attach(link, att, time.time())
         link.set_source(topic, 0 if math.isinf(expiry) else int(expiry),
                         F.EXPIRE_NEVER if math.isinf(expiry) else F.EXPIRE_WITH_LINK)
@@ -488,11 +547,18 @@ class Router:
             raise errors.RemoteProtocolError(f"link property {PROP_CAUSAL_PAST} must be a list of at most "
                                              f"{MAX_CAUSAL_PAST} [gid, topic] pairs of strings")
         second = link.remote_rcv_settle_mode == F.RCV_SECOND
-        link.ctx = PubLinkCtx(topic, plid, bool(props.get(PROP_RECEIVED)))
+        grants = self._grants(link.conn)
+        max_size = self.cfg.max_message_size
+        if grants is not None:
+            if not grants.may_publish(topic):
+                raise errors.UnauthorizedAccess(f"user {self._user(link.conn)!r} may not publish to {topic!r} "
+                                                f"(policy {self.policy.source if self.policy else ''})")
+            max_size = min(max_size, grants.limit("max_message_size") or max_size)
+        link.ctx = PubLinkCtx(topic, plid, bool(props.get(PROP_RECEIVED)), max_size)
         link.set_target(topic)
         link.set_source(link.remote_source_address)
         link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND if second else F.RCV_FIRST)
-        link.set_max_message_size(self.cfg.max_message_size)
+        link.set_max_message_size(max_size)
         link.set_properties({PROP_ROUTER: self.id})
         link.open()
         tags = in_doubt_tags(in_doubt) if in_doubt is not None else None
@@ -532,13 +598,13 @@ class Router:
                 amqp.update(delivery, F.REJECTED, (errors.NotAllowed.condition, "this link does not accept transfers"))
                 amqp.settle(delivery)
             return
-        if len(payload) > self.cfg.max_message_size:
+        if len(payload) > ctx.max_size:
             log.warning("link.message_too_large peer=%s link=%s size=%d", link.conn.peer, link.name, len(payload))
             amqp.update(delivery, F.REJECTED, (errors.MessageTooLarge.condition,
-                                                f"{len(payload)} bytes > max {self.cfg.max_message_size}"))
+                                                f"{len(payload)} bytes > max {ctx.max_size}"))
             amqp.settle(delivery)
             link.close(errors.MessageTooLarge.condition,
-                       f"message of {len(payload)} bytes exceeds max-message-size {self.cfg.max_message_size}")
+                       f"message of {len(payload)} bytes exceeds max-message-size {ctx.max_size}")
             return
         try:
             if settled:
@@ -609,6 +675,11 @@ class Router:
     def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
         self.drain()
         self.connections.discard(conn)
+        counted = conn.ctx.counted if isinstance(conn.ctx, ConnCtx) else None
+        if counted is not None:
+            conn.ctx.counted = None
+            self._conns_by_user[counted[0]] -= 1
+            self._conns_by_host[counted] -= 1
         now = time.time()
         for link in list(conn.links.values()):
             ctx = link.ctx

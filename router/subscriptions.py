@@ -58,6 +58,9 @@ class Subscription:
     end_reason: str | None = None
     # in a mesh: every router of the topology acknowledged this life (its first attach completed)
     confirmed: bool = False
+    # the authenticated identity that made it ("" for a router without client authentication): only
+    # that identity may attach to it again (docs/security.md)
+    owner: str = ""
     # soft state, not persisted: the router-local link binding is kept by the delivery core
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -70,7 +73,7 @@ class Subscription:
             "sid": self.sid, "topic": self.topic, "container": self.container, "link": self.link,
             "expiry": None if math.isinf(self.expiry) else self.expiry, "state": self.state.value,
             "home": self.home, "epoch": self.epoch, "since": self.since, "created": self.created,
-            "end_reason": self.end_reason, "confirmed": self.confirmed,
+            "end_reason": self.end_reason, "confirmed": self.confirmed, "owner": self.owner,
         }
 
     @classmethod
@@ -80,12 +83,12 @@ class Subscription:
                    expiry=math.inf if exp is None else float(exp), state=SubState(d["state"]),
                    home=d["home"], epoch=int(d["epoch"]), since=float(d["since"]),
                    created=float(d["created"]), end_reason=d.get("end_reason"),
-                   confirmed=bool(d.get("confirmed", False)))
+                   confirmed=bool(d.get("confirmed", False)), owner=str(d.get("owner") or ""))
 
 
 _STATE_RANK = {SubState.ACTIVE: 0, SubState.SUSPENDED: 1, SubState.ENDED: 2}
 _FIELDS = ("sid", "topic", "container", "link", "expiry", "state", "home", "epoch", "since", "created",
-           "end_reason", "confirmed")
+           "end_reason", "confirmed", "owner")
 
 
 def order_key(s: Subscription) -> tuple[int, str, int, bool]:
@@ -124,11 +127,14 @@ class SubscriptionTable:
 
     # -- changes ---------------------------------------------------------------------------------
     def attach(self, sid: str, topic: str, container: str, link: str, expiry: float, home: str,
-               now: float, min_epoch: int = 0) -> tuple[Subscription, bool]:
+               now: float, min_epoch: int = 0, owner: str = "") -> tuple[Subscription, bool]:
         """Attach or resume. Returns (subscription, resumed) where resumed means it existed.
-        `min_epoch`: the client knew a later epoch than we do; the new one must beat it."""
+        `min_epoch`: the client knew a later epoch than we do; the new one must beat it. `owner`: the
+        authenticated identity attaching (kept by a new life; the router checked a resume's)."""
         sub = self._subs.get(sid)
         if sub is not None and sub.live:
+            if owner and not sub.owner:
+                sub.owner = owner
             sub.state = SubState.ACTIVE
             sub.home = home
             sub.epoch = max(sub.epoch, min_epoch) + 1
@@ -138,7 +144,7 @@ class SubscriptionTable:
             return sub, True
         epoch = max(sub.epoch if sub is not None else 0, min_epoch) + 1
         sub = Subscription(sid=sid, topic=topic, container=container, link=link, expiry=expiry,
-                           state=SubState.ACTIVE, home=home, epoch=epoch, since=now, created=now)
+                           state=SubState.ACTIVE, home=home, epoch=epoch, since=now, created=now, owner=owner)
         self._subs[sid] = sub
         self._by_topic.setdefault(topic, {})[sid] = sub
         self.version += 1

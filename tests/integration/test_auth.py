@@ -5,6 +5,7 @@ processes; our client, and python-qpid-proton's own client as a foreign one."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from proton import ProtonException, SSLDomain
 from proton.utils import BlockingConnection
 
 from oncemesh.clients.runtime import Client
-from oncemesh.common.errors import AuthenticationFailed, NoRouterAvailable
+from oncemesh.common.errors import AuthenticationFailed, LinkRefused, NoRouterAvailable
 from oncemesh.common.pki import issue, make_ca
 from oncemesh.common.tls import TlsFiles
 from oncemesh.harness.testing import wait_for
@@ -131,3 +132,66 @@ def test_tls_plain_external_and_anonymous_where_allowed(make_router: Any, users_
         BlockingConnection(r.url, timeout=5, ssl_domain=domain, user="alice", password="nope",
                            allowed_mechs="PLAIN").close()
     wait_for(lambda: _log_has(log, "connection.auth_failed", "mechanism=PLAIN"), 10, "a refused PLAIN login")
+
+
+POLICY = """
+[groups.ops]
+publish = ["orders.#"]
+subscribe = ["orders.#"]
+
+[users.bob]
+subscribe = ["orders.eu"]
+max_connections = 1
+"""
+
+
+def test_the_policy_decides_topics_and_limits_and_a_subscription_stays_its_makers(
+        make_router: Any, users_file: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    r = make_router("P", settings={"users_file": str(users_file), "policy_file": str(policy)})
+    log = r.log_dir / "P.router.log"
+    # (alice is in group ops: users_file fixture)
+
+    async def main() -> None:
+        alice = await Client(r.url, user="alice", password="wonderland", container_id="shared").start()
+        bob = await Client(r.url, user="bob", password="builder", container_id="shared").start()
+        try:
+            mine = alice.subscriber("orders.eu", "s", expiry=60)
+            await mine.wait_attached(10)
+            with pytest.raises(LinkRefused) as ei:  # bob presents alice's container id and link name
+                await bob.subscriber("orders.eu", "s", expiry=60).wait_attached(10)
+            assert ei.value.condition == "amqp:unauthorized-access" and "another identity" in ei.value.description
+            fut = await alice.publisher("orders.eu", "p").send("only for alice's subscription")
+            assert [m.body for m in await mine.get_many(1, timeout=10)] == ["only for alice's subscription"]
+            assert (await asyncio.wait_for(fut, 10)).accepted
+            with pytest.raises(LinkRefused) as ei:
+                await alice.publisher("secret", "p2").wait_attached(10)
+            assert ei.value.condition == "amqp:unauthorized-access" and "may not publish to 'secret'" in str(ei.value)
+            theirs = bob.subscriber("orders.eu", "b", expiry=0)
+            await theirs.wait_attached(10)
+            for make in (lambda: bob.subscriber("orders.us", "b2", expiry=0), lambda: bob.publisher("orders.eu", "bp")):
+                with pytest.raises(LinkRefused) as ei:
+                    await make().wait_attached(10)
+                assert ei.value.condition == "amqp:unauthorized-access"
+            with pytest.raises((AuthenticationFailed, NoRouterAvailable, ConnectionError)):
+                await Client(r.url, user="bob", password="builder", reconnect_timeout=2, connect_timeout=3).start()
+            wait_for(lambda: _log_has(log, "connection.refused reason=max_connections_per_user user=bob"), 10, "log")
+            # a reloaded policy applies to new links
+            policy.write_text(POLICY + 'publish = ["orders.eu"]\n')
+            r.proc.signal(signal.SIGHUP)  # type: ignore[union-attr]
+            wait_for(lambda: _log_has(log, "policy.reloaded"), 10, "the reload")
+            fut = await bob.publisher("orders.eu", "bp2").send("from bob")
+            assert "from bob" in [m.body for m in await theirs.get_many(1, timeout=10)]
+            assert "from bob" in [m.body for m in await mine.get_many(1, timeout=10)]
+            assert (await asyncio.wait_for(fut, 10)).accepted
+        finally:
+            await bob.close()
+            await alice.close()
+
+    run(main(), timeout=120)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[users.bob]\npublsh = ['x']\n")
+    out = subprocess.run([sys.executable, "-m", "oncemesh", "router", "--id", "X", "--listen", "127.0.0.1:0",
+                          "--set", f"policy_file={bad}"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown key users.bob.publsh (did you mean 'publish'?)" in out.stderr
