@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..common.errors import ClientError, NoRouterAvailable
+from ..common.tls import TlsFiles
 from .publisher import Publisher, Result
 from .runtime import Client
 from .state import default_state_dir
@@ -25,12 +28,23 @@ DEFAULT_EXPIRY = 86400.0
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="router URL(s): amqp://HOST:PORT, comma-separated for failover")
+    p.add_argument("--url", required=True, help="router URL(s): amqp://HOST:PORT or amqps://HOST:PORT (TLS), "
+                                                 "comma-separated for failover")
     p.add_argument("--state-dir", type=Path, default=None,
                    help=f"client identity and state (default {default_state_dir()})")
     p.add_argument("--log-dir", type=Path, default=None, help="write the client settlement log here")
     p.add_argument("--connect-timeout", type=float, default=30.0,
                    help="give up when no router is reachable for this long (seconds, default 30)")
+    sec = p.add_argument_group("security (docs/security.md)")
+    sec.add_argument("--user", default=None, help="log in as USER (SCRAM-SHA-256, or PLAIN over TLS)")
+    sec.add_argument("--password-env", default="ONCEMESH_PASSWORD", metavar="VAR",
+                     help="environment variable holding the password (default ONCEMESH_PASSWORD; "
+                          "never on the command line, where other users could read it)")
+    sec.add_argument("--ca", type=Path, default=None,
+                     help="CA file (PEM) to trust for amqps:// routers (default: the system's)")
+    sec.add_argument("--cert", type=Path, default=None,
+                     help="client certificate (PEM), for routers that ask for one (SASL EXTERNAL without --user)")
+    sec.add_argument("--key", type=Path, default=None, help="the client certificate's key (PEM)")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -97,8 +111,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
 def _client(args: argparse.Namespace) -> Client:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, stream=sys.stderr,
                         format="%(message)s")
+    password = None
+    if args.user is not None:
+        password = os.environ.get(args.password_env)
+        if password is None:
+            password = getpass.getpass(f"password for {args.user}: ")
+    tls = TlsFiles(args.cert, args.key, args.ca) if (args.ca or args.cert or args.key) else None
     return Client(args.url, state_dir=args.state_dir or default_state_dir(), log_dir=args.log_dir,
-                  reconnect_timeout=args.connect_timeout)
+                  reconnect_timeout=args.connect_timeout, tls=tls, user=args.user, password=password)
 
 
 def _run(main: Any) -> int:
@@ -108,6 +128,9 @@ def _run(main: Any) -> int:
     except NoRouterAvailable as exc:
         print(f"oncemesh: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # (TlsConfigError: a certificate, key or CA file that cannot be used)
+        print(f"oncemesh: {exc}", file=sys.stderr)
+        return 2
     except ClientError as exc:
         print(f"oncemesh: {exc}", file=sys.stderr)
         return 1

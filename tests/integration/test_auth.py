@@ -5,6 +5,7 @@ processes; our client, and python-qpid-proton's own client as a foreign one."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -195,3 +196,26 @@ def test_the_policy_decides_topics_and_limits_and_a_subscription_stays_its_maker
     out = subprocess.run([sys.executable, "-m", "oncemesh", "router", "--id", "X", "--listen", "127.0.0.1:0",
                           "--set", f"policy_file={bad}"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "unknown key users.bob.publsh (did you mean 'publish'?)" in out.stderr
+
+
+def test_the_command_line_takes_credentials_and_a_ca(make_router: Any, users_file: Path, tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    make_ca(pki)
+    cert, key = issue(pki, "server", ["127.0.0.1"])
+    r = make_router("C", settings={"users_file": str(users_file), "tls_cert": str(cert), "tls_key": str(key)})
+    common = ["--url", r.url, "--ca", str(pki / "ca.pem"), "--user", "alice", "--connect-timeout", "5"]
+
+    def cli(*args: str, password: str = "wonderland") -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "ONCEMESH_PASSWORD": password}
+        return subprocess.run([sys.executable, "-m", "oncemesh", *args], capture_output=True, text=True,
+                              timeout=60, env=env, cwd=tmp_path)
+
+    state = ["--state-dir", str(tmp_path / "client")]
+    assert cli("subscribe", "cli", "--subscription", "s", *common, *state).returncode == 0
+    assert cli("put", "cli", "hello", "--no-wait", *common, *state).returncode == 0  # (the outcome waits for get)
+    out = cli("get", "cli", "--subscription", "s", "--count", "1", "--timeout", "20", *common, *state)
+    assert out.returncode == 0 and "hello" in out.stdout, out.stderr
+    bad = cli("put", "cli", "x", *common, *state, password="wrong")
+    assert bad.returncode == 1 and "authentication failed" in bad.stderr
+    untrusted = cli("put", "cli", "x", "--url", r.url, "--user", "alice", "--connect-timeout", "2", *state)
+    assert untrusted.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
