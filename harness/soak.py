@@ -863,7 +863,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                     "every router every --interval seconds: RSS (/proc), event-loop lag, GC pauses,\n"
                     "in-flight records and connections (its status file), bytes of its log files.\n"
                     "Then print per router the maxima and the slopes of RSS and log bytes after the\n"
-                    "warm-up (least squares, MB/min, with a 95%% confidence interval: 'flat' when 0 is\n"
+                    "warm-up (least squares, MB/min, with a 95% confidence interval: 'flat' when 0 is\n"
                     "in it), connections dropped, log bytes per (message, subscription) pair, and the\n"
                     "verdict of the Spark reconciliation.\n\n"
                     "Load: --clients bench (default) uses the lean exactly-once clients of `oncemesh\n"
@@ -874,7 +874,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                     "Publishers at --pub-at (default the first router), subscribers at --sub-at\n"
                     "(default one at every router); the witness publishes at the last router.\n\n"
                     "Exit status: 0 pass; 1 a connection dropped, a router exited, clients failed or\n"
-                    "miscounted, or the reconciliation did not pass; 2 the run could not be set up.",
+                    "miscounted, or the reconciliation did not pass; 2 the run could not be set up;\n"
+                    "130 interrupted (Ctrl-C, SIGTERM: everything started is stopped first).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Examples:\n"
                "  oncemesh soak router --duration 1800                       # one router, unbounded, 30 min\n"
