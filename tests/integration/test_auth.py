@@ -219,3 +219,34 @@ def test_the_command_line_takes_credentials_and_a_ca(make_router: Any, users_fil
     assert bad.returncode == 1 and "authentication failed" in bad.stderr
     untrusted = cli("put", "cli", "x", "--url", r.url, "--user", "alice", "--connect-timeout", "2", *state)
     assert untrusted.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+
+
+def test_the_readme_secured_mesh_runs_with_paths_relative_to_its_topology(mesh_of: Any, users_file: Path,
+                                                                           tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## A secured mesh"):]
+    mesh_toml, policy_toml = (b.split("```")[0] for b in section.split("```toml")[1:3])
+    sec = tmp_path / "sec"
+    sec.mkdir()
+    (sec / "mesh.toml").write_text(mesh_toml)
+    (sec / "policy.toml").write_text(policy_toml)
+    (sec / "users.json").write_bytes(users_file.read_bytes())  # (alice, in group ops)
+    mesh = mesh_of(sec / "mesh.toml")
+    a, b = mesh.urls()
+
+    async def main() -> None:
+        sub_c = await Client(b, user="alice", password="wonderland").start()
+        pub_c = await Client(a, user="alice", password="wonderland").start()
+        try:
+            sub = sub_c.subscriber("orders.eu", "s1", expiry=0)
+            await sub.wait_attached(10)
+            fut = await pub_c.publisher("orders.eu", "p").send("hello")
+            assert [m.body for m in await sub.get_many(1, timeout=20)] == ["hello"]
+            assert (await asyncio.wait_for(fut, 20)).accepted
+            with pytest.raises(LinkRefused, match="may not publish to 'secrets'"):
+                await pub_c.publisher("secrets", "p2").wait_attached(10)
+        finally:
+            await pub_c.close()
+            await sub_c.close()
+
+    run(main(), timeout=90)
