@@ -519,10 +519,11 @@ class LamportNode:
         self._review(now, start=False)
 
     def _defer(self, ballot: Ballot, now: float) -> None:
-        """Another coordinator's round is under way: our own timer starts again (rounds that carry
-        big histories take seconds under load; routers starting rounds of their own meanwhile only
-        pre-empt it, over and over: seen in chaos, mesh4 seed 45)."""
-        if ballot[1] != self.me and self.since is not None:
+        """A round of a coordinator ranked before us (a lower id) is under way: our own timer starts
+        again (rounds that carry big histories take seconds under load; routers starting rounds of
+        their own meanwhile only pre-empt it, over and over: seen in chaos, mesh4 seed 45). The
+        lowest router defers to nobody, so some router's timer always runs."""
+        if ballot[1] < self.me and self.since is not None:
             self.since = now
 
     def _on_promise(self, frm: str, m: Promise, now: float) -> None:
