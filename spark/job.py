@@ -78,8 +78,8 @@ def is_uri(text: str) -> bool:
 
 
 def find_logs(paths: Iterable[Path | str]) -> list[str]:
-    """Every *.jsonl file under the given local directories (recursively) and every local file given
-    by name, as absolute paths; URIs (hdfs://..., s3a://...) are kept as they are, for Spark to
+    """Every *.jsonl and *.jsonl.gz file under the given local directories (recursively; without a
+    plain segment whose .gz exists) and every local file given by name, as absolute paths; URIs (hdfs://..., s3a://...) are kept as they are, for Spark to
     search. Raises UsageError for a local path that does not exist or when nothing is found."""
     from ..common.settlement_log import log_files
 
@@ -144,7 +144,7 @@ def hadoop_safe(files: Sequence[str]) -> Iterator[list[str]]:
 
 def read_logs(spark: SparkSession, sources: Sequence[str]) -> DataFrame:
     """Every line, parsed with the schema and a status (`reconcile.with_status`): local files as
-    listed, URIs searched recursively for *.jsonl. Blank lines are skipped."""
+    listed, URIs searched recursively for *.jsonl and *.jsonl.gz. Blank lines are skipped."""
     from . import reconcile as R
     from . import schema as S
 
@@ -463,7 +463,7 @@ def format_summary(s: Summary) -> str:
 # ================================================================ command line
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("logdirs", nargs="+", metavar="LOGDIR",
-                   help="directories searched recursively for *.jsonl settlement logs (or log files)")
+                   help="directories searched recursively for *.jsonl and *.jsonl.gz settlement logs (or log files)")
     p.add_argument("--out", default=str(DEFAULT_OUT),
                    help=f"where results are written (default ./{DEFAULT_OUT})")
     p.add_argument("--master", default=None,
@@ -482,7 +482,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "reconcile", help="judge a run: reconcile all settlement logs with Spark",
-        description="Read every settlement log (*.jsonl) under LOGDIR..., rebuild every "
+        description="Read every settlement log (*.jsonl, *.jsonl.gz) under LOGDIR..., rebuild every "
                     "(message, subscription) pair and classify it: ok, lost, duplicated, unexpected, "
                     "in_doubt, recovered, ended_before_delivery, false_accept (docs/settlement-log.md). "
                     "Writes the anomalous pairs and the summary (Parquet and JSON) and a chart under "
