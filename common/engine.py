@@ -98,6 +98,8 @@ class Engine:
         self._scheduled = False
         self._after_pass: list[Callable[[], None]] = []
         self.checks: set[asyncio.Task[None]] = set()  # PLAIN passwords being checked off the loop
+        # security events of the connections driven here (the router's status shows them)
+        self.counters: dict[str, int] = {"logins": 0, "login_failures": 0, "tls_handshake_failures": 0}
 
     def mark_dirty(self, conn: AmqpConnection) -> None:
         """(`AmqpConnection.touch` calls this once per pass: the connection remembers it is dirty.)"""
@@ -469,11 +471,13 @@ class AmqpConnection(asyncio.Protocol):
         assert sasl is not None and self.sock is not None
         if isinstance(sasl, SaslServer):
             if sasl.user is None:
+                self.engine.counters["login_failures"] += 1
                 log.warning("connection.auth_failed peer=%s mechanism=%s reason=%s", self.peer, sasl.mechanism,
                             sasl.failed)
                 self.sock.close()  # (after the outcome is written)
                 return
             self.user = sasl.user
+            self.engine.counters["logins"] += 1
             log.info("connection.authenticated peer=%s user=%s mechanism=%s", self.peer, sasl.user,
                      sasl.mechanism)
         else:
@@ -504,6 +508,7 @@ class AmqpConnection(asyncio.Protocol):
     def eof_received(self) -> bool:
         sasl = self.sasl
         if isinstance(sasl, SaslServer) and not sasl.done and self.sock is not None:
+            self.engine.counters["login_failures"] += 1
             log.warning("connection.auth_failed peer=%s mechanism=%s reason=the client left during the SASL "
                         "exchange (offered: %s)", self.peer, sasl.mechanism, " ".join(sasl.policy.mechanisms()))
             sasl.done = True
@@ -817,6 +822,7 @@ class _TlsAccept(asyncio.Protocol):
             tls_transport = await self.engine.loop.start_tls(
                 transport, conn, self.tls.context(), server_side=True, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT)
         except (TimeoutError, ssl.SSLError, OSError, ConnectionError) as exc:
+            self.engine.counters["tls_handshake_failures"] += 1
             log.warning("tls.handshake_failed endpoint=%s peer=%s error=%s", self.tls.what,
                         f"{peer[0]}:{peer[1]}" if peer else "?", exc)
             transport.abort()

@@ -65,10 +65,11 @@ def make_ca(directory: Path, name: str = "oncemesh mesh CA") -> tuple[Path, Path
 
 
 def issue(directory: Path, stem: str, names: Iterable[str], common_name: str | None = None,
-          ca_dir: Path | None = None) -> tuple[Path, Path]:
+          ca_dir: Path | None = None, valid_days: float = VALID_DAYS, start_days: float = 0.0) -> tuple[Path, Path]:
     """A certificate and key `<stem>.pem` / `<stem>.key` in `directory`, signed by the CA in
-    `ca_dir` (default: `directory`), naming `names` (IP addresses, URIs when they contain ':', else DNS names), for
-    both server and client use. Replaces files of that stem."""
+    `ca_dir` (default: `directory`), naming `names` (IP addresses, URIs when they contain ':', else
+    DNS names), for both server and client use, valid from `start_days` from now (negative: in the
+    past) for `valid_days`. Replaces files of that stem."""
     ca_dir = ca_dir or directory
     ca_cert = x509.load_pem_x509_certificate((ca_dir / "ca.pem").read_bytes())
     ca_key = _load_key(ca_dir / "ca.key")
@@ -76,12 +77,12 @@ def issue(directory: Path, stem: str, names: Iterable[str], common_name: str | N
     key = ec.generate_private_key(ec.SECP256R1())
     cn = common_name if common_name is not None else (names[0] if names else stem)
     alt: list[x509.GeneralName] = [_general_name(n) for n in names]
-    now = datetime.datetime.now(datetime.UTC)
+    start = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=start_days)
     builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
                .issuer_name(ca_cert.subject).public_key(key.public_key())
                .serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+               .not_valid_before(start - datetime.timedelta(minutes=5))
+               .not_valid_after(start + datetime.timedelta(days=valid_days))
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                      ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)

@@ -180,6 +180,7 @@ class Router:
         self.client_auth = self.users is not None or cfg.tls_verify_clients
         self.policy = load_policy(Path(cfg.policy_file)) if cfg.policy_file else None  # PolicyError at once
         self._conns_by_user: dict[str, int] = {}
+        self.stats_refusals = {"unauthorized_attaches": 0, "limited_attaches": 0, "limited_connections": 0}
         self._conns_by_host: dict[tuple[str, str], int] = {}
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None
@@ -232,7 +233,8 @@ class Router:
                                 "client_auth": ("sasl" + ("+anonymous" if self.cfg.allow_anonymous else ""))
                                 if self.client_auth else "none",
                                 "stats": {**self.core.stats(), "connections": len(self.connections),
-                                          "rss_kb": _rss_kb(), **self._lag_fields(),
+                                          "rss_kb": _rss_kb(), **self._lag_fields(), **self.stats_refusals,
+                                          **(self.engine.counters if self.engine is not None else {}),
                                           **self.slog.stats()}}
         if self.mesh is not None:
             info.update(self.mesh.ready_info())
@@ -414,6 +416,7 @@ class Router:
                 ("user", self._conns_by_user.get(user, 0), grants.limit("max_connections")),
                 ("host", self._conns_by_host.get((user, host), 0), grants.limit("max_connections_per_host"))):
             if limit is not None and count >= limit:
+                self.stats_refusals["limited_connections"] += 1
                 log.warning("connection.refused reason=max_connections_per_%s user=%s host=%s limit=%d", what, user,
                             host, limit)
                 conn.close(errors.ResourceLimitExceeded.condition,
@@ -463,6 +466,10 @@ class Router:
             else:
                 self._open_publisher(link)
         except (errors.RemoteProtocolError, errors.ResourceLimitExceeded) as exc:
+            if exc.condition == errors.UnauthorizedAccess.condition:
+                self.stats_refusals["unauthorized_attaches"] += 1
+            elif isinstance(exc, errors.ResourceLimitExceeded):
+                self.stats_refusals["limited_attaches"] += 1
             log.warning("link.refused peer=%s container=%s link=%s condition=%s reason=%s", link.conn.peer,
                         link.conn.ctx.container, link.name, exc.condition, exc)
             link.close(exc.condition, str(exc))

@@ -191,6 +191,11 @@ def test_the_policy_decides_topics_and_limits_and_a_subscription_stays_its_maker
             await alice.close()
 
     run(main(), timeout=120)
+    try:
+        wait_for(lambda: r.stats().get("unauthorized_attaches", 0) >= 4 and r.stats().get("limited_connections", 0) >= 1
+                 and r.stats().get("logins", 0) >= 3, 10, "the refusals counted in the status")
+    except TimeoutError:
+        raise AssertionError(r.stats()) from None
     bad = tmp_path / "bad.toml"
     bad.write_text("[users.bob]\npublsh = ['x']\n")
     out = subprocess.run([sys.executable, "-m", "oncemesh", "router", "--id", "X", "--listen", "127.0.0.1:0",
@@ -245,6 +250,17 @@ def test_the_readme_secured_mesh_runs_with_paths_relative_to_its_topology(mesh_o
             assert (await asyncio.wait_for(fut, 20)).accepted
             with pytest.raises(LinkRefused, match="may not publish to 'secrets'"):
                 await pub_c.publisher("secrets", "p2").wait_attached(10)
+            # bob, at the other router, presents alice's container id and link name: the owner is in the
+            # gossiped entry, so A refuses him too, and her subscription at B goes on
+            thief = await Client(a, user="bob", password="builder", container_id=sub_c.container_id).start()
+            try:
+                with pytest.raises(LinkRefused, match="another identity"):
+                    await thief.subscriber("orders.eu", "s1", expiry=0).wait_attached(10)
+            finally:
+                await thief.close()
+            fut = await pub_c.publisher("orders.eu", "p3").send("still hers")
+            assert [m.body for m in await sub.get_many(1, timeout=20)] == ["still hers"]
+            assert (await asyncio.wait_for(fut, 20)).accepted
         finally:
             await pub_c.close()
             await sub_c.close()

@@ -142,6 +142,15 @@ def test_a_local_mesh_is_closed_by_default(mesh_of: Any, tmp_path: Path) -> None
     wait_for(lambda: _log_has(b_log, "mesh.peer_refused", "claimed='A'", "reason=identity",
                               "certificate_names=C,urn:oncemesh:router:C"), 10, "B logs the impostor")
 
+    # 4. a mesh-CA certificate for A that has expired: refused in the handshake
+    cert, key = issue(tmp_path / "expired", "A", ["A", "urn:oncemesh:router:A"], common_name="A",
+                      ca_dir=mesh.tls_dir, valid_days=1, start_days=-3)
+    opened, _ = _claim(port, "A", make_context(TlsFiles(cert, key, mesh.tls_dir / "ca.pem"), server=False))
+    assert not opened
+    wait_for(lambda: _log_has(b_log, "tls.handshake_failed", "certificate has expired"), 10, "B logs it")
+    wait_for(lambda: json.loads(mesh.ready_file("B").read_text())["stats"]["tls_handshake_failures"] >= 3, 10,
+             "B counts them in its status")
+
     # the mesh is untouched: B still has both neighbours, traffic still flows
     assert set(json.loads(mesh.ready_file("B").read_text())["peers"]) == {"A", "C"}
     run(_roundtrip(urls["C"], urls["A"], "closed-again", "still"))
@@ -169,6 +178,11 @@ def test_client_tls_certificates_are_reloaded_without_dropping_connections(make_
     r = make_router("T", settings={"tls_cert": str(cert), "tls_key": str(key)})
     assert r.url.startswith("amqps://") and r.status()["url"].startswith("amqps://")
     ca1, ca2 = TlsFiles(ca=pki / "ca1" / "ca.pem"), TlsFiles(ca=pki / "ca2" / "ca.pem")
+    # a plaintext client on the TLS-only listener: dropped in the handshake, logged, counted
+    with pytest.raises(NoRouterAvailable):
+        run(Client(r.url.replace("amqps://", "amqp://"), reconnect_timeout=2, connect_timeout=3).start())
+    wait_for(lambda: _log_has(r.log_dir / "T.router.log", "tls.handshake_failed", "endpoint=client-listener"), 10,
+             "the plaintext client is logged")
 
     async def main() -> None:
         with pytest.raises(NoRouterAvailable, match="CERTIFICATE_VERIFY_FAILED"):  # trusting another CA
