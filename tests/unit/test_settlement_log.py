@@ -259,3 +259,26 @@ def test_oncemesh_status_shows_a_blocked_settlement_log() -> None:
     [a_row] = [r for r in table.splitlines() if r.startswith("A ")]
     [b_row] = [r for r in table.splitlines() if r.startswith("B ")]
     assert "LOG BLOCKED" not in a_row and "LOG BLOCKED: No space left on device" in b_row
+
+
+def test_the_core_grants_no_publisher_credit_while_the_log_cannot_be_written() -> None:
+    """set_log_writable(False) stops credit (separately from `ready`); True tops the links up."""
+    from oncemesh.common.ids import publisher_link_id
+    from oncemesh.router.actions import GrantCredit
+    from oncemesh.router.core import CoreConfig, DeliveryCore
+    from oncemesh.router.subscriptions import SubscriptionTable
+
+    core = DeliveryCore("R", SubscriptionTable(), CoreConfig(link_credit=8))
+    link = object()
+
+    def credit() -> int:
+        out, core.out = core.out, []
+        return sum(a.credit for a in out if isinstance(a, GrantCredit))
+
+    core.set_log_writable(False)
+    core.attach_publisher(link, publisher_link_id("pub", "p"), "t", True, None, 0.0)
+    assert credit() == 0 and core.ready  # ready, yet no credit: the log is blocked
+    core.set_ready(True)
+    assert credit() == 0
+    core.set_log_writable(True)
+    assert credit() == 8
