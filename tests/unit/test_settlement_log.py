@@ -282,3 +282,26 @@ def test_the_core_grants_no_publisher_credit_while_the_log_cannot_be_written() -
     assert credit() == 0
     core.set_log_writable(True)
     assert credit() == 8
+
+
+def test_compression_runs_on_the_housekeeping_thread_not_the_writers(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import oncemesh.common.settlement_log as sl
+
+    threads: list[int] = []
+    real = sl.compress_segment
+
+    def spy(path: Path) -> Path:
+        threads.append(threading.get_ident())
+        return real(path)
+
+    monkeypatch.setattr(sl, "compress_segment", spy)
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(max_bytes=300, max_seconds=0))
+    for i in range(10):
+        log.write_core_events(1.0 + i, [("delivered", f"p:{i}", "t", "s" * 16, None)] * 2)
+        log.flush()
+    log.close()
+    assert len(threads) >= 3 and threading.get_ident() not in threads
