@@ -248,6 +248,7 @@ class Server:
     """Something the clients connect to: a router, a mesh, the relay, RabbitMQ (or nothing)."""
 
     kind = "none"
+    ca: Path | None = None  # clients connect with TLS trusting this CA (a router with client TLS)
 
     def url(self, at: str) -> str:
         raise NotImplementedError
@@ -272,9 +273,18 @@ class SingleRouter(Server):
     kind = "router"
 
     def __init__(self, workdir: Path, settings: dict[str, Any] | None = None,
-                 router: RouterProcess | None = None) -> None:
-        """Starts a router in `workdir`, or takes `router`, started by the caller."""
+                 router: RouterProcess | None = None, tls: bool = False) -> None:
+        """Starts a router in `workdir` (`tls`: its client listener speaks TLS, with a CA made
+        there), or takes `router`, started by the caller."""
         if router is None:
+            settings = dict(settings or {})
+            if tls:
+                from ..common.pki import issue, make_ca
+
+                make_ca(workdir / "pki")
+                cert, key = issue(workdir / "pki", "router", ["127.0.0.1"])
+                settings.update(tls_cert=str(cert), tls_key=str(key))
+                self.ca = workdir / "pki" / "ca.pem"
             router = RouterProcess("A", workdir, settings=settings).start()
         self.router = router
 
@@ -297,10 +307,10 @@ class SingleRouter(Server):
 class MeshServer(Server):
     kind = "mesh"
 
-    def __init__(self, topology: Path, workdir: Path, timeout: float = 90.0) -> None:
+    def __init__(self, topology: Path, workdir: Path, timeout: float = 90.0, insecure_mesh: bool = False) -> None:
         from ..topology.launcher import Mesh
 
-        self.mesh = Mesh(topology, workdir)
+        self.mesh = Mesh(topology, workdir, insecure_mesh=insecure_mesh)
         self.graph = self.mesh.topology.graph()
         try:
             self.mesh.up(timeout=timeout)
@@ -483,6 +493,8 @@ class Case:
     topology: Path | None = None
     label: str = ""
     mode: str | None = None  # overrides Settings.mode (RabbitMQ cannot do exactly-once)
+    tls: bool = False  # router: clients connect over TLS
+    insecure_mesh: bool = False  # mesh: inter-router connections without TLS (--insecure-mesh)
 
     @classmethod
     def fan(cls, name: str, kind: str, pubs: int, subs: int, rate: float = 0.0, *, at: str = "A",
@@ -518,7 +530,7 @@ class Settings:
 def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | None,
                   topics: list[str] | None = None) -> Server:
     if case.kind == "router":
-        return SingleRouter(workdir / "router", cfg.router_settings)
+        return SingleRouter(workdir / "router", cfg.router_settings, tls=case.tls)
     if case.kind == "mesh":
         assert case.topology is not None
         topo = case.topology
@@ -526,7 +538,7 @@ def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | N
             from ..topology.load import with_topic_order
 
             topo = with_topic_order(topo, topics, cfg.order, workdir / f"{Path(topo).stem}-{cfg.order}.toml")
-        return MeshServer(topo, workdir / "mesh")
+        return MeshServer(topo, workdir / "mesh", insecure_mesh=case.insecure_mesh)
     if case.kind == "container":
         return ContainerRelay(workdir)
     if case.kind == "rabbitmq":
@@ -575,6 +587,8 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
         # (the clients' timeout runs from "go": a run of --duration first sends for that long)
         timeout = cfg.timeout + (cfg.duration if not cfg.count else 0.0)
         common = ["--mode", case.mode or cfg.mode, "--timeout", str(timeout)]
+        if server.ca is not None:
+            common += ["--ca", str(server.ca)]
         subs: list[tuple[Proc, Path, Path]] = []
         for j, (at, topic) in enumerate(zip(case.sub_at, case.sub_topics, strict=True)):
             npubs = sum(1 for t in case.pub_topics if t == topic)
@@ -837,6 +851,10 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
                 raise SystemExit(f"oncemesh bench: router {r!r} is not in {args.topology} ({', '.join(ids)})")
         scen = Case.fan("mesh", "mesh", 0, 0, args.rate, topology=args.topology, pub_at=pub_at, sub_at=sub_at)
         cases.append(scen)
+        if args.tls:  # the same without inter-router TLS, side by side
+            cases.append(Case.fan("mesh-insecure", "mesh", 0, 0, args.rate, topology=args.topology,
+                                  pub_at=pub_at, sub_at=sub_at))
+            cases[-1].insecure_mesh = True
         if args.latency_rate:
             lat.append(Case.fan("mesh@rate", "mesh", 0, 0, args.latency_rate, topology=args.topology,
                                 pub_at=pub_at, sub_at=sub_at))
@@ -845,8 +863,11 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
         if args.latency_rate:
             lat.append(Case.fan("router@rate", "router", args.publishers, args.subscribers, args.latency_rate))
     one_to_one = args.topology is None and (args.publishers, args.subscribers) == (1, 1)
-    if not presettled and not one_to_one and base:  # the targets and the baselines are 1:1
+    if not presettled and not one_to_one and (base or args.tls):  # the targets and the baselines are 1:1
         cases.append(Case.fan("router-1:1", "router", 1, 1, args.rate))
+    if args.tls and not presettled:  # the 1:1 case again with client TLS, side by side
+        cases.append(Case.fan("router-1:1-tls", "router", 1, 1, args.rate))
+        cases[-1].tls = True
     rabbit_mode = None
     if "rabbitmq" in base and args.mode == "exactly-once":
         # RabbitMQ 3.x ends the session on receiver-settle-mode second: it cannot settle per hop
@@ -864,7 +885,9 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
     for c in cases + lat:
         if c.kind == "rabbitmq":
             c.mode = rabbit_mode
-        c.label = c.shape() + (f" @ {c.rate:g} msg/s" if c.rate else "") + (f" [{c.mode}]" if c.mode else "")
+        c.label = c.shape() + (f" @ {c.rate:g} msg/s" if c.rate else "") + (f" [{c.mode}]" if c.mode else "") \
+            + (" [client TLS]" if c.tls else "") + (" [inter-router TLS]" if c.kind == "mesh" and not c.insecure_mesh
+                                                    else " [no inter-router TLS]" if c.kind == "mesh" else "")
     return cases, lat, notes
 
 
@@ -1250,6 +1273,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--warmup", type=float, default=0.5, help="seconds excluded from rates and latency")
     p.add_argument("--window", type=int, default=1000, help="publisher: max messages without outcome")
     p.add_argument("--credit", type=int, default=1000, help="subscriber link credit")
+    p.add_argument("--tls", action="store_true",
+                   help="also: the 1:1 router case with client TLS, and (with --topology) the mesh without "
+                        "inter-router TLS, each beside its twin in the same run (the cost of TLS)")
     p.add_argument("--order", choices=("fifo", "causal", "total", "lamport"), default="fifo",
                    help="with --topology: the order of the run's topics (causal: the bench's publishers and "
                         "subscribers are separate clients, so no message gets a dependency; total: by the "

@@ -46,6 +46,7 @@ from typing import Any
 from ..common import engine as amqp
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
+from ..common.tls import TlsFiles, make_context
 
 MAGIC = b"\xfeOMB"
 HEADER = struct.Struct(">4sqQIB")  # magic, send time (monotonic ns), seq, publisher index, flags
@@ -440,9 +441,10 @@ class BenchSubscriber(_Base):
                 "foreign": self.foreign, "remote_rcv_settle_mode": self.remote_rcv_mode, "error": self.error}
 
 
-async def _connect(client: _Base, url: str) -> AmqpConnection:
+async def _connect(client: _Base, url: str, ca: Path | None = None) -> AmqpConnection:
     host, port = parse_hostport(url)
-    conn = await amqp.connect(client.engine, lambda: client.factory(False), host, port, timeout=10.0)
+    tls = make_context(TlsFiles(ca=ca), server=False) if ca is not None else None  # (TLS: amqps)
+    conn = await amqp.connect(client.engine, lambda: client.factory(False), host, port, timeout=10.0, tls=tls)
     client.conn = conn
     return conn
 
@@ -460,7 +462,7 @@ async def run_pub(args: argparse.Namespace) -> int:
     pub = BenchPublisher(args)
     go = asyncio.Event()
     pub.loop.add_signal_handler(signal.SIGUSR1, go.set)
-    await _connect(pub, args.url)
+    await _connect(pub, args.url, args.ca)
     await _attached(pub, args)
     write_json(args.ready, {"pid": os.getpid(), "remote_rcv_settle_mode": pub.remote_rcv_mode})
     await asyncio.wait_for(go.wait(), args.timeout)
@@ -487,7 +489,7 @@ async def run_sub(args: argparse.Namespace) -> int:
         write_json(args.ready, {"pid": os.getpid(), "port": sub.listen_port})
         await asyncio.wait_for(sub.attached, args.timeout)
     else:
-        await _connect(sub, args.url)
+        await _connect(sub, args.url, args.ca)
         await _attached(sub, args)
         if args.suspend:  # leave without detaching: a durable subscription is now suspended
             write_json(args.ready, {"pid": os.getpid(), "remote_rcv_settle_mode": sub.remote_rcv_mode})
@@ -566,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--address", default="bench")
         q.add_argument("--mode", choices=MODES, default="exactly-once")
         q.add_argument("--index", type=int, default=0)
+        q.add_argument("--ca", type=Path, default=None, help="connect with TLS, trusting this CA (PEM)")
     pp = sub.choices["pub"]
     pp.add_argument("--size", type=int, default=100, help="encoded message size in bytes")
     pp.add_argument("--count", type=int, default=0, help="messages to send (0: use --duration)")
