@@ -62,6 +62,8 @@ class RouterConfig:
     allow_anonymous: bool = False
     # authorization (docs/security.md): topics per user/group and per-user limits; none: all allowed
     policy_file: str = ""
+    # HTTP listener for /metrics, /healthz, /readyz (docs/operations.md), e.g. "127.0.0.1:9090"; off if empty
+    http_listen: str = ""
     log_flush_interval: float = 0.2
     # settlement-log segments (docs/settlement-log.md, "Files"): a new segment at this size or age,
     # closed ones gzipped in a worker thread ("gzip" or "none"); retention 0 keeps every segment

@@ -15,7 +15,9 @@ import logging
 import math
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -66,8 +68,9 @@ from .actions import (
     SettlePublisher,
     SubmitOrder,
 )
-from .config import RouterConfig
+from .config import RouterConfig, parse_hostport
 from .core import DeliveryCore, SubscriberAttach
+from .http import HttpEndpoint
 from .looplag import LagSummary, LoopLag
 from .meshport import MeshPort
 from .policy import Grants, PolicyError, load_policy
@@ -180,6 +183,8 @@ class Router:
         self.client_auth = self.users is not None or cfg.tls_verify_clients
         self.policy = load_policy(Path(cfg.policy_file)) if cfg.policy_file else None  # PolicyError at once
         self._conns_by_user: dict[str, int] = {}
+        self.event_counts: Counter[str] = Counter()  # settlement-log events of the core, by name (/metrics)
+        self.http: HttpEndpoint | None = None
         self.stats_refusals = {"unauthorized_attaches": 0, "limited_attaches": 0, "limited_connections": 0}
         self._conns_by_host: dict[tuple[str, str], int] = {}
         self.engine: Engine | None = None
@@ -216,6 +221,9 @@ class Router:
         self.slog.write("router_started", now, info=f"listen={sock[0]}:{sock[1]} pid={os.getpid()}")
         if self.mesh is not None:
             await self.mesh.start(engine)
+        if self.cfg.http_listen:
+            self.http = HttpEndpoint(self, *parse_hostport(self.cfg.http_listen))
+            await self.http.start()
         self._schedule_tick()
         gc.callbacks.append(self._on_gc)
         self.write_ready_file()
@@ -238,6 +246,8 @@ class Router:
                                           **self.slog.stats()}}
         if self.mesh is not None:
             info.update(self.mesh.ready_info())
+        if self.http is not None and self.http.bound is not None:
+            info["http"] = f"{self.http.bound[0]}:{self.http.bound[1]}"
         return info
 
     def _on_log_writable(self, writable: bool) -> None:
@@ -305,6 +315,8 @@ class Router:
             await self.mesh.stop()
         if self.server is not None:
             self.server.close()
+        if self.http is not None:
+            await self.http.stop()
         for conn in list(self.connections):
             conn.close(errors.ConnectionForced.condition, "router shutting down")
         if self.engine is not None:
@@ -743,6 +755,7 @@ class Router:
             self._perform(out)
         if core.log:
             entries, core.log = core.log, []
+            self.event_counts.update(map(_first, entries))  # (C-level: the metrics' event counters)
             self.slog.write_core_events(time.time(), entries)  # flushes subscription lifecycle lines at once
         if self._pending_opens or self.table.version != self._saved_version:
             assert self.engine is not None
@@ -870,6 +883,7 @@ class Router:
 _VOLATILE_STATS = ("rss_kb", "loop_lag_max_ms", "loop_lag_p99_ms", "gc_pause_max_ms", "loop_lag_samples",
                    "loop_lag_worst_ms")
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+_first = itemgetter(0)
 
 
 def _no_secret(user: str) -> ScramSecret | None:
