@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p = sub.add_parser(
         "router", help="run one router",
         description="Run one oncemesh router in the foreground until SIGTERM/SIGINT.\n\n"
-                    "Standalone:  oncemesh router --id A --listen 127.0.0.1:5672 --state-dir ./state\n"
+                    "Standalone:  oncemesh router --id A --listen 127.0.0.1:5672 --state-dir ./state "
+                    "--allow-anonymous\n"
                     "In a mesh:   oncemesh router --topology mesh.toml --id A\n\n"
                     "Port 0 picks a free port; --ready-file receives JSON {id, pid, listen, url, ...} once "
                     "the router accepts connections.",
@@ -65,6 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help="directory holding ca.pem (the mesh CA), ID.pem and ID.key (this router's "
                         "certificate and key) for inter-router TLS, unless the topology's settings name "
                         "mesh_tls_cert/mesh_tls_key/mesh_tls_ca ('oncemesh up' makes one by itself)")
+    p.add_argument("--allow-anonymous", action="store_true",
+                   help="let clients connect without credentials (an open router: anyone who reaches the "
+                        "port may publish and subscribe). Without users_file or tls_verify_clients a router "
+                        "needs this to start (docs/security.md)")
     p.add_argument("--insecure-mesh", action="store_true",
                    help="run a mesh without inter-router TLS: any process that reaches the inter-router "
                         "port can join as a router and forge acknowledgements. For experiments only; "
@@ -126,6 +131,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         cfg.mesh_tls_key = cfg.mesh_tls_key or str(d / f"{cfg.id}.key")
         cfg.mesh_tls_ca = cfg.mesh_tls_ca or str(d / "ca.pem")
     cfg.insecure_mesh = cfg.insecure_mesh or args.insecure_mesh
+    cfg.allow_anonymous = cfg.allow_anonymous or args.allow_anonymous
     mesh_tls = None
     if topo is not None and not cfg.insecure_mesh:
         from .common.tls import TlsConfigError

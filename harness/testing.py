@@ -123,7 +123,10 @@ class RouterProcess:
         cmd = python_cmd("-m", "oncemesh", "router", "--id", self.id, "--listen", self.listen,
                          "--state-dir", str(self.state_dir), "--log-dir", str(self.log_dir),
                          "--ready-file", str(self.ready_file), *self.extra)
-        for k, v in self.settings.items():
+        settings = dict(self.settings)
+        if not any(k in settings for k in ("users_file", "tls_verify_clients", "allow_anonymous")):
+            settings["allow_anonymous"] = True  # (an open router, said explicitly; docs/security.md)
+        for k, v in settings.items():
             cmd += ["--set", f"{k}={v}"]
         return cmd
 

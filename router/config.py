@@ -25,6 +25,18 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host, p
 
 
+def _bool(v: Any, key: str) -> bool:
+    """A yes/no setting from TOML (a bool) or --set (a string): bool("false") would be True."""
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in ("true", "yes", "1", "on"):
+        return True
+    if text in ("false", "no", "0", "off"):
+        return False
+    raise ValueError(f"setting {key} must be true or false, got {v!r}")
+
+
 @dataclass(slots=True)
 class RouterConfig:
     id: str
@@ -59,6 +71,8 @@ class RouterConfig:
     # TLS) and EXTERNAL from verified client certificates; anonymous clients only if allowed. With
     # neither users_file nor tls_verify_clients the router is open (and says so in log and status)
     users_file: str = ""
+    # anonymous clients: allowed only when said (with neither users_file nor tls_verify_clients a
+    # router refuses to start without it: an open router must be a decision, not an accident)
     allow_anonymous: bool = False
     # authorization (docs/security.md): topics per user/group and per-user limits; none: all allowed
     policy_file: str = ""
@@ -89,7 +103,10 @@ class RouterConfig:
                 setattr(self.core, key, type(getattr(self.core, key))(v))
             elif key in router_names and key not in ("id", "core", "peers_dir"):
                 cur = getattr(self, key)
-                setattr(self, key, type(cur)(v) if cur is not None and not isinstance(cur, tuple) else v)
+                if isinstance(cur, bool):
+                    setattr(self, key, _bool(v, key))
+                else:
+                    setattr(self, key, type(cur)(v) if cur is not None and not isinstance(cur, tuple) else v)
             else:
                 raise ValueError(f"unknown router setting {k!r}; known: "
                                  f"{', '.join(sorted((router_names | core_names) - {'id', 'core', 'peers_dir'}))}")

@@ -182,6 +182,10 @@ class Router:
         self.users = Users(Path(cfg.users_file)) if cfg.users_file else None
         self.client_auth = self.users is not None or cfg.tls_verify_clients
         self.policy = load_policy(Path(cfg.policy_file)) if cfg.policy_file else None  # PolicyError at once
+        if not self.client_auth and not cfg.allow_anonymous:
+            raise ValueError("no way for clients to log in: set users_file (passwords) and/or tls_verify_clients "
+                             "(certificates), or allow_anonymous = true (--allow-anonymous) for an open router "
+                             "where anyone who reaches the port may publish and subscribe")
         self._conns_by_user: dict[str, int] = {}
         self.event_counts: Counter[str] = Counter()  # settlement-log events of the core, by name (/metrics)
         self.http: HttpEndpoint | None = None
@@ -230,7 +234,8 @@ class Router:
         log.info("router.started id=%s incarnation=%s listen=%s:%d", self.id, self.incarnation, *self.bound)
         if not self.client_auth:
             log.warning("router.open_access listen=%s:%d: any client that reaches this port may connect, publish "
-                        "and subscribe without credentials (set users_file and/or tls_verify_clients)", *self.bound)
+                        "and subscribe without credentials (allow_anonymous; set users_file and/or "
+                        "tls_verify_clients to require them)", *self.bound)
 
     def ready_info(self) -> dict[str, Any]:
         assert self.bound is not None
@@ -239,7 +244,7 @@ class Router:
                                 "url": f"{'amqps' if self.client_tls else 'amqp'}://{self.bound[0]}:{self.bound[1]}",
                                 "peers": [], "converged": True, "updated": time.time(),
                                 "client_auth": ("sasl" + ("+anonymous" if self.cfg.allow_anonymous else ""))
-                                if self.client_auth else "none",
+                                if self.client_auth else "anonymous",
                                 "stats": {**self.core.stats(), "connections": len(self.connections),
                                           "rss_kb": _rss_kb(), **self._lag_fields(), **self.stats_refusals,
                                           **(self.engine.counters if self.engine is not None else {}),

@@ -224,6 +224,13 @@ class Mesh:
         """The private mesh CA and router certificates `up` makes when the topology names none."""
         return self.state_dir / "tls"
 
+    def open_to_anonymous(self) -> bool:
+        """Does the topology configure no client authentication (no users_file, tls_verify_clients
+        or allow_anonymous in any router's settings)? Then `up` runs its routers open to anonymous
+        clients, as a local mesh for trying things out, and says so (docs/security.md)."""
+        keys = ("users_file", "tls_verify_clients", "allow_anonymous")
+        return not any(k in self.topology.router_settings(rid) for rid in self.topology.routers for k in keys)
+
     def _own_pki(self) -> bool:
         """Do the routers use the CA made in `tls_dir` (the topology names no TLS files)?"""
         return not self.insecure_mesh and not any(
@@ -235,6 +242,8 @@ class Mesh:
                "--id", router_id, "--state-dir", str(self.state_dir / "routers" / router_id),
                "--log-dir", str(self.log_dir), "--ready-file", str(self.ready_file(router_id)),
                "--peers-dir", str(self.peers_dir(router_id))]
+        if self.open_to_anonymous():
+            cmd.append("--allow-anonymous")
         if self.insecure_mesh:
             cmd.append("--insecure-mesh")
         elif self._own_pki():
@@ -918,6 +927,9 @@ def cmd_up(args: argparse.Namespace) -> int:
               f"to apply it (oncemesh down, then oncemesh up)")
     if not args.no_wait:
         print(f"client URLs: {','.join(mesh.urls())}")
+    if mesh.open_to_anonymous():
+        print("note: the topology configures no client authentication, so its routers let anonymous clients "
+              "publish and subscribe (set users_file or tls_verify_clients; docs/security.md)")
     return 0
 
 

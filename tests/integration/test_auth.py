@@ -266,3 +266,13 @@ def test_the_readme_secured_mesh_runs_with_paths_relative_to_its_topology(mesh_o
             await sub_c.close()
 
     run(main(), timeout=90)
+
+
+def test_an_open_router_must_be_asked_for(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "oncemesh", "router", "--id", "X", "--listen", "127.0.0.1:0"]
+    out = subprocess.run(base, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no way for clients to log in" in out.stderr and "--allow-anonymous" in out.stderr
+    out = subprocess.run([*base, "--set", "allow_anonymous=false"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no way for clients to log in" in out.stderr  # ("false" is false)
+    out = subprocess.run([*base, "--set", "allow_anonymous=maybe"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "allow_anonymous must be true or false" in out.stderr

@@ -306,7 +306,8 @@ def test_router_command_is_the_documented_one(tmp_path: Path) -> None:
     assert mesh.router_command("B") == [
         sys.executable, "-m", "oncemesh", "router", "--topology", str((EXAMPLES / "line3.toml").resolve()),
         "--id", "B", "--state-dir", f"{d}/routers/B", "--log-dir", f"{d}/logs",
-        "--ready-file", f"{d}/status/B.json", "--peers-dir", f"{d}/status", "--mesh-tls-dir", f"{d}/tls"]
+        "--ready-file", f"{d}/status/B.json", "--peers-dir", f"{d}/status", "--allow-anonymous",
+        "--mesh-tls-dir", f"{d}/tls"]
 
 
 # ---------------------------------------------------------------------- a real mesh
@@ -342,7 +343,7 @@ def test_proxied_links_go_through_the_proxies_and_survive_a_listener_restart(mes
     mesh = meshes(EXAMPLES / "line3.toml", proxies=True)
     statuses = {s.id: s for s in mesh.up(timeout=60)}
     d = mesh.state_dir
-    assert mesh.router_command("A")[-4:-2] == ["--peers-dir", f"{d}/peers/A"]
+    assert mesh.router_command("A")[-5:-3] == ["--peers-dir", f"{d}/peers/A"]
     assert mesh.proxies is not None and mesh.proxies.names() == ["A-B", "B-C"]
     for dialer, listener in (("A", "B"), ("B", "C")):
         peer = json.loads((d / "peers" / dialer / f"{listener}.json").read_text())

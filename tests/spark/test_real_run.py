@@ -57,7 +57,8 @@ def router(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]
     with open(tmp_path / "router.out", "wb") as out:
         proc = subprocess.Popen([*oncemesh_cmd(), "router", "--id", "A", "--listen", "127.0.0.1:0",
                                  "--state-dir", str(tmp_path / "router-state"), "--log-dir", str(logs),
-                                 "--ready-file", str(ready)], stdout=out, stderr=subprocess.STDOUT)
+                                 "--ready-file", str(ready), "--allow-anonymous"], stdout=out,
+                                stderr=subprocess.STDOUT)
     try:
         info = wait_ready(ready, proc, time.monotonic() + STEP_TIMEOUT)
         yield str(info["url"]), proc, logs
