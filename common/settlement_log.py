@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+ROTATE_RETRY = 60.0  # seconds between attempts to start a new segment after one failed
 
 
 class SizeCount(tuple[int, int]):
@@ -257,7 +258,7 @@ class SettlementLog:
     # more attributes than CPython 3.11 shares keys for (30), and every read gets slower (~1%/msg)
     __slots__ = ("path", "segments", "hold", "on_writable", "_write_fn", "_free_bytes", "writable",
                  "blocked_since", "block_reason", "blocks", "_pending", "_seg_n", "_seg_bytes",
-                 "_seg_opened", "open_segment", "_keeper", "_stem", "src", "node", "inc", "flush_interval",
+                 "_seg_opened", "_rotate_retry_at", "open_segment", "_keeper", "_stem", "src", "node", "inc", "flush_interval",
                  "max_buffer", "_buf", "_fd", "_head", "_tail", "_topics", "_ev_tails", "_strs", "last_flush")
 
     def __init__(self, path: Path | str | None, src: str, node: str, inc: str,
@@ -279,6 +280,7 @@ class SettlementLog:
         self._seg_n = 0
         self._seg_bytes = 0
         self._seg_opened = 0.0
+        self._rotate_retry_at = 0.0  # after a failed rotation, the next attempt waits until then
         self.open_segment: Path | None = None
         self._keeper: _Housekeeper | None = None
         self._stem = ""
@@ -466,13 +468,18 @@ class SettlementLog:
         p = self.segments
         if p is None or self._pending or self._seg_bytes == 0:
             return
+        now = time.monotonic()
+        if now < self._rotate_retry_at:
+            return
         if ((p.max_bytes and self._seg_bytes >= p.max_bytes)
-                or (p.max_seconds and time.monotonic() - self._seg_opened >= p.max_seconds)):
+                or (p.max_seconds and now - self._seg_opened >= p.max_seconds)):
             old_fd, old_seg, old_bytes = self._fd, self.open_segment, self._seg_bytes
             try:
                 self._open_next()
             except OSError as exc:  # no room for a new file: keep appending to the open one
-                log.warning("settlement_log.rotate_failed path=%s error=%s", old_seg, exc)
+                self._rotate_retry_at = now + ROTATE_RETRY
+                log.warning("settlement_log.rotate_failed path=%s error=%s (appending to it; next try in %.0f s)",
+                            old_seg, exc, ROTATE_RETRY)
                 return
             new_fd, new_seg = self._fd, self.open_segment
             self._fd, self.open_segment, self._seg_bytes = old_fd, old_seg, old_bytes

@@ -123,6 +123,33 @@ def test_a_segment_older_than_max_seconds_is_closed_at_the_next_flush(tmp_path: 
     assert [x["ev"] for x in read_segments(tmp_path)] == ["router_started", "router_stopped"]
 
 
+def test_a_segment_that_cannot_rotate_keeps_its_lines_and_says_so_once_a_minute(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """No room for a new file (a full directory, a quota): the open segment takes the lines; the
+    warning does not repeat at every flush (every 0.2 s), and rotation is tried again later."""
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(max_bytes=500, max_seconds=0, compress=False))
+    real = SettlementLog._open_next
+
+    def no_room(self: SettlementLog) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(SettlementLog, "_open_next", no_room)
+    with caplog.at_level("WARNING", logger="oncemesh.settlement_log"):
+        for i in range(40):
+            log.write_core_events(1.0 + i, [("delivered", f"p:{i}", "t", "s" * 16, None)])
+            log.flush()
+    assert sum("rotate_failed" in r.getMessage() for r in caplog.records) == 1
+    stuck = log.open_segment
+    monkeypatch.setattr(SettlementLog, "_open_next", real)
+    log._rotate_retry_at = 0.0  # (a minute later)
+    log.write_core_events(99.0, [("delivered", "p:99", "t", "s" * 16, None)])
+    log.flush()
+    assert log.open_segment != stuck
+    log.close()
+    assert gids(read_segments(tmp_path)) == [f"p:{i}" for i in range(40)] + ["p:99"]
+
+
 def test_retention_deletes_the_oldest_closed_segments_only_when_configured(tmp_path: Path) -> None:
     def run(directory: Path, segments: Segments) -> list[str]:
         log = SettlementLog(directory / "A.settlement.jsonl", src="router", node="A", inc="7",
