@@ -193,6 +193,15 @@ class RouterProcess:
         return self.proc.tail(n) if self.proc is not None else ""
 
 
+def log_has(path: Path, *words: str) -> bool:
+    """Has a log file (JSON lines or text) a line holding every one of `words`? (False while it is
+    not there yet.)"""
+    try:
+        return any(all(w in line for w in words) for line in path.read_text().splitlines())
+    except FileNotFoundError:
+        return False
+
+
 def rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

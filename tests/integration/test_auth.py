@@ -20,15 +20,8 @@ from oncemesh.clients.runtime import Client
 from oncemesh.common.errors import AuthenticationFailed, LinkRefused, NoRouterAvailable
 from oncemesh.common.pki import issue, make_ca
 from oncemesh.common.tls import TlsFiles
-from oncemesh.harness.testing import wait_for
+from oncemesh.harness.testing import log_has, wait_for
 from tests.integration.test_single_router import run
-
-
-def _log_has(path: Path, *words: str) -> bool:
-    try:
-        return any(all(w in line for w in words) for line in path.read_text().splitlines())
-    except FileNotFoundError:
-        return False
 
 
 def _oncemesh(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -77,7 +70,7 @@ def test_passwords_over_plain_tcp_only_by_scram(make_router: Any, users_file: Pa
     log = r.log_dir / "U.router.log"
     assert r.status()["client_auth"] == "sasl"
     run(_roundtrip(r.url, "t1", user="alice", password="wonderland"))
-    wait_for(lambda: _log_has(log, "connection.authenticated", "user=alice", "mechanism=SCRAM-SHA-256"), 10, "log")
+    wait_for(lambda: log_has(log, "connection.authenticated", "user=alice", "mechanism=SCRAM-SHA-256"), 10, "log")
 
     async def refused(**kw: Any) -> BaseException:
         with pytest.raises((AuthenticationFailed, NoRouterAvailable)) as ei:
@@ -86,10 +79,10 @@ def test_passwords_over_plain_tcp_only_by_scram(make_router: Any, users_file: Pa
 
     e = run(refused(user="alice", password="WRONG"))
     assert isinstance(e, AuthenticationFailed) and "authentication failed" in str(e)
-    wait_for(lambda: _log_has(log, "connection.auth_failed", "wrong user name or password for 'alice'"), 10, "log")
+    wait_for(lambda: log_has(log, "connection.auth_failed", "wrong user name or password for 'alice'"), 10, "log")
     assert isinstance(run(refused(user="mallory", password="x")), AuthenticationFailed)
     assert isinstance(run(refused()), NoRouterAvailable)  # anonymous: not allowed here
-    wait_for(lambda: _log_has(log, "connection.auth_failed", "left during the SASL exchange",
+    wait_for(lambda: log_has(log, "connection.auth_failed", "left during the SASL exchange",
                               "offered: SCRAM-SHA-256"), 10, "log")
     # a foreign client: PLAIN in clear is not offered, so Proton's client cannot log in
     with pytest.raises(ProtonException):
@@ -111,10 +104,10 @@ def test_tls_plain_external_and_anonymous_where_allowed(make_router: Any, users_
     assert r.status()["client_auth"] == "sasl+anonymous"
     # our client: a certificate and no password is SASL EXTERNAL, as the certificate's name
     run(_roundtrip(r.url, "t2", tls=carol))
-    wait_for(lambda: _log_has(log, "connection.authenticated", "user=carol", "mechanism=EXTERNAL"), 10, "log")
+    wait_for(lambda: log_has(log, "connection.authenticated", "user=carol", "mechanism=EXTERNAL"), 10, "log")
     # a password over TLS (SCRAM: our client's first choice) and anonymous (allowed on this router)
     run(_roundtrip(r.url, "t3", tls=carol, user="bob", password="builder"))
-    wait_for(lambda: _log_has(log, "user=bob", "mechanism=SCRAM-SHA-256"), 10, "log")
+    wait_for(lambda: log_has(log, "user=bob", "mechanism=SCRAM-SHA-256"), 10, "log")
     run(_roundtrip(r.url, "t4", tls=carol))
     # Proton's own client (C TLS, its built-in SASL): PLAIN over TLS works, a wrong password does not
     domain = SSLDomain(SSLDomain.MODE_CLIENT)
@@ -128,11 +121,11 @@ def test_tls_plain_external_and_anonymous_where_allowed(make_router: Any, users_
         assert sender is not None
     finally:
         conn.close()
-    wait_for(lambda: _log_has(log, "user=alice", "mechanism=PLAIN"), 10, "a foreign PLAIN login")
+    wait_for(lambda: log_has(log, "user=alice", "mechanism=PLAIN"), 10, "a foreign PLAIN login")
     with pytest.raises(ProtonException):
         BlockingConnection(r.url, timeout=5, ssl_domain=domain, user="alice", password="nope",
                            allowed_mechs="PLAIN").close()
-    wait_for(lambda: _log_has(log, "connection.auth_failed", "mechanism=PLAIN"), 10, "a refused PLAIN login")
+    wait_for(lambda: log_has(log, "connection.auth_failed", "mechanism=PLAIN"), 10, "a refused PLAIN login")
 
 
 POLICY = """
@@ -177,11 +170,11 @@ def test_the_policy_decides_topics_and_limits_and_a_subscription_stays_its_maker
                 assert ei.value.condition == "amqp:unauthorized-access"
             with pytest.raises((AuthenticationFailed, NoRouterAvailable, ConnectionError)):
                 await Client(r.url, user="bob", password="builder", reconnect_timeout=2, connect_timeout=3).start()
-            wait_for(lambda: _log_has(log, "connection.refused reason=max_connections_per_user user=bob"), 10, "log")
+            wait_for(lambda: log_has(log, "connection.refused reason=max_connections_per_user user=bob"), 10, "log")
             # a reloaded policy applies to new links
             policy.write_text(POLICY + 'publish = ["orders.eu"]\n')
             r.proc.signal(signal.SIGHUP)  # type: ignore[union-attr]
-            wait_for(lambda: _log_has(log, "policy.reloaded"), 10, "the reload")
+            wait_for(lambda: log_has(log, "policy.reloaded"), 10, "the reload")
             fut = await bob.publisher("orders.eu", "bp2").send("from bob")
             assert "from bob" in [m.body for m in await theirs.get_many(1, timeout=10)]
             assert "from bob" in [m.body for m in await mine.get_many(1, timeout=10)]

@@ -22,17 +22,10 @@ from oncemesh.common.errors import NoRouterAvailable
 from oncemesh.common.pki import issue, make_ca
 from oncemesh.common.tls import TlsFiles, make_context
 from oncemesh.common.vocab import PROP_INCARNATION, PROP_MESH, PROP_ROUTER
-from oncemesh.harness.testing import wait_for
+from oncemesh.harness.testing import log_has, wait_for
 from oncemesh.topology.launcher import Mesh
 from tests.conftest import EXAMPLES
 from tests.integration.test_single_router import run
-
-
-def _log_has(path: Path, *words: str) -> bool:
-    try:
-        return any(all(w in line for w in words) for line in path.read_text().splitlines())
-    except FileNotFoundError:
-        return False
 
 
 class _Probe:
@@ -122,7 +115,7 @@ def test_a_local_mesh_is_closed_by_default(mesh_of: Any, tmp_path: Path) -> None
         s.sendall(b"AMQP\x00\x01\x00\x00")
         assert s.recv(100) == b""
         local = s.getsockname()[1]
-    wait_for(lambda: _log_has(b_log, "tls.handshake_failed", f"127.0.0.1:{local}"), 10, "B logs the handshake")
+    wait_for(lambda: log_has(b_log, "tls.handshake_failed", f"127.0.0.1:{local}"), 10, "B logs the handshake")
 
     # 2. TLS with a certificate for "A" from another CA: refused in the handshake
     other = tmp_path / "other-ca"
@@ -131,7 +124,7 @@ def test_a_local_mesh_is_closed_by_default(mesh_of: Any, tmp_path: Path) -> None
     foreign = make_context(TlsFiles(cert, key, mesh.tls_dir / "ca.pem"), server=False)
     opened, _ = _claim(port, "A", foreign)  # (with TLS 1.3 the client's side of the handshake ends first)
     assert not opened
-    wait_for(lambda: _log_has(b_log, "tls.handshake_failed", "CERTIFICATE_VERIFY_FAILED"), 10, "B logs it")
+    wait_for(lambda: log_has(b_log, "tls.handshake_failed", "CERTIFICATE_VERIFY_FAILED"), 10, "B logs it")
 
     # 3. a certificate of the mesh CA that names C, claiming to be A: refused by identity
     stolen = tmp_path / "stolen"
@@ -139,7 +132,7 @@ def test_a_local_mesh_is_closed_by_default(mesh_of: Any, tmp_path: Path) -> None
     impostor = make_context(TlsFiles(cert, key, mesh.tls_dir / "ca.pem"), server=False)
     _, cond = _claim(port, "A", impostor)
     assert cond is not None and cond[0] == "amqp:unauthorized-access" and "'A'" in cond[1], cond
-    wait_for(lambda: _log_has(b_log, "mesh.peer_refused", "claimed='A'", "reason=identity",
+    wait_for(lambda: log_has(b_log, "mesh.peer_refused", "claimed='A'", "reason=identity",
                               "certificate_names=C,urn:oncemesh:router:C"), 10, "B logs the impostor")
 
     # 4. a mesh-CA certificate for A that has expired: refused in the handshake
@@ -147,7 +140,7 @@ def test_a_local_mesh_is_closed_by_default(mesh_of: Any, tmp_path: Path) -> None
                       ca_dir=mesh.tls_dir, valid_days=1, start_days=-3)
     opened, _ = _claim(port, "A", make_context(TlsFiles(cert, key, mesh.tls_dir / "ca.pem"), server=False))
     assert not opened
-    wait_for(lambda: _log_has(b_log, "tls.handshake_failed", "certificate has expired"), 10, "B logs it")
+    wait_for(lambda: log_has(b_log, "tls.handshake_failed", "certificate has expired"), 10, "B logs it")
     wait_for(lambda: json.loads(mesh.ready_file("B").read_text())["stats"]["tls_handshake_failures"] >= 3, 10,
              "B counts them in its status")
 
@@ -165,7 +158,7 @@ def test_a_mesh_without_tls_starts_only_when_the_operator_says_so(tmp_path: Path
         mesh.up(timeout=60)
         assert not mesh.tls_dir.exists()
         assert all(json.loads(mesh.ready_file(r).read_text())["mesh_security"] == "INSECURE" for r in "ABC")
-        assert _log_has(mesh.log_dir / "A.router.log", "mesh.INSECURE")
+        assert log_has(mesh.log_dir / "A.router.log", "mesh.INSECURE")
         assert "--insecure-mesh" in Mesh.open(mesh.state_dir).router_command("A")  # (kept for restarts)
 
 
@@ -181,7 +174,7 @@ def test_client_tls_certificates_are_reloaded_without_dropping_connections(make_
     # a plaintext client on the TLS-only listener: dropped in the handshake, logged, counted
     with pytest.raises(NoRouterAvailable):
         run(Client(r.url.replace("amqps://", "amqp://"), reconnect_timeout=2, connect_timeout=3).start())
-    wait_for(lambda: _log_has(r.log_dir / "T.router.log", "tls.handshake_failed", "endpoint=client-listener"), 10,
+    wait_for(lambda: log_has(r.log_dir / "T.router.log", "tls.handshake_failed", "endpoint=client-listener"), 10,
              "the plaintext client is logged")
 
     async def main() -> None:
@@ -198,7 +191,7 @@ def test_client_tls_certificates_are_reloaded_without_dropping_connections(make_
             # renew: a certificate from CA two in the same files, then SIGHUP
             issue(pki, "server", ["127.0.0.1", "localhost"], ca_dir=pki / "ca2")
             r.proc.signal(signal.SIGHUP)  # type: ignore[union-attr]
-            wait_for(lambda: _log_has(r.log_dir / "T.router.log", "tls.reloaded", "generation=2"), 10,
+            wait_for(lambda: log_has(r.log_dir / "T.router.log", "tls.reloaded", "generation=2"), 10,
                      "the router reloads")
             # the connection made before goes on; new ones need CA two
             after = await pub.send("after")
@@ -215,5 +208,5 @@ def test_client_tls_certificates_are_reloaded_without_dropping_connections(make_
     # a reload that cannot read its files keeps the certificate in use
     (pki / "server.key").write_text("not a key")
     r.proc.signal(signal.SIGHUP)  # type: ignore[union-attr]
-    wait_for(lambda: _log_has(r.log_dir / "T.router.log", "tls.reload_failed"), 10, "the failed reload is logged")
+    wait_for(lambda: log_has(r.log_dir / "T.router.log", "tls.reload_failed"), 10, "the failed reload is logged")
     run(_roundtrip(r.url, r.url, "tls2", "still served", tls=ca2))
