@@ -456,8 +456,9 @@ class Router:
         return self.policy.grants(user, self.users.groups(user) if self.users is not None else ())
 
     def _authorize_subscriber(self, conn: AmqpConnection, topic: str, sid: str, known: Subscription | None) -> None:
-        user = conn.user
-        if known is not None and known.live and known.owner and user is not None and known.owner != user:
+        # an unauthenticated connection (an open router of a mixed mesh) is "anonymous": it never
+        # matches an owner that logged in elsewhere
+        if known is not None and known.live and known.owner and known.owner != self._user(conn):
             raise errors.UnauthorizedAccess(f"subscription {sid} belongs to another identity; attach with the "
                                             f"credentials that made it")
         grants = self._grants(conn)
