@@ -48,6 +48,7 @@ from ..common.vocab import (
     PROP_RESUME,
     PROP_RESUMED,
     PROP_ROUTER,
+    Outcome,
 )
 from .actions import (
     Action,
@@ -188,6 +189,7 @@ class Router:
                              "where anyone who reaches the port may publish and subscribe")
         self._conns_by_user: dict[str, int] = {}
         self.event_counts: Counter[str] = Counter()  # settlement-log events of the core, by name (/metrics)
+        self.outcomes_sent = [0] * (max(Outcome) + 1)  # outcomes told publishers, indexed by Outcome (/metrics)
         self.http: HttpEndpoint | None = None
         self.stats_refusals = {"unauthorized_attaches": 0, "limited_attaches": 0, "limited_connections": 0}
         self._conns_by_host: dict[tuple[str, str], int] = {}
@@ -842,6 +844,7 @@ class Router:
                 if d not in self.pub_deliveries:
                     continue
                 amqp.update(d, _STATE_OF_OUTCOME[act.outcome], act.error)
+                self.outcomes_sent[act.outcome] += 1
                 self.pub_deliveries[d].conn.touch()
                 if act.settle:
                     self._settle_publisher_delivery(d)
