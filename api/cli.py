@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .clients import cli as clients_cli
+from .clients import stat
 from .harness import bench, chaos, demo, soak
 from .router import users
 from .router.config import RouterConfig, parse_hostport
@@ -88,6 +89,7 @@ def cmd_router(args: argparse.Namespace) -> int:
     topo: Topology | None = None
     if args.topology is not None:
         from .topology.load import TopologyError, load_topology
+        from .topology.views import mesh_view
 
         try:
             topo = load_topology(args.topology)
@@ -100,6 +102,7 @@ def cmd_router(args: argparse.Namespace) -> int:
             return 2
         r = topo.routers[args.id]
         cfg.listen = (r.host, r.port)
+        cfg.mesh_view = mesh_view(topo)  # (management views and the console)
         try:
             cfg.apply(topo.router_settings(args.id))
         except ValueError as exc:
@@ -198,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(sub)  # oncemesh router
-    for module in (demo, clients_cli, launcher, job, chaos, bench, soak, users):
+    for module in (demo, clients_cli, launcher, job, chaos, bench, soak, users, stat):
         module.register(sub)
     return parser
 

@@ -74,6 +74,7 @@ from .core import DeliveryCore, SubscriberAttach
 from .http import HttpEndpoint
 from .looplag import LagSummary, LoopLag
 from .meshport import MeshPort
+from .mgmtlink import ManagementLinks, MgmtCtx
 from .policy import Grants, PolicyError, load_policy
 from .subscriptions import Subscription, SubscriptionStore, SubscriptionTable
 from .users import Users
@@ -191,6 +192,7 @@ class Router:
         self.event_counts: Counter[str] = Counter()  # settlement-log events of the core, by name (/metrics)
         self.outcomes_sent = [0] * (max(Outcome) + 1)  # outcomes told publishers, indexed by Outcome (/metrics)
         self.http: HttpEndpoint | None = None
+        self.management = ManagementLinks(self)  # $management links (router/mgmtlink.py)
         self.stats_refusals = {"unauthorized_attaches": 0, "limited_attaches": 0, "limited_connections": 0}
         self._conns_by_host: dict[tuple[str, str], int] = {}
         self.engine: Engine | None = None
@@ -480,7 +482,9 @@ class Router:
             return
         self.drain()
         try:
-            if link.is_sender:
+            if self.management.claims(link):  # $management: requests and replies (router/mgmtlink.py)
+                pass
+            elif link.is_sender:
                 self._open_subscriber(link)
             else:
                 self._open_publisher(link)
@@ -620,6 +624,9 @@ class Router:
     def on_message(self, link: Link, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None:
         ctx = link.ctx
         if not isinstance(ctx, PubLinkCtx):
+            if isinstance(ctx, MgmtCtx):
+                self.management.on_request(link, delivery, payload, settled)
+                return
             if not settled:
                 amqp.update(delivery, F.REJECTED, (errors.NotAllowed.condition, "this link does not accept transfers"))
                 amqp.settle(delivery)
