@@ -20,7 +20,7 @@ from .router import users
 from .router.config import RouterConfig, parse_hostport
 from .router.meshport import MeshPort
 from .spark import job
-from .topology import launcher
+from .topology import check, launcher
 from .topology.model import Topology
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(sub)  # oncemesh router
-    for module in (demo, clients_cli, launcher, job, chaos, bench, soak, users, stat):
+    for module in (demo, clients_cli, launcher, check, job, chaos, bench, soak, users, stat):
         module.register(sub)
     return parser
 
