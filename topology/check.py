@@ -91,8 +91,11 @@ class _Settings:
 
 
 def check(topology: Path, policy: Path | None = None, users: Path | None = None,
-          mesh_tls_dir: Path | None = None, ports: bool = True, now: datetime.datetime | None = None) -> Report:
-    """Every problem a router of `topology` would meet with these files, at once."""
+          mesh_tls_dir: Path | None = None, ports: bool = True, now: datetime.datetime | None = None,
+          router: str | None = None) -> Report:
+    """Every problem a router of `topology` would meet with these files, at once. `router`: only
+    what that router loads (one host of a mesh, which holds only its own key), and whether its
+    certificate chains to its neighbours' mesh CA files where they are readable here."""
     now = now or datetime.datetime.now(datetime.UTC)
     rep = Report()
     try:
@@ -102,11 +105,16 @@ def check(topology: Path, policy: Path | None = None, users: Path | None = None,
             rep.add(ERROR, f"{exc.source}:{p.line}", p.message)
         return rep
     rep.checked.add(str(topology))
+    if router is not None and router not in topo.routers:
+        rep.add(ERROR, str(topology), f"no router {router!r} in the topology (routers: {', '.join(sorted(topo.routers))})")
+        return rep
     st = _Settings(topo, topology)
     certs = _Certs(rep, now)
     policies: dict[Path, Policy] = {}
     users_files: dict[Path, dict[str, Any]] = {}
     for rid in sorted(topo.routers):
+        if router is not None and rid != router:
+            continue
         settings = topo.router_settings(rid)
         cfg = RouterConfig(id=rid)
         cfg.apply(settings)  # (the loader checked every name and type)
@@ -119,9 +127,9 @@ def check(topology: Path, policy: Path | None = None, users: Path | None = None,
             ufile = users or st.file(rid, "users_file")
             if loaded is not None and ufile is not None and ufile in users_files:
                 _cross_check(rep, pfile, loaded, users_files[ufile])
-    _check_mesh_tls(rep, st, topo, certs, mesh_tls_dir)
+    _check_mesh_tls(rep, st, topo, certs, mesh_tls_dir, router)
     if ports:
-        _check_ports(rep, topo, st)
+        _check_ports(rep, topo, st, router)
     if policy is not None and not any(f.where.startswith("--policy") for f in rep.findings) and policy not in policies:
         _load_policy(rep, policy, "--policy", policies)
     if users is not None and users not in users_files:
@@ -354,14 +362,22 @@ def matches_host(c: x509.Certificate, host: str) -> bool:
     return False
 
 
-def _check_mesh_tls(rep: Report, st: _Settings, topo: Topology, certs: _Certs, mesh_tls_dir: Path | None) -> None:
-    """Each router's mesh certificate names its id, and chains to the mesh CA of every neighbour."""
+def _check_mesh_tls(rep: Report, st: _Settings, topo: Topology, certs: _Certs, mesh_tls_dir: Path | None,
+                    only: str | None) -> None:
+    """Each router's mesh certificate names its id, and chains to the mesh CA of every neighbour
+    (`only`: that router's files, and its neighbours' CA files where readable here)."""
     if len(topo.routers) < 2:
         return
     files: dict[str, TlsFiles] = {}
     wheres: dict[str, str] = {}
+    others_ca: dict[str, Path] = {}  # (with `only`) a neighbour's mesh CA file, if it is readable here
     for rid in sorted(topo.routers):
         settings = topo.router_settings(rid)
+        if only is not None and rid != only:
+            ca = st.file(rid, "mesh_tls_ca") or (mesh_tls_dir / "ca.pem" if mesh_tls_dir is not None else None)
+            if ca is not None and ca.is_file():
+                others_ca[rid] = ca
+            continue
         if _truthy(settings.get("insecure_mesh")):
             rep.add(WARNING, st.where(rid, "insecure_mesh"), f"router {rid}: insecure_mesh: any process that "
                     "reaches its inter-router port can join as a router and forge acknowledgements")
@@ -390,11 +406,11 @@ def _check_mesh_tls(rep: Report, st: _Settings, topo: Topology, certs: _Certs, m
             certs.leaf(tf, where, f"router {rid}'s mesh certificate", names=[rid])
     for link in topo.links:
         for a, b in ((link.a, link.b), (link.b, link.a)):
-            if a in files and b in files:
+            ca_b = files[b].ca if b in files else others_ca.get(b)
+            if a in files and ca_b is not None:
                 cert_a = files[a].cert
                 chain = _read_certs(cert_a) if cert_a is not None else []
-                ca_b = files[b].ca
-                if chain and ca_b is not None and not chains_to(chain, certs.bundle(ca_b, wheres[b])):
+                if chain and not chains_to(chain, certs.bundle(ca_b, wheres.get(b, f"router {b}'s mesh_tls_ca"))):
                     rep.add(ERROR, wheres[a], f"link {link}: router {a}'s mesh certificate {files[a].cert} is not "
                             f"issued by a CA in router {b}'s mesh CA file {ca_b}: {b} refuses {a} in the TLS "
                             f"handshake. Use one mesh CA (or put both CAs in every bundle)")
@@ -405,10 +421,12 @@ def _truthy(v: Any) -> bool:
 
 
 # ---------------------------------------------------------------------- ports
-def _check_ports(rep: Report, topo: Topology, st: _Settings) -> None:
+def _check_ports(rep: Report, topo: Topology, st: _Settings, only: str | None) -> None:
     """Listeners with a fixed port whose host is this machine: can they bind now? (A running router
     holds its own: the finding says so.) Hosts of other machines are skipped."""
     for rid in sorted(topo.routers):
+        if only is not None and rid != only:
+            continue
         spec = topo.routers[rid]
         addrs = [("listen", spec.host, spec.port)]
         if len(topo.routers) > 1:
@@ -462,7 +480,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                     "--strict), 2 usage.\n\n"
                     "Examples:\n"
                     "  oncemesh check /etc/oncemesh/mesh.toml\n"
-                    "  oncemesh check mesh.toml --mesh-tls-dir /etc/oncemesh/pki --no-ports",
+                    "  oncemesh check mesh.toml --mesh-tls-dir /etc/oncemesh/pki --no-ports\n"
+                    "  oncemesh check /etc/oncemesh/mesh.toml --router r1   (on r1's host: the systemd unit does)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("topology", type=Path, help="the topology file (TOML)")
     p.add_argument("--policy", type=Path, default=None, help="a policy file to check (default: the policy_file "
@@ -471,6 +490,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                                                             "the topology names)")
     p.add_argument("--mesh-tls-dir", type=Path, default=None,
                    help="the directory routers get with --mesh-tls-dir (ca.pem, ID.pem, ID.key)")
+    p.add_argument("--router", metavar="ID", default=None,
+                   help="check only what router ID loads (on one host of a mesh, which holds only its own key); "
+                        "its certificate is still checked against its neighbours' mesh CA files where readable")
     p.add_argument("--no-ports", action="store_true", help="do not try to bind the listeners' ports here")
     p.add_argument("--strict", action="store_true", help="warnings count as errors (exit 1)")
     p.add_argument("-q", "--quiet", action="store_true", help="errors and warnings only (no notes)")
@@ -492,7 +514,8 @@ def grouped(findings: list[Finding]) -> list[Finding]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    rep = check(args.topology, args.policy, args.users, args.mesh_tls_dir, ports=not args.no_ports)
+    rep = check(args.topology, args.policy, args.users, args.mesh_tls_dir, ports=not args.no_ports,
+                router=args.router)
     order = {ERROR: 0, WARNING: 1, NOTE: 2}
     for f in sorted(grouped(rep.findings), key=lambda f: order[f.level]):
         if not (args.quiet and f.level == NOTE):

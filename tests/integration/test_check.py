@@ -208,3 +208,19 @@ def test_policy_and_users_given_apart_and_the_mesh_tls_dir(tmp_path: Path) -> No
     help_out = subprocess.run([sys.executable, "-m", "oncemesh", "check", "--help"], capture_output=True, text=True,
                               timeout=60)
     assert help_out.returncode == 0 and "Exit status: 0 no errors" in help_out.stdout
+
+
+def test_one_host_checks_only_its_router(setup: Path) -> None:
+    """On r1's host only r1's key is there: --router r1 checks r1's files, and r1's certificate
+    against its neighbour r2's mesh CA file (readable here)."""
+    pki = setup.parent / "pki"
+    for rid in ("r2", "r3"):
+        (pki / f"{rid}.key").unlink()
+    assert check(setup, ports=False).errors  # the whole mesh: r2's and r3's keys are missing here
+    assert check(setup, ports=False, router="r1").errors == []
+    make_ca(setup.parent / "other")
+    issue(pki, "r1", ["r1"], common_name="r1", ca_dir=setup.parent / "other")
+    edit(setup, 'mesh_tls_cert = "pki/r1.pem"', 'mesh_tls_cert = "pki/r1.pem"\nmesh_tls_ca = "other/ca.pem"')
+    rep = check(setup, ports=False, router="r1")
+    assert found(rep, ERROR, "link r1–r2", "router r2's mesh CA file", "r2 refuses r1"), rep.findings
+    assert found(check(setup, router="r9"), ERROR, "no router 'r9'")
