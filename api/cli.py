@@ -125,7 +125,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         return 2
     base = args.topology.parent if args.topology is not None else Path.cwd()
     for key in ("mesh_tls_cert", "mesh_tls_key", "mesh_tls_ca", "tls_cert", "tls_key", "tls_ca", "users_file",
-                "policy_file"):
+                "policy_file", "audit_status_file"):
         if getattr(cfg, key):  # relative paths are read from the topology file's directory
             setattr(cfg, key, str(base / getattr(cfg, key)))
     if args.mesh_tls_dir is not None:

@@ -82,6 +82,11 @@ class RouterConfig:
     policy_file: str = ""
     # HTTP listener for /metrics, /healthz, /readyz (docs/operations.md), e.g. "127.0.0.1:9090"; off if empty
     http_listen: str = ""
+    # the read-only web console on the HTTP listener (/console): the mesh, rates, topics, subscriptions;
+    # it shows topic and subscription names to whoever reaches the port (docs/operations.md)
+    http_console: bool = False
+    # the audit's status file (`oncemesh audit` writes one): its verdict and violations in the console
+    audit_status_file: str = ""
     log_flush_interval: float = 0.2
     # settlement-log segments (docs/settlement-log.md, "Files"): a new segment at this size or age,
     # closed ones gzipped in a worker thread ("gzip" or "none"); retention 0 keeps every segment

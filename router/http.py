@@ -14,7 +14,10 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from ..common.vocab import Outcome
+from .console import console_json
 
 if TYPE_CHECKING:
     from .server import Router
@@ -226,6 +230,9 @@ def ready_from(table_synced: bool, log_writable: bool, mesh: dict[str, Any] | No
 class HttpEndpoint:
     def __init__(self, router: Router, host: str, port: int) -> None:
         self.router = router
+        # the console's page (package data, read once), None while the console is off
+        self.page = resources.files(__package__ or "oncemesh.router").joinpath("console", "index.html").read_bytes() \
+            if router.cfg.http_console else None
         self.host, self.port = host, port
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RouterCollector(router))
@@ -236,7 +243,8 @@ class HttpEndpoint:
         self.server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_REQUEST)
         sock = self.server.sockets[0].getsockname()
         self.bound = (sock[0], sock[1])
-        log.info("http.started listen=%s:%d paths=/metrics,/healthz,/readyz", *self.bound)
+        log.info("http.started listen=%s:%d paths=/metrics,/healthz,/readyz%s", *self.bound,
+                 ",/console" if self.page is not None else "")
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -248,31 +256,49 @@ class HttpEndpoint:
             parts = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
             if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
                 raise ValueError("not an HTTP/1.x request line")
-            status, ctype, body = self._route(parts[0], parts[1].split("?", 1)[0])
+            method = parts[0]
+            status, ctype, body, extra = self._route(method, parts[1].split("?", 1)[0])
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
-            status, ctype, body = 400, "text/plain", b"bad request\n"
+            method, status, ctype, body, extra = "GET", 400, "text/plain", b"bad request\n", ""
         except Exception:  # supervision point: a failing scrape must not take anything else down
             log.exception("http.failed")
-            status, ctype, body = 500, "text/plain", b"internal error\n"
+            method, status, ctype, body, extra = "GET", 500, "text/plain", b"internal error\n", ""
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server "
                   "Error", 503: "Service Unavailable"}[status]
         try:
             writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                         f"Connection: close\r\n\r\n".encode() + body)
+                         f"{extra}Connection: close\r\n\r\n".encode() + (body if method != "HEAD" else b""))
             await asyncio.wait_for(writer.drain(), READ_TIMEOUT)
         except (TimeoutError, ConnectionError):
             pass
         finally:
             writer.close()
 
-    def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+    def _route(self, method: str, path: str) -> tuple[int, str, bytes, str]:
+        """(status, content type, body, extra header lines)."""
         if method not in ("GET", "HEAD"):
-            return 405, "text/plain", b"GET only\n"
+            return 405, "text/plain", b"GET only\n", ""
         if path == "/metrics":
-            return 200, "text/plain; version=0.0.4; charset=utf-8", generate_latest(self.registry)
+            return 200, "text/plain; version=0.0.4; charset=utf-8", generate_latest(self.registry), ""
         if path == "/healthz":
-            return 200, "application/json", b'{"alive": true}\n'
+            return 200, "application/json", b'{"alive": true}\n', ""
         if path == "/readyz":
             ok, why = readiness(self.router)
-            return (200 if ok else 503), "application/json", (json.dumps({"ready": ok, **why}) + "\n").encode()
-        return 404, "text/plain", b"not found: /metrics, /healthz, /readyz\n"
+            return (200 if ok else 503), "application/json", (json.dumps({"ready": ok, **why}) + "\n").encode(), ""
+        if path in ("/console", "/console/", "/console.json"):
+            if self.page is None:
+                return 404, "text/plain", b"the console is off (router setting http_console = true)\n", ""
+            if path == "/console.json":
+                # read by the consoles other routers serve (CORS): read-only, no credentials
+                return 200, "application/json", self._console_json(), "Access-Control-Allow-Origin: *\r\n" \
+                    "Cache-Control: no-store\r\n"
+            return 200, "text/html; charset=utf-8", self.page, "Cache-Control: no-cache\r\n"
+        return 404, "text/plain", b"not found: /metrics, /healthz, /readyz, /console\n", ""
+
+    def _console_json(self) -> bytes:
+        r = self.router
+        http_self = f"{self.bound[0]}:{self.bound[1]}" if self.bound is not None and self.bound[0] not in (
+            "0.0.0.0", "::") else None
+        doc = console_json(r.core, r.management, r.cfg.mesh_view, r.event_counts, http_self, r.cfg.peers_dir,
+                           Path(r.cfg.audit_status_file) if r.cfg.audit_status_file else None, time.time())
+        return json.dumps(doc, default=str).encode()

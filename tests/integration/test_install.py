@@ -24,6 +24,7 @@ def test_the_wheel_installs_one_package_that_works_without_the_checkout(tmp_path
     assert "oncemesh/py.typed" in names and "oncemesh/topology/examples/line3.toml" in names
     assert {f"oncemesh/topology/deploy/{f}" for f in ("oncemesh@.service", "Containerfile", "make-pki.sh",
                                                        "mesh-3hosts.toml")} <= set(names)
+    assert "oncemesh/router/console/index.html" in names
     assert not any(n.startswith("oncemesh/tests/") for n in names)
 
     site = tmp_path / "site"
