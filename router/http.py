@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from ..common.vocab import Outcome
 from .console import console_json
+from .management import unnumbered
 
 if TYPE_CHECKING:
     from .server import Router
@@ -164,25 +165,15 @@ def _mesh_metrics(r: Router, info: dict[str, Any], seen: set[str]) -> Iterator[M
     queued = GaugeMetricFamily("oncemesh_order_queued", "Lamport stream entries waiting for acknowledgements",
                                labels=["topic"])
     ostreams: dict[str, dict[str, Any]] = info.get("order", {})
-    unnumbered = _unnumbered(r, set(ostreams))
+    waits = unnumbered(r.core, set(ostreams))
     for topic, st in sorted(ostreams.items()):
         order.add_metric([topic, str(st.get("algorithm"))], st.get("numbered", 0))
-        waiting.add_metric([topic], unnumbered.get(topic, 0))
+        waiting.add_metric([topic], waits.get(topic, 0))
         if "queued" in st:
             queued.add_metric([topic], st["queued"])
     yield order
     yield waiting
     yield queued
-
-
-def _unnumbered(r: Router, topics: set[str]) -> dict[str, int]:
-    """Records of total-order topics without their number here (read at scrape time)."""
-    out: dict[str, int] = {}
-    if topics:
-        for rec in r.core.records.values():
-            if rec.tnum is None and rec.topic in topics:
-                out[rec.topic] = out.get(rec.topic, 0) + 1
-    return out
 
 
 def _log_bytes(r: Router) -> int:

@@ -281,13 +281,20 @@ def _inflight(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now
     return cols, rows, len(core.records)
 
 
+def unnumbered(core: DeliveryCore, topics: set[str]) -> dict[str, int]:
+    """Records of these total-order topics held here without their number yet (order-stream lag)."""
+    out: dict[str, int] = {}
+    if topics:
+        for rec in core.records.values():
+            if rec.tnum is None and rec.topic in topics:
+                out[rec.topic] = out.get(rec.topic, 0) + 1
+    return out
+
+
 def _orders(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
     cols = ("topic", "algorithm", "state", "sequencer", "view", "numbered", "waiting_here", "queued", "unacked")
     streams: dict[str, dict[str, Any]] = state.management_status().get("order", {})
-    waiting: dict[str, int] = {}
-    for rec in core.records.values():
-        if rec.tnum is None and rec.topic in streams:
-            waiting[rec.topic] = waiting.get(rec.topic, 0) + 1
+    waiting = unnumbered(core, set(streams))
     rows = []
     for topic, st in sorted(streams.items()):
         view = st.get("view")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shlex
 import shutil
@@ -33,6 +32,7 @@ from oncemesh.clients.runtime import Client
 from oncemesh.common.tls import TlsFiles
 from oncemesh.topology.check import check
 from tests.integration.test_single_router import run
+from tests.integration.test_stat import stat
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "topology" / "deploy"
@@ -209,12 +209,9 @@ def test_the_three_host_example_runs_here_on_loopback(tmp_path: Path, mesh_of: A
         finally:
             await pub_c.close()
             await sub_c.close()
-        p = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "oncemesh", "stat", "peers", "--url", urls[1], "--ca", str(ca), "--user", "alice",
-            "--json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "ONCEMESH_PASSWORD": "wonderland"})
-        out, err = await asyncio.wait_for(p.communicate(), 60)
-        assert p.returncode == 0, err.decode()
+        rc, out, err = await stat("peers", "--url", urls[1], "--ca", str(ca), "--user", "alice", "--json",
+                                  env={"ONCEMESH_PASSWORD": "wonderland"})
+        assert rc == 0, err
         rows = json.loads(out)["peers"]["rows"]
         assert {(r["router"], r["reachable"], r["link_up"]) for r in rows} == {("r1", True, True), ("r3", True, True)}
 
