@@ -63,7 +63,8 @@ class RouterCollector(Collector):
         sent = CounterMetricFamily("oncemesh_outcomes_sent", "outcomes sent to publishers, by outcome (a resend "
                                    "of a decided message is told again)", labels=["outcome"])
         for outcome in Outcome:
-            sent.add_metric([outcome.name.lower()], r.outcomes_sent[outcome])
+            sent.add_metric([outcome.name.lower()],
+                            r.accepted_sent if outcome is Outcome.ACCEPTED else r.outcomes_sent[outcome])
         yield sent
         yield GaugeMetricFamily("oncemesh_connections", "client connections open", value=len(r.connections))
         links = GaugeMetricFamily("oncemesh_links", "client links attached, by role", labels=["role"])
