@@ -7,6 +7,8 @@ import asyncio
 import gzip
 import json
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -167,3 +169,10 @@ def test_an_order_stream_reports_its_lag(mesh_of: Any, tmp_path: Path) -> None:
     m = scrape(base)
     assert m[("oncemesh_order_numbered", (("algorithm", "sequencer"), ("topic", "ledger")))] >= 6  # 5 + the start
     assert m[("oncemesh_order_waiting", (("topic", "ledger"),))] == 0
+    # the same stream in `oncemesh stat orders`
+    out = subprocess.run([sys.executable, "-m", "oncemesh", "stat", "orders", "--json", "--url", mesh.urls()[0]],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["orders"]["rows"]
+    assert (row["topic"], row["algorithm"], row["waiting_here"]) == ("ledger", "sequencer", 0)
+    assert row["numbered"] == m[("oncemesh_order_numbered", (("algorithm", "sequencer"), ("topic", "ledger")))]
