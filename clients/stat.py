@@ -2,8 +2,8 @@
 
 `Management` is a link owner of the client runtime (clients/runtime.py), so it connects the way
 put/get do: TLS, SASL (a password or a client certificate), failover across the URLs given. On
-every connection it attaches a sender to `$management` and a receiver from `$management` (the
-fixed reply address: replies are scoped to the connection); the protocol is in common/mgmtwire.py.
+every connection it attaches a sender to `$management` and a receiver from `$management/stat-N`
+(a reply address of its own, scoped to the connection); the protocol is in common/mgmtwire.py.
 """
 
 from __future__ import annotations
@@ -38,8 +38,12 @@ class ManagementError(ClientError):
 class Management:
     """Requests to the `$management` address of the router a `Client` is connected to."""
 
+    _instances = itertools.count(1)  # (link names are unique per connection)
+
     def __init__(self, client: Client) -> None:
         self.client = client
+        self.n = next(Management._instances)
+        self.reply_to = f"{W.MANAGEMENT_ADDRESS}/stat-{self.n}"  # (its own: several may share a connection)
         self.sender: Link | None = None
         self.receiver: Link | None = None
         self._open: set[Link] = set()
@@ -54,13 +58,13 @@ class Management:
     def attach(self, conn: AmqpConnection, session: Any) -> None:
         self._ready.clear()
         self._open.clear()
-        self.receiver = conn.receiver(session, "oncemesh-stat-replies")
+        self.receiver = conn.receiver(session, f"oncemesh-stat-replies-{self.n}")
         self.receiver.ctx = self
-        self.receiver.set_source(W.MANAGEMENT_ADDRESS)
+        self.receiver.set_source(self.reply_to)
         self.receiver.set_settle_modes(F.SND_SETTLED, F.RCV_FIRST)
         self.receiver.open()
         self.receiver.flow(64)
-        self.sender = conn.sender(session, "oncemesh-stat-requests")
+        self.sender = conn.sender(session, f"oncemesh-stat-requests-{self.n}")
         self.sender.ctx = self
         self.sender.set_target(W.MANAGEMENT_ADDRESS)
         self.sender.set_settle_modes(F.SND_SETTLED, F.RCV_FIRST)
@@ -103,10 +107,27 @@ class Management:
         self._waiting.clear()
 
     # ------------------------------------------------------------------ requests
+    async def view(self, view: str, limit: int = W.DEFAULT_LIMIT, include_ended: bool = False,
+                   timeout: float = 10.0, page_size: int = W.PAGE_MAX) -> dict[str, Any]:
+        """Up to `limit` rows of a view, asked for `page_size` at a time (an answer holds at most
+        W.PAGE_MAX rows), as {router, type, columns, rows, total, truncated}."""
+        out = await self.request(view, min(limit, page_size), include_ended, timeout)
+        while out["truncated"] and len(out["rows"]) < limit:
+            page = await self.request(view, min(limit - len(out["rows"]), page_size), include_ended, timeout,
+                                      offset=len(out["rows"]))
+            if not page["rows"]:
+                break  # (the view shrank meanwhile)
+            out["rows"] += page["rows"]
+            out["total"] = page["total"]
+            out["truncated"] = page["truncated"]
+        out["truncated"] = len(out["rows"]) < out["total"]
+        return out
+
     async def request(self, view: str, limit: int = W.DEFAULT_LIMIT, include_ended: bool = False,
-                      timeout: float = 10.0) -> dict[str, Any]:
-        """One view as {router, type, columns, rows, total, truncated}. Raises ManagementError for an
-        error status, LinkRefused when the router refuses the links (e.g. no `manage` permission)."""
+                      timeout: float = 10.0, offset: int = 0) -> dict[str, Any]:
+        """One answer: {router, type, columns, rows, total, offset, truncated}. Raises ManagementError
+        for an error status, LinkRefused when the router refuses the links (e.g. no `manage`
+        permission)."""
         await asyncio.wait_for(self._ready.wait(), timeout)
         if self._failed is not None:
             raise self._failed
@@ -115,9 +136,11 @@ class Management:
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._waiting[cid] = fut
         body: dict[str, Any] = {"limit": limit}
+        if offset:
+            body["offset"] = offset
         if include_ended:
             body["all"] = True
-        msg = Message(address=W.MANAGEMENT_ADDRESS, reply_to=W.MANAGEMENT_ADDRESS, correlation_id=cid,
+        msg = Message(address=W.MANAGEMENT_ADDRESS, reply_to=self.reply_to, correlation_id=cid,
                       properties={W.OPERATION: W.QUERY, W.TYPE: view}, body=body)
         self.sender.send(f"r{next(self._tags)}".encode(), msg.encode(), settled=True)
         try:
@@ -154,8 +177,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--json", action="store_true", help="print one JSON object: view -> {router, columns, "
                                                       "rows (as objects), total, truncated}")
     p.add_argument("--limit", type=int, default=W.DEFAULT_LIMIT,
-                   help=f"rows per view at most (default {W.DEFAULT_LIMIT}, up to {W.MAX_LIMIT}); "
-                        f"a cut view says so")
+                   help=f"rows per view at most (default {W.DEFAULT_LIMIT}, up to {W.MAX_ROWS}; asked for "
+                        f"{W.PAGE_MAX} at a time); a cut view says so")
     p.add_argument("--all", action="store_true", help="subscriptions: ended ones too (kept until forgotten)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the router (default 10)")
     security_arguments(p)
@@ -169,8 +192,8 @@ def cmd_stat(args: argparse.Namespace) -> int:
     if unknown:
         print(f"oncemesh stat: no view {', '.join(unknown)}; views: {', '.join(W.VIEWS)}, all", file=sys.stderr)
         return 2
-    if not 1 <= args.limit <= W.MAX_LIMIT:
-        print(f"oncemesh stat: --limit must be from 1 to {W.MAX_LIMIT}", file=sys.stderr)
+    if not 1 <= args.limit <= W.MAX_ROWS:
+        print(f"oncemesh stat: --limit must be from 1 to {W.MAX_ROWS}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, stream=sys.stderr,
                         format="%(message)s")
@@ -207,7 +230,7 @@ async def _stat(client: Client, views: list[str], args: argparse.Namespace) -> d
     await client.start()
     try:
         mgmt = Management(client)
-        return {v: await mgmt.request(v, args.limit, args.all, args.timeout) for v in views}
+        return {v: await mgmt.view(v, args.limit, args.all, args.timeout) for v in views}
     finally:
         await client.close()
 

@@ -34,7 +34,7 @@ def console_json(core: DeliveryCore, state: RouterState, mesh: MeshView | None, 
     status = state.management_status()
     stats: dict[str, Any] = status.get("stats", {})
 
-    def table(view: str, limit: int = W.MAX_LIMIT) -> dict[str, Any]:
+    def table(view: str, limit: int = W.PAGE_MAX) -> dict[str, Any]:
         body = answer(Request(W.QUERY, view, limit), core, state, mesh, now).body or {}
         return {"columns": body.get("columns", []), "rows": body.get("rows", []), "total": body.get("total", 0)}
 

@@ -34,8 +34,9 @@ class ManagementError(OncemeshError):
 class Request:
     operation: str
     view: str
-    limit: int = W.DEFAULT_LIMIT
+    limit: int = W.DEFAULT_LIMIT  # rows in this answer, at most W.PAGE_MAX
     include_ended: bool = False  # the subscriptions view: ended ones too (kept until forgotten)
+    offset: int = 0  # rows skipped (the next page starts where this one ended)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,18 +109,25 @@ def parse_request(properties: Mapping[Any, Any] | None, body: Any) -> Request:
     if body is not None and not isinstance(body, Mapping):
         raise ManagementError(W.BAD_REQUEST, "the request body must be a map of options (or empty)")
     limit = opts.get("limit", W.DEFAULT_LIMIT)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= W.MAX_LIMIT:
-        raise ManagementError(W.BAD_REQUEST, f"limit must be a whole number from 1 to {W.MAX_LIMIT}, got {limit!r}")
-    unknown = sorted(str(k) for k in opts if str(k) not in ("limit", "all"))
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= W.PAGE_MAX:
+        raise ManagementError(W.BAD_REQUEST, f"limit must be a whole number from 1 to {W.PAGE_MAX} (rows in one "
+                                             f"answer; ask for the next page with offset), got {limit!r}")
+    offset = opts.get("offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ManagementError(W.BAD_REQUEST, f"offset must be a whole number >= 0, got {offset!r}")
+    unknown = sorted(str(k) for k in opts if str(k) not in ("limit", "all", "offset"))
     if unknown:
-        raise ManagementError(W.BAD_REQUEST, f"unknown option(s) {', '.join(unknown)}; known: limit, all")
-    return Request(W.QUERY, view, int(limit), bool(opts.get("all", False)))
+        raise ManagementError(W.BAD_REQUEST, f"unknown option(s) {', '.join(unknown)}; known: limit, offset, all")
+    return Request(W.QUERY, view, int(limit), bool(opts.get("all", False)), int(offset))
 
 
 def answer(req: Request, core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float) -> Answer:
     columns, rows, total = _VIEWS[req.view](core, state, mesh, now, req)
-    body = {"router": state.id, "type": req.view, "columns": list(columns), "rows": rows[:req.limit],
-            "total": total, "truncated": total > req.limit}
+    if total is None:  # (a small view: every row made, the page cut here)
+        total = len(rows)
+        rows = rows[req.offset:req.offset + req.limit]
+    body = {"router": state.id, "type": req.view, "columns": list(columns), "rows": rows, "total": total,
+            "offset": req.offset, "truncated": req.offset + len(rows) < total}
     return Answer(W.OK, "OK", body)
 
 
@@ -127,12 +135,13 @@ def error_answer(exc: ManagementError) -> Answer:
     return Answer(exc.status, str(exc))
 
 
-# (columns, rows, how many rows there are: a view may build only the first `limit`)
-Rows = tuple[tuple[str, ...], list[list[Any]], int]
+# (columns, rows, how many rows there are): a view that can be large makes only the rows of the
+# requested page and says how many there are in all; a small one makes them all (None: cut here)
+Rows = tuple[tuple[str, ...], list[list[Any]], int | None]
 
 
 def _all(columns: tuple[str, ...], rows: list[list[Any]]) -> Rows:
-    return columns, rows, len(rows)
+    return columns, rows, None
 
 
 def _router(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
@@ -223,19 +232,28 @@ def _expiry(sub: Subscription) -> float | None:
     return None if math.isinf(sub.expiry) else sub.expiry
 
 
-def subscription_rows(core: DeliveryCore, include_ended: bool, now: float) -> list[list[Any]]:
-    """One row per subscription: `backlog` is what this router holds for it (its home: messages owed
-    and not yet resolved; elsewhere: messages of this origin still pending for it), `on_link` what
-    is sent and unsettled, `queued` what waits for credit (its home only)."""
+def _by_topic(sub: Subscription) -> str:
+    return f"{sub.topic}\x00{sub.sid}"
+
+
+def subscription_rows(core: DeliveryCore, include_ended: bool, now: float, offset: int = 0,
+                      limit: int = W.PAGE_MAX) -> tuple[list[list[Any]], int]:
+    """One row per subscription of the page, and how many there are: `backlog` is what this router
+    holds for it (its home: messages owed and not yet resolved; elsewhere: messages of this origin
+    still pending for it), `on_link` what is sent and unsettled, `queued` what waits for credit
+    (its home only)."""
+    subs = list(core.table if include_ended else core.table.live())
+    # (the page only: a table of 100,000 is not sorted whole for a page of 1,000)
+    page = heapq.nsmallest(offset + limit, subs, key=_by_topic)[offset:]
     rows = []
-    for sub in sorted(core.table if include_ended else core.table.live(), key=lambda s: (s.topic, s.sid)):
+    for sub in page:
         rt = core.subs.get(sub.sid) if sub.home == core.router_id else None
         backlog = len(rt.owed) if rt is not None else len(core.remote_pending.get(sub.sid, ()))
         rows.append([sub.sid, sub.topic, sub.container, sub.link, sub.state.value, sub.home, sub.owner or None,
                      sub.epoch, _expiry(sub), round(now - sub.since, 1), backlog,
                      len(rt.queue) if rt is not None else None, len(rt.on_link) if rt is not None else None,
                      sub.end_reason])
-    return rows
+    return rows, len(subs)
 
 
 SUBSCRIPTION_COLUMNS = ("sid", "topic", "container", "link", "state", "home", "owner", "epoch", "expiry_s",
@@ -244,7 +262,8 @@ SUBSCRIPTION_COLUMNS = ("sid", "topic", "container", "link", "state", "home", "o
 
 def _subscriptions(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float,
                    req: Request) -> Rows:
-    return _all(SUBSCRIPTION_COLUMNS, subscription_rows(core, req.include_ended, now))
+    rows, total = subscription_rows(core, req.include_ended, now, req.offset, req.limit)
+    return SUBSCRIPTION_COLUMNS, rows, total
 
 
 def peer_rows(me: str, status: dict[str, Any], mesh: MeshView | None) -> list[list[Any]]:
@@ -274,7 +293,7 @@ def _inflight(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now
     """Records oldest first: `origin` is `here` or the router that sent the copy; `pending`
     subscriptions still QUEUED or SENT; `publisher` whether its publisher's delivery is open here."""
     cols = ("gid", "topic", "origin", "age_s", "outcome", "pending", "parts", "publisher", "number")
-    recs = heapq.nsmallest(req.limit, core.records.values(), key=lambda r: r.created)
+    recs = heapq.nsmallest(req.offset + req.limit, core.records.values(), key=lambda r: r.created)[req.offset:]
     rows = [[r.gid, r.topic, r.origin or "here", round(now - r.created, 3),
              r.outcome.name.lower() if r.outcome is not None else None, r.pending, len(r.owed), bool(r.pubs),
              r.tnum] for r in recs]

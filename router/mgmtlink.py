@@ -1,8 +1,9 @@
 """The I/O edge of management: the links to `$management` on client connections (common/mgmtwire.py
 has the protocol, router/management.py the answers).
 
-A client attaches a sender to `$management` (requests) and a receiver from `$management` or a
-dynamic source (replies). Both are checked against the policy at attach time: the management views
+A client attaches a sender to `$management` (requests) and a receiver for replies: from
+`$management`, from an address of its own under `$management/` (unique on its connection), or
+from a dynamic source (the router names it `$management/reply/N`). Both are checked against the policy at attach time: the management views
 show every topic, subscription and connection, so they need the `manage` permission (router/policy.py;
 without a policy file, every authenticated identity, and anonymous clients only on an open router).
 Requests are answered at once, on the loop, from the router's state: they are rare and bounded
@@ -94,7 +95,8 @@ class ManagementLinks:
         UnauthorizedAccess) here; else the router treats it as a publisher or subscriber."""
         if link.is_sender:
             source = link.remote_source_address
-            if not (link.remote_source_dynamic or source == W.MANAGEMENT_ADDRESS):
+            dynamic = link.remote_source_dynamic
+            if not (dynamic or source == W.MANAGEMENT_ADDRESS or (source or "").startswith(W.MANAGEMENT_ADDRESS + "/")):
                 return False
         elif link.remote_target_address != W.MANAGEMENT_ADDRESS:
             return False
@@ -107,9 +109,18 @@ class ManagementLinks:
                 f"user {user!r} may not use {W.MANAGEMENT_ADDRESS} (the management views): "
                 + (f"the policy {policy.source} grants it with manage = true" if policy is not None else
                    "log in (anonymous clients may manage only an open router)"))
-        if link.is_sender:  # replies go out on it
-            address = source if not link.remote_source_dynamic else f"{W.REPLY_PREFIX}{next(self._names)}"
-            link.ctx = MgmtCtx(True, address or W.MANAGEMENT_ADDRESS, user)
+        if link.is_sender:  # replies go out on it, to the address it names (unique on its connection)
+            in_use = {li.ctx.address for li in conn.links.values() if isinstance(li.ctx, MgmtCtx) and li.ctx.reply
+                      and not li.freed}
+            address = source or W.MANAGEMENT_ADDRESS
+            if dynamic:
+                while address in in_use or not address.startswith(W.REPLY_PREFIX):
+                    address = f"{W.REPLY_PREFIX}{next(self._names)}"
+            elif address in in_use:
+                raise errors.InvalidAddress(f"reply address {address!r} is in use by another link on this "
+                                            f"connection: name another ({W.MANAGEMENT_ADDRESS}/SOMETHING) or "
+                                            f"ask for a dynamic source")
+            link.ctx = MgmtCtx(True, address, user)
             link.set_source(link.ctx.address)
             link.set_target(link.remote_target_address)
             link.set_settle_modes(F.SND_SETTLED, F.RCV_FIRST)

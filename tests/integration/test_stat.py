@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 from proton import Message
-from proton.utils import BlockingConnection, SyncRequestResponse
+from proton.utils import BlockingConnection, LinkDetached, SyncRequestResponse
 
 from oncemesh.clients.runtime import Client
+from oncemesh.clients.stat import Management
 from oncemesh.common.pki import issue, make_ca
 from oncemesh.harness.testing import log_has, wait_for
 from tests.integration.test_auth import _oncemesh, users_file  # noqa: F401  (a fixture)
@@ -81,6 +82,15 @@ def test_stat_shows_a_line3_mesh_with_subscriptions_and_messages_in_flight(mesh_
             # C is the subscription's home: it knows the same subscription
             c_subs = (await views(url_c, "subscriptions"))["subscriptions"]["rows"]
             assert [(r["sid"], r["home"]) for r in c_subs] == [(sid, "C")]
+            # a view read page by page (7 rows at a time) is the view read at once
+            mc = await Client(url_a).start()
+            try:
+                paged = await Management(mc).view("inflight", limit=100, page_size=7)
+                assert [r[0] for r in paged["rows"]] == [r["gid"] for r in recs] and paged["truncated"] is False
+                cut = await Management(mc).view("inflight", limit=10, page_size=7)
+                assert (len(cut["rows"]), cut["total"], cut["truncated"]) == (10, 20, True)
+            finally:
+                await mc.close()
             # a cut view says so
             rc, out, err = await stat("inflight", "--url", url_a, "--limit", "5")
             assert rc == 0 and "inflight (router A): 5 of 20 rows (--limit)" in out, out + err
@@ -119,6 +129,14 @@ def test_a_foreign_client_asks_with_a_dynamic_reply_queue(make_router: Any) -> N
             "statusDescription"]
         write = client.call(Message(properties={"operation": "DELETE", "type": "subscriptions"}))
         assert write.properties["statusCode"] == 400 and "read-only" in write.properties["statusDescription"]
+        # a reply address of its own under $management/, unique on the connection
+        replies = conn.create_receiver("$management/mine", credit=1, name="mine-1")
+        conn.create_sender("$management", name="requests-2").send(Message(reply_to="$management/mine", correlation_id="c1",
+                                                        properties={"operation": "QUERY", "type": "router"}))
+        got = replies.receive(timeout=10)
+        assert got.correlation_id == "c1" and got.body["rows"][0][0] == "F"
+        with pytest.raises(LinkDetached, match="in use by another link on this connection"):
+            conn.create_receiver("$management/mine", name="mine-2")
     finally:
         conn.close()
     wait_for(lambda: log_has(r.log_dir / "F.router.log", "management.request", "view=nope", "status=404"), 10, "log")

@@ -85,6 +85,11 @@ def test_views_read_the_core() -> None:
     assert all(r["origin"] == "here" and r["pending"] == 2 and r["publisher"] for r in recs)
     cut = ask(core, "inflight", limit=2)
     assert (len(cut["rows"]), cut["total"], cut["truncated"]) == (2, 3, True)
+    rest = ask(core, "inflight", limit=2, offset=2)
+    assert [r["age_s"] for r in rest["objects"]] == [7.0] and rest["truncated"] is False
+    page = ask(core, "subscriptions", limit=1, offset=1)
+    assert [r["sid"] for r in page["objects"]] == [sorted([s1, s2])[1]] and page["total"] == 2
+    assert ask(core, "topics", offset=5)["rows"] == []
     conn = ConnInfo("1.2.3.4:5", "p", "alice", True, (LinkInfo("p", "publisher", "t", None, 0, 3, token=pub),))
     (link,) = ask(core, "links", State([conn], {}))["objects"]
     assert (link["role"], link["credit"], link["unsettled"], link["blocked"]) == ("publisher", 497, 3, False)
@@ -99,21 +104,23 @@ def test_peers_list_every_router_of_the_topology() -> None:
 
 
 @given(st.dictionaries(st.sampled_from(["operation", "type", "x"]), st.one_of(st.text(max_size=8), st.integers())),
-       st.one_of(st.none(), st.dictionaries(st.sampled_from(["limit", "all", "nope"]),
-                                            st.one_of(st.integers(-5, 200_000), st.booleans(), st.text(max_size=3)))))
+       st.one_of(st.none(), st.dictionaries(st.sampled_from(["limit", "offset", "all", "nope"]),
+                                            st.one_of(st.integers(-5, 5000), st.booleans(), st.text(max_size=3)))))
 def test_any_request_is_parsed_or_refused_with_a_status(props: dict[str, Any], body: Any) -> None:
     try:
         req = parse_request(props, body)
     except ManagementError as exc:
         assert exc.status in (W.BAD_REQUEST, W.NOT_FOUND) and str(exc)
         return
-    assert isinstance(req, Request) and req.view in W.VIEWS and 1 <= req.limit <= W.MAX_LIMIT
+    assert isinstance(req, Request) and req.view in W.VIEWS and 1 <= req.limit <= W.PAGE_MAX and req.offset >= 0
 
 
 @pytest.mark.parametrize(("props", "body", "status", "words"), [
     ({"operation": "UPDATE", "type": "router"}, None, 400, "only 'QUERY'"),
     ({"operation": "QUERY", "type": "queues"}, None, 404, "views: router, connections"),
     ({"operation": "QUERY", "type": "router"}, {"limit": 0}, 400, "limit must be a whole number from 1"),
+    ({"operation": "QUERY", "type": "router"}, {"limit": 2001}, 400, "ask for the next page with offset"),
+    ({"operation": "QUERY", "type": "router"}, {"offset": -1}, 400, "offset must be a whole number >= 0"),
     ({"operation": "QUERY", "type": "router"}, {"sort": 1}, 400, "unknown option(s) sort"),
     ({"operation": "QUERY", "type": "router"}, [1], 400, "must be a map of options"),
 ])
