@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("oncemesh.http")
 MAX_REQUEST = 8192
 READ_TIMEOUT = 5.0
+CONSOLE_CACHE_SECONDS = 0.5  # (the page polls once a second)
 
 # settlement-log events counted as messages moved (a counter each, label `event`)
 MESSAGE_EVENTS = ("received", "forwarded", "forward_received", "delivered", "accepted", "rejected", "released",
@@ -225,6 +226,7 @@ class HttpEndpoint:
         # the console's page (package data, read once), None while the console is off
         self.page = resources.files(__package__ or "oncemesh.router").joinpath("console", "index.html").read_bytes() \
             if router.cfg.http_console else None
+        self._console_cache: tuple[float, bytes] | None = None
         self.host, self.port = host, port
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RouterCollector(router))
@@ -288,9 +290,16 @@ class HttpEndpoint:
         return 404, "text/plain", b"not found: /metrics, /healthz, /readyz, /console\n", ""
 
     def _console_json(self) -> bytes:
+        """Made at most once a second whatever the number of consoles polling (the subscriptions'
+        page and the topics scan the tables: ~0.2 s with 100,000 subscriptions)."""
+        now = time.monotonic()
+        if self._console_cache is not None and now - self._console_cache[0] < CONSOLE_CACHE_SECONDS:
+            return self._console_cache[1]
         r = self.router
         http_self = f"{self.bound[0]}:{self.bound[1]}" if self.bound is not None and self.bound[0] not in (
             "0.0.0.0", "::") else None
         doc = console_json(r.core, r.management, r.cfg.mesh_view, r.event_counts, http_self, r.cfg.peers_dir,
                            Path(r.cfg.audit_status_file) if r.cfg.audit_status_file else None, time.time())
-        return json.dumps(doc, default=str).encode()
+        body = json.dumps(doc, default=str).encode()
+        self._console_cache = (now, body)
+        return body

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from oncemesh.clients.runtime import Client
+from oncemesh.harness.testing import wait_for
 from tests.conftest import EXAMPLES
 from tests.integration.test_single_router import run
 
@@ -200,7 +201,7 @@ def test_console_json_is_off_unless_asked_for_and_reads_the_audit_file(make_rout
     assert headers["Access-Control-Allow-Origin"] == "*" and doc["router"] == "P"
     assert doc["audit"] == {"file": str(audit), "error": "not written yet (is the audit running?)"}
     audit.write_text(json.dumps({"status": "pass", "violations": [{"n": i} for i in range(30)]}))
-    a = get()[0]["audit"]
+    a = wait_for(lambda: get()[0]["audit"].get("status") and get()[0]["audit"], 10, "the audit file read again")
     assert (a["status"], a["violation_count"], len(a["violations"])) == ("pass", 30, 20)
-    audit.write_text("[1, 2]")
-    assert get()[0]["audit"]["error"] == "not a JSON object"
+    audit.write_text("[1, 2]")  # (the JSON is made at most twice a second: read until it changes)
+    wait_for(lambda: get()[0]["audit"].get("error") == "not a JSON object", 10, "the broken audit file")
