@@ -3,7 +3,8 @@
 // lines (--report). What is in doubt when the connection drops (sent, no outcome) is sent again,
 // with the same delivery tag, once Proton's reconnect has brought the connection back (to the next
 // URL of --url if the first is gone): the message identity oncemesh recognises
-// (docs/wire-protocol.md, "Publishing"). Tags are the message numbers in decimal ASCII.
+// (docs/wire-protocol.md, "Publishing"). Tags are the message numbers in decimal ASCII. --rate
+// caps new messages per second (0: as fast as credit allows), so that a test can act mid-stream.
 #include "common.hpp"
 
 #include <proton/connection.hpp>
@@ -18,6 +19,9 @@
 #include <proton/tracker.hpp>
 #include <proton/transport.hpp>
 
+#include <proton/work_queue.hpp>
+
+#include <chrono>
 #include <deque>
 #include <map>
 
@@ -25,7 +29,8 @@ class publisher : public proton::messaging_handler {
   public:
     explicit publisher(const foreign::args& a)
         : a_(a), rep_(a.get("report")), topic_(a.get("topic")), link_(a.get("link")),
-          count_(a.num("count", 100)), window_(a.num("window", 50)), size_(a.num("size", 0)) {}
+          count_(a.num("count", 100)), window_(a.num("window", 50)), size_(a.num("size", 0)),
+          rate_(a.num("rate", 0)), start_(std::chrono::steady_clock::now()) {}
 
     void on_container_start(proton::container& c) override {
         c.connect(foreign::split(a_.get("url"), ',').at(0), foreign::connection_options(a_, a_.get("container")));
@@ -57,9 +62,16 @@ class publisher : public proton::messaging_handler {
                 k = resend_.front();
                 resend_.pop_front();
                 if (outcome_.count(k)) continue;
-            } else if (next_ < count_) {
+            } else if (next_ < count_ && next_ < allowed()) {
                 k = next_++;
             } else {
+                if (next_ < count_ && !wakeup_) {  // paced: come back in 10 ms
+                    wakeup_ = true;
+                    s.container().schedule(proton::duration(10), [this]() {
+                        wakeup_ = false;
+                        if (sender_.active()) on_sendable(sender_);
+                    });
+                }
                 break;
             }
             proton::message m;
@@ -99,6 +111,12 @@ class publisher : public proton::messaging_handler {
     }
 
   private:
+    long allowed() const {
+        if (rate_ <= 0) return count_;
+        double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        return static_cast<long>(t * rate_) + 1;
+    }
+
     void outcome(proton::tracker& t, const char* what) {
         auto it = k_of_.find(foreign::hex(t.tag()));
         if (it == k_of_.end()) return;
@@ -127,6 +145,9 @@ class publisher : public proton::messaging_handler {
     std::string topic_, link_;
     long count_, window_;
     size_t size_;
+    long rate_;
+    std::chrono::steady_clock::time_point start_;
+    bool wakeup_ = false;
     long next_ = 0;
     proton::sender sender_;
     std::map<long, proton::binary> tag_of_;

@@ -3,6 +3,7 @@
 // 1: plain synchronous send), and reports every send and outcome as JSON lines (--report). The
 // failover transport reconnects (the next URL of --url) and sends again what was in flight; JMS
 // does not expose delivery tags, so "tag" is null in the report. Body: "<link>:<k>;" + padding.
+// --rate caps new messages per second (0: no cap), so that a test can act mid-stream.
 import jakarta.jms.CompletionListener;
 import jakarta.jms.Connection;
 import jakarta.jms.DeliveryMode;
@@ -23,6 +24,8 @@ public final class Publisher {
         int count = (int) a.num("count", 100);
         int window = (int) a.num("window", 50);
         int size = (int) a.num("size", 0);
+        long rate = a.num("rate", 0);
+        long start = System.nanoTime();
         JmsConnectionFactory factory = new JmsConnectionFactory(Common.url(a));
         Connection conn = factory.createConnection();
         ((org.apache.qpid.jms.JmsConnection) conn).addConnectionListener(new Listener(rep));
@@ -34,6 +37,7 @@ public final class Publisher {
         Semaphore inFlight = new Semaphore(window);
         AtomicInteger outcomes = new AtomicInteger();
         for (int k = 0; k < count; k++) {
+            while (rate > 0 && k >= (System.nanoTime() - start) / 1e9 * rate + 1) Thread.sleep(5);
             StringBuilder body = new StringBuilder(link + ":" + k + ";");
             while (body.length() < size) body.append('x');
             TextMessage m = session.createTextMessage(body.toString());

@@ -4,7 +4,8 @@
 // link again by itself; what was unsettled on the lost connection is in doubt (rhea forgets those
 // deliveries) and is sent again under the same delivery tag: the identity oncemesh recognises
 // (docs/wire-protocol.md, "Publishing"). Tags are the message numbers in decimal ASCII (rhea's own
-// default counts per sender object from 0 in the same form).
+// default counts per sender object from 0 in the same form). --rate caps new messages per second
+// (0: as fast as credit allows), so that a test can act mid-stream.
 'use strict';
 const rhea = require('rhea');
 const { parseArgs, required, report, connectOptions } = require('./common.js');
@@ -16,6 +17,9 @@ const link = required(args, 'link');
 const count = Number(args.count || 100);
 const window = Number(args.window || 50);
 const size = Number(args.size || 0);
+const rate = Number(args.rate || 0);
+const start = Date.now();
+let wakeup;
 
 const container = rhea.create_container({ id: args.container });
 const unsettled = new Map(); // k -> delivery of the current connection
@@ -31,9 +35,10 @@ function send() {
         if (again) {
             k = resend.shift();
             if (outcomes.has(k)) continue;
-        } else if (next < count) {
+        } else if (next < count && (rate <= 0 || next < ((Date.now() - start) / 1000) * rate + 1)) {
             k = next++;
         } else {
+            if (next < count && !wakeup) wakeup = setTimeout(() => { wakeup = undefined; send(); }, 10); // paced
             break;
         }
         const id = `${link}:${k}`;

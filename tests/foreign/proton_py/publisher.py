@@ -3,11 +3,14 @@ sender link named --link, at most --window unsettled, reporting every transfer a
 lines (--report). Proton's reconnect brings the connection back (the next URL of --url) and
 attaches the link again by itself; what was unsettled on the lost connection is in doubt (Proton
 forgets those deliveries) and is sent again under the same delivery tag, the identity oncemesh
-recognises (docs/wire-protocol.md, "Publishing"). Tags are the message numbers in decimal ASCII."""
+recognises (docs/wire-protocol.md, "Publishing"). Tags are the message numbers in decimal ASCII.
+--rate caps new messages per second (0: as fast as credit allows), so that a test can act
+mid-stream."""
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +41,12 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
         self.outcomes: dict[int, str] = {}
         self.resend: list[int] = []
         self.sender: Any = None
+        self.start = time.monotonic()
+        self.container: Any = None
+        self.wakeup = False
 
     def on_start(self, event: Any) -> None:
+        self.container = event.container
         conn = event.container.connect(**connect_kwargs(self.a))
         self.sender = event.container.create_sender(conn, self.a.topic, name=self.a.link,
                                                     options=Modes(self.a.second))
@@ -57,6 +64,10 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
     def on_sendable(self, event: Any) -> None:
         self.send()
 
+    def on_timer_task(self, event: Any) -> None:
+        self.wakeup = False
+        self.send()
+
     def send(self) -> None:
         s = self.sender
         while s is not None and s.credit > 0 and len(self.unsettled) < self.a.window:
@@ -65,10 +76,14 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
                 k = self.resend.pop(0)
                 if k in self.outcomes:
                     continue
-            elif self.next < self.a.count:
+            elif self.next < self.a.count and (self.a.rate <= 0 or
+                                               self.next < (time.monotonic() - self.start) * self.a.rate + 1):
                 k = self.next
                 self.next += 1
             else:
+                if self.next < self.a.count and not self.wakeup:  # paced: come back in 10 ms
+                    self.wakeup = True
+                    self.container.schedule(0.01, self)
                 break
             mid = f"{self.a.link}:{k}"
             body = f"{mid};".ljust(self.a.size, "x")
@@ -117,7 +132,11 @@ def main() -> None:
     p.add_argument("--count", type=int, default=100)
     p.add_argument("--window", type=int, default=50)
     p.add_argument("--size", type=int, default=0)
-    Container(Publisher(p.parse_args())).run()
+    p.add_argument("--rate", type=float, default=0, help="new messages per second at most (0: no cap)")
+    a = p.parse_args()
+    c = Container(Publisher(a))
+    c.container_id = a.container
+    c.run()
 
 
 if __name__ == "__main__":

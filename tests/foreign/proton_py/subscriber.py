@@ -86,7 +86,10 @@ def main() -> None:
     p.add_argument("--expiry", type=int, default=600)
     p.add_argument("--credit", type=int, default=100)
     p.add_argument("--drain", action="store_true")
-    Container(Subscriber(p.parse_args())).run()
+    a = p.parse_args()
+    c = Container(Subscriber(a))
+    c.container_id = a.container
+    c.run()
 
 
 if __name__ == "__main__":
