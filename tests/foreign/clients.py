@@ -7,7 +7,7 @@ command line and one JSON-lines report, so that one test drives them all:
 
     publisher  --url U1[,U2...] --topic T --container C --link L --report F
                [--count N] [--window W] [--size BYTES] [--rate MSG/S] [--second]
-               [--user U --password P] [--ca CA.pem | --truststore P12]
+               [--user U --password P (SASL PLAIN)] [--ca CA.pem | --truststore P12 (JMS)]
     subscriber --url U1[,U2...] --topic T --container C --link L --report F
                [--expiry SECONDS (-1: never)] [--credit N] [--drain] [--second] [...]
 
@@ -63,6 +63,7 @@ class Family:
     subscriber: tuple[str, ...]
     tags: bool  # the application sees delivery tags (JMS: no, it deduplicates by message id)
     second: bool  # the client can ask for receiver-settle-mode second
+    truststore: bool = False  # TLS trust from a PKCS12 trust store (--truststore), not a CA file (--ca)
     setup_seconds: float = 0.0  # what installing and building took in this run (0: cached)
     env: dict[str, str] = field(default_factory=dict)
 
@@ -220,7 +221,7 @@ def build_jms() -> Family:
     cp = f"{out / 'classes'}:{out / 'lib' / '*'}"
     java = ("java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-cp", cp)
     return Family("Qpid JMS", JMS_VERSION, (*java, "Publisher"), (*java, "Subscriber"),
-                  tags=False, second=False, setup_seconds=built)
+                  tags=False, second=False, truststore=True, setup_seconds=built)
 
 
 # ---------------------------------------------------------------------- python-qpid-proton

@@ -54,6 +54,8 @@ class publisher : public proton::messaging_handler {
         }
     }
 
+    void on_sender_open(proton::sender&) override { rep_.line("attached"); }
+
     void on_sendable(proton::sender& s) override {
         while (s.credit() > 0 && static_cast<long>(unsettled_.size()) < window_) {
             long k;

@@ -3,7 +3,8 @@
 // the message id and body size) as JSON lines (--report) before it accepts it. Proton's reconnect
 // brings the connection back (to the next URL of --url if the first is gone) and attaches the
 // receiver again under the same container id and link name: the same subscription, resumed.
-// Proton C++ has no receiver-settle-mode second: accept() settles at once (mode first).
+// Proton C++ has no receiver-settle-mode second: accept() settles at once (mode first). With
+// --drain it grants no credit window: every 200 ms it grants --credit and drains (a pull consumer).
 #include "common.hpp"
 
 #include <proton/connection.hpp>
@@ -17,6 +18,7 @@
 #include <proton/source.hpp>
 #include <proton/source_options.hpp>
 #include <proton/transport.hpp>
+#include <proton/work_queue.hpp>
 
 class subscriber : public proton::messaging_handler {
   public:
@@ -50,7 +52,10 @@ class subscriber : public proton::messaging_handler {
 
     void on_receiver_open(proton::receiver& r) override {
         rep_.line("attached", "\"timeout\":" + std::to_string(r.source().timeout().milliseconds() / 1000));
-        if (drain_) { r.add_credit(credit_); r.drain(); }
+        if (drain_ && !ticking_) {
+            ticking_ = true;
+            tick();
+        }
     }
 
     void on_receiver_drain_finish(proton::receiver& r) override {
@@ -78,11 +83,22 @@ class subscriber : public proton::messaging_handler {
     }
 
   private:
+    // every 200 ms: once the credit is used up (by messages, or returned by the router's answer
+    // to the drain), grant --credit again and drain
+    void tick() {
+        if (receiver_.active() && receiver_.credit() == 0) {
+            receiver_.add_credit(credit_);
+            receiver_.drain();
+        }
+        receiver_.container().schedule(proton::duration(200), [this]() { tick(); });
+    }
+
     foreign::args a_;
     foreign::report rep_;
     std::string topic_, link_;
     long expiry_, credit_;
     bool drain_;
+    bool ticking_ = false;
     proton::receiver receiver_;
 };
 

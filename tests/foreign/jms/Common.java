@@ -81,6 +81,7 @@ final class Common {
             u.append(urls[i]);
             // transport options go on each URL: idle timeout 2 s (the router's), and TLS trust
             u.append("?amqp.idleTimeout=2000");
+            if (a.flag("user")) u.append("&amqp.saslMechanisms=PLAIN");  // (it would prefer SCRAM)
             if (urls[i].startsWith("amqps:") && a.flag("truststore")) {
                 u.append("&transport.trustStoreLocation=").append(a.get("truststore"))
                  .append("&transport.trustStorePassword=").append(a.get("truststore-password", "changeit"))

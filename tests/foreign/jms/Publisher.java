@@ -25,7 +25,6 @@ public final class Publisher {
         int window = (int) a.num("window", 50);
         int size = (int) a.num("size", 0);
         long rate = a.num("rate", 0);
-        long start = System.nanoTime();
         JmsConnectionFactory factory = new JmsConnectionFactory(Common.url(a));
         Connection conn = factory.createConnection();
         ((org.apache.qpid.jms.JmsConnection) conn).addConnectionListener(new Listener(rep));
@@ -36,6 +35,7 @@ public final class Publisher {
         producer.setDeliveryMode(DeliveryMode.PERSISTENT);
         Semaphore inFlight = new Semaphore(window);
         AtomicInteger outcomes = new AtomicInteger();
+        long start = System.nanoTime();  // (the pace counts from the first send, not the JVM's start)
         for (int k = 0; k < count; k++) {
             while (rate > 0 && k >= (System.nanoTime() - start) / 1e9 * rate + 1) Thread.sleep(5);
             StringBuilder body = new StringBuilder(link + ":" + k + ";");

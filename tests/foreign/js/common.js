@@ -48,7 +48,8 @@ function connectOptions(args) {
         connection_details: () => {
             const u = new URL(urls[next++ % urls.length]);
             const d = { host: u.hostname, port: Number(u.port) || 5672 };
-            if (u.protocol === 'amqps:') Object.assign(d, { transport: 'tls', ca });
+            // (rhea hands `options` to tls.connect: the CA goes there, not beside transport)
+            if (u.protocol === 'amqps:') Object.assign(d, { transport: 'tls', options: { ca } });
             return d;
         },
     };

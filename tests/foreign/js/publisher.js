@@ -70,7 +70,8 @@ function outcome(context, what) {
 }
 
 container.on('connection_open', (context) => rep('connected', { router: ((context.connection.remote.open || {}).properties || {})['oncemesh.router'] }));
-container.on('sender_open', () => {
+container.on('sender_open', (context) => {
+    rep('attached', { rcv_settle_mode: context.sender.remote.attach.rcv_settle_mode || 0 });
     // (also after a reconnect: the link is attached again) what was in flight is in doubt
     for (const k of unsettled.keys()) resend.push(k);
     unsettled.clear();

@@ -3,7 +3,8 @@
 // id and body size) as JSON lines (--report) before it accepts it. With --second it asks for
 // receiver-settle-mode second (rhea then accepts without settling, and settles when the router
 // does). rhea's reconnect brings the connection back (the next URL of --url) and attaches the
-// receiver again with the same name and source: the same subscription, resumed.
+// receiver again with the same name and source: the same subscription, resumed. With --drain it grants
+// no credit window: every 200 ms it grants --credit and drains (a pull consumer).
 'use strict';
 const rhea = require('rhea');
 const { parseArgs, required, report, connectOptions } = require('./common.js');
@@ -17,12 +18,21 @@ const container = rhea.create_container({ id: args.container });
 container.on('connection_open', (context) => rep('connected', { router: ((context.connection.remote.open || {}).properties || {})['oncemesh.router'] }));
 container.on('receiver_open', (context) => {
     const src = context.receiver.remote.attach.source || {};
-    rep('attached', { timeout: src.timeout === undefined ? null : src.timeout });
-    if (args.drain) {
-        context.receiver.add_credit(credit);
-        context.receiver.drain_credit();
+    rep('attached', { timeout: src.timeout === undefined ? null : src.timeout,
+                      rcv_settle_mode: context.receiver.remote.attach.rcv_settle_mode || 0 });
+    if (args.drain && !ticking) {
+        // every 200 ms: once the credit is used up (by messages, or returned by the router's
+        // answer to the drain), grant --credit again and drain
+        const receiver = context.receiver;
+        ticking = setInterval(() => {
+            if (receiver.is_open() && receiver.credit === 0) {
+                receiver.add_credit(credit);
+                receiver.drain_credit();
+            }
+        }, 200);
     }
 });
+let ticking;
 container.on('receiver_drained', (context) => rep('drained', { credit: context.receiver.credit }));
 container.on('message', (context) => {
     const m = context.message;

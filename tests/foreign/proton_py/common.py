@@ -24,6 +24,7 @@ def parser(what: str) -> argparse.ArgumentParser:
     p.add_argument("--user")
     p.add_argument("--password")
     p.add_argument("--ca", help="CA file for amqps:// URLs")
+    p.add_argument("--mech", default="PLAIN", help="SASL mechanism with --user (default PLAIN)")
     return p
 
 
@@ -44,7 +45,7 @@ def connect_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = {"urls": a.url.split(","), "reconnect": Backoff(initial=0.1, factor=2, max_delay=1),
                           "heartbeat": 2}
     if a.user:
-        kw.update(user=a.user, password=a.password, allowed_mechs="PLAIN", sasl_enabled=True)
+        kw.update(user=a.user, password=a.password, allowed_mechs=a.mech, sasl_enabled=True)
     if a.ca:
         domain = SSLDomain(SSLDomain.MODE_CLIENT)
         domain.set_trusted_ca_db(a.ca)

@@ -56,6 +56,7 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
         self.rep.line("connected", router=props.get("oncemesh.router"))
 
     def on_link_opened(self, event: Any) -> None:
+        self.rep.line("attached", rcv_settle_mode=int(event.link.remote_rcv_settle_mode))
         # also after a reconnect (Proton attaches the link again): what was in flight is in doubt
         self.resend = sorted(set(self.resend) | set(self.unsettled))
         self.unsettled.clear()

@@ -3,7 +3,8 @@
 tag, the message id and body size) as JSON lines (--report) before it accepts it. With --second it
 asks for receiver-settle-mode second: it accepts without settling and settles when the router
 does. Proton's reconnect brings the connection back (the next URL of --url) and attaches the
-receiver again with the same name and source: the same subscription, resumed."""
+receiver again with the same name and source: the same subscription, resumed. With --drain it
+grants no credit window: every 200 ms it grants --credit and drains (a pull consumer)."""
 
 from __future__ import annotations
 
@@ -41,24 +42,37 @@ class Subscriber(MessagingHandler):  # type: ignore[misc]
         super().__init__(prefetch=0 if a.drain else a.credit, auto_accept=False)
         self.a = a
         self.rep = Report(a.report)
+        self.receiver: Any = None
+        self.ticking = False
 
     def on_start(self, event: Any) -> None:
         conn = event.container.connect(**connect_kwargs(self.a))
-        event.container.create_receiver(conn, self.a.topic, name=self.a.link,
-                                        options=Durable(self.a.expiry, self.a.second))
+        self.receiver = event.container.create_receiver(conn, self.a.topic, name=self.a.link,
+                                                        options=Durable(self.a.expiry, self.a.second))
 
     def on_connection_opened(self, event: Any) -> None:
         props = event.connection.remote_properties or {}
         self.rep.line("connected", router=props.get("oncemesh.router"))
 
     def on_link_opened(self, event: Any) -> None:
-        self.rep.line("attached", timeout=event.link.remote_source.timeout)
-        if self.a.drain:
-            event.link.drain(self.a.credit)
+        self.rep.line("attached", timeout=event.link.remote_source.timeout,
+                      rcv_settle_mode=int(event.link.remote_rcv_settle_mode))
+        if self.a.drain and not self.ticking:
+            self.ticking = True
+            self.on_timer_task(event)
 
     def on_link_flow(self, event: Any) -> None:
-        if self.a.drain and not event.link.draining() and event.link.credit == 0:
+        # (the router's flow answering a drain: it returned the credit it had nothing for)
+        if self.a.drain and event.link.credit == 0 and not event.link.draining():
             self.rep.line("drained", credit=event.link.credit)
+
+    def on_timer_task(self, event: Any) -> None:
+        # every 200 ms: once the credit is used up (by messages, or returned by the router's answer
+        # to the drain), grant --credit again and drain
+        r = self.receiver
+        if r.state & r.LOCAL_ACTIVE and r.credit == 0:
+            r.drain(self.a.credit)
+        event.container.schedule(0.2, self)
 
     def on_message(self, event: Any) -> None:
         d = event.delivery
