@@ -15,6 +15,12 @@ control of tags and settlement) and this folder's python subscriber (it reports 
   never gets an outcome. xfail until the router answers a resend of a final message.
 - An empty transfer is no message: refused with amqp:decode-error, never handed or ACCEPTED
   (before: ACCEPTED and handed as an empty delivery, which crashed Proton's receiving handler).
+- Qpid JMS ends a durable subscription (Session.unsubscribe) by attaching the subscription's link
+  name with no source (a lookup: the peer answers with the subscription's source) and closing it.
+  The router refuses a link without a source address; Qpid JMS takes that for "no such
+  subscription" and reports success. The subscription (expiry-policy never) lives on and holds every
+  later message of its topic: no publisher gets an outcome again. xfail until the router answers
+  the lookup.
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ from proton.reactor import Container
 from proton.utils import BlockingConnection, BlockingSender
 
 from oncemesh.harness.testing import Proc, wait_for
-from tests.foreign.clients import read_report
+from tests.foreign.clients import Family, read_report
 
 SUBSCRIBER = Path(__file__).resolve().parent / "proton_py" / "subscriber.py"
 
 REUSE = ("router: a delivery tag reused after its delivery was settled is taken for the first "
          "message again (its identity is (container, link, tag) forever)")
+JMS_UNSUBSCRIBE = ("router: a receiver attach with no source (Qpid JMS's lookup of a durable subscription "
+                   "by link name, which its unsubscribe closes) is refused, so the subscription is never ended")
 FINAL_RESEND = ("router: a resend of a message that became final (its outcome lost with the "
                 "connection) gets no outcome when the routers that held its copies remember it final")
 
@@ -158,3 +166,24 @@ def test_an_empty_transfer_is_refused_never_handed(make_router: Any, subscriber:
     assert [k for _, k in handed(report)] == ["after"]
     log = (r.log_dir / "A.router.log").read_text()
     assert "link.empty_transfer" in log
+
+
+@pytest.mark.xfail(strict=True, reason=JMS_UNSUBSCRIBE)
+def test_qpid_jms_unsubscribe_ends_its_durable_subscription(jms: Family, make_router: Any, procs: Any,
+                                                            tmp_path: Path) -> None:
+    r = make_router("A")
+    report = tmp_path / "jms.jsonl"
+    options = {"url": r.url, "topic": "t", "container": "jms-client", "link": "orders", "report": report}
+    sub = procs.add(Proc(jms.command("subscriber", **options), tmp_path / "jms.out"))
+    wait_for(lambda: any(e["ev"] == "attached" for e in read_report(report)), 30, "the durable subscriber")
+    sub.stop(10)  # its connection closes: the subscription is suspended (expiry-policy never)
+    out = Proc(jms.command("subscriber", unsubscribe=1, **options), tmp_path / "unsubscribe.out")
+    assert out.wait(60) == 0, out.tail()
+    assert [e["ev"] for e in read_report(report)][-1] == "unsubscribed"  # what Qpid JMS reports
+    conn = blocking(r.url, "after")
+    try:
+        snd = conn.create_sender("t", name="p")
+        # no subscription in force any more: ACCEPTED at once (DESIGN promise 2)
+        assert publish(conn, snd, "0", "m", wait=5)[0] == Delivery.ACCEPTED, "held for a subscription JMS ended"
+    finally:
+        conn.close()

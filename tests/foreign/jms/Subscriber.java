@@ -6,7 +6,8 @@
 // second). JMS does not expose delivery tags: "tag" is null; an application deduplicates by JMS
 // message id. The failover transport reconnects (the next URL of --url) and re-creates the
 // subscriber: the same subscription, resumed. With --drain it pulls: prefetch 0 and receiveNoWait()
-// (Qpid JMS grants one credit and drains), every 200 ms once nothing came.
+// (Qpid JMS grants one credit and drains), every 200 ms once nothing came. With --unsubscribe 1 it
+// ends the subscription (Session.unsubscribe) instead, and exits.
 import jakarta.jms.Connection;
 import jakarta.jms.Message;
 import jakarta.jms.Session;
@@ -25,6 +26,18 @@ public final class Subscriber {
         ((org.apache.qpid.jms.JmsConnection) conn).addConnectionListener(new Publisher.Listener(rep));
         conn.setExceptionListener(e -> rep.line("error", "\"error\":" + Common.str(e.toString())));
         Session session = conn.createSession(false, Session.AUTO_ACKNOWLEDGE);
+        if (a.flag("unsubscribe")) {
+            // end the durable subscription (Qpid JMS attaches the link name with no source, a lookup,
+            // and closes what it finds) and exit
+            try {
+                session.unsubscribe(a.get("link"));
+                rep.line("unsubscribed", "");
+            } catch (jakarta.jms.JMSException e) {
+                rep.line("error", "\"error\":" + Common.str(e.toString()));
+            }
+            conn.close();
+            return;
+        }
         TopicSubscriber sub = session.createDurableSubscriber(session.createTopic(a.get("topic")), a.get("link"));
         if (!a.flag("drain")) {
             sub.setMessageListener((Message m) -> report(rep, m));
