@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,7 +99,8 @@ def run(cmd: list[str], cwd: Path | None = None, timeout: float = 600, env: dict
     except FileNotFoundError as e:
         raise InstallFailed(f"$ {' '.join(cmd)}\n{e} (is it installed? the CI machine has it)") from None
     except subprocess.TimeoutExpired as e:
-        raise InstallFailed(f"$ {' '.join(cmd)}\ntimed out after {timeout} s\n{e.stdout or ''}{e.stderr or ''}") from None
+        said = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x for x in (e.stdout, e.stderr) if x)
+        raise InstallFailed(f"$ {' '.join(cmd)}\ntimed out after {timeout} s\n{said}") from None
     if p.returncode != 0:
         raise InstallFailed(f"$ {' '.join(cmd)}  (in {cwd or os.getcwd()})\nexit status {p.returncode}\n"
                             f"{p.stdout}{p.stderr}")
@@ -257,3 +258,21 @@ def read_report(path: Path) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
+STALL = 20.0  # seconds without progress that fail a wait (a router restarts in ~1-2 s)
+
+
+def wait_progress(measure: Callable[[], int], goal: int, what: str, stall: float = STALL) -> None:
+    """Wait until measure() >= goal; fail when it has not moved for `stall` seconds (a deadline on
+    progress: a slow machine is given time, a stalled client is not)."""
+    last, since = -1, time.monotonic()
+    while True:
+        v = measure()
+        if v >= goal:
+            return
+        if v != last:
+            last, since = v, time.monotonic()
+        elif time.monotonic() - since > stall:
+            raise AssertionError(f"{what}: stalled at {v} of {goal} for {stall:g} s")
+        time.sleep(0.05)

@@ -13,20 +13,25 @@ every run: one Spark job, the router-side verdict).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from oncemesh.harness.testing import Proc
-from tests.foreign.clients import Family, read_report
-from tests.foreign.verdict import assert_router_verdict, client_verdict, gid_for, reconcile
+from tests.foreign.clients import Family, read_report, wait_progress
+from tests.foreign.verdict import (
+    assert_router_verdict,
+    client_verdict,
+    gid_for,
+    reconcile,
+    router_verdict_known,
+)
+
+pytestmark = pytest.mark.foreign
 
 N = 400  # messages
 RATE = 150  # new messages per second at most: ~3 s of stream, so that the kills land mid-stream
-STALL = 20.0  # seconds without progress that fail a wait (a router restart takes ~1-2 s)
 RUNS: list[tuple[Path, int]] = []  # (the routers' log folder, pairs owed) of each run that passed
 
 JMS_REUSES_TAGS = (
@@ -42,20 +47,6 @@ CASES = [
     pytest.param("proton_py", "jms", id="jms-subscribers"),
     pytest.param("jms", "jms", id="jms", marks=pytest.mark.xfail(strict=True, reason=JMS_REUSES_TAGS)),
 ]
-
-
-def wait_progress(measure: Callable[[], int], goal: int, what: str, stall: float = STALL) -> None:
-    """Wait until measure() >= goal; fail when it has not moved for `stall` seconds."""
-    last, since = -1, time.monotonic()
-    while True:
-        v = measure()
-        if v >= goal:
-            return
-        if v != last:
-            last, since = v, time.monotonic()
-        elif time.monotonic() - since > stall:
-            raise AssertionError(f"{what}: stalled at {v} of {goal} for {stall:g} s")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(("pub_family", "sub_family"), CASES)
@@ -120,6 +111,9 @@ def test_the_routers_logs_alone_judge_every_pair(request: pytest.FixtureRequest,
     pair of the runs above; none of these clients writes a log of its own."""
     if not RUNS:
         pytest.skip("no fan-out run passed in this session (run the whole module)")
+    if not router_verdict_known():
+        # (today's reconcile judges 0 pairs of these runs: no client log; not worth a Spark job)
+        pytest.xfail("no router-side verdict in this reconcile yet (issue 17 item 1, branch judge)")
     request.getfixturevalue("spark")
     summary = reconcile([d for d, _ in RUNS], tmp_path / "reconcile")
     assert_router_verdict(summary, pairs=sum(n for _, n in RUNS), routers=["A", "B", "C"])

@@ -20,9 +20,10 @@ import pytest
 
 from oncemesh.common.pki import issue, make_ca
 from oncemesh.harness.testing import Proc, RouterProcess, log_has
-from tests.foreign.clients import Family, read_report
-from tests.foreign.test_fanout import wait_progress
+from tests.foreign.clients import Family, read_report, wait_progress
 from tests.foreign.verdict import client_verdict, gid_for
+
+pytestmark = pytest.mark.foreign
 
 FAMILIES = ["cpp", "rhea", "jms", "proton_py"]
 MiB = 1024 * 1024

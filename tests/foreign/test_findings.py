@@ -38,6 +38,8 @@ from proton.utils import BlockingConnection, BlockingSender
 from oncemesh.harness.testing import Proc, wait_for
 from tests.foreign.clients import Family, read_report
 
+pytestmark = pytest.mark.foreign
+
 SUBSCRIBER = Path(__file__).resolve().parent / "proton_py" / "subscriber.py"
 
 REUSE = ("router: a delivery tag reused after its delivery was settled is taken for the first "
@@ -59,6 +61,7 @@ def publish(conn: BlockingConnection, snd: BlockingSender, tag: str, body: str |
     """One transfer with this tag (a message, or `raw` bytes as they are); its outcome and condition,
     (None, None) when none came within `wait` seconds. Settled after the outcome."""
     link = snd.link
+    d: Any
     if raw is None:
         d = link.send(Message(id=body, body=f"{body};"), tag=tag)
     else:
@@ -157,7 +160,7 @@ def test_an_empty_transfer_is_refused_never_handed(make_router: Any, subscriber:
         state, cond = publish(conn, snd, "0", raw=b"")
         assert state == Delivery.REJECTED and cond is not None and cond.name == "amqp:decode-error", (state, cond)
         wait_for(lambda: snd.link.remote_condition is not None, 10, "the link closed")
-        assert snd.link.remote_condition.name == "amqp:decode-error"
+        assert getattr(snd.link.remote_condition, "name", None) == "amqp:decode-error"
         snd2 = conn.create_sender("t", name="p2")  # the connection goes on
         assert publish(conn, snd2, "1", "after")[0] == Delivery.ACCEPTED
     finally:
