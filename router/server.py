@@ -633,6 +633,17 @@ class Router:
                 amqp.update(delivery, F.REJECTED, (errors.NotAllowed.condition, "this link does not accept transfers"))
                 amqp.settle(delivery)
             return
+        if not payload:
+            # No message (a bare message has a body section): Proton sends such a transfer for a
+            # delivery its application settled after a reconnect (docs/clients.md). Taken for one,
+            # it was handed to subscribers as nothing and ACCEPTED, or merged as the publisher's
+            # settlement of a message in flight.
+            log.warning("link.empty_transfer peer=%s link=%s settled=%s", link.conn.peer, link.name, settled)
+            if not settled:
+                amqp.update(delivery, F.REJECTED, (errors.DecodeError.condition, "an empty transfer is no message"))
+                amqp.settle(delivery)
+            link.close(errors.DecodeError.condition, "an empty transfer carries no message")
+            return
         if len(payload) > ctx.max_size:
             log.warning("link.message_too_large peer=%s link=%s size=%d", link.conn.peer, link.name, len(payload))
             amqp.update(delivery, F.REJECTED, (errors.MessageTooLarge.condition,

@@ -1,0 +1,192 @@
+"""What foreign clients showed about the router, pinned with python-qpid-proton's own client (exact
+control of tags and settlement) and this folder's python subscriber (it reports delivery tags).
+
+- Qpid JMS reuses a delivery tag once its delivery is settled (AMQP allows it: a tag must be unique
+  only among unsettled deliveries), and so does Proton C++ 0.37's default tag (a counter in the
+  `sender` wrapper, which every event makes anew). oncemesh takes (container, link, tag) for a
+  message's identity forever: on one router the second message is handed under the first one's
+  global id (a subscriber deduplicating by tag drops it, though "a settled delivery means this id
+  will never be handed to this subscription again"); across a mesh the routers that hold the first
+  one's id as final refuse the copy, the subscription never gets it and the publisher never gets
+  an outcome. xfail until the router tells a reuse from a resend.
+- A publisher with receiver-settle-mode first whose connection drops after the router settled a
+  message but before the outcome reached it sends it again under the same tag (as it should). On one
+  router it is ACCEPTED again and handed again under the same tag (deduplicated); across a mesh it
+  never gets an outcome. xfail until the router answers a resend of a final message.
+- An empty transfer is no message: refused with amqp:decode-error, never handed or ACCEPTED
+  (before: ACCEPTED and handed as an empty delivery, which crashed Proton's receiving handler).
+- Qpid JMS ends a durable subscription (Session.unsubscribe) by attaching the subscription's link
+  name with no source (a lookup: the peer answers with the subscription's source) and closing it.
+  The router refuses a link without a source address; Qpid JMS takes that for "no such
+  subscription" and reports success. The subscription (expiry-policy never) lives on and holds every
+  later message of its topic: no publisher gets an outcome again. xfail until the router answers
+  the lookup.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import Delivery, Message
+from proton.reactor import Container
+from proton.utils import BlockingConnection, BlockingSender
+
+from oncemesh.harness.testing import Proc, wait_for
+from tests.foreign.clients import Family, read_report
+
+pytestmark = pytest.mark.foreign
+
+SUBSCRIBER = Path(__file__).resolve().parent / "proton_py" / "subscriber.py"
+
+REUSE = ("router: a delivery tag reused after its delivery was settled is taken for the first "
+         "message again (its identity is (container, link, tag) forever)")
+JMS_UNSUBSCRIBE = ("router: a receiver attach with no source (Qpid JMS's lookup of a durable subscription "
+                   "by link name, which its unsubscribe closes) is refused, so the subscription is never ended")
+FINAL_RESEND = ("router: a resend of a message that became final (its outcome lost with the "
+                "connection) gets no outcome when the routers that held its copies remember it final")
+
+
+def blocking(url: str, container: str) -> BlockingConnection:
+    c = Container()
+    c.container_id = container
+    return BlockingConnection(url, timeout=10, container=c)
+
+
+def publish(conn: BlockingConnection, snd: BlockingSender, tag: str, body: str | None = None,
+            raw: bytes | None = None, wait: float = 8.0) -> tuple[int | None, Any]:
+    """One transfer with this tag (a message, or `raw` bytes as they are); its outcome and condition,
+    (None, None) when none came within `wait` seconds. Settled after the outcome."""
+    link = snd.link
+    d: Any
+    if raw is None:
+        d = link.send(Message(id=body, body=f"{body};"), tag=tag)
+    else:
+        d = link.delivery(tag)
+        link.send(raw)
+        link.advance()
+    try:
+        conn.wait(lambda: d.remote_state in (Delivery.ACCEPTED, Delivery.REJECTED, Delivery.RELEASED), timeout=wait)
+    except Exception:  # (proton.Timeout, or the link closed under it)
+        if d.remote_state not in (Delivery.ACCEPTED, Delivery.REJECTED, Delivery.RELEASED):
+            return None, None
+    state, cond = d.remote_state, d.remote.condition
+    d.settle()
+    return state, cond
+
+
+@pytest.fixture
+def subscriber(procs: Any, tmp_path: Path) -> Iterator[Any]:
+    """Start this folder's python subscriber (topic t, link s) at a URL; returns its report path."""
+    def start(url: str) -> Path:
+        report = tmp_path / "sub.jsonl"
+        procs.add(Proc([sys.executable, str(SUBSCRIBER), "--url", url, "--topic", "t", "--container", "s",
+                        "--link", "s", "--expiry", "60", "--report", str(report)], tmp_path / "sub.out"))
+        wait_for(lambda: any(e["ev"] == "attached" for e in read_report(report)), 30, "the subscriber attached")
+        return report
+
+    yield start
+
+
+def handed(report: Path) -> list[tuple[str, str]]:
+    return [(e["tag"], e["key"]) for e in read_report(report) if e["ev"] == "msg"]
+
+
+def urls(where: str, make_router: Any, mesh_of: Any) -> tuple[str, str]:
+    """(publisher's URL, subscriber's URL): one router, or the two ends of line3."""
+    if where == "one router":
+        r = make_router("A")
+        return r.url, r.url
+    mesh = mesh_of("line3")
+    return mesh.url("A"), mesh.url("C")
+
+
+@pytest.mark.parametrize("where", [
+    pytest.param("one router", marks=pytest.mark.xfail(strict=True, reason=REUSE)),
+    pytest.param("line3", marks=pytest.mark.xfail(strict=True, reason=REUSE)),
+])
+def test_a_tag_reused_after_settlement_is_a_new_message(where: str, make_router: Any, mesh_of: Any,
+                                                        subscriber: Any) -> None:
+    pub_url, sub_url = urls(where, make_router, mesh_of)
+    report = subscriber(sub_url)
+    conn = blocking(pub_url, "reuser")
+    try:
+        snd = conn.create_sender("t", name="p")
+        assert publish(conn, snd, "0", "m1")[0] == Delivery.ACCEPTED
+        # settled: the tag is free again (what Qpid JMS does with every settled delivery)
+        assert publish(conn, snd, "0", "m2")[0] == Delivery.ACCEPTED, "no outcome for the second message"
+    finally:
+        conn.close()
+    wait_for(lambda: len(handed(report)) >= 2, 10, "both messages handed")
+    (t1, k1), (t2, k2) = handed(report)[:2]
+    assert (k1, k2) == ("m1", "m2")
+    assert t1 != t2, f"two messages under one delivery tag {t1}: a subscriber deduplicating by tag drops m2"
+
+
+@pytest.mark.parametrize("where", [
+    "one router",
+    pytest.param("line3", marks=pytest.mark.xfail(strict=True, reason=FINAL_RESEND)),
+])
+def test_a_resend_of_a_final_message_gets_its_outcome(where: str, make_router: Any, mesh_of: Any,
+                                                      subscriber: Any) -> None:
+    pub_url, sub_url = urls(where, make_router, mesh_of)
+    report = subscriber(sub_url)
+    conn = blocking(pub_url, "resender")
+    try:
+        snd = conn.create_sender("t", name="p")  # receiver-settle-mode first: the router settles
+        assert publish(conn, snd, "0", "m1")[0] == Delivery.ACCEPTED
+    finally:
+        conn.close()
+    wait_for(lambda: handed(report), 10, "m1 handed")
+    # the publisher did not see that outcome (say the connection dropped first): it resends
+    conn = blocking(pub_url, "resender")
+    try:
+        snd = conn.create_sender("t", name="p")
+        assert publish(conn, snd, "0", "m1")[0] == Delivery.ACCEPTED, "no outcome for the resend"
+    finally:
+        conn.close()
+    assert {t for t, _ in handed(report)} == {handed(report)[0][0]}, "m1 under two tags: no dedup possible"
+
+
+def test_an_empty_transfer_is_refused_never_handed(make_router: Any, subscriber: Any) -> None:
+    r = make_router("A")
+    report = subscriber(r.url)
+    conn = blocking(r.url, "empty")
+    try:
+        snd = conn.create_sender("t", name="p")
+        state, cond = publish(conn, snd, "0", raw=b"")
+        assert state == Delivery.REJECTED and cond is not None and cond.name == "amqp:decode-error", (state, cond)
+        wait_for(lambda: snd.link.remote_condition is not None, 10, "the link closed")
+        assert getattr(snd.link.remote_condition, "name", None) == "amqp:decode-error"
+        snd2 = conn.create_sender("t", name="p2")  # the connection goes on
+        assert publish(conn, snd2, "1", "after")[0] == Delivery.ACCEPTED
+    finally:
+        conn.close()
+    wait_for(lambda: handed(report), 10, "the next message handed")
+    assert [k for _, k in handed(report)] == ["after"]
+    log = (r.log_dir / "A.router.log").read_text()
+    assert "link.empty_transfer" in log
+
+
+@pytest.mark.xfail(strict=True, reason=JMS_UNSUBSCRIBE)
+def test_qpid_jms_unsubscribe_ends_its_durable_subscription(jms: Family, make_router: Any, procs: Any,
+                                                            tmp_path: Path) -> None:
+    r = make_router("A")
+    report = tmp_path / "jms.jsonl"
+    options = {"url": r.url, "topic": "t", "container": "jms-client", "link": "orders", "report": report}
+    sub = procs.add(Proc(jms.command("subscriber", **options), tmp_path / "jms.out"))
+    wait_for(lambda: any(e["ev"] == "attached" for e in read_report(report)), 30, "the durable subscriber")
+    sub.stop(10)  # its connection closes: the subscription is suspended (expiry-policy never)
+    out = Proc(jms.command("subscriber", unsubscribe=1, **options), tmp_path / "unsubscribe.out")
+    assert out.wait(60) == 0, out.tail()
+    assert [e["ev"] for e in read_report(report)][-1] == "unsubscribed"  # what Qpid JMS reports
+    conn = blocking(r.url, "after")
+    try:
+        snd = conn.create_sender("t", name="p")
+        # no subscription in force any more: ACCEPTED at once (DESIGN promise 2)
+        assert publish(conn, snd, "0", "m", wait=5)[0] == Delivery.ACCEPTED, "held for a subscription JMS ended"
+    finally:
+        conn.close()
