@@ -97,7 +97,7 @@ class RouterConfig:
     # drain (docs/operations.md, "Rolling restart and upgrade"): at most this long from SIGUSR1 to the exit;
     # a client connection whose publisher still waits for outcomes here is kept at most drain_grace
     drain_timeout: float = 30.0
-    drain_grace: float = 2.0
+    drain_grace: float = 1.0
     log_flush_interval: float = 0.2
     # settlement-log segments (docs/settlement-log.md, "Files"): a new segment at this size or age,
     # closed ones gzipped in a worker thread ("gzip" or "none"); retention 0 keeps every segment

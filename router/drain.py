@@ -30,7 +30,7 @@ this router is working on reaches its outcome here or is handed on, and every cl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -142,10 +142,10 @@ class Drain:
     def step(self, now: float, conns: Mapping[Any, ConnView], deps: Dependents) -> DrainStep:
         """Look again: `conns` are the client connections not yet told to move, `deps` what depends
         on the router (its `connections` is len(conns))."""
-        self.last = deps
         if self.report is not None:
             return DrainStep(done=True)
         if now >= self.deadline:
+            self.last = deps
             self._end(now, DrainPhase.TIMED_OUT, deps.blocking())
             self.redirected += len(conns)
             return DrainStep(close=list(conns), done=True)
@@ -160,14 +160,13 @@ class Drain:
                     continue  # subscribers stay while publishers elsewhere wait for their outcomes
                 close.append(key)
             self.redirected += len(close)
+        self.last = replace(deps, connections=deps.connections - len(close))
         if len(close) == len(conns):
             if self.clients_gone_at is None:
                 self.clients_gone_at = now
                 self.phase = DrainPhase.SETTLING
             left_counts = now < self.clients_gone_at + self.grace
-            blocking = deps.blocking(left_counts)
-            blocking.pop("connections", None)  # (those closed now)
-            if not blocking:
+            if not self.last.blocking(left_counts):
                 self._end(now, DrainPhase.DRAINED, {})
                 return DrainStep(close=close, done=True)
         return DrainStep(close=close)
