@@ -146,7 +146,7 @@ class Drain:
             return DrainStep(done=True)
         if now >= self.deadline:
             self.last = deps
-            self._end(now, DrainPhase.TIMED_OUT, deps.blocking())
+            self._end(now, DrainPhase.TIMED_OUT, deps.blocking(self._left_counts(now)))
             self.redirected += len(conns)
             return DrainStep(close=list(conns), done=True)
         close: list[Any] = []
@@ -165,21 +165,28 @@ class Drain:
             if self.clients_gone_at is None:
                 self.clients_gone_at = now
                 self.phase = DrainPhase.SETTLING
-            left_counts = now < self.clients_gone_at + self.grace
-            if not self.last.blocking(left_counts):
+            if not self.last.blocking(self._left_counts(now)):
                 self._end(now, DrainPhase.DRAINED, {})
                 return DrainStep(close=close, done=True)
         return DrainStep(close=close)
+
+    def _left_counts(self, now: float) -> bool:
+        """Do messages whose publisher left still keep the router? Only until `grace` after the last
+        client went: ours have re-attached elsewhere by then (and said what they hold in doubt)."""
+        return self.clients_gone_at is None or now < self.clients_gone_at + self.grace
 
     def _end(self, now: float, phase: DrainPhase, remaining: dict[str, int]) -> None:
         self.phase = phase
         self.report = DrainReport(phase.value, round(now - self.started, 3), self.redirected, remaining,
                                   self.last.nonzero())
 
+    def waiting_for(self, now: float) -> dict[str, int]:
+        """What keeps the router, as of the latest look."""
+        return self.last.blocking(self._left_counts(now))
+
     def status(self, now: float) -> dict[str, object]:
         """For the status file and the log while it drains."""
         return {"phase": self.phase.value, "since": self.started, "seconds": round(now - self.started, 3),
                 "timeout": self.timeout, "redirected": self.redirected,
-                "waiting_for": self.last.blocking(self.clients_gone_at is None or
-                                                  now < self.clients_gone_at + self.grace),
+                "waiting_for": self.waiting_for(now),
                 "dependents": self.last.nonzero()}

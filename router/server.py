@@ -457,7 +457,7 @@ class Router:
                 st = drain.status(now)
                 log.info("router.draining id=%s phase=%s seconds=%.1f redirected=%d waiting_for=%s", self.id,
                          st["phase"], now - drain.started, drain.redirected,
-                         ",".join(f"{k}:{v}" for k, v in drain.last.blocking().items()) or "-")
+                         ",".join(f"{k}:{v}" for k, v in drain.waiting_for(now).items()) or "-")
                 self._maybe_write_status(force=True)
         except Exception:  # supervision point: a failed look must not leave the router half drained
             log.exception("router.drain_check_failed id=%s", self.id)
