@@ -337,3 +337,50 @@ def test_rolling_restarts_of_a_line_under_traffic_keep_every_promise(mesh_of: Ca
           f"{[r['restart_seconds'] for r in results]} s; longest waits for an outcome {waits} s")
     assert max(waits) < 20.0, pubs
     _judge(mesh, tmp_path, 2 * per_pub, 3)
+
+
+# ---------------------------------------------------------------------- the command line
+
+
+def oncemesh(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oncemesh", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_oncemesh_drain_of_a_router_run_by_a_service_manager(procs: Any, tmp_path: Path) -> None:
+    """`oncemesh drain --ready-file`: a standalone router (no neighbour to point at) redirects our
+    client without an address; the client goes to the next URL of its list."""
+    a = procs.router("A")
+    b = procs.router("B")
+
+    async def main() -> None:
+        c = await Client(f"{a.url},{b.url}", state_dir=tmp_path / "c").start()
+        try:
+            assert c.router_url == a.url
+            proc = await asyncio.to_thread(oncemesh, "drain", "--ready-file", str(a.ready_file), "--json")
+            assert proc.returncode == 0, proc.stderr
+            [res] = json.loads(proc.stdout)
+            assert (res["id"], res["outcome"], res["redirected"]) == ("A", "drained", 1), res
+            await c.wait_connected(10)
+            assert c.router_url == b.url and c.redirects == 1
+        finally:
+            await c.close()
+
+    run(main())
+    assert a.proc is not None and a.proc.wait(10) == 0 and not a.alive()
+    assert log_has(a.workdir / "logs" / "A.router.log", "router.drained")
+    proc = oncemesh("drain", "--ready-file", str(a.ready_file))  # it is gone: nothing to signal
+    assert proc.returncode == 1 and "no router status" in proc.stderr, proc.stderr
+
+
+def test_oncemesh_drain_says_what_is_wrong(tmp_path: Path) -> None:
+    proc = oncemesh("drain", "A", "--state-dir", str(tmp_path / "none"))
+    assert proc.returncode == 2 and "no mesh in" in proc.stderr, proc.stderr
+    proc = oncemesh("drain", "--state-dir", str(tmp_path / "none"))
+    assert proc.returncode == 2 and "name the routers to drain" in proc.stderr
+    proc = oncemesh("roll", "--state-dir", str(tmp_path / "none"))
+    assert proc.returncode == 2 and "no mesh in" in proc.stderr
+    proc = oncemesh("drain", "--help")
+    assert proc.returncode == 0 and "amqp:connection:redirect" in proc.stdout and "--restart" in proc.stdout
+    proc = oncemesh("router", "--help")
+    assert "SIGUSR1" in proc.stdout

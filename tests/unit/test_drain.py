@@ -180,3 +180,16 @@ def test_a_pre_settled_message_is_driven_to_its_outcome_by_the_router() -> None:
     h.core.detach_publisher(h.pub_link)
     assert core_dependents(h.core)["driving"] == 1
     assert h.core.records[gid].outcome is None  # (undecided: its subscription takes nothing yet)
+
+
+def test_our_client_goes_where_a_redirect_points_when_that_is_one_of_its_urls() -> None:
+    from oncemesh.clients.runtime import Client
+
+    c = Client("amqp://127.0.0.1:1,amqp://127.0.0.1:2,amqp://127.0.0.1:3")
+    c._url_index = 1  # connected to the first: the second is next
+    c._redirected(redirect_info("amqp://127.0.0.1:3", "C"))
+    assert c._url_index == 2 and c.redirects == 1
+    c._redirected(redirect_info("amqp://10.9.9.9:5672", "X"))  # not one of ours: the next one of the list
+    assert c._url_index == 2 and c.redirects == 2
+    c._redirected({})
+    assert c._url_index == 2
