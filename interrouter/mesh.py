@@ -164,9 +164,7 @@ class Mesh:
     def drain_facts(self) -> dict[str, int]:
         """What of the mesh side a draining router still waits for: its subscription announcements
         that a reachable router has not acknowledged, and frames not yet handed to a connection."""
-        gossip = self.node.gossip
-        reach = set(gossip.reachable)
-        return {"announcements": sum(1 for p in gossip.pending.values() if p.waiting & reach),
+        return {"announcements": self.node.gossip.unacknowledged(),
                 "frames_queued": sum(p.backlog for p in self.peers.values()) + int(self.node.has_pending)}
 
     # ------------------------------------------------------------------ dialing

@@ -461,6 +461,9 @@ class Router:
                 self._maybe_write_status(force=True)
         except Exception:  # supervision point: a failed look must not leave the router half drained
             log.exception("router.drain_check_failed id=%s", self.id)
+            if now >= drain.deadline:  # (and a look that keeps failing must not keep it for ever)
+                self.request_stop()
+                return
             step = None
         if step is not None and step.done:
             self._drain_finished()
