@@ -391,6 +391,11 @@ class Router:
     # ------------------------------------------------------------------ drain
     DRAIN_CHECK = 0.05  # seconds between looks while draining
 
+    @property
+    def draining(self) -> bool:
+        """Draining (SIGUSR1): it takes no new clients and exits soon."""
+        return self._drain is not None
+
     def begin_drain(self) -> None:
         """SIGUSR1 (`oncemesh drain`): stop taking new work, move every client to another router, wait
         until nothing depends on this router (or `drain_timeout`), then stop (router/drain.py)."""

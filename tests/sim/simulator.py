@@ -541,7 +541,8 @@ class Simulation:
             return self._lamport_may_kill(victim)
         n = len(self.routers)
         down = sum(1 for r in self.routers.values()
-                   if not r.alive or any(q.status.name != "NORMAL" for q in r.node.seqs.values())
+                   if not r.alive or r.drain is not None  # (a draining router is about to leave)
+                   or any(q.status.name != "NORMAL" for q in r.node.seqs.values())
                    or any(lam.installed is None for lam in r.node.lamports.values()))
         return down + 1 <= n - (n // 2 + 1)
 
@@ -557,7 +558,8 @@ class Simulation:
         _, members = max(views, key=lambda v: v[0])
         n = len(members)
         keep = sum(1 for m, inc in members.items()
-                   if m != victim.id and m in alive and (inc == 0 or alive[m].incarnation == inc))
+                   if m != victim.id and m in alive and alive[m].drain is None  # (draining: about to leave)
+                   and (inc == 0 or alive[m].incarnation == inc))
         return keep >= n - n // 2
 
     def kill(self, r: SimRouter) -> None:
@@ -802,6 +804,11 @@ class Simulation:
                 raise Violation(f"FIFO: {gid} (seq {seq}) handed to {s.name} after seq {last} of its publisher")
             self.last_seq[(s.sid, gid[:PLID_LEN])] = max(last, seq if seq is not None else -1)
         rng.shuffle(batch)
+        if r.sub_links.get(s.sid, (None,))[0] is not link:
+            # the router closed this link (a drain) and the client does not know yet: it hands over
+            # and accepts, the ACCEPTED is lost with the connection (it presents them where it resumes)
+            s.accepted.update(batch)
+            return
         for i, gid in enumerate(batch):
             s.accepted.add(gid)
             if rng.random() < 0.03:  # the ACCEPTED is lost with the connection
@@ -890,6 +897,8 @@ class Simulation:
         if r is None or not r.usable():
             self.schedule(0.05, lambda: self.pub_work(p, link))
             return
+        if link not in r.pub_links:
+            return  # the router closed this link (a drain): what it would send is lost with it; it moves
         resend = [g for g in p.in_doubt if g not in p.token_of.values()]
         for gid in resend:  # everything in doubt first, same tags
             if p.credit <= 0:
