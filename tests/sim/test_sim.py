@@ -92,10 +92,13 @@ def test_mesh_with_drains(pytestconfig: pytest.Config, faults: str, full: bool =
     """Routers drained at random (as `oncemesh roll` does, also while other faults strike): the
     router's own `Drain` moves its clients and decides when it leaves; it restarts later. No
     duplicate, no false ACCEPTED; every drain ends, and every message reaches its outcome."""
+    runs = drained = 0
     for seed in seeds(pytestconfig, "drain", full):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         sim = simulate(seed, topology, faults, duration=8.0, messages=30)
-        assert any(" drain " in line for line in sim.log) or seed > 3  # (a drain happens)
+        runs += 1
+        drained += sum(1 for line in sim.log if " drained in " in line)
+    assert drained or not runs  # (drains did happen, and ended)
 
 
 @pytest.mark.parametrize("faults", ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"])
