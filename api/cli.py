@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .clients import cli as clients_cli
+from .clients import stat
 from .harness import bench, chaos, demo, soak
 from .router import users
 from .router.config import RouterConfig, parse_hostport
 from .router.meshport import MeshPort
 from .spark import job
-from .topology import launcher
+from .topology import check, launcher
 from .topology.model import Topology
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ def cmd_router(args: argparse.Namespace) -> int:
     topo: Topology | None = None
     if args.topology is not None:
         from .topology.load import TopologyError, load_topology
+        from .topology.views import mesh_view
 
         try:
             topo = load_topology(args.topology)
@@ -102,6 +104,7 @@ def cmd_router(args: argparse.Namespace) -> int:
             return 2
         r = topo.routers[args.id]
         cfg.listen = (r.host, r.port)
+        cfg.mesh_view = mesh_view(topo)  # (management views and the console)
         try:
             cfg.apply(topo.router_settings(args.id))
         except ValueError as exc:
@@ -124,7 +127,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         return 2
     base = args.topology.parent if args.topology is not None else Path.cwd()
     for key in ("mesh_tls_cert", "mesh_tls_key", "mesh_tls_ca", "tls_cert", "tls_key", "tls_ca", "users_file",
-                "policy_file"):
+                "policy_file", "audit_status_file"):
         if getattr(cfg, key):  # relative paths are read from the topology file's directory
             setattr(cfg, key, str(base / getattr(cfg, key)))
     if args.mesh_tls_dir is not None:
@@ -204,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(sub)  # oncemesh router
-    for module in (demo, clients_cli, launcher, job, chaos, bench, soak, users):
+    for module in (demo, clients_cli, launcher, check, job, chaos, bench, soak, users, stat):
         module.register(sub)
     return parser
 

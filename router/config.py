@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .core import CoreConfig
+from .management import MeshView
 
 
 def parse_hostport(text: str) -> tuple[str, int]:
@@ -48,6 +49,9 @@ def _bool(v: Any, key: str) -> bool:
     if text in ("false", "no", "0", "off"):
         return False
     raise ValueError(f"setting {key} must be true or false, got {v!r}")
+
+
+_NOT_SETTINGS = {"id", "core", "peers_dir", "mesh_view"}  # fields of RouterConfig that no --set may change
 
 
 @dataclass(slots=True)
@@ -91,6 +95,11 @@ class RouterConfig:
     policy_file: str = ""
     # HTTP listener for /metrics, /healthz, /readyz (docs/operations.md), e.g. "127.0.0.1:9090"; off if empty
     http_listen: str = ""
+    # the read-only web console on the HTTP listener (/console): the mesh, rates, topics, subscriptions;
+    # it shows topic and subscription names to whoever reaches the port (docs/operations.md)
+    http_console: bool = False
+    # the audit's status file (`oncemesh audit` writes one): its verdict and violations in the console
+    audit_status_file: str = ""
     # where clients reach this router (e.g. "amqps://a.example.net:5671"), told to its neighbours so that
     # one that drains can send its clients here; default: the client listener's address unless a wildcard
     client_url: str = ""
@@ -112,6 +121,9 @@ class RouterConfig:
     loop_stall: float = 0.5  # a loop lag or GC pause this long is logged at once
     core: CoreConfig = field(default_factory=CoreConfig)
     peers_dir: Path | None = None  # where port-0 peers publish their bound inter-router address
+    # the mesh as the topology describes it (routers, links, their HTTP listeners): management views
+    # and the console; set by the composition root from the topology, not a setting
+    mesh_view: MeshView | None = None
 
     def apply(self, settings: dict[str, Any]) -> None:
         """Apply a mapping of setting names (router or core) to values; unknown names raise."""
@@ -121,7 +133,7 @@ class RouterConfig:
             key = k.replace("-", "_")
             if key in core_names:
                 setattr(self.core, key, type(getattr(self.core, key))(v))
-            elif key in router_names and key not in ("id", "core", "peers_dir"):
+            elif key in router_names and key not in _NOT_SETTINGS:
                 cur = getattr(self, key)
                 if isinstance(cur, bool):
                     setattr(self, key, _bool(v, key))
@@ -129,4 +141,4 @@ class RouterConfig:
                     setattr(self, key, type(cur)(v) if cur is not None and not isinstance(cur, tuple) else v)
             else:
                 raise ValueError(f"unknown router setting {k!r}; known: "
-                                 f"{', '.join(sorted((router_names | core_names) - {'id', 'core', 'peers_dir'}))}")
+                                 f"{', '.join(sorted((router_names | core_names) - _NOT_SETTINGS))}")

@@ -89,7 +89,7 @@ def refused(url: str, make: Any) -> LinkRefused:
     return run(main())
 
 
-@pytest.mark.parametrize("address", ["$management", "_internal", "$"])
+@pytest.mark.parametrize("address", ["$admin", "_internal", "$"])  # ($management answers: test_stat.py)
 def test_reserved_addresses_are_refused_with_unauthorized_access(router: RouterProcess, canary: Canary,
                                                                  address: str) -> None:
     e = refused(router.url, lambda c: c.publisher(address))

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -180,6 +182,14 @@ def test_a_drained_router_moves_our_clients_at_once_and_exits_with_nothing_in_fl
     assert report["outcome"] == "drained" and report["redirected"] == 2
 
 
+def _get(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def _redirect_of(fields: list[Any], index: int) -> tuple[str | None, dict[Any, Any]]:
     """The condition and info fields of the error at `index` of a performative (close 0, detach 2)."""
     err = fields[index] if len(fields) > index else None
@@ -198,7 +208,8 @@ def test_other_clients_see_redirects_and_a_drain_that_times_out_says_what_was_le
     topo = tmp_path / "triangle.toml"
     topo.write_text((EXAMPLES / "triangle.toml").read_text().replace(
         '[mesh]\nname = "triangle"', '[mesh]\nname = "triangle"\n\n[defaults]\ndrain_grace = 1.5\n'
-                                     'drain_timeout = 5.0\nidle_timeout = 60.0  # (the raw client sends no heartbeats)',
+                                     'drain_timeout = 5.0\nidle_timeout = 60.0  # (the raw client sends no heartbeats)'
+                                     '\nhttp_listen = "127.0.0.1:0"',
         1))
     with Mesh(topo, tmp_path / "mesh") as mesh:
         mesh.up()
@@ -229,6 +240,9 @@ def test_other_clients_see_redirects_and_a_drain_that_times_out_says_what_was_le
         drainer.start()
         try:
             wait_for(lambda: mesh.router_status("A").state is RouterState.DRAINING, 10, "A draining")
+            http = json.loads(mesh.ready_file("A").read_text())["http"]
+            code, ready = _get(f"http://{http}/readyz")  # a load balancer sends it nobody new
+            assert code == 503 and ready["draining"] is True and ready["ready"] is False, ready
             late = RawClient(host, port)  # a new connection: opened, then closed with a redirect
             late.send(b"AMQP\x00\x01\x00\x00")
             late.send(frame(OPEN, ["raw-late", None, uint(65536)]))

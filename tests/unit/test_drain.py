@@ -16,6 +16,7 @@ from oncemesh.common.urls import redirect_address, redirect_info
 from oncemesh.interrouter.messages import PROTOCOL_VERSION, negotiate_version
 from oncemesh.router.actions import GrantCredit
 from oncemesh.router.drain import ConnView, Dependents, Drain, DrainPhase, core_dependents
+from oncemesh.router.http import ready_from
 from tests.unit.test_core import PL, Harness
 
 # ---------------------------------------------------------------------- the version rule
@@ -193,3 +194,10 @@ def test_our_client_goes_where_a_redirect_points_when_that_is_one_of_its_urls() 
     assert c._url_index == 2 and c.redirects == 2
     c._redirected({})
     assert c._url_index == 2
+
+
+def test_a_draining_router_is_not_ready_for_a_load_balancer() -> None:
+    mesh = {"ready": True, "converged": True, "peers": ["B"]}
+    assert ready_from(True, True, mesh)[0]
+    ok, why = ready_from(True, True, mesh, draining=True)
+    assert not ok and why["draining"] and not why["accepting_publishers"]
