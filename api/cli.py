@@ -39,7 +39,9 @@ Start here:   oncemesh demo          (a demo mesh on loopback, publishes and che
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser(
         "router", help="run one router",
-        description="Run one oncemesh router in the foreground until SIGTERM/SIGINT.\n\n"
+        description="Run one oncemesh router in the foreground until SIGTERM/SIGINT (stop now, cleanly) or\n"
+                    "SIGUSR1 (drain: move every client to another router, wait until nothing depends on\n"
+                    "this one, at most drain_timeout, then exit; `oncemesh drain` sends it).\n\n"
                     "Standalone:  oncemesh router --id A --listen 127.0.0.1:5672 --state-dir ./state "
                     "--allow-anonymous\n"
                     "In a mesh:   oncemesh router --topology mesh.toml --id A\n\n"
@@ -168,7 +170,8 @@ def cmd_router(args: argparse.Namespace) -> int:
 async def run_router(cfg: RouterConfig, topo: Topology | None = None, mesh_tls: MeshTls | None = None) -> None:
     """Compose and run one router until SIGTERM/SIGINT: in a mesh (`topo`), its core learns the
     topology's ordered topics and the router gets its mesh layer (`mesh_tls`: its inter-router TLS;
-    None only for an insecure mesh). SIGHUP reloads certificates, keys and CAs for new connections."""
+    None only for an insecure mesh). SIGHUP reloads certificates, keys and CAs for new connections;
+    SIGUSR1 drains the router, which then exits."""
     from .common.engine import tune_gc
     from .interrouter.mesh import Mesh, total_topics
     from .router.server import Router
@@ -191,6 +194,9 @@ async def run_router(cfg: RouterConfig, topo: Topology | None = None, mesh_tls: 
             mesh_tls.reload()
 
     loop.add_signal_handler(signal.SIGHUP, reload)
+    # drain: move every client to another router, wait until nothing depends on this one, then exit
+    # (docs/operations.md, "Rolling restart and upgrade"; SIGTERM during a drain stops at once)
+    loop.add_signal_handler(signal.SIGUSR1, router.begin_drain)
     await router.start()
     tune_gc()
     await router.serve_forever()

@@ -281,6 +281,13 @@ class Link:
         self.conn.touch()
         self.conn._maybe_free_link(self)
 
+    def remote_condition_info(self) -> dict[Any, Any]:
+        """The info fields of the condition the peer detached the link with; valid in `on_link_closed`."""
+        if self.freed:
+            return {}
+        info = F.condition_info(lib.pn_link_remote_condition(self.ptr))
+        return info if isinstance(info, dict) else {}
+
     def __repr__(self) -> str:
         return f"<Link {'snd' if self.is_sender else 'rcv'} {self.name!r}>"
 
@@ -550,13 +557,22 @@ class AmqpConnection(asyncio.Protocol):
     def receiver(self, session: Any, name: str) -> Link:
         return self._add_link(lib.pn_receiver(session, name.encode()))
 
-    def close(self, condition: str | None = None, description: str | None = None) -> None:
+    def close(self, condition: str | None = None, description: str | None = None,
+              info: dict[Any, Any] | None = None) -> None:
         if self.closed:
             return
         if condition:
-            F.set_condition(lib.pn_connection_condition(self.pn_conn), condition, description)
+            F.set_condition(lib.pn_connection_condition(self.pn_conn), condition, description, info)
         lib.pn_connection_close(self.pn_conn)
         self.touch()
+
+    def remote_condition_info(self) -> dict[Any, Any]:
+        """The info fields of the condition the peer closed the connection with (a redirect names
+        where to go); empty when there are none. Valid in `on_connection_closed`."""
+        if self.pn_conn == F.NULL:
+            return {}
+        info = F.condition_info(lib.pn_connection_remote_condition(self.pn_conn))
+        return info if isinstance(info, dict) else {}
 
     def abort(self) -> None:
         """Drop the TCP connection at once (tests and chaos use it)."""

@@ -26,6 +26,19 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host, p
 
 
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+def client_url_of(host: str, port: int, tls: bool, configured: str = "") -> str | None:
+    """Where clients reach a router: `configured` (the `client_url` setting) when set, else its
+    listener's address, unless that is a wildcard or port 0 (None: not known from here)."""
+    if configured:
+        return configured
+    if port == 0 or host in WILDCARD_HOSTS:
+        return None
+    return f"{'amqps' if tls else 'amqp'}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
 def _bool(v: Any, key: str) -> bool:
     """A yes/no setting from TOML (a bool) or --set (a string): bool("false") would be True."""
     if isinstance(v, bool):
@@ -87,6 +100,13 @@ class RouterConfig:
     http_console: bool = False
     # the audit's status file (`oncemesh audit` writes one): its verdict and violations in the console
     audit_status_file: str = ""
+    # where clients reach this router (e.g. "amqps://a.example.net:5671"), told to its neighbours so that
+    # one that drains can send its clients here; default: the client listener's address unless a wildcard
+    client_url: str = ""
+    # drain (docs/operations.md, "Rolling restart and upgrade"): at most this long from SIGUSR1 to the exit;
+    # a client connection whose publisher still waits for outcomes here is kept at most drain_grace
+    drain_timeout: float = 30.0
+    drain_grace: float = 1.0
     log_flush_interval: float = 0.2
     # settlement-log segments (docs/settlement-log.md, "Files"): a new segment at this size or age,
     # closed ones gzipped in a worker thread ("gzip" or "none"); retention 0 keeps every segment

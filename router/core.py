@@ -161,6 +161,10 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
         self.log_writable = True  # and only while the settlement log can be written (a full disk)
+        self.draining = False  # and never again once the router drains (router/drain.py)
+        # origin records whose publisher re-attached at another router holding them in doubt: that
+        # router drives them now and sends us their FINAL (gid -> router); pruned by a sweep
+        self.driven_elsewhere: dict[str, str] = {}
         self._blocked: deque[PubLink] = deque()
         self.out: list[Action] = []
         self.log: list[tuple[Any, ...]] = []  # settlement-log events: (ev, gid, topic, sid, info)
@@ -845,7 +849,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         room = self.cfg.max_inflight_messages - self.undecided - self.reserved_credit
         if len(self.records) >= self.cfg.max_decided_records + self.cfg.max_inflight_messages:
             room = 0
-        if not self.ready or not self.log_writable or self.inflight_bytes >= self.cfg.max_inflight_bytes:
+        if not self.ready or not self.log_writable or self.draining \
+                or self.inflight_bytes >= self.cfg.max_inflight_bytes:
             room = 0
         n = min(want, room)
         if n > 0:
@@ -870,6 +875,11 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.ready = ready
         if ready:
             self._unblock()
+
+    def set_draining(self) -> None:
+        """The router drains (it will exit): publishers get no more credit here; what they send with
+        the credit they hold is handled as ever. There is no way back: a drain ends in an exit."""
+        self.draining = True
 
     def set_log_writable(self, writable: bool) -> None:
         """The settlement log can(not) be written: no publisher credit while it cannot, so that

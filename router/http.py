@@ -195,10 +195,12 @@ def _log_bytes(r: Router) -> int:
 
 def readiness(r: Router) -> tuple[bool, dict[str, Any]]:
     """Ready to take traffic (see `ready_from`)."""
-    return ready_from(r.core.ready, r.core.log_writable, r.mesh.ready_info() if r.mesh is not None else None)
+    return ready_from(r.core.ready, r.core.log_writable, r.mesh.ready_info() if r.mesh is not None else None,
+                      r.draining)
 
 
-def ready_from(table_synced: bool, log_writable: bool, mesh: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
+def ready_from(table_synced: bool, log_writable: bool, mesh: dict[str, Any] | None,
+               draining: bool = False) -> tuple[bool, dict[str, Any]]:
     """Ready: the subscription table is loaded and (in a mesh) was synced with every router it could
     reach, the peers are known (every router of the topology heard from, or `dead_after` passed
     since start: the rest is down), and publishers get credit (the settlement log can be written).
@@ -209,14 +211,17 @@ def ready_from(table_synced: bool, log_writable: bool, mesh: dict[str, Any] | No
     it turns false at every router for a moment whenever any router (re)joins, and a router that
     was synced once keeps serving correctly meanwhile (new subscriptions wait for the
     acknowledgements anyway). Gating on it would take the whole mesh out of a load balancer at
-    every restart of one router."""
+    every restart of one router.
+
+    A draining router (SIGUSR1, before a restart) is not ready: it sends its clients elsewhere."""
     why: dict[str, Any] = {"table_synced": bool(table_synced), "log_writable": bool(log_writable),
-                           "accepting_publishers": bool(table_synced and log_writable)}
+                           "accepting_publishers": bool(table_synced and log_writable and not draining),
+                           "draining": bool(draining)}
     if mesh is not None:
         why["peers_known"] = bool(mesh.get("ready", table_synced))
         why["mesh_converged"] = bool(mesh.get("converged", False))
         why["peers"] = list(mesh.get("peers", []))
-    ok = why["table_synced"] and why["log_writable"] and why.get("peers_known", True)
+    ok = why["table_synced"] and why["log_writable"] and why.get("peers_known", True) and not draining
     return ok, why
 
 

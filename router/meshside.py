@@ -419,6 +419,8 @@ class MeshSide:
         for rec in [r for r in self.records.values() if r.plid == plid and not r.pubs]:
             if rec.gid in in_doubt:
                 self.out.append(SendHold(at, rec.gid))
+                if rec.origin is None:
+                    self.driven_elsewhere[rec.gid] = at  # its publisher resends it there: `at` drives it
             elif declared_settled(in_doubt, mark, rec.gid) and rec.origin is None:
                 # our publishers settle only once they have an outcome: it is final (here, or at
                 # the router that gave the outcome): stop whatever is still pending here

@@ -17,6 +17,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import asdict
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, assert_never
@@ -31,6 +32,7 @@ from ..common.ids import publisher_link_id, subscription_id
 from ..common.sasl import SaslServer, ScramSecret, ServerPolicy
 from ..common.settlement_log import Segments, SettlementLog
 from ..common.tls import TlsFiles, TlsProvider
+from ..common.urls import redirect_info
 from ..common.vocab import (
     FINAL_SUBJECT,
     FINAL_TAG_PREFIX,
@@ -69,8 +71,9 @@ from .actions import (
     SettlePublisher,
     SubmitOrder,
 )
-from .config import RouterConfig, parse_hostport
+from .config import RouterConfig, client_url_of, parse_hostport
 from .core import DeliveryCore, SubscriberAttach
+from .drain import ConnView, Dependents, Drain, DrainPhase, core_dependents
 from .http import HttpEndpoint
 from .looplag import LagSummary, LoopLag
 from .meshport import MeshPort
@@ -214,6 +217,10 @@ class Router:
         self._log_blocked_at: float | None = None
         self._last_stats: dict[str, Any] = {}
         self._awaiting_mesh: dict[str, Link] = {}  # subscriber ATTACHes waiting for gossip acks
+        self._drain: Drain | None = None  # set once the router drains (SIGUSR1): router/drain.py
+        self._drain_waits: dict[AmqpConnection, set[Any]] = {}  # publisher deliveries open when it began
+        self._drain_told: set[AmqpConnection] = set()  # connections told to move
+        self._drain_logged = 0.0
         self.mesh: MeshPort | None = mesh(self) if mesh is not None else None
 
     # ------------------------------------------------------------------ lifecycle
@@ -258,7 +265,15 @@ class Router:
             info.update(self.mesh.ready_info())
         if self.http is not None and self.http.bound is not None:
             info["http"] = f"{self.http.bound[0]}:{self.http.bound[1]}"
+        if self._drain is not None:
+            report = self._drain_report_path()
+            info["draining"] = {**self._drain.status(time.time()), "report": str(report) if report else None}
         return info
+
+    def client_url(self) -> str | None:
+        """Where clients reach this router (told to neighbours: where a draining one sends its clients)."""
+        assert self.bound is not None
+        return client_url_of(self.bound[0], self.bound[1], self.client_tls is not None, self.cfg.client_url)
 
     def _on_log_writable(self, writable: bool) -> None:
         """The settlement log could not be written (a full disk) or can again: publishers get no
@@ -378,6 +393,123 @@ class Router:
         self.connections.add(conn)
         return conn
 
+    # ------------------------------------------------------------------ drain
+    DRAIN_CHECK = 0.05  # seconds between looks while draining
+
+    @property
+    def draining(self) -> bool:
+        """Draining (SIGUSR1): it takes no new clients and exits soon."""
+        return self._drain is not None
+
+    def begin_drain(self) -> None:
+        """SIGUSR1 (`oncemesh drain`): stop taking new work, move every client to another router, wait
+        until nothing depends on this router (or `drain_timeout`), then stop (router/drain.py)."""
+        if self._drain is not None or self._stopped.is_set() or self.engine is None:
+            log.info("router.drain_ignored id=%s reason=%s", self.id,
+                     "already draining" if self._drain is not None else "not running")
+            return
+        now = time.time()
+        self._drain = Drain(now, self.cfg.drain_timeout, self.cfg.drain_grace)
+        self.core.set_draining()
+        for d, link in self.pub_deliveries.items():
+            self._drain_waits.setdefault(link.conn, set()).add(d)
+        targets = self.mesh.redirect_targets() if self.mesh is not None else []
+        log.warning("router.drain_started id=%s timeout_s=%g grace_s=%g connections=%d publisher_deliveries=%d "
+                    "redirect_to=%s", self.id, self.cfg.drain_timeout, self.cfg.drain_grace, len(self.connections),
+                    len(self.pub_deliveries), ",".join(f"{r}={u}" for r, u in targets) or "(no neighbour known)")
+        self._drain_check()
+
+    def _redirect_to(self) -> tuple[str, dict[Any, Any] | None]:
+        """The description and info fields of a redirect: to the best live neighbour whose client
+        address is known, else to no address in particular."""
+        targets = self.mesh.redirect_targets() if self.mesh is not None else []
+        for rid, url in targets:
+            try:
+                return (f"router {self.id} is draining (a restart or an upgrade): connect to router {rid} at "
+                        f"{url}", redirect_info(url, rid))
+            except ValueError:
+                continue
+        return f"router {self.id} is draining (a restart or an upgrade): connect to another router", None
+
+    def _redirect(self, conn: AmqpConnection, why: str) -> None:
+        description, info = self._redirect_to()
+        log.info("connection.redirected peer=%s container=%s reason=%s", conn.peer,
+                 conn.ctx.container if isinstance(conn.ctx, ConnCtx) else None, why)
+        conn.close(errors.Redirect.condition, description, info)
+
+    def _drain_dependents(self, connections: int) -> Dependents:
+        mesh = self.mesh.drain_facts() if self.mesh is not None else {}
+        return Dependents(connections=connections, publisher_deliveries=len(self.pub_deliveries),
+                          **core_dependents(self.core), **mesh)
+
+    def _drain_check(self) -> None:
+        drain = self._drain
+        if drain is None or self._stopped.is_set():
+            return
+        now = time.time()
+        try:
+            self.drain()  # what the core decided so far goes out first
+            open_pubs = self.pub_deliveries
+            conns = {c: ConnView(sum(1 for d in self._drain_waits.get(c, ()) if d in open_pubs),
+                                 any(isinstance(lk.ctx, SubLinkCtx) for lk in c.links.values()))
+                     for c in self.connections if c not in self._drain_told and not c.closed}
+            phase = drain.phase
+            step = drain.step(now, conns, self._drain_dependents(len(conns)))
+            for conn in step.close:
+                assert isinstance(conn, AmqpConnection)
+                self._drain_told.add(conn)
+                self._drain_waits.pop(conn, None)
+                self._redirect(conn, "draining")
+            if step.close:
+                self.drain()
+            if now - self._drain_logged >= 1.0 or step.done or phase is not drain.phase:
+                self._drain_logged = now
+                st = drain.status(now)
+                log.info("router.draining id=%s phase=%s seconds=%.1f redirected=%d waiting_for=%s", self.id,
+                         st["phase"], now - drain.started, drain.redirected,
+                         ",".join(f"{k}:{v}" for k, v in drain.waiting_for(now).items()) or "-")
+                self._maybe_write_status(force=True)
+        except Exception:  # supervision point: a failed look must not leave the router half drained
+            log.exception("router.drain_check_failed id=%s", self.id)
+            if now >= drain.deadline:  # (and a look that keeps failing must not keep it for ever)
+                self.request_stop()
+                return
+            step = None
+        if step is not None and step.done:
+            self._drain_finished()
+            return
+        assert self.engine is not None
+        self.engine.loop.call_later(self.DRAIN_CHECK, self._drain_check)
+
+    def _drain_report_path(self) -> Path | None:
+        """Where the drain's report goes (named in the status file while it drains)."""
+        where = self.cfg.state_dir or self.cfg.log_dir
+        return where / f"{self.id}.drain.json" if where is not None else None
+
+    def _drain_finished(self) -> None:
+        drain = self._drain
+        assert drain is not None and drain.report is not None
+        rep = drain.report
+        if drain.phase is DrainPhase.DRAINED:
+            log.warning("router.drained id=%s seconds=%.2f redirected=%d dependents_left=%s", self.id, rep.seconds,
+                        rep.redirected, ",".join(f"{k}:{v}" for k, v in rep.dependents.items()) or "-")
+        else:
+            log.error("router.drain_timeout id=%s seconds=%.2f redirected=%d still_depending=%s (it stops all the "
+                      "same: what it held is repaired as after a crash, see docs/operations.md)", self.id,
+                      rep.seconds, rep.redirected, ",".join(f"{k}:{v}" for k, v in rep.remaining.items()))
+        path = self._drain_report_path()
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".json.tmp")
+                tmp.write_text(json.dumps({"id": self.id, "incarnation": self.incarnation, "pid": os.getpid(),
+                                           "started": drain.started, "finished": time.time(),
+                                           **asdict(rep)}) + "\n")
+                os.replace(tmp, path)
+            except OSError as exc:
+                log.error("router.drain_report_not_written error=%s", exc)
+        self.request_stop()
+
     # ------------------------------------------------------------------ time
     def _schedule_tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -430,6 +562,9 @@ class Router:
     # ------------------------------------------------------------------ engine events
     def on_connection_open(self, conn: AmqpConnection) -> None:
         conn.ctx.container = conn.remote_container
+        if self._drain is not None:
+            self._redirect(conn, "new connection")
+            return
         grants = self._grants(conn)
         if grants is None:
             return
@@ -481,6 +616,12 @@ class Router:
 
     def on_link_open(self, link: Link) -> None:
         if not link.local_uninit:
+            return
+        if self._drain is not None:  # nothing new attaches to a router that is leaving
+            description, info = self._redirect_to()
+            log.info("link.redirected peer=%s container=%s link=%s", link.conn.peer, link.conn.ctx.container,
+                     link.name)
+            link.close(errors.LinkRedirect.condition, description, info=info)
             return
         self.drain()
         try:

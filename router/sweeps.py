@@ -92,6 +92,9 @@ class Sweeps:
         for gid in [g for g, (first, _) in self.awaited.items()
                     if g in self.records or self.is_final(g) or first < forget]:
             del self.awaited[gid]
+        if self.driven_elsewhere:
+            for gid in [g for g in self.driven_elsewhere if g not in self.records]:
+                del self.driven_elsewhere[gid]
         age_finals(self.recent_final, self.old_finals, now, self.cfg.final_memory, self.cfg.final_memory_young,
                    self.cfg.final_memory_entries)
 

@@ -125,7 +125,7 @@ def test_a_mesh_router_reports_its_peers_and_readiness(mesh_of: Any, tmp_path: P
     base = f"http://{info['http']}"
     code, body = get(f"{base}/readyz")
     assert code == 200 and json.loads(body) == {"ready": True, "table_synced": True, "log_writable": True,
-                                                "accepting_publishers": True, "peers_known": True,
+                                                "accepting_publishers": True, "draining": False, "peers_known": True,
                                                 "mesh_converged": True, "peers": ["A", "C"]}
     m = scrape(base)
     assert m[("oncemesh_peer_up", (("peer", "A"),))] == 1 and m[("oncemesh_peer_up", (("peer", "C"),))] == 1
