@@ -525,6 +525,8 @@ class Settings:
     timeout: float = 120.0
     router_settings: dict[str, Any] = field(default_factory=dict)
     order: str = "fifo"  # the order of the run's topics on a topology: fifo | total (sequencer) | lamport
+    trace: bool = False  # subscribers write every message's send time and latency (subJ.trace)
+    idle_timeout: float = 2.0  # the clients' (a router under callgrind stalls for seconds)
 
 
 def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | None,
@@ -578,6 +580,8 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
     started here is stopped here; a given server and the shared RabbitMQ node are left running."""
     wd = workdir / tag
     wd.mkdir(parents=True, exist_ok=True)
+    for stale in [*wd.glob("*.ready.json"), *wd.glob("*.result.json")]:
+        stale.unlink()  # (a --workdir used before: an old file would pass for this run's)
     uniq = run_suffix(tag)
     owned = server is None and case.kind != "rabbitmq"
     if server is None:
@@ -586,7 +590,7 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
     try:
         # (the clients' timeout runs from "go": a run of --duration first sends for that long)
         timeout = cfg.timeout + (cfg.duration if not cfg.count else 0.0)
-        common = ["--mode", case.mode or cfg.mode, "--timeout", str(timeout)]
+        common = ["--mode", case.mode or cfg.mode, "--timeout", str(timeout), "--idle-timeout", str(cfg.idle_timeout)]
         if server.ca is not None:
             common += ["--ca", str(server.ca)]
         subs: list[tuple[Proc, Path, Path]] = []
@@ -597,7 +601,8 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
             p = Proc(python_cmd("-m", "oncemesh.harness.benchclients", "sub", *where, "--address",
                                 server.address(f"{topic}-{uniq}"), "--ready", str(ready), "--result",
                                 str(result), "--index", str(j), "--publishers", str(npubs), "--credit",
-                                str(cfg.credit), *common), wd / f"sub{j}.out")
+                                str(cfg.credit), *common,
+                                *(["--trace", str(wd / f"sub{j}.trace")] if cfg.trace else [])), wd / f"sub{j}.out")
             procs.append(p)
             subs.append((p, ready, result))
         sub_info = _wait_files([(p, r) for p, r, _ in subs], 60, "subscribers")
@@ -1046,7 +1051,10 @@ class _CallgrindRouter(RouterProcess):
         self.out = out
 
     def command(self) -> list[str]:
-        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}", *super().command()]
+        # (one file per thread, `OUT-01` the event loop's: the settlement log compresses closed
+        # segments on a worker thread, which the report shows apart)
+        return ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={self.out}",
+                *super().command()]
 
 
 def _callgrind_total(path: Path) -> int:
@@ -1055,6 +1063,16 @@ def _callgrind_total(path: Path) -> int:
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])
     raise BenchError(f"no instruction total in {path}")
+
+
+def _callgrind_threads(out: Path) -> tuple[int, int]:
+    """(instructions of the main thread, of all other threads) from callgrind's per-thread files
+    `OUT-01`, `OUT-02`, ... (`--separate-threads=yes`; thread 1 runs the event loop)."""
+    files = sorted(out.parent.glob(out.name + "-*"))
+    if not files:
+        return _callgrind_total(out), 0
+    main = _callgrind_total(files[0])
+    return main, sum(_callgrind_total(f) for f in files[1:])
 
 
 def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
@@ -1067,7 +1085,7 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
         return {"error": "valgrind is not installed (apt-get install valgrind): no instruction count"}
     n = args.instructions
     case = Case.fan("instructions", "router", 1, 1)
-    totals: dict[int, int] = {}
+    totals: dict[int, tuple[int, int]] = {}
     for count in (n, 6 * n):
         wd = workdir / f"instructions-{count}"
         out = wd / "callgrind.out"
@@ -1077,15 +1095,18 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
         log(f"instructions: {count} messages through a router under callgrind")
         router.start(timeout=300)
         try:
-            icfg = dataclasses.replace(cfg, count=count, duration=0.0, warmup=0.0, timeout=max(cfg.timeout, 600.0))
+            icfg = dataclasses.replace(cfg, count=count, duration=0.0, warmup=0.0, timeout=max(cfg.timeout, 600.0),
+                                       idle_timeout=600.0)
             r = run_once(case, icfg, wd, "run", server=SingleRouter(wd, router=router))
         finally:
             router.stop(300)
         if not r["ok"]:
             return {"error": f"the run of {count} messages failed: {r['errors']}"}
-        totals[count] = _callgrind_total(out)
-    per_msg = (totals[6 * n] - totals[n]) / (5 * n)
-    return {"messages": [n, 6 * n], "instructions": [totals[n], totals[6 * n]], "per_message": round(per_msg)}
+        totals[count] = _callgrind_threads(out)
+    loop, workers = ((totals[6 * n][i] - totals[n][i]) / (5 * n) for i in (0, 1))
+    return {"messages": [n, 6 * n], "instructions": [sum(totals[n]), sum(totals[6 * n])],
+            "per_message": round(loop + workers), "per_message_loop": round(loop),
+            "per_message_workers": round(workers)}
 
 
 def profile_router(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
@@ -1228,7 +1249,10 @@ def format_report(rep: dict[str, Any]) -> str:
     if ins:
         if "per_message" in ins:
             lines += [f"router instructions per message (callgrind, 1:1 exactly-once, runs of "
-                      f"{ins['messages'][0]:,} and {ins['messages'][1]:,} messages): {ins['per_message']:,}", ""]
+                      f"{ins['messages'][0]:,} and {ins['messages'][1]:,} messages): {ins['per_message']:,}"
+                      + (f" ({ins['per_message_loop']:,} on the event loop's thread, {ins['per_message_workers']:,} "
+                         f"on worker threads: the settlement log's compression)" if "per_message_loop" in ins else ""),
+                      ""]
         else:
             lines += [f"instructions: {ins.get('error')}", ""]
     if rep.get("targets"):
