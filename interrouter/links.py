@@ -27,6 +27,9 @@ from ..common.vocab import PROP_INCARNATION, PROP_MESH, PROP_ROUTER
 log = logging.getLogger("oncemesh.interrouter")
 
 MESH_ADDRESS = "$mesh"
+# frames a neighbour may send before we grant more (topped up at half): a link carries at most about
+# CREDIT_WINDOW / 2 frames per round trip, 25,000 frames/s at 100 ms; the router setting
+# `mesh_link_credit` raises it for longer links (docs/performance.md, "WAN links")
 CREDIT_WINDOW = 5000
 
 
@@ -71,8 +74,10 @@ class PeerHandler:
 
     def __init__(self, me: str, inc: str, allowed: set[str],
                  on_up: Callable[[Peer], None], on_frame: Callable[[Peer, bytes], None],
-                 on_down: Callable[[Peer | None, AmqpConnection], None], verify_identity: bool = True) -> None:
+                 on_down: Callable[[Peer | None, AmqpConnection], None], verify_identity: bool = True,
+                 credit_window: int = CREDIT_WINDOW) -> None:
         self.me = me
+        self.credit_window = credit_window
         self.inc = inc
         self.allowed = allowed
         # the router id a peer claims must be a name its (verified) certificate carries; off only
@@ -128,7 +133,7 @@ class PeerHandler:
             link.set_source(MESH_ADDRESS)
             link.set_settle_modes(F.SND_SETTLED, F.RCV_FIRST)
             link.open()
-            link.flow(CREDIT_WINDOW)
+            link.flow(self.credit_window)
             peer.receiver = link
         if peer.sender is not None and peer.receiver is not None and peer.sender.active and not peer.open:
             peer.open = True
@@ -147,8 +152,9 @@ class PeerHandler:
         peer = link.ctx
         if not isinstance(peer, Peer):
             return
-        if link.credit < CREDIT_WINDOW // 2:
-            link.flow(CREDIT_WINDOW - link.credit)
+        window = self.credit_window
+        if link.credit < window // 2:
+            link.flow(window - link.credit)
         self.on_frame(peer, payload)
 
     def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:
