@@ -623,9 +623,10 @@ class AmqpConnection(asyncio.Protocol):
                         handler.on_delivery_update(link, d, _dremote_state(d), _dsettled(d))
                 elif _lcurrent(lptr) == d:
                     self._on_transfer(link, lptr, d)
-                elif _daborted(d):
-                    _dsettle(d)
                 elif _dupdated(d):
+                    # (not the current delivery: a complete message we advanced past; only a transfer
+                    # still arriving can be aborted, and that one is current: `_on_transfer`. A call
+                    # of Proton costs ~600 instructions: none that cannot answer yes)
                     handler.on_delivery_update(link, d, _dremote_state(d), _dsettled(d))
             elif etype == _E_LINK_FLOW:
                 lptr = _elink(ev)
@@ -639,17 +640,17 @@ class AmqpConnection(asyncio.Protocol):
 
     def _on_transfer(self, link: Link, lptr: Any, d: Any) -> None:
         """The current delivery of a receiving link: a complete message is read and handed over."""
-        if _daborted(d):
-            _ladvance(lptr)
-            _dsettle(d)
-            lib.pn_link_flow(lptr, 1)  # an aborted transfer consumed credit
-            return
         if _dpartial(d):  # (readable needs no call: a receiver's current delivery is readable)
             self.handler_partial(link, d)
             return
         eng = self.engine
         # read through the shared scratch (one copy, into the payload) without asking the size first
         got = _lrecv(lptr, eng.out_cbuf, _READ_CHUNK)
+        if got < F.EOS:  # aborted (Proton marks an aborted delivery done: not partial; recv says so)
+            _ladvance(lptr)
+            _dsettle(d)
+            lib.pn_link_flow(lptr, 1)  # an aborted transfer consumed credit
+            return
         if got < _READ_CHUNK:
             payload = bytes(eng.out_view[:got]) if got > 0 else b""
         else:  # larger than the scratch: the rest in one more read

@@ -1262,6 +1262,7 @@ def latency_curve(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dic
     less than 95% of it. With `--chart`, a PNG of p50/p99/p999 against the offered rate."""
     rates = sorted({float(r) for r in args.latency_curve.split(",") if r.strip()})
     wan = parse_wan(args.wan) if args.wan else None
+    load = [round(x, 1) for x in os.getloadavg()]
     if not rates or min(rates) <= 0:
         raise SystemExit("oncemesh bench: --latency-curve wants positive rates, e.g. 500,1000,2000,4000")
     cases = []
@@ -1285,7 +1286,8 @@ def latency_curve(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dic
                        "saturated": got is None or got < 0.95 * c.rate * (
                            len(c.pub_at) if c.kind == "router" else 1)})
     label = cases[0].shape() + (f", inter-router links {wan.text()}" if wan else "")
-    out: dict[str, Any] = {"label": label, "points": points}
+    out: dict[str, Any] = {"label": label, "points": points, "load_at_start": load,
+                           "commit": _git_commit()}
     if args.chart is not None:
         out["chart"] = str(render_curve(out, args.chart))
     return out
@@ -1311,7 +1313,9 @@ def render_curve(curve: dict[str, Any], path: Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("offered rate, msg/s per publisher")
     ax.set_ylabel("publish -> hand-over, ms (worst subscriber)")
-    ax.set_title(curve["label"], fontsize="medium")
+    code = f"code {curve['commit']}, " if curve.get("commit") else ""
+    ax.set_title(f"{curve['label']}\n{code}load average at start {curve.get('load_at_start')}, "
+                 f"{os.cpu_count()} cores", fontsize="medium")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
