@@ -16,9 +16,12 @@ Theory of operation (one `LinkProxy` per link, all of them on one asyncio loop):
 - WAN emulation (`set_wan`): each chunk is held `delay` seconds, plus a jitter drawn uniformly in
   [-jitter, +jitter], never ahead of the chunk before it (TCP delivers in order: jitter delays, it
   does not reorder); `loss` is the share of TCP segments (1,448 bytes) lost, emulated the way TCP
-  shows it to the application: a chunk that held a lost segment waits, with everything behind it,
-  one retransmission (Linux's minimum RTO of 200 ms, or the round trip if longer); `rate` caps the
-  bytes per second each way (a chunk leaves once the link has had time to carry it). Kernel
+  shows it to the application: a chunk that held a lost segment waits, with everything behind it
+  (TCP delivers in order), for its retransmission. Linux recovers a loss on a busy connection by
+  fast retransmit / RACK after about 1.25 round trips; a loss with nothing sent after it (a tail) by
+  a probe after two round trips (at least 10 ms), then the retransmission: 3 round trips. The
+  retransmission timeout (200 ms at least) only comes when that is lost too, which is not emulated.
+  `rate` caps the bytes per second each way (a chunk leaves once the link had time to carry it). Kernel
   emulation (netem in network namespaces) would be closer to a real network, but the kernels this
   project runs on may not have it (sch_netem): the proxy needs nothing.
 - Modes: FORWARDING (bytes move, each chunk held `delay` seconds first, order kept), CUT (every
@@ -56,7 +59,7 @@ log = logging.getLogger("oncemesh.proxy")
 HOST = "127.0.0.1"
 CHUNK = 65536
 SEGMENT = 1448  # TCP payload per segment on a 1500-byte MTU: what `loss` counts
-MIN_RTO = 0.2  # Linux's minimum retransmission timeout (TCP_RTO_MIN)
+TLP_MIN = 0.01  # Linux's minimum tail loss probe timeout
 # per direction: at most this many bytes held before we stop reading (a slow or frozen reader, or
 # a delay: like the largest TCP window Linux autotunes to, 6 MiB by default; a bound in chunks instead
 # capped a delayed link at 64 chunks per delay, whatever their size: 1,100 msg/s at 20 ms)
@@ -238,6 +241,7 @@ class LinkProxy:
         self.loss = 0.0
         self.rate = 0.0  # bytes per second each way (0: no limit)
         self._free_at = {True: 0.0, False: 0.0}  # (rate) when each direction has carried what it took
+        self._last = {True: -math.inf, False: -math.inf}  # (loss) when each direction last passed a chunk
         self.random = random.Random()
         self.chunks = self.lost = 0
         self.flowing = asyncio.Event()
@@ -303,9 +307,12 @@ class LinkProxy:
         if self.loss and size:
             # P(a lost segment among n) = 1 - (1 - loss)^n
             n = math.ceil(size / SEGMENT)
+            rtt = 2 * self.delay
+            busy = now - self._last[up] < rtt  # (data follows it: dupacks / RACK see the loss)
             if self.random.random() < 1.0 - (1.0 - self.loss) ** n:
                 self.lost += 1
-                t += max(MIN_RTO, 2 * self.delay)
+                t += 1.25 * rtt if busy else max(2 * rtt, TLP_MIN) + rtt
+        self._last[up] = now
         self.chunks += 1
         return max(t, now)
 
