@@ -1525,7 +1525,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                         "valgrind's callgrind over N and 6N messages (repeatable on a noisy machine: use it "
                         "to compare versions; 2000 takes ~2 min)")
     p.add_argument("--no-main", action="store_true", help="skip the scenario and its baselines (run only "
-                                                        "--scale-out / --memory / --profile / --instructions)")
+                                                        "--scale-out / --memory / --profile / --instructions / "
+                                                        "--latency-curve)")
     p.add_argument("--latency-curve", default=None, metavar="RATES",
                    help="also: the scenario's latency at each of these rates (msg/s per publisher, comma-"
                         "separated, e.g. 250,500,1000,2000,4000,8000,16000), up to saturation")
@@ -1534,7 +1535,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--wan", default=None, metavar="DELAY[,JITTER[,LOSS[,RATE]]]",
                    help="with --topology: every inter-router link runs through a proxy that behaves like a "
                         "WAN link, e.g. 20ms,5ms,0.1%% (one-way delay, jitter, lost TCP segments; RATE in "
-                        "bytes/s each way, e.g. 10M); per-link traffic is reported")
+                        "bytes/s each way, e.g. 10M); the same mesh on plain links runs beside it (mesh-lan); "
+                        "traffic per link and latency per subscriber are reported")
     p.add_argument("--trace", action="store_true",
                    help="subscribers write each message's send time and latency to subJ.trace in the run's "
                         "directory (use with --workdir)")
