@@ -34,6 +34,9 @@ from .messages import PROTOCOL_VERSION, UNVERSIONED, negotiate_version
 log = logging.getLogger("oncemesh.interrouter")
 
 MESH_ADDRESS = "$mesh"
+# frames a neighbour may send before we grant more (topped up at half): a link carries at most about
+# CREDIT_WINDOW / 2 frames per round trip, 25,000 frames/s at 100 ms; the router setting
+# `mesh_link_credit` raises it for longer links (docs/performance.md, "WAN links")
 CREDIT_WINDOW = 5000
 
 
@@ -82,8 +85,9 @@ class PeerHandler:
     def __init__(self, me: str, inc: str, allowed: set[str],
                  on_up: Callable[[Peer], None], on_frame: Callable[[Peer, bytes], None],
                  on_down: Callable[[Peer | None, AmqpConnection], None], verify_identity: bool = True,
-                 version: int = PROTOCOL_VERSION) -> None:
+                 version: int = PROTOCOL_VERSION, credit_window: int = CREDIT_WINDOW) -> None:
         self.me = me
+        self.credit_window = credit_window
         self.inc = inc
         self.allowed = allowed
         self.version = version
@@ -156,7 +160,7 @@ class PeerHandler:
             link.set_source(MESH_ADDRESS)
             link.set_settle_modes(F.SND_SETTLED, F.RCV_FIRST)
             link.open()
-            link.flow(CREDIT_WINDOW)
+            link.flow(self.credit_window)
             peer.receiver = link
         if peer.sender is not None and peer.receiver is not None and peer.sender.active and not peer.open:
             peer.open = True
@@ -175,8 +179,9 @@ class PeerHandler:
         peer = link.ctx
         if not isinstance(peer, Peer):
             return
-        if link.credit < CREDIT_WINDOW // 2:
-            link.flow(CREDIT_WINDOW - link.credit)
+        window = self.credit_window
+        if link.credit < window // 2:
+            link.flow(window - link.credit)
         self.on_frame(peer, payload)
 
     def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:

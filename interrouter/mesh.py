@@ -74,6 +74,8 @@ class Mesh:
         self.peers_dir = peers_dir
         spec = topo.routers[self.me]
         self.listen_addr = (spec.inter_host, spec.inter_port)
+        if router.cfg.mesh_link_credit < 2:
+            raise ValueError(f"mesh_link_credit is {router.cfg.mesh_link_credit}: at least 2 frames (default 5000)")
         nbrs = {n: float(link.cost) for n in topo.neighbours(self.me)
                 if (link := topo.link(self.me, n)) is not None}  # a neighbour has a link
         total = router.cfg.core.total_topics
@@ -89,7 +91,8 @@ class Mesh:
                              lamport_restore=store.lamport_restore(lamport) if store and not first else None,
                              persist=store.persist_lamport if store else None)
         self.handler = PeerHandler(self.me, router.incarnation, set(nbrs), self._peer_up, self._on_frame,
-                                   self._peer_down, verify_identity=tls is not None)
+                                   self._peer_down, verify_identity=tls is not None,
+                                   credit_window=router.cfg.mesh_link_credit)
         self.peers: dict[str, Peer] = {}
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None

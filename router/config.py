@@ -78,6 +78,9 @@ class RouterConfig:
     mesh_tls_key: str = ""
     mesh_tls_ca: str = ""
     insecure_mesh: bool = False
+    # frames each neighbour may send on its link before this router grants more: a link carries at most
+    # ~mesh_link_credit / 2 frames per round trip; raise it for long links (docs/performance.md, "WAN links")
+    mesh_link_credit: int = 5000
     # the client listener speaks TLS only (amqps) when tls_cert is set; with tls_verify_clients,
     # clients must present a certificate signed by a CA in tls_ca
     tls_cert: str = ""

@@ -71,6 +71,7 @@ class MeshSide:
         if rec is None:
             rec = Record(gid, topic, payload, now)
             rec.origin = origin
+            self.destination_records += 1
             rec.origins = {origin: origin_inc}
             asked = self.held_for.pop(gid, None)
             if asked:

@@ -79,6 +79,7 @@ from .looplag import LagSummary, LoopLag
 from .meshport import MeshPort
 from .mgmtlink import ManagementLinks, MgmtCtx
 from .policy import Grants, PolicyError, load_policy
+from .statusfile import StatusFile
 from .subscriptions import Subscription, SubscriptionStore, SubscriptionTable
 from .users import Users
 
@@ -86,6 +87,7 @@ log = logging.getLogger("oncemesh.router")
 
 MAX_CAUSAL_PAST = 10_000  # ids a publisher may present as its causal past
 
+_ACCEPTED = F.ACCEPTED
 _OUTCOME_OF_STATE = {F.ACCEPTED: O_ACCEPTED, F.REJECTED: O_REJECTED,
                      F.RELEASED: O_RELEASED, F.MODIFIED: O_MODIFIED}
 _STATE_OF_OUTCOME = {v: k for k, v in _OUTCOME_OF_STATE.items()}
@@ -214,6 +216,7 @@ class Router:
         self._stopped = asyncio.Event()
         self._pending_opens: list[Link] = []
         self._status_written = 0.0
+        self.status_file = StatusFile(cfg.ready_file) if cfg.ready_file is not None else None
         self._log_blocked_at: float | None = None
         self._last_stats: dict[str, Any] = {}
         self._awaiting_mesh: dict[str, Link] = {}  # subscriber ATTACHes waiting for gossip acks
@@ -308,22 +311,19 @@ class Router:
             return
         self._status_written = now
         info = self.ready_info()
-        info.pop("updated", None)
-        stats = info.get("stats", {})
-        for k in _VOLATILE_STATS:  # (these alone change all the time)
-            stats.pop(k, None)
-        if info != self._last_stats or force:
-            self._last_stats = info
-            self.write_ready_file()
+        # compared without what alone changes all the time
+        same = {k: v for k, v in info.items() if k != "updated"}
+        same["stats"] = {k: v for k, v in info.get("stats", {}).items() if k not in _VOLATILE_STATS}
+        if same != self._last_stats or force:
+            self._last_stats = same
+            self.write_ready_file(info)
 
-    def write_ready_file(self) -> None:
-        if self.cfg.ready_file is None:
+    def write_ready_file(self, info: dict[str, Any] | None = None) -> None:
+        """Write the ready/status file (`info`, or the current one): encoded here, written by a
+        thread (router/statusfile.py: the rename took milliseconds of the loop's time)."""
+        if self.status_file is None:
             return
-        path = self.cfg.ready_file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.ready_info()))
-        os.replace(tmp, path)
+        self.status_file.write(json.dumps(info if info is not None else self.ready_info()))
 
     async def serve_forever(self) -> None:
         await self._stopped.wait()
@@ -357,8 +357,9 @@ class Router:
         self._save_table(force=True)
         self.slog.write("router_stopped", time.time())
         self.slog.close()
-        if self.cfg.ready_file is not None:
-            self.cfg.ready_file.unlink(missing_ok=True)
+        if self.status_file is not None:
+            self.status_file.close()  # (nothing is written after this)
+            self.status_file.path.unlink(missing_ok=True)
         self._stopped.set()
 
     def _sasl_for(self, conn: AmqpConnection) -> SaslServer:
@@ -553,11 +554,27 @@ class Router:
             else:
                 self.core.tick(now)
             self.drain()
-            self.slog.flush()
-            self._maybe_write_status(force=window_done)
+            # The log's flush and the status go in passes of their own, one after the other: what
+            # the network brought meanwhile is handled in between, a message waits for one of the
+            # three parts, not for all of them (each took 1-3 ms at 1,000 msg/s: a tail of the
+            # latency; docs/performance.md, "Latency")
+            asyncio.get_running_loop().call_soon(self._tick_flush, window_done)
         except Exception:  # supervision point for timers
             log.exception("router.tick_failed")
         self._schedule_tick()
+
+    def _tick_flush(self, window_done: bool) -> None:
+        try:
+            self.slog.flush()
+        except Exception:  # supervision point for timers
+            log.exception("router.tick_failed")
+        asyncio.get_running_loop().call_soon(self._tick_status, window_done)
+
+    def _tick_status(self, force: bool) -> None:
+        try:
+            self._maybe_write_status(force=force)
+        except Exception:  # supervision point for timers
+            log.exception("router.tick_failed")
 
     # ------------------------------------------------------------------ engine events
     def on_connection_open(self, conn: AmqpConnection) -> None:
@@ -825,18 +842,24 @@ class Router:
                 if settled:
                     amqp.settle(delivery)
                 return
-            outcome = _OUTCOME_OF_STATE.get(state)
-            if outcome is None:
-                if not settled:
-                    return  # RECEIVED or no state yet: not an outcome
-                outcome = O_RELEASED  # settled without an outcome: try again
-            error = amqp.remote_condition(delivery) if outcome is O_REJECTED else None
-            undeliverable = outcome is O_MODIFIED and amqp.remote_undeliverable(delivery)
-            if settled or outcome in (O_RELEASED, O_MODIFIED):
-                del ctx.gid_of[delivery]
-                ctx.deliveries.pop(gid, None)
-                amqp.settle(delivery)
-                settled = True
+            if state == _ACCEPTED and not settled:  # (the usual: accepted, waiting for our settle)
+                outcome: Outcome = O_ACCEPTED
+                error = None
+                undeliverable = False
+            else:
+                o = _OUTCOME_OF_STATE.get(state)
+                if o is None:
+                    if not settled:
+                        return  # RECEIVED or no state yet: not an outcome
+                    o = O_RELEASED  # settled without an outcome: try again
+                outcome = o
+                error = amqp.remote_condition(delivery) if outcome is O_REJECTED else None
+                undeliverable = outcome is O_MODIFIED and amqp.remote_undeliverable(delivery)
+                if settled or outcome in (O_RELEASED, O_MODIFIED):
+                    del ctx.gid_of[delivery]
+                    ctx.deliveries.pop(gid, None)
+                    amqp.settle(delivery)
+                    settled = True
             if self.sub_links.get(ctx.sid) is link:
                 self.core.subscriber_outcome(ctx.sid, gid, outcome, settled, error, undeliverable, time.time())
                 if not self._drain_scheduled:  # (checked here: three times per message)
@@ -986,6 +1009,10 @@ class Router:
     def _perform(self, actions: list[Action]) -> None:
         """Perform a batch of the core's actions (one call per batch, not per action: four actions per
         message, and the calls cost ~1,400 instructions per message, measured)."""
+        sub_links = self.sub_links
+        pub_deliveries = self.pub_deliveries
+        set_state = amqp.set_state
+        settle = amqp.settle
         for act in actions:
             # The commonest first. Not a `match`: a class pattern that fails costs an isinstance miss
             # (~700 instructions), and three of the four actions per message would miss at least once:
@@ -993,38 +1020,54 @@ class Router:
             # classes are final, so mypy narrows `type(act) is C` and assert_never checks that every
             # action is handled.
             if type(act) is Deliver:
-                link = self.sub_links.get(act.sid)
+                link = sub_links.get(act.sid)
                 if link is None:
                     continue
-                d = link.send(act.gid.encode("ascii"), act.payload)
+                gid = act.gid
+                d = link.send(gid.encode("ascii"), act.payload)
                 ctx = link.ctx
-                ctx.deliveries[act.gid] = d
-                ctx.gid_of[d] = act.gid
+                ctx.deliveries[gid] = d
+                ctx.gid_of[d] = gid
             elif type(act) is SendOutcome:
                 d = act.pub
-                if d not in self.pub_deliveries:
+                plink = pub_deliveries.get(d)
+                if plink is None:
                     continue
-                amqp.update(d, _STATE_OF_OUTCOME[act.outcome], act.error)
+                if act.error is None:
+                    set_state(d, _STATE_OF_OUTCOME[act.outcome])
+                else:
+                    amqp.update(d, _STATE_OF_OUTCOME[act.outcome], act.error)
                 if act.outcome is O_ACCEPTED:  # (the common case: an attribute, ~440 instructions; an IntEnum
                     self.accepted_sent += 1     # list index costs ~670, measured under callgrind)
                 else:
                     self.outcomes_sent[act.outcome] += 1
-                self.pub_deliveries[d].conn.touch()
+                conn = plink.conn
+                if not conn.dirty:
+                    conn.touch()
                 if act.settle:
                     self._settle_publisher_delivery(d)
             elif type(act) is SettleDelivery:
-                link = self.sub_links.get(act.sid)
+                link = sub_links.get(act.sid)
                 if link is None:
                     continue
                 ctx = link.ctx
                 d = ctx.deliveries.pop(act.gid, None)
                 if d is not None:
                     del ctx.gid_of[d]
-                    amqp.settle(d)
-                    link.conn.touch()
-            elif type(act) is SettlePublisher:
-                if act.pub in self.pub_deliveries:
-                    self._settle_publisher_delivery(act.pub)
+                    settle(d)
+                    conn = link.conn
+                    if not conn.dirty:
+                        conn.touch()
+            elif type(act) is SettlePublisher:  # (_settle_publisher_delivery, inlined)
+                d = act.pub
+                plink = pub_deliveries.pop(d, None)
+                if plink is not None:
+                    if isinstance(plink.ctx, PubLinkCtx):
+                        plink.ctx.deliveries.discard(d)
+                    settle(d)
+                    conn = plink.conn
+                    if not conn.dirty:
+                        conn.touch()
             elif type(act) is GrantCredit:
                 link = act.link
                 if link.ctx is not None and link.local_active:

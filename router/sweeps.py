@@ -13,6 +13,10 @@ from .subscriptions import SUB_ACTIVE
 if TYPE_CHECKING:
     from .core import DeliveryCore
 
+# seconds between two scans for orphans (each looks at every record: 20,000 in flight took ~5 ms, a
+# pause of the loop at every tick); a record is finalised at most this long after its horizon
+ORPHAN_SCAN = 5.0
+
 
 class Sweeps:
     """Part of `DeliveryCore` (its methods run on the core's state: `self` is the core)."""
@@ -40,6 +44,9 @@ class Sweeps:
         (or, oldest first, when there are too many) we stop waiting for a resend that will not come."""
         orphaned = now - self.cfg.orphan_horizon
         excess = len(self.records) - self.undecided - self.cfg.max_decided_records
+        if excess <= 0 and now - self._orphans_swept < min(self.cfg.orphan_horizon / 10, ORPHAN_SCAN):
+            return  # (a scan of every record: at most every few seconds unless there are too many)
+        self._orphans_swept = now
         reach = self.reachable
         orphans = sorted((r for r in self.records.values()
                           if r.pending == 0 and not r.pubs and (r.outcome is not None or r.origin is not None) and
@@ -57,6 +64,8 @@ class Sweeps:
         """Records done long ago that wait for a FINAL: ask their origin (if it is still the same
         incarnation) whether the FINAL was lost, or, when no origin of theirs is left and no
         publisher holds them, ask everybody."""
+        if self.mesh_size < 2:
+            return  # a standalone router: no destination records, nobody to ask (a scan per tick less)
         probe_before = now - self.cfg.probe_after
         reach = self.reachable
         final_now: list[str] = []
@@ -107,6 +116,8 @@ class Sweeps:
     def _sweep_unconfirmed_copies(self: DeliveryCore, now: float) -> None:
         """Copies whose destination never confirmed them (lost with a connection that broke without
         changing who is reachable): send them again."""
+        if len(self.reachable) < 2:
+            return  # no other router reachable: no copy could go anywhere (`_route` skips them)
         retry_before = now - self.cfg.copy_retry
         for rec in list(self.records.values()):
             if rec.origin is None and rec.outcome is None and rec.fwd and rec.sent_at < retry_before \
@@ -140,7 +151,7 @@ class Sweeps:
         live = list(self.table.live())
         return {
             "records": len(self.records), "undecided": self.undecided, "inflight_bytes": self.inflight_bytes,
-            "destination_records": sum(1 for r in self.records.values() if r.origin is not None),
+            "destination_records": self.destination_records,
             "reserved_credit": self.reserved_credit, "subscriptions": len(live),
             "local_subscriptions": sum(1 for s in live if s.home == self.router_id),
             "active_subscriptions": sum(1 for s in live if s.state is SUB_ACTIVE),

@@ -556,6 +556,12 @@ class Mesh:
         """Hold every chunk on the link `seconds` before passing it on (0: no delay)."""
         self._hub().set_delay(self.link_name(a, b), seconds)
 
+    def wan_link(self, a: str, b: str, delay: float, jitter: float = 0.0, loss: float = 0.0,
+                 rate: float = 0.0, seed: int | None = None) -> None:
+        """Make link a–b behave like a WAN link: one-way delay and jitter (s), a share of segments
+        lost (each costs a TCP retransmission), bytes per second each way (topology/proxy.py)."""
+        self._hub().set_wan(self.link_name(a, b), delay, jitter, loss, rate, seed)
+
     def partition(self, side: Iterable[str]) -> list[LinkSpec]:
         """Cut every link between `side` and the rest of the mesh; returns the links cut."""
         inside = set(side)
@@ -572,7 +578,7 @@ class Mesh:
         hub = self._hub()
         for name in hub.names():
             hub.restore(name)
-            hub.set_delay(name, 0.0)
+            hub.set_wan(name, 0.0)
 
     def link_mode(self, a: str, b: str) -> Mode:
         return self._hub().mode(self.link_name(a, b))

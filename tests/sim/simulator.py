@@ -168,6 +168,8 @@ class SimRouter:
         if not self.frozen:
             self.node.tick(self.sim.now)
             self.process()
+            core = self.core  # (the status counts these as they come and go, never scanning)
+            assert core.destination_records == sum(1 for r in core.records.values() if r.origin is not None)
         self.sim.schedule(0.25, lambda: self.tick(inc))
 
     # -- processing: actions out of the core and the node -------------------------------------
