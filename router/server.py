@@ -167,6 +167,7 @@ class Router:
             self.table.restore(snap, time.time())
             log.info("router.table_loaded subscriptions=%d", sum(1 for _ in self.table.live()))
         self.core = DeliveryCore(cfg.id, self.table, cfg.core)
+        self.core.incarnation = self.incarnation  # (new identities it gives are unique to it)
         if cfg.log_compress not in ("gzip", "none"):
             raise ValueError(f"log_compress: {cfg.log_compress!r} is neither 'gzip' nor 'none'")
         self.slog = SettlementLog(
