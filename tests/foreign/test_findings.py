@@ -19,10 +19,11 @@ control of tags and settlement) and this folder's python subscriber (it reports 
   (before: ACCEPTED and handed as an empty delivery, which crashed Proton's receiving handler).
 - Qpid JMS ends a durable subscription (Session.unsubscribe) by attaching the subscription's link
   name with no source (a lookup: the peer answers with the subscription's source) and closing it.
-  The router refuses a link without a source address; Qpid JMS takes that for "no such
-  subscription" and reports success. The subscription (expiry-policy never) lives on and holds every
-  later message of its topic: no publisher gets an outcome again. xfail until the router answers
-  the lookup.
+  The router refused a link without a source address, answering with a source that has no
+  address, which Qpid JMS took for the subscription found: it closed the link and reported success
+  while the subscription (expiry-policy never) lived on and held every later message of its topic.
+  Now the lookup is answered with the subscription's source (the closing detach ends it), or, when
+  its container holds none under that name, with a null source and amqp:not-found.
 """
 
 from __future__ import annotations
@@ -44,8 +45,6 @@ pytestmark = pytest.mark.foreign
 
 SUBSCRIBER = Path(__file__).resolve().parent / "proton_py" / "subscriber.py"
 
-JMS_UNSUBSCRIBE = ("router: a receiver attach with no source (Qpid JMS's lookup of a durable subscription "
-                   "by link name, which its unsubscribe closes) is refused, so the subscription is never ended")
 
 
 def blocking(url: str, container: str) -> BlockingConnection:
@@ -164,22 +163,45 @@ def test_an_empty_transfer_is_refused_never_handed(make_router: Any, subscriber:
     assert "link.empty_transfer" in log
 
 
-@pytest.mark.xfail(strict=True, reason=JMS_UNSUBSCRIBE)
-def test_qpid_jms_unsubscribe_ends_its_durable_subscription(jms: Family, make_router: Any, procs: Any,
-                                                            tmp_path: Path) -> None:
-    r = make_router("A")
+@pytest.mark.parametrize("where", ["one router", "line3"])
+def test_qpid_jms_unsubscribe_ends_its_durable_subscription(where: str, jms: Family, make_router: Any, mesh_of: Any,
+                                                            procs: Any, tmp_path: Path) -> None:
+    """Subscribed at one end (C of line3), unsubscribed at the other (A): the lookup finds the
+    subscription through the replicated table, and its end reaches every router."""
+    here, there = urls(where, make_router, mesh_of)
     report = tmp_path / "jms.jsonl"
-    options = {"url": r.url, "topic": "t", "container": "jms-client", "link": "orders", "report": report}
-    sub = procs.add(Proc(jms.command("subscriber", **options), tmp_path / "jms.out"))
+    options = {"topic": "t", "container": "jms-client", "link": "orders", "report": report}
+    sub = procs.add(Proc(jms.command("subscriber", url=there, **options), tmp_path / "jms.out"))
     wait_for(lambda: any(e["ev"] == "attached" for e in read_report(report)), 30, "the durable subscriber")
     sub.stop(10)  # its connection closes: the subscription is suspended (expiry-policy never)
-    out = Proc(jms.command("subscriber", unsubscribe=1, **options), tmp_path / "unsubscribe.out")
+    out = Proc(jms.command("subscriber", unsubscribe=1, url=here, **options), tmp_path / "unsubscribe.out")
     assert out.wait(60) == 0, out.tail()
-    assert [e["ev"] for e in read_report(report)][-1] == "unsubscribed"  # what Qpid JMS reports
-    conn = blocking(r.url, "after")
+    assert [e["ev"] for e in read_report(report)][-1] == "unsubscribed", read_report(report)[-1]
+    conn = blocking(there, "after")
     try:
         snd = conn.create_sender("t", name="p")
         # no subscription in force any more: ACCEPTED at once (DESIGN promise 2)
-        assert publish(conn, snd, "0", "m", wait=5)[0] == Delivery.ACCEPTED, "held for a subscription JMS ended"
+        assert publish(conn, snd, "0", "m", wait=10)[0] == Delivery.ACCEPTED, "held for a subscription JMS ended"
+    finally:
+        conn.close()
+
+
+def test_qpid_jms_unsubscribe_of_no_subscription_fails_and_creates_nothing(jms: Family, make_router: Any,
+                                                                            procs: Any, tmp_path: Path) -> None:
+    """JMS: unsubscribing a name with no durable subscription throws InvalidDestinationException.
+    The router answers the lookup with a null source and amqp:not-found (before: a source without
+    an address, which Qpid JMS took for a subscription found, and reported success)."""
+    r = make_router("A")
+    report = tmp_path / "jms.jsonl"
+    out = Proc(jms.command("subscriber", unsubscribe=1, url=r.url, topic="t", container="jms-client",
+                           link="nothing", report=report), tmp_path / "unsubscribe.out")
+    assert out.wait(60) == 0, out.tail()
+    last = read_report(report)[-1]
+    assert last["ev"] == "error" and "InvalidDestinationException" in last["error"], last
+    assert "no subscription named 'nothing'" in last["error"], last
+    conn = blocking(r.url, "after")
+    try:
+        snd = conn.create_sender("t", name="p")
+        assert publish(conn, snd, "0", "m", wait=5)[0] == Delivery.ACCEPTED, "a subscription was made"
     finally:
         conn.close()
