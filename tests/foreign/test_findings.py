@@ -28,16 +28,18 @@ control of tags and settlement) and this folder's python subscriber (it reports 
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Delivery, Message
-from proton.reactor import Container
-from proton.utils import BlockingConnection, BlockingSender
+from proton import Delivery, Link, Message, SSLDomain, Terminus
+from proton.reactor import Container, ReceiverOption
+from proton.utils import BlockingConnection, BlockingSender, LinkDetached
 
+from oncemesh.common.pki import issue, make_ca
 from oncemesh.harness.testing import Proc, wait_for
 from tests.foreign.clients import Family, read_report
 
@@ -203,5 +205,64 @@ def test_qpid_jms_unsubscribe_of_no_subscription_fails_and_creates_nothing(jms: 
     try:
         snd = conn.create_sender("t", name="p")
         assert publish(conn, snd, "0", "m", wait=5)[0] == Delivery.ACCEPTED, "a subscription was made"
+    finally:
+        conn.close()
+
+
+class Durable(ReceiverOption):
+    def apply(self, link: Link) -> None:
+        link.source.durability = Terminus.DELIVERIES
+        link.source.expiry_policy = Terminus.EXPIRE_NEVER
+
+
+class NoSource(ReceiverOption):
+    """An attach with a null source: a lookup of the subscription by link name (as Qpid JMS does)."""
+
+    def apply(self, link: Link) -> None:
+        link.source.type = Terminus.UNSPECIFIED
+
+
+def test_a_lookup_finds_only_the_subscription_of_the_identity_that_made_it(make_router: Any, tmp_path: Path) -> None:
+    """docs/security.md: a durable subscription belongs to the identity that created it. A lookup
+    by another user under the same container id and link name is refused (amqp:unauthorized-access)
+    and ends nothing; its owner's lookup gets the source, and closing that link ends it."""
+    users = tmp_path / "users.json"
+    for user, password in (("alice", "wonderland"), ("bob", "builder")):
+        assert subprocess.run([sys.executable, "-m", "oncemesh", "user", "add", user, "--users-file", str(users),
+                               "--password-stdin", "--iterations", "4096"], input=password + "\n", text=True,
+                              capture_output=True, timeout=60).returncode == 0
+    pki = tmp_path / "pki"
+    make_ca(pki)
+    cert, key = issue(pki, "server", ["127.0.0.1"])
+    r = make_router("S", settings={"users_file": str(users), "tls_cert": str(cert), "tls_key": str(key)})
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(str(pki / "ca.pem"))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER)
+
+    def login(user: str, password: str) -> BlockingConnection:
+        c = Container()
+        c.container_id = "shared-id"
+        return BlockingConnection(r.url, timeout=10, container=c, ssl_domain=domain, user=user, password=password,
+                                  allowed_mechs="PLAIN")
+
+    conn = login("alice", "wonderland")
+    conn.create_receiver("t", name="s1", options=Durable())
+    conn.close()  # suspended; it never expires
+    conn = login("bob", "builder")
+    try:
+        with pytest.raises(LinkDetached) as refused:
+            conn.create_receiver(None, name="s1", options=NoSource())
+        assert refused.value.condition == "amqp:unauthorized-access", refused.value
+    finally:
+        conn.close()
+    conn = login("alice", "wonderland")
+    try:
+        snd = conn.create_sender("t", name="p")
+        assert publish(conn, snd, "0", "held", wait=2) == (None, None), "bob's lookup ended her subscription"
+        rcv = conn.create_receiver(None, name="s1", options=NoSource())
+        assert rcv.link.remote_source.address == "t"
+        assert rcv.link.remote_source.expiry_policy == Terminus.EXPIRE_NEVER
+        rcv.close()  # unsubscribe
+        assert publish(conn, snd, "1", "after", wait=10)[0] == Delivery.ACCEPTED, "the subscription lived on"
     finally:
         conn.close()
