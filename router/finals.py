@@ -249,10 +249,11 @@ class FinalNotes:
     `final_notes_max` (~200 bytes each). Only links in receiver-settle-mode first and orphans leave
     notes."""
 
-    __slots__ = ("by_tag",)
+    __slots__ = ("by_tag", "tag_of")
 
     def __init__(self) -> None:
         self.by_tag: dict[str, FinalNote] = {}  # plain gid -> note, oldest first
+        self.tag_of: dict[str, str] = {}  # a new identity's gid -> its tag's plain gid (notes on it)
 
     def __len__(self) -> int:
         return len(self.by_tag)
@@ -260,12 +261,22 @@ class FinalNotes:
     def get(self, plain: str) -> FinalNote | None:
         return self.by_tag.get(plain)
 
+    def of_gid(self, gid: str) -> tuple[str, FinalNote] | None:
+        """(its tag's plain gid, the note) when the note is on message `gid`."""
+        plain = self.tag_of.get(gid, gid)
+        note = self.by_tag.get(plain)
+        return (plain, note) if note is not None and note.gid == gid else None
+
     def put(self, plain: str, note: FinalNote) -> None:
-        self.by_tag.pop(plain, None)  # (to the back: forgetting walks from the front)
+        self.drop(plain)  # (to the back: forgetting walks from the front)
         self.by_tag[plain] = note
+        if note.gid != plain:
+            self.tag_of[note.gid] = plain
 
     def drop(self, plain: str) -> None:
-        self.by_tag.pop(plain, None)
+        note = self.by_tag.pop(plain, None)
+        if note is not None and note.gid != plain:
+            self.tag_of.pop(note.gid, None)
 
     def forget(self, before: float, max_entries: int) -> int:
         """Forget from the front the notes made before `before`, and the oldest beyond `max_entries`.
@@ -279,5 +290,5 @@ class FinalNotes:
             dead.append(plain)
             excess -= 1
         for plain in dead:
-            del notes[plain]
+            self.drop(plain)
         return len(dead)

@@ -50,6 +50,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from ..common.ids import counter_tag, new_identity, payload_digest
+from ..common.vocab import Outcome
 from .actions import SendOutcome
 from .finals import FinalNote
 from .state import PubLink, Record
@@ -58,6 +59,11 @@ if TYPE_CHECKING:
     from .core import DeliveryCore
 
 SETTLED_KEPT = 4096  # tags a link remembers it settled on its attachment (mode first): rule 1
+
+_OUTCOMES = frozenset(int(o) for o in Outcome)
+
+# a note as the FINAL carries it: (gid, its tag's plain gid, outcome, error, digest of its bytes)
+WireNote = tuple[str, str, int, tuple[str, str] | None, str | None]
 
 
 def later(gid: str, than: str) -> bool:
@@ -155,6 +161,32 @@ class Identity:
         digest = self.noted.pop(gid)
         if rec.outcome is not None and rec.origin is None:
             self.final_notes.put(plain or gid, FinalNote(gid, rec.outcome, rec.error, digest, now))
+
+    def notes_on(self: DeliveryCore, gids: list[str]) -> tuple[WireNote, ...]:
+        """The notes this router has on `gids` (a FINAL it sends carries them: a router the
+        publisher fails over to then knows a resend of one for what it is)."""
+        out = []
+        for gid in gids:
+            found = self.final_notes.of_gid(gid)
+            if found is not None:
+                plain, n = found
+                out.append((gid, plain, int(n.outcome), n.error, n.digest))
+        return tuple(out)
+
+    def _learn_note(self: DeliveryCore, note: WireNote, now: float) -> None:
+        """Another router's note on a message that became final there (its FINAL carried it)."""
+        gid, plain, outcome, error, digest = note
+        if outcome in _OUTCOMES:
+            self.final_notes.put(plain, FinalNote(gid, Outcome(outcome), error, digest, now))
+
+    def _resent_final(self: DeliveryCore, rec: Record, note: WireNote) -> bool:
+        """A FINAL with a note for a record whose publisher's delivery is open here: is that
+        delivery a resend of the message that became final there (the same bytes)? Its publisher
+        lost the outcome and came here; it is answered with that outcome (see `handle_final`)."""
+        if note[4] is not None and (not rec.payload or note[4] != payload_digest(rec.payload)):
+            return False  # another message under that identity (it waits: docs/clients.md)
+        self.stats_finals_answered += 1
+        return True
 
     def _fresh_floor(self: DeliveryCore, pl: PubLink) -> None:
         """Where a new link of a client not ours starts `PubLink.fresh`: at the largest counter gid of its publisher link

@@ -425,3 +425,132 @@ def test_every_message_is_handed_once_under_its_own_id_and_answered(steps: list[
     assert set(answered) == set(bodies)
     for body in bodies:
         assert len(handed.get(body, [])) == 1, f"{body!r} handed under {handed.get(body)}"
+
+
+# ------------------------------------------------------------------ across a mesh
+
+
+class Mesh:
+    """Cores of a few routers, their actions carried at once; one subscription `s` of topic `t`,
+    homed at `home`, in every router's table (as gossip would have made it)."""
+
+    def __init__(self, routers: str, home: str) -> None:
+        self.cores = {r: DeliveryCore(r, SubscriptionTable(), CoreConfig()) for r in routers}
+        self.now = 0.0
+        self.sid = subscription_id("c", "s", "t")
+        for r, core in self.cores.items():
+            core.incarnation = "1"
+            core.reachable = {x: "1" for x in routers}
+            core.mesh_size = len(routers)
+            if r == home:
+                core.attach_subscriber(object(), self.sid, "t", "c", "s", 60.0, False, None, self.now)
+                core.subscriber_credit(self.sid, 1000)
+            else:
+                core.table.attach(self.sid, "t", "c", "s", 60.0, home, self.now)
+        self.home = home
+        self.delivered: list[tuple[str, bytes]] = []
+        self.outcomes: list[SendOutcome] = []
+        self.ignored: list[str] = []
+        self.pump()
+
+    def pump(self) -> None:
+        from oncemesh.router.actions import Forward, SendAck, SendFinal
+        busy = True
+        while busy:
+            busy = False
+            for r, core in self.cores.items():
+                out, core.out = core.out, []
+                busy = busy or bool(out)
+                for a in out:
+                    if isinstance(a, Deliver):
+                        self.delivered.append((a.gid, a.payload))
+                    elif isinstance(a, SendOutcome):
+                        self.outcomes.append(a)
+                    elif isinstance(a, Forward):
+                        for dst, sids in a.dests.items():
+                            self.cores[dst].receive_copy(r, "1", a.gid, a.topic, sids, a.payload, self.now)
+                    elif isinstance(a, SendAck):
+                        self.cores[a.to].handle_ack(a.gid, a.sid, a.state, a.error, self.now)
+                    elif isinstance(a, SendFinal):
+                        notes = {n[0]: n for n in core.notes_on([a.gid])}
+                        if not self.cores[a.to].handle_final(a.gid, self.now, notes.get(a.gid)):
+                            self.ignored.append(a.gid)
+
+    def accept_all(self) -> None:
+        core = self.cores[self.home]
+        for g in list(core.subs[self.sid].on_link):
+            core.subscriber_outcome(self.sid, g, Outcome.ACCEPTED, True, None, False, self.now)
+        self.pump()
+
+    def publish(self, at: str, link: object, tag: bytes, body: bytes) -> object:
+        tok = object()
+        self.cores[at].publish(link, tok, tag, body, self.now)
+        self.pump()
+        return tok
+
+
+def test_a_final_carries_its_note_so_a_resend_after_failover_is_answered() -> None:
+    """A (mode first) settled m1 with its outcome and told B, which held a copy, FINAL with its note.
+    The publisher's connection dropped before the outcome reached it; it fails over to B and resends
+    m1: B answers with the outcome and hands nothing again. Other bytes under that tag are another
+    message there too."""
+    m = Mesh("AB", home="B")
+    a_link, b_link = object(), object()
+    m.cores["A"].attach_publisher(a_link, PL, "t", False, None, m.now)
+    m.publish("A", a_link, b"0", b"m1")
+    m.accept_all()
+    [(g1, _)] = m.delivered
+    assert [o.outcome for o in m.outcomes] == [Outcome.ACCEPTED] and not m.cores["B"].records
+    assert m.cores["B"].final_notes.get(g1) is not None  # learned with the FINAL
+    m.cores["A"].detach_publisher(a_link)
+    m.cores["B"].attach_publisher(b_link, PL, "t", False, None, m.now)
+    tok = m.publish("B", b_link, b"0", b"m1")
+    assert len(m.delivered) == 1 and m.outcomes[-1].pub is tok and m.outcomes[-1].outcome is Outcome.ACCEPTED
+    tok = m.publish("B", b_link, b"0", b"m2")  # (the tag is free again on this link: settled)
+    m.accept_all()
+    assert [b for _, b in m.delivered] == [b"m1", b"m2"] and m.delivered[1][0] != g1
+    assert m.outcomes[-1].pub is tok and m.outcomes[-1].outcome is Outcome.ACCEPTED
+
+
+def test_a_router_that_never_saw_it_learns_from_the_final_that_a_resend_is_final() -> None:
+    """The publisher fails over to X, which held no copy (nothing of it is final there): X makes a
+    record and sends B a copy; B remembers it final and answers with FINAL and its note: the same
+    bytes, so X answers the publisher with that outcome (before: the FINAL was ignored, since the
+    publisher's delivery is open at X, and the publisher never got an outcome)."""
+    m = Mesh("ABX", home="B")
+    a_link, x_link = object(), object()
+    m.cores["A"].attach_publisher(a_link, PL, "t", False, None, m.now)
+    m.publish("A", a_link, b"0", b"m1")
+    m.publish("A", a_link, b"1", b"n1")
+    m.accept_all()
+    m.cores["A"].detach_publisher(a_link)
+    m.cores["X"].attach_publisher(x_link, PL, "t", False, None, m.now)
+    tok = m.publish("X", x_link, b"0", b"m1")
+    assert len(m.delivered) == 2, "handed again"
+    assert m.outcomes[-1].pub is tok and m.outcomes[-1].outcome is Outcome.ACCEPTED and m.outcomes[-1].settle
+    assert not m.cores["X"].records and not m.ignored
+    # another message under a tag X never saw, final at B: B will not hand it under an id it holds
+    # final, and X cannot tell it from a resend before it sent the copy: it waits for an outcome
+    # (docs/clients.md, "after a failover"); X learned the note meanwhile, for the next ones
+    tok = m.publish("X", x_link, b"1", b"n2")
+    assert len(m.delivered) == 2 and m.outcomes[-1].pub is not tok and m.ignored == [global_id(PL, b"1")]
+    assert m.cores["X"].final_notes.get(global_id(PL, b"1")) is not None
+
+
+def test_finals_carry_notes_on_the_wire() -> None:
+    from oncemesh.interrouter import codec
+    from oncemesh.interrouter.messages import Finals
+    from oncemesh.interrouter.strict import FrameError
+
+    plain = global_id(PL, b"0")
+    f = Finals("A", "B", ["g", plain], ((plain, plain, 2, ("app:bad", "no"), "00ff"), ("g", plain, 1, None, None)))
+    assert codec.decode_control(codec.encode_control([f])) == [f]
+    bare = Finals("A", "B", ["g"])
+    assert codec.decode_control(codec.encode_control([bare])) == [bare]
+    for bad in ([["g", "p", 0, None, None]], [["g", "p", 1, "cond", None]], [["g", "p", 1, None]], "x"):
+        frame = b"C" + b'[["F","A","B",["g"],' + __import__("json").dumps(bad).encode() + b"]]"
+        try:
+            codec.decode_control(frame)
+        except FrameError:
+            continue
+        raise AssertionError(f"accepted {bad!r}")
