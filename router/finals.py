@@ -22,6 +22,9 @@ forgotten first when there are more: at most ~150 MB at the default million, wha
 ~12 MB at 15,000 msg/s from our publishers (75,000 young gids, a few thousand intervals), which
 then keep the whole `final_memory` window instead of the last 66 s.
 
+Besides: `FinalNotes`, per tag, what a resend of a message whose publisher may not have had its
+outcome is answered with (router/identity.py), bounded by `final_notes_max` and forgotten with the rest.
+
 A gid is forgotten `final_memory` seconds after it became final, or up to one tick later in the old
 tier (what one tick compacts is forgotten together, when its newest gid is). A gid that becomes
 final again (a predecessor something waits for) is remembered longer while young; once old, from
