@@ -85,6 +85,20 @@ def final_message(r: Router, sid: str, tag: bytes, body: bytes) -> str:
     return gid
 
 
+def orphan(r: Router, sid: str, in_doubt: list[bytes] | None = None) -> str:
+    """Mode second: m1 under tag 0 is accepted, its publisher leaves without settling, and after
+    `orphan_horizon` (10 s here) the router finalises it as an orphan. Returns its gid."""
+    r.attach(second=True, in_doubt=in_doubt)
+    _, gid, _ = r.send(b"0", b"m1")
+    r.accept(sid, gid)
+    r.core.detach_publisher(r.link)
+    r.now += 20.0
+    r.core.tick(r.now)
+    r.take()
+    assert not r.core.records
+    return gid
+
+
 def test_a_tag_reused_on_the_same_link_after_the_router_settled_it_is_another_message() -> None:
     """Mode first: the router settled the first delivery with its outcome; the link stayed attached,
     so the outcome cannot have been lost: the tag names a new message, under a new identity."""
@@ -223,14 +237,7 @@ def test_an_orphan_resent_by_its_publisher_is_answered_with_its_outcome() -> Non
     delivery."""
     r = Router(orphan_horizon=10.0)
     sid = r.sub()
-    r.attach(second=True)
-    _, g1, acts = r.send(b"0", b"m1")
-    r.accept(sid, g1)
-    r.core.detach_publisher(r.link)
-    r.now = 20.0
-    r.core.tick(r.now)
-    r.take()
-    assert not r.core.records
+    g1 = orphan(r, sid)
     r.attach(second=True)
     tok, g2, acts = r.send(b"0", b"m1")
     assert g2 == g1 and not delivered(acts)
@@ -245,12 +252,7 @@ def test_a_declared_resend_of_an_orphan_is_answered_and_ours_are_never_renamed()
     message that became final as an orphan gets its outcome; nothing of theirs is renamed."""
     r = Router(orphan_horizon=10.0)
     sid = r.sub()
-    r.attach(second=True, in_doubt=[])
-    _, g1, _ = r.send(b"0", b"m1")
-    r.accept(sid, g1)
-    r.core.detach_publisher(r.link)
-    r.now = 20.0
-    r.core.tick(r.now)
+    g1 = orphan(r, sid, in_doubt=[])
     r.attach(second=True, in_doubt=[b"0"])
     tok, g2, acts = r.send(b"0", b"m1")
     assert g2 == g1 and not delivered(acts) and [o.outcome for o in outcomes(acts)] == [Outcome.ACCEPTED]
@@ -324,12 +326,7 @@ def test_a_tag_settled_after_its_answer_is_free_again_on_the_link() -> None:
     link, and the same bytes under it again are another message."""
     r = Router(orphan_horizon=10.0)
     sid = r.sub()
-    r.attach(second=True)
-    _, g1, _ = r.send(b"0", b"m1")
-    r.accept(sid, g1)
-    r.core.detach_publisher(r.link)
-    r.now = 20.0
-    r.core.tick(r.now)  # an orphan: its resend is answered
+    g1 = orphan(r, sid)  # its resend is answered
     r.attach(second=True)
     tok, g, acts = r.send(b"0", b"m1")
     assert g == g1 and not delivered(acts)
