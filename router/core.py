@@ -260,7 +260,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         if pl.declared is None or (pl.declared and rec is None and gid in pl.declared):
             # a tag used before may name another message, or a final one (router/identity.py); ours
             # reuse none: only what they declared in doubt may be final meanwhile
-            if rec is not None or len(gid) != pl.flen or gid <= pl.fresh:
+            if len(gid) != pl.flen or gid <= pl.fresh:
                 gid, rec, answered = self._identify(pl, pub, tag, gid, rec, payload, now)
                 if answered:  # a resend of a final message, answered with its outcome
                     if pl.outstanding <= self.cfg.link_credit // 2:
