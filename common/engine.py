@@ -166,6 +166,12 @@ class Link:
         return bool(lib.pn_terminus_is_dynamic(lib.pn_link_remote_source(self.ptr)))
 
     @property
+    def remote_source_null(self) -> bool:
+        """The peer's attach carried no source at all (not one without an address): a lookup of
+        the terminus it had under this link name (Qpid JMS's unsubscribe)."""
+        return int(lib.pn_terminus_get_type(lib.pn_link_remote_source(self.ptr))) == lib.PN_UNSPECIFIED
+
+    @property
     def remote_target_dynamic(self) -> bool:
         return bool(lib.pn_terminus_is_dynamic(lib.pn_link_remote_target(self.ptr)))
 
@@ -206,6 +212,10 @@ class Link:
         lib.pn_terminus_set_timeout(term, timeout)
         if expiry_policy is not None:
             lib.pn_terminus_set_expiry_policy(term, expiry_policy)
+
+    def set_no_source(self) -> None:
+        """Our attach carries no source (a null source: "no such terminus" for a lookup)."""
+        lib.pn_terminus_set_type(lib.pn_link_source(self.ptr), lib.PN_UNSPECIFIED)
 
     def set_target(self, address: str | None) -> None:
         F.set_terminus_address(lib.pn_link_target(self.ptr), address)

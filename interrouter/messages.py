@@ -114,11 +114,15 @@ class Acks:
 
 @dataclass(frozen=True, slots=True)
 class Finals:
-    """From an origin: these gids are final (settled by their publishers)."""
+    """From an origin: these gids are final (settled by their publishers). `notes`: for those whose
+    publisher may not have had the outcome (the router settled in receiver-settle-mode first, or it
+    left), what a resend of it is answered with: (gid, its tag's plain gid, outcome, error, digest of
+    its bytes) (router/identity.py)."""
 
     src: str
     dst: str
     gids: list[str]
+    notes: tuple[tuple[str, str, int, tuple[str, str] | None, str | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,8 +225,9 @@ class MeshNode:
             for gid, sid, state, err in msg.items:  # type: ignore[union-attr]
                 core.handle_ack(gid, sid, state, err, now)
         elif t is Finals:
+            notes = {n[0]: n for n in msg.notes} if msg.notes else None  # type: ignore[union-attr]
             for gid in msg.gids:  # type: ignore[union-attr]
-                if not core.handle_final(gid, now):  # counted in the core's stats (finals_ignored)
+                if not core.handle_final(gid, now, notes.get(gid) if notes else None):  # (stats: finals_ignored)
                     log.warning("mesh.final_ignored from=%s gid=%s: its publisher's delivery is open here",
                                 msg.src, gid)  # type: ignore[union-attr]
         elif t is Probes:
@@ -314,8 +315,10 @@ class MeshNode:
             self._lamport_frames(topic, ses)
         for dst, items in self._acks.items():
             self._route_control(Acks(self.me, dst, items))
+        notes = self.core.final_notes
         for dst, gids in self._finals.items():
-            self._route_control(Finals(self.me, dst, gids))
+            # (what a resend of a message the router settled in mode first is answered with: identity.py)
+            self._route_control(Finals(self.me, dst, gids, self.core.notes_on(gids) if notes else ()))
         for (dst, inc), gids in self._probes.items():
             self._route_control(Probes(self.me, dst, gids, inc))
         for dst, gids in self._holds.items():

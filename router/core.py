@@ -65,8 +65,9 @@ from .actions import (
     SettlePublisher,
     SubmitOrder,
 )
-from .finals import OldFinals
+from .finals import FinalNotes, OldFinals
 from .handing import Handing
+from .identity import Identity
 from .meshside import MeshSide
 from .order.total import TotalStream, start_key
 from .state import (
@@ -120,6 +121,7 @@ class CoreConfig:
     final_memory: float = 300.0  # seconds a router remembers a final gid (late copies and presenters)
     final_memory_young: float = 5.0  # seconds a final gid stays in the plain dict before it is compacted
     final_memory_entries: int = 1_000_000  # final gids and gid intervals remembered at most (oldest go first)
+    final_notes_max: int = 200_000  # notes on final messages whose publisher may resend them (router/identity.py)
     final_notify_batch: int = 256
     # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
     # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
@@ -128,11 +130,12 @@ class CoreConfig:
     causal_groups: dict[str, str] = field(default_factory=dict)
 
 
-class DeliveryCore(Handing, MeshSide, Sweeps):
+class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
     """The delivery core of one router. The per-message path (publish -> pump -> send -> resolve)
-    is here; what may be handed now is in `Handing` (router/handing.py), the mesh side in `MeshSide`
-    (router/meshside.py), housekeeping in `Sweeps` (router/sweeps.py); the state of a message for a
-    subscription changes only through `state.move`."""
+    is here; what may be handed now is in `Handing` (router/handing.py), which message a transfer
+    is in `Identity` (router/identity.py), the mesh side in `MeshSide` (router/meshside.py),
+    housekeeping in `Sweeps` (router/sweeps.py); the state of a message for a subscription changes
+    only through `state.move`."""
 
     def __init__(self, router_id: str, table: SubscriptionTable | None = None,
                  config: CoreConfig | None = None) -> None:
@@ -147,6 +150,15 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.placeholders: dict[str, dict[str, float]] = {}  # gid -> {sid: since}
         self.recent_final: dict[str, float] = {}  # gid -> when it became final here: the young tier
         self.old_finals = OldFinals()  # and the compacted old tier (router/finals.py)
+        # which message a transfer is, for clients that reuse tags (router/identity.py)
+        self.incarnation = ""  # (the adapter sets it: new identities are unique to it)
+        self.final_notes = FinalNotes()  # tag -> the newest message under it final while its outcome may be lost
+        self.noted: dict[str, str | None] = {}  # records that leave a note when final -> digest of their bytes
+        self.alias_of: dict[str, str] = {}  # plain gid -> the new identity under its tag whose record lives
+        self.plain_of: dict[str, str] = {}  # and back
+        self.fresh_of: dict[str, tuple[str, float]] = {}  # plid -> (PubLink.fresh of its last link here, when)
+        self.stats_new_identities = 0  # messages under a tag used before, given a new identity
+        self.stats_finals_answered = 0  # resends of final messages answered with their outcome
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
@@ -207,6 +219,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             for g, t in past:
                 if self.causal.get(t) == group:
                     self._causal_note(client, group, g, t, ())
+        if in_doubt is None:  # not ours: it may reuse tags (router/identity.py; before it is the newest)
+            self._fresh_floor(pl)
         self.pub_links[token] = pl
         # the newest attach of a link name supersedes older ones still open here (their connections
         # not yet noticed dead, e.g. after a freeze): only its declaration is evidence (an older
@@ -228,6 +242,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             return
         if self.newest_link.get(pl.plid) is pl:
             del self.newest_link[pl.plid]
+        if pl.fresh:
+            self.fresh_of[pl.plid] = (pl.fresh, self._now)  # (router/identity.py)
         self.reserved_credit -= pl.outstanding
         pl.outstanding = 0
         for pub, gid in pl.pubs.items():
@@ -248,6 +264,17 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.reserved_credit -= 1
         gid = global_id(pl.plid, tag)
         rec = self.records.get(gid)
+        if pl.declared is None or (pl.declared and rec is None and gid in pl.declared):
+            # a tag used before may name another message, or a final one (router/identity.py); ours
+            # reuse none: only what they declared in doubt may be final meanwhile
+            if len(gid) != pl.flen or gid <= pl.fresh:
+                gid, rec, answered = self._identify(pl, pub, tag, gid, rec, payload, now)
+                if answered:  # a resend of a final message, answered with its outcome
+                    if pl.outstanding <= self.cfg.link_credit // 2:
+                        self._grant(pl)
+                    return gid
+            else:
+                pl.fresh = gid  # (the usual, in mode second: the next of its tags, never seen here)
         if rec is None:
             if self.causal:
                 group = self.causal.get(pl.topic)
@@ -292,6 +319,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         pl.pubs.pop(pub, None)
         rec = self.records.get(gid)
         if rec is None:
+            if pl.declared is None:  # an answered resend (router/identity.py): its tag is free on the link
+                self._settled_on_link(pl, gid)
             return
         try:  # noqa: SIM105 - one search of the list, not two (contextlib.suppress costs two calls)
             rec.pubs.remove(pub)
@@ -300,6 +329,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         rec.pub_settled = True
         if rec.outcome is not None:  # (_maybe_final, inlined)
             self._finalize(rec, now)
+        elif pl.declared is None:  # settled before its outcome: the tag is free on this link (identity.py)
+            self._settled_on_link(pl, gid)
 
     def _new_record(self, gid: str, topic: str, payload: bytes, now: float,
                     deps: tuple[tuple[str, str], ...], pub: Any, pl: PubLink) -> Record:
@@ -483,6 +514,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             rec.pubs.remove(pub)
             pl.pubs.pop(pub, None)
             self.pub_of.pop(pub, None)
+            if pl.declared is None:
+                self._settled_on_link(pl, rec.gid)  # the tag is free on this link (identity.py)
 
     def _maybe_final(self, rec: Record, now: float) -> None:
         if rec.outcome is None or not rec.pub_settled:
@@ -540,6 +573,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             for router in sorted(tell):
                 self.out.append(SendFinal(router, gid))
         self.recent_final[gid] = now  # late copies and late presenters learn it is final
+        if self.noted or self.plain_of:
+            self._identity_final(rec, now)  # what its tag says from now on (router/identity.py)
         if self.placeholders and gid in self.placeholders:  # others here hold it without a part in it
             self._placeholder_final(gid)
         self.log.append(("settled", gid, rec.topic, None, None))

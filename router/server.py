@@ -172,6 +172,7 @@ class Router:
             self.table.restore(snap, time.time())
             log.info("router.table_loaded subscriptions=%d", sum(1 for _ in self.table.live()))
         self.core = DeliveryCore(cfg.id, self.table, cfg.core)
+        self.core.incarnation = self.incarnation  # (new identities it gives are unique to it)
         if cfg.log_compress not in ("gzip", "none"):
             raise ValueError(f"log_compress: {cfg.log_compress!r} is neither 'gzip' nor 'none'")
         self.slog = SettlementLog(
@@ -659,17 +660,21 @@ class Router:
         self.drain()
 
     def _open_subscriber(self, link: Link) -> None:
-        topic = validate_address(link.remote_source_address, "source")
+        container = link.conn.ctx.container or ""
+        if link.remote_source_null:
+            found = self._lookup(link, container)
+            topic, expiry = found.topic, found.expiry
+        else:
+            topic = validate_address(link.remote_source_address, "source")
+            policy = link.remote_source_expiry_policy
+            timeout = float(link.remote_source_timeout)
+            expiry = math.inf if policy == F.EXPIRE_NEVER else min(timeout, self.cfg.max_expiry)
         if link.remote_snd_settle_mode == F.SND_SETTLED:
             raise errors.NotImplementedMode(
                 "pre-settled delivery (snd-settle-mode settled) is at-most-once; oncemesh delivers "
                 "unsettled so that every message is acknowledged exactly once")
         if link.remote_source_dynamic:
             raise errors.NotImplementedMode("dynamic sources are not supported; name a topic")
-        container = link.conn.ctx.container or ""
-        policy = link.remote_source_expiry_policy
-        timeout = float(link.remote_source_timeout)
-        expiry = math.inf if policy == F.EXPIRE_NEVER else min(timeout, self.cfg.max_expiry)
         props = link.remote_properties
         capable = bool(props.get(PROP_CLIENT))
         presented = props.get(PROP_RESUME)
@@ -713,6 +718,25 @@ class Router:
         # the attach is answered once the table holding the subscription is on disk (and, in a
         # mesh, once the other routers acknowledged it): see _answer_subscriber
         self._pending_opens.append(link)
+
+    def _lookup(self, link: Link, container: str) -> Subscription:
+        """A receiver attach with no source looks up the subscription its container holds under the
+        link's name (AMQP's way to find a terminus by link name; Qpid JMS unsubscribes so: it
+        attaches, reads the source we answer with, and closes the link, which ends it). The attach
+        is then that subscription's, with its topic and expiry. None or several: refused with a
+        null source (nothing is created)."""
+        found = [s for s in self.core.table.live() if s.container == container and s.link == link.name]
+        log.info("subscription.lookup container=%s link=%s found=%s", container, link.name,
+                 ",".join(s.sid for s in found) or "none")
+        if len(found) == 1:
+            return found[0]
+        link.set_no_source()
+        if not found:
+            raise errors.NotFound(f"no subscription named {link.name!r} for container {container!r} (an attach with "
+                                  f"no source looks one up; to subscribe, name the topic as the source address)")
+        raise errors.InvalidAddress(f"container {container!r} holds {len(found)} subscriptions named {link.name!r} "
+                                    f"(topics {', '.join(sorted(s.topic for s in found))}): name the topic as the "
+                                    f"source address")
 
     def _open_publisher(self, link: Link) -> None:
         topic = validate_address(link.remote_target_address, "target")

@@ -35,10 +35,10 @@ RATE = 150  # new messages per second at most: ~3 s of stream, so that the kills
 RUNS: list[tuple[Path, int]] = []  # (the routers' log folder, pairs owed) of each run that passed
 
 JMS_REUSES_TAGS = (
-    "router: Qpid JMS reuses delivery tags once settled (AmqpTransferTagGenerator pools them, not "
-    "configurable), and oncemesh takes (container, link, tag) for the message's identity forever: "
-    "the second message under a tag is merged into the first one's final record; remote "
-    "subscriptions never get it and the publisher never gets its outcome (test_tags.py)")
+    "router: Qpid JMS starts its delivery tags again on every connection; B, restarted since, held no "
+    "copy of its messages when the publisher fails over to it, so it cannot tell a new message under a "
+    "tag C holds final from a resend before C refuses the copy: those messages wait for an outcome "
+    "(docs/clients.md, known issue 1)")
 
 CASES = [
     pytest.param("cpp", "cpp", id="cpp"),
