@@ -176,9 +176,14 @@ def drain_process(router_id: str, pid: int, ready_file: Path, report: Path | Non
     took = round(time.monotonic() - started, 3)
     rep = _read_json(report) if report is not None else None
     if not rep or rep.get("pid") != pid:
-        return DrainResult(router_id, "no report", took)
-    return DrainResult(router_id, str(rep.get("outcome")), took, int(rep.get("redirected", 0)),
-                       dict(rep.get("remaining") or {}), dict(rep.get("dependents") or {}))
+        result = DrainResult(router_id, "no report", took)
+    else:
+        result = DrainResult(router_id, str(rep.get("outcome")), took, int(rep.get("redirected", 0)),
+                             dict(rep.get("remaining") or {}), dict(rep.get("dependents") or {}))
+    if say is not None:
+        # always the end, from the report: a quick drain exits before a poll of its status sees it
+        say(result.describe())
+    return result
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -874,7 +879,7 @@ class Mesh:
             res = replace(res, restart_seconds=round(time.monotonic() - t, 3))
             results.append(res)
             if say is not None:
-                say(res.describe())
+                say(f"{rid}: restarted, mesh converged {res.restart_seconds:.2f} s after the exit")
         return results
 
     def kill_router(self, router_id: str, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
