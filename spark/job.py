@@ -152,15 +152,31 @@ def read_logs(spark: SparkSession, sources: Sequence[str]) -> DataFrame:
         return (spark.read.schema(S.PARSE_SCHEMA).option("mode", "PERMISSIVE")
                 .option("columnNameOfCorruptRecord", S.CORRUPT))
 
+    from pyspark.sql import functions as F
+
+    def text_reader() -> Any:
+        return spark.read
+
+    def uri_options(r: Any) -> Any:
+        return (r.option("recursiveFileLookup", "true")
+                .option("pathGlobFilter", f"*{{{LOG_SUFFIX},{LOG_SUFFIX}{GZ_SUFFIX}}}"))
+
+    def with_file(df: DataFrame) -> DataFrame:
+        return df.withColumn("file", F.col("_metadata.file_path"))
+
     local = [f for f in sources if not is_uri(f)]
-    frames = [reader().json(local)] if local else []
-    for uri in (f for f in sources if is_uri(f)):
-        frames.append(reader().option("recursiveFileLookup", "true")
-                      .option("pathGlobFilter", f"*{{{LOG_SUFFIX},{LOG_SUFFIX}{GZ_SUFFIX}}}").json(uri))
-    fields = frames[0]
-    for f in frames[1:]:
-        fields = fields.unionByName(f)
-    return R.with_status(fields)
+    uris = [f for f in sources if is_uri(f)]
+    frames = [with_file(reader().json(local))] if local else []
+    texts = [with_file(text_reader().text(local))] if local else []
+    for uri in uris:
+        frames.append(with_file(uri_options(reader()).json(uri)))
+        texts.append(with_file(uri_options(text_reader()).text(uri)))
+    fields, text = frames[0], texts[0]
+    for f, t in zip(frames[1:], texts[1:], strict=True):
+        fields, text = fields.unionByName(f), text.unionByName(t)
+    # v2 lines take their writer from their file's header: headers come from a text scan (a filter
+    # on the raw text first, so only header lines are parsed twice)
+    return R.with_status(fields, R.headers(text))
 
 
 # ================================================================ Spark

@@ -51,35 +51,96 @@ def _c(name: str) -> Column:
 
 # ================================================================ 1. lines
 def parse(text: DataFrame) -> DataFrame:
-    """Lines (a `value` string column, as from `spark.read.text`) -> one column per schema field and
-    `status` (see `with_status`). Blank lines get status `blank`."""
+    """Lines (a `value` string column, as from `spark.read.text`, and optionally `file`, the file
+    each came from: v2 lines take their writer from their file's header; without `file` all lines
+    are one file) -> one row per event (a v2 line with grouped ids is one event per id), one column
+    per schema field and `status` (see `with_status`). Blank lines get status `blank`."""
+    if "file" not in text.columns:
+        text = text.withColumn("file", F.lit(""))
     j = F.from_json(_c("value"), S.PARSE_SCHEMA,
                     {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": S.CORRUPT})
     # through a generator, so that the optimizer cannot inline from_json into every field reference
     # (which would parse each line once per column)
-    rows = text.select(F.inline(F.array(F.struct((F.trim(_c("value")) == "").alias("blank"), j.alias("j")))))
-    return with_status(rows.select("blank", "j.*"))
+    rows = text.select(F.inline(F.array(F.struct(_c("file"), (F.trim(_c("value")) == "").alias("blank"),
+                                                 j.alias("j")))))
+    return with_status(rows.select("file", "blank", "j.*"), headers(text))
 
 
-def with_status(fields: DataFrame) -> DataFrame:
+def headers(text: DataFrame) -> DataFrame:
+    """The v2 header lines of `text` (`value`, `file`), one row per file: file, h_n (headers in
+    it: more than one makes its v2 lines unreadable), h_v, h_t0, h_src, h_node, h_inc. Only lines
+    that can be headers are parsed (a text filter first: cheap next to parsing every line)."""
+    if "file" not in text.columns:
+        text = text.withColumn("file", F.lit(""))
+    j = F.from_json(_c("value"), S.PARSE_SCHEMA, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": S.CORRUPT})
+    h = (text.where(_c("value").contains('"h":'))
+         .select("file", F.inline(F.array(F.struct(j.alias("j")))))
+         .where(_c("j.h").isNotNull() & _c(f"j.{S.CORRUPT}").isNull()))
+    return h.groupBy("file").agg(F.count(F.lit(1)).alias("h_n"), F.first("j.v").alias("h_v"),
+                                 F.first("j.t0").alias("h_t0"), F.first("j.src").alias("h_src"),
+                                 F.first("j.node").alias("h_node"), F.first("j.inc").alias("h_inc"))
+
+
+def _expand_run(run: Column) -> Column:
+    """One string of a v2 `g` array -> its ids: the first whole, each next one the first's
+    leading GID_PREFIX characters followed by its token (common.settlement_log.expand_gids)."""
+    toks = F.split(run, " ")
+    first = F.element_at(toks, 1)
+    rest = F.slice(toks, 2, F.size(toks) - 1)
+    return F.concat(F.array(first), F.transform(rest, lambda t: F.concat(F.substring(first, 1, S.GID_PREFIX), t)))
+
+
+def with_status(fields: DataFrame, hdrs: DataFrame | None = None) -> DataFrame:
     """Columns of `schema.PARSE_SCHEMA` (as the JSON reader yields them in PERMISSIVE mode with
-    `columnNameOfCorruptRecord`; optionally `blank`) -> the schema columns and `status`: ok,
-    newer (a higher schema version: even if its fields no longer fit v1's types), malformed (not a
-    JSON object, a field of the wrong type, a common field missing, an unknown version), unknown_event
-    (an event its source does not write), blank. Unknown extra fields are ignored."""
+    `columnNameOfCorruptRecord`; optionally `blank` and `file`) and the files' v2 headers
+    (`headers`) -> one row per event: the LOG_SCHEMA columns and `status`.
+
+    A v1 line is one event as it is. A v2 line takes v, src, node and inc from its file's header,
+    ts from the header's t0 plus its `t`, the short keys become the full columns, and a line whose
+    `g` groups several ids is one event per id. A header is the event `segment_opened`. Statuses:
+    ok, newer (a higher schema version: even if its fields no longer fit the types), malformed
+    (not a JSON object, a field of the wrong type, a common field missing, a v2 line without
+    exactly one header in its file, an unknown version), unknown_event (an event its source does
+    not write), blank. Unknown extra fields are ignored."""
+    if "file" not in fields.columns:
+        fields = fields.withColumn("file", F.lit(""))
+    if hdrs is None:
+        hdrs = fields.sparkSession.createDataFrame(
+            [], "file string, h_n long, h_v long, h_t0 long, h_src string, h_node string, h_inc string")
+    f = fields.join(F.broadcast(hdrs), "file", "left")
+    is_hdr = _c("h").isNotNull()
+    v2 = _c("v").isNull() & _c("e").isNotNull() & ~is_hdr
+    one_header = F.coalesce(_c("h_n") == 1, F.lit(False))
+
+    def from_header(own: str, hdr: str) -> Column:
+        return F.when(v2, F.when(one_header, _c(hdr))).otherwise(_c(own))
+
+    ts = (F.when(is_hdr, _c("t0") / 1e6)
+          .when(v2, F.when(one_header, (_c("h_t0") + _c("t")) / 1e6))
+          .otherwise(_c("ts")))
+    gids = F.when(_c("g").isNotNull() & ~is_hdr, F.flatten(F.transform(_c("g"), _expand_run))) \
+        .otherwise(F.array(_c("gid")))
+    canon = f.select(
+        from_header("v", "h_v").alias("v"), ts.alias("ts"), from_header("src", "h_src").alias("src"),
+        from_header("node", "h_node").alias("node"), from_header("inc", "h_inc").alias("inc"),
+        F.when(is_hdr, F.lit("segment_opened")).otherwise(F.coalesce(_c("ev"), _c("e"))).alias("ev"),
+        F.explode_outer(gids).alias("gid"),
+        F.coalesce(_c("topic"), _c("p")).alias("topic"), F.coalesce(_c("sub"), _c("s")).alias("sub"),
+        *[_c(n) for n in ("pub", "container", "link", "peer", "outcome", "error", "size", "count", "seq")],
+        F.coalesce(_c("info"), _c("i")).alias("info"), F.coalesce(_c("owed"), _c("o")).alias("owed"),
+        "seg", "n", S.CORRUPT, (_c("blank") if "blank" in fields.columns else F.lit(False)).alias("blank"))
     missing = F.lit(False)
     for name in S.REQUIRED:
         missing = missing | _c(name).isNull()
     known = F.lit(False)
     for src, evs in S.EVENTS_BY_SOURCE.items():
         known = known | ((_c("src") == src) & _c("ev").isin(*sorted(evs)))
-    blank = _c("blank") if "blank" in fields.columns else F.lit(False)
-    status = (F.when(blank, BLANK)
+    status = (F.when(_c("blank"), BLANK)
               .when(_c("v") > S.SCHEMA_VERSION, NEWER)
-              .when(_c(S.CORRUPT).isNotNull() | missing | (_c("v") != S.SCHEMA_VERSION), MALFORMED)
+              .when(_c(S.CORRUPT).isNotNull() | missing | ~_c("v").isin(*S.READ_VERSIONS), MALFORMED)
               .when(~known, UNKNOWN_EVENT)
               .otherwise(OK))
-    return fields.select(*S.LOG_SCHEMA.fieldNames(), status.alias("status"))
+    return canon.select(*S.LOG_SCHEMA.fieldNames(), status.alias("status"))
 
 
 def line_counts(parsed: DataFrame) -> DataFrame:
@@ -89,7 +150,7 @@ def line_counts(parsed: DataFrame) -> DataFrame:
 
 # The columns the reconciliation reads (a job may keep only these, plus `status`, in memory).
 USED = ("ts", "src", "node", "inc", "ev", "gid", "topic", "sub", "pub", "peer", "outcome", "error", "info",
-        "seq", "n")
+        "seq", "n", "owed", "seg")
 
 
 def valid_events(parsed: DataFrame) -> DataFrame:
