@@ -569,6 +569,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                     # not owed to this life (or ended in an earlier one), yet the client holds it:
                     # count it as accepted so that the final settlement reaches it
                     move(rec2, sid, S_ACCEPTED)
+                    self.log.append(("accepted", gid, topic, sid, "resume"))  # (acks of it say so)
         rt.final_unnotified.clear()
         # only a client that hands over in arrival order (ours) presents `handed_last`; what a
         # client presents as accepted says nothing of order (a client may accept out of order)

@@ -34,7 +34,9 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from . import routerview as RV
 from . import schema as S
+from .verdict import Agreement, RouterView, collect_agreement, collect_router_view, evidence_counts
 
 # Line statuses.
 OK, MALFORMED, NEWER, UNKNOWN_EVENT, BLANK = "ok", "malformed", "newer", "unknown_event", "blank"
@@ -662,6 +664,9 @@ class Reconciliation:
     order: DataFrame  # fifo_order: per (subscription, publisher link)
     sub_pairs: DataFrame  # subscription_pair_order: per pair of subscriptions of a topic
     causal: DataFrame  # causal_order: per subscription
+    router_msgs: DataFrame  # routerview.message_facts
+    router_pairs: DataFrame  # routerview.router_pairs: the router view, per pair
+    agreement: DataFrame  # routerview.disagreements: pairs both views judged
     since: float | None = None
     skew: float = 0.0
 
@@ -690,19 +695,27 @@ def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
     fifo = fifo_order(handed, classified)
     sub_pairs = subscription_pair_order(handed)
     causal = causal_order(ev, handed)
+    # the router view: the same events, the routers' lines only (routerview: the one set of rules)
+    r_msgs = RV.message_facts(ev)
+    if persist:
+        r_msgs = r_msgs.persist(StorageLevel.MEMORY_AND_DISK)
+    r_pairs = RV.router_pairs(ev, lives(ev.where(_c("src") == S.ROUTER)), skew, r_msgs)
     if persist:
         fifo = fifo.persist(StorageLevel.MEMORY_AND_DISK)
         sub_pairs = sub_pairs.persist(StorageLevel.MEMORY_AND_DISK)
         causal = causal.persist(StorageLevel.MEMORY_AND_DISK)
+        r_pairs = r_pairs.persist(StorageLevel.MEMORY_AND_DISK)
     return Reconciliation(parsed=parsed, events=ev, lives=lv, messages=msgs, pairs=classified,
                           records=router_records(ev), incarnations=incs,
                           hops=hop_latencies(ev, msgs, classified), order=fifo, sub_pairs=sub_pairs,
-                          causal=causal, since=since, skew=skew)
+                          causal=causal, router_msgs=r_msgs, router_pairs=r_pairs,
+                          agreement=RV.disagreements(r_pairs, classified), since=since, skew=skew)
 
 
 def unpersist(r: Reconciliation) -> None:
     """Free what `reconcile(..., persist=True)` kept (the caller's `parsed` stays)."""
-    for df in (r.events, r.lives, r.messages, r.pairs, r.order, r.sub_pairs, r.causal):
+    for df in (r.events, r.lives, r.messages, r.pairs, r.order, r.sub_pairs, r.causal, r.router_msgs,
+               r.router_pairs):
         df.unpersist()
 
 
@@ -812,15 +825,42 @@ class Summary:
     routers: tuple[RouterStats, ...] = ()
     latencies: tuple[Quantiles, ...] = ()
     since: float | None = None
+    # the router view, the agreement of the two views, and what neither could judge
+    router_view: RouterView = field(default_factory=RouterView)
+    agreement: Agreement = field(default_factory=Agreement)
+    judged_pairs: int = 0  # by at least one view
+    unjudged_pairs: int = 0  # by neither
+    accept_partial: bool = False  # the operator accepts partial evidence (--accept-partial)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def failures(self) -> int:
+    def client_failures(self) -> int:
         return sum(getattr(self, c) for c in S.FAILURES)
 
     @property
+    def failures(self) -> int:
+        """Failures of either view, and pairs on which they disagree."""
+        return self.client_failures + self.router_view.failures + self.agreement.disagreements
+
+    @property
+    def partial(self) -> bool:
+        """Some pair could be judged by neither view, or nothing at all was judged."""
+        return self.unjudged_pairs > 0 or self.judged_pairs == 0
+
+    @property
+    def exit_status(self) -> int:
+        """0 pass, 1 a failure or a disagreement, 3 partial evidence (not accepted)."""
+        if self.failures:
+            return 1
+        return 3 if self.partial and not self.accept_partial else 0
+
+    @property
+    def verdict(self) -> str:
+        return {0: "pass", 1: "fail", 3: "partial"}[self.exit_status]
+
+    @property
     def passed(self) -> bool:
-        return self.failures == 0
+        return self.exit_status == 0
 
     def class_counts(self) -> dict[str, int]:
         return {c: getattr(self, c) for c in S.CLASSES}
@@ -834,12 +874,20 @@ class Summary:
                      "causal_violations", "since"):
             d[name] = getattr(self, name)
         d["failures"] = self.failures
-        d["verdict"] = "pass" if self.passed else "fail"
+        d["verdict"] = self.verdict
+        d["exit_status"] = self.exit_status
         d["per_subscription"] = [s.to_dict() for s in self.per_subscription]
         d["routers"] = [r.to_dict() for r in self.routers]
         d["latency"] = [q.to_dict() for q in self.latencies]
         d["order_per_topic"] = [t.to_dict() for t in self.order_per_topic]
         d["causal_per_topic"] = [t.to_dict() for t in self.causal_per_topic]
+        d["router_view"] = self.router_view.to_dict()
+        d["client_view"] = {"pairs": self.pairs, "owed_pairs": self.owed_pairs, "subscriptions": self.subscriptions,
+                            "unobserved_subscriptions": self.unobserved_subscriptions, **self.class_counts(),
+                            "failures": self.client_failures}
+        d["agreement"] = self.agreement.to_dict()
+        d["evidence"] = {"judged_pairs": self.judged_pairs, "unjudged_pairs": self.unjudged_pairs,
+                         "partial": self.partial, "accepted_partial": self.accept_partial}
         d.update(self.extra)
         return d
 
@@ -852,9 +900,9 @@ def _quantiles(kind: str, name: str, n: int, q: list[float] | None, mx: float | 
     return Quantiles(kind, name, int(n), head[0], head[1], head[2], mx, curve)
 
 
-def summarize(r: Reconciliation) -> Summary:
+def summarize(r: Reconciliation, accept_partial: bool = False) -> Summary:
     """Run the actions and collect the verdict (small results only: one row per status, subscription,
-    router and hop)."""
+    router and hop). `accept_partial`: the operator accepts a verdict on partial evidence."""
     status = {row["status"]: int(row["n"]) for row in line_counts(r.parsed).collect()}
     valid = status.get(OK, 0)
     used = r.events.count() if r.since is not None else valid
@@ -881,6 +929,7 @@ def summarize(r: Reconciliation) -> Summary:
         _quantiles(row["kind"], row["hop"], row["n"], row["q"], row["max"])
         for row in sorted(latency_quantiles(r.hops).collect(),
                           key=lambda x: (order.get(x["kind"], 9), x["hop"])))
+    judged, neither = evidence_counts(r.router_pairs, r.pairs)
     fifo = r.order.agg(F.sum("fifo_reversals").alias("rev"), F.sum("fifo_gaps").alias("gaps")).first()
     topics = tuple(TopicOrder(row["topic"], int(row["compared"]), int(row["total_order_disagreements"] or 0))
                    for row in sorted(topic_order(r.sub_pairs).collect(), key=lambda x: x["topic"] or ""))
@@ -916,4 +965,9 @@ def summarize(r: Reconciliation) -> Summary:
         routers=routers,
         latencies=lat,
         since=r.since,
+        router_view=collect_router_view(r.events, r.router_pairs, r.router_msgs),
+        agreement=collect_agreement(r.agreement),
+        judged_pairs=judged,
+        unjudged_pairs=neither,
+        accept_partial=accept_partial,
     )
