@@ -18,7 +18,7 @@ from .harness import bench, chaos, demo, soak
 from .router import users
 from .router.config import RouterConfig, parse_hostport
 from .router.meshport import MeshPort
-from .spark import job
+from .spark import audit, job
 from .topology import launcher
 from .topology.model import Topology
 
@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(sub)  # oncemesh router
-    for module in (demo, clients_cli, launcher, job, chaos, bench, soak, users):
+    for module in (demo, clients_cli, launcher, job, audit, chaos, bench, soak, users):
         module.register(sub)
     return parser
 

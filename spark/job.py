@@ -228,7 +228,9 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
         log4j.write_text(_LOG4J)
     b = (SparkSession.builder.appName(app_name).master(master)
          .config("spark.ui.showConsoleProgress", "false")
-         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
+         # -Xss: Spark compiles generated code on the thread that runs a query, a stream's among
+         # them, and the live audit's wide plans overflowed a default (1 MB) thread stack there
+         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile={log4j.as_uri()}")
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.debug.maxToStringFields", "200"))
     if is_local(master):
