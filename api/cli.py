@@ -19,7 +19,7 @@ from .harness import bench, chaos, demo, soak
 from .router import users
 from .router.config import RouterConfig, parse_hostport
 from .router.meshport import MeshPort
-from .spark import job
+from .spark import audit, job
 from .topology import check, launcher
 from .topology.model import Topology
 
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(sub)  # oncemesh router
-    for module in (demo, clients_cli, launcher, check, job, chaos, bench, soak, users, stat):
+    for module in (demo, clients_cli, launcher, check, job, audit, chaos, bench, soak, users, stat):
         module.register(sub)
     return parser
 

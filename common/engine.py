@@ -97,6 +97,10 @@ class Engine:
         self._dirty: set[AmqpConnection] = set()
         self._scheduled = False
         self._after_pass: list[Callable[[], None]] = []
+        # run at the end of every pass that has output, after the after-pass functions and before
+        # any connection is flushed: what must be on record before the peers learn of it (the
+        # router's settlement log: write-ahead evidence, docs/settlement-log.md)
+        self.before_output: list[Callable[[], None]] = []
         self.checks: set[asyncio.Task[None]] = set()  # PLAIN passwords being checked off the loop
         # security events of the connections driven here (the router's status shows them)
         self.counters: dict[str, int] = {"logins": 0, "login_failures": 0, "tls_handshake_failures": 0}
@@ -124,6 +128,11 @@ class Engine:
                     fn()
                 except Exception:  # supervision point for deferred work
                     log.exception("engine.after_pass_failed")
+        for fn in self.before_output:
+            try:
+                fn()
+            except Exception:  # supervision point (an I/O error is the hook's to report)
+                log.exception("engine.before_output_failed")
         dirty, self._dirty = self._dirty, set()
         for conn in dirty:
             conn.dirty = False

@@ -17,6 +17,15 @@ retention deletes the oldest closed segments by age or total size, only when con
 between writing `X.jsonl.gz` and removing `X.jsonl` leaves both: readers take the `.gz` (it is
 renamed into place only when complete) and the next start removes the plain one.
 
+Schema v2 (segmented logs, i.e. routers): every segment starts with a header line naming the
+writer once (`{"v":2,"h":"segment","t0":...,"src":...,"node":...,"inc":...,"seg":n}`), and its
+other lines use short keys, times in microseconds after the header's `t0`, and one line per
+(event, topic, subscription, info) per flush pass with the global ids of that pass grouped
+(`"g":["plid:7 8 9"]`: the first id whole, the next ones as what follows its first 13
+characters). A closed segment ends with a `segment_closed` line. `read_events` gives back one v1-shaped
+dict per (event, id), whichever the version; unsegmented logs (clients) still write v1 lines.
+docs/settlement-log.md has the whole schema.
+
 A full disk (ENOSPC, EDQUOT, or free space below a floor) never loses a line: the unwritten bytes
 stay in memory, `writable` turns False and `on_writable(False)` is called (the router then stops
 granting publishers credit, so what is held stays bounded); every later flush retries, and the
@@ -41,7 +50,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # what segmented logs (routers) write; readers read 1 and 2
+V1 = 1  # what unsegmented logs (clients) still write
+GID_PREFIX = 13  # a v2 gid group: the ids after the first are written as what follows its first 13 chars
 ROTATE_RETRY = 60.0  # seconds between attempts to start a new segment after one failed
 
 
@@ -56,6 +67,35 @@ class AcceptedBy(int):
     """Info of a core "outcome" event when the outcome is ACCEPTED: the number of subscriptions."""
 
     __slots__ = ()
+
+
+class Peer(str):
+    """Info of a core "forwarded" / "forward_received" event: the neighbour router(s), written as
+    `peer` (a str subclass: the writer groups the ids of one pass by it)."""
+
+    __slots__ = ()
+
+
+class Owed:
+    """Info of a core "received" (or "owed") event: the subscriptions a record is owed to at its
+    origin, each with its home router then, written as `"o":{"home":"sid sid",...}` (home "" when
+    the router did not know it yet). The core keeps one instance per (topic, table version), so the
+    writer groups a pass's new records by identity and encodes the set once."""
+
+    __slots__ = ("pairs", "json")
+
+    def __init__(self, pairs: Iterable[tuple[str, str | None]]) -> None:
+        self.pairs = tuple(pairs)
+        by_home: dict[str, list[str]] = {}
+        for sid, home in self.pairs:
+            by_home.setdefault(home or "", []).append(sid)
+        self.json = _enc({home: " ".join(sids) for home, sids in by_home.items()})
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __repr__(self) -> str:
+        return f"Owed({self.pairs!r})"
 
 # field name -> JSON type, in line order. Every line has v, ts, src, node, inc, ev; the rest are
 # present only when they apply. Keep in step with spark/schema.py and docs/settlement-log.md.
@@ -79,6 +119,9 @@ FIELDS: dict[str, str] = {
     "count": "int",  # owed subscriptions (received/outcome), redelivery count, ...
     "seq": "int",  # client-side sequence number (publish order)
     "info": "string",  # free-form detail (a reason, a JSON string)
+    # v2 (routers)
+    "owed": "map",  # received/owed: home router -> space-separated subscription ids owed the message
+    "seg": "int",  # segment_opened/segment_closed: the segment's number in its incarnation
 }
 
 ROUTER_EVENTS = {
@@ -87,12 +130,65 @@ ROUTER_EVENTS = {
     "settled", "placeholder", "placeholder_final", "orphan_final",
     "attach_requested", "subscribed", "resumed", "suspended", "unsubscribed", "expired",
     "forwarded", "forward_received", "remote_ack", "peer_up", "peer_down",
+    # v2: parts an origin adds to a record after it was received (a resend adopted here, total
+    # order), and the segment boundaries (the header line reads as `segment_opened`)
+    "owed", "segment_opened", "segment_closed",
 }
 PUBLISHER_EVENTS = {"published", "outcome"}
 SUBSCRIBER_EVENTS = {"subscribed", "resumed", "unsubscribed", "handed", "duplicate"}
 EVENTS = ROUTER_EVENTS | PUBLISHER_EVENTS | SUBSCRIBER_EVENTS
 
 _enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+# v2: fields with a short key (the others keep their v1 name)
+_V2_KEYS = {"gid": "g", "topic": "p", "sub": "s", "info": "i", "owed": "o"}
+_V1_NAMES = {v: k for k, v in _V2_KEYS.items()}
+# events whose global ids a client presented (any string): grouped only when they are plain
+_PRESENTED = frozenset({"placeholder", "placeholder_final"})
+
+
+def _groupable(gid: str) -> bool:
+    """Can `gid` go into a v2 id group (a JSON string of space-separated ids) as it is? Our gids
+    always can (ids.py: printable ASCII, no space, quote or backslash); a client-presented one may not."""
+    return gid.isascii() and gid.isprintable() and " " not in gid and '"' not in gid and "\\" not in gid
+
+
+def _gid_groups(gids: list[str]) -> str:
+    """The JSON array of a v2 line's ids: runs of ids sharing their first GID_PREFIX characters
+    become one string, the first id whole, the others without that prefix ("p:1 2 3")."""
+    runs: list[list[str]] = []
+    cur = None
+    toks: list[str] = []
+    for g in gids:
+        pre = g[:GID_PREFIX]
+        if pre == cur and len(g) > GID_PREFIX:
+            toks.append(g[GID_PREFIX:])
+        else:
+            cur = pre
+            toks = [g]
+            runs.append(toks)
+    return '["' + '","'.join(" ".join(t) for t in runs) + '"]'
+
+
+def expand_gids(groups: Iterable[str]) -> list[str]:
+    """The ids of a v2 `g` array, in order (the inverse of `_gid_groups`)."""
+    out: list[str] = []
+    for run in groups:
+        toks = run.split(" ")
+        first = toks[0]
+        pre = first[:GID_PREFIX]
+        out.append(first)
+        out.extend(pre + t for t in toks[1:])
+    return out
+
+
+class _Single:
+    """A v2 pass entry written on a line of its own (a key of the pass's ordered dict of groups)."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self, entry: tuple[Any, ...]) -> None:
+        self.entry = entry
 
 log = logging.getLogger("oncemesh.settlement_log")
 
@@ -160,6 +256,52 @@ def read_lines(path: Path) -> Iterable[str]:
     else:
         with open(path, encoding="utf-8", newline="\n") as f:
             yield from f
+
+
+def expand_line(obj: dict[str, Any], header: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One parsed line -> its events as v1-shaped dicts (full field names, `v`, `ts`, `src`, `node`,
+    `inc`, `ev`; one dict per global id of a v2 group). A v1 line is returned as it is; a v2 line
+    takes the writer's fields from `header` (the segment's header line; None: not known, then the
+    line is returned as it is, without them); a header returns its `segment_opened` event."""
+    if "v" in obj and "h" not in obj:
+        return [obj]
+    if "h" in obj:  # a header: the segment's first line
+        t0 = obj.get("t0")
+        return [{"v": obj.get("v"), "ts": t0 / 1e6 if isinstance(t0, int) else None, "src": obj.get("src"),
+                 "node": obj.get("node"), "inc": obj.get("inc"), "ev": "segment_opened", "seg": obj.get("seg")}]
+    base: dict[str, Any] = {}
+    if header is not None:
+        t0 = header.get("t0")
+        t = obj.get("t")
+        base = {"v": header.get("v"), "ts": (t0 + t) / 1e6 if isinstance(t0, int) and isinstance(t, int) else None,
+                "src": header.get("src"), "node": header.get("node"), "inc": header.get("inc")}
+    ev: dict[str, Any] = {**base, "ev": obj.get("e")}
+    for k, v in obj.items():
+        if k in ("t", "e", "g"):
+            continue
+        ev[_V1_NAMES.get(k, k)] = v
+    groups = obj.get("g")
+    if not isinstance(groups, list):
+        return [ev]
+    return [{**ev, "gid": g} for g in expand_gids(groups)]
+
+
+def read_events(path: Path) -> Iterable[dict[str, Any]]:
+    """The events of one log file (v1 or v2, plain or gzipped) as v1-shaped dicts (`expand_line`).
+    Lines that are not JSON objects (a torn last line) are skipped."""
+    header: dict[str, Any] | None = None
+    for line in read_lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if "h" in obj:
+            header = obj
+        yield from expand_line(obj, header)
 
 
 def _free_bytes(directory: str) -> int:
@@ -259,7 +401,8 @@ class SettlementLog:
     __slots__ = ("path", "segments", "hold", "on_writable", "_write_fn", "_free_bytes", "writable",
                  "blocked_since", "block_reason", "blocks", "_pending", "_seg_n", "_seg_bytes",
                  "_seg_opened", "_rotate_retry_at", "open_segment", "_keeper", "_stem", "src", "node", "inc", "flush_interval",
-                 "max_buffer", "_buf", "_fd", "_head", "_tail", "_topics", "_ev_tails", "_strs", "last_flush")
+                 "max_buffer", "_buf", "_fd", "_head", "_tail", "_topics", "_ev_tails", "_strs", "last_flush",
+                 "v2", "_t0", "_last_t", "_groups", "_groups_ts", "_grouped")
 
     def __init__(self, path: Path | str | None, src: str, node: str, inc: str,
                  flush_interval: float = 0.2, max_buffer: int = 4096, segments: Segments | None = None,
@@ -291,12 +434,18 @@ class SettlementLog:
         self.max_buffer = max_buffer
         self._buf: list[str] = []
         self._fd: int | None = None
-        self._head = f'{{"v":{SCHEMA_VERSION},"ts":'
+        self._head = f'{{"v":{V1},"ts":'
         self._tail = f',"src":{_enc(src)},"node":{_enc(node)},"inc":{_enc(inc)},"ev":"'
         self._topics: dict[str, str] = {}
         self._ev_tails: dict[str, str] = {}
         self._strs: dict[str, str] = {}  # JSON encodings of frequent string values
         self.last_flush = time.monotonic()
+        self.v2 = segments is not None  # segmented logs (routers) write v2, others v1
+        self._t0 = 0  # v2: the open segment's time base (unix microseconds, in its header)
+        self._last_t = 0  # v2: the latest line time written, relative to _t0 (never decreases)
+        self._groups: dict[Any, list[str] | None] = {}  # v2: core entries gathered until the next flush
+        self._groups_ts = 0.0  # v2: the latest ts given with them
+        self._grouped = 0  # v2: how many
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.segments is None:
@@ -320,9 +469,24 @@ class SettlementLog:
             t = self._topics[topic] = _enc(topic)
         return t
 
+    def _rel(self, ts: float) -> int:
+        """v2: `ts` as microseconds after the segment's t0, never less than the previous line's (a
+        wall clock stepping back does not reorder a segment's lines)."""
+        t = int(ts * 1_000_000) - self._t0
+        if t < self._last_t:
+            return self._last_t
+        self._last_t = t
+        return t
+
     def write(self, ev: str, ts: float, gid: str | None = None, topic: str | None = None,
               sub: str | None = None, **fields: Any) -> None:
         if self._fd is None:
+            return
+        if self.v2:
+            self._render()  # (what was gathered before it goes first)
+            self._buf.append(self._line_v2(f'{{"t":{self._rel(ts)},"e":"{ev}"', gid, topic, sub, fields))
+            if len(self._buf) >= self.max_buffer:
+                self.flush()
             return
         parts = [self._head, repr(ts), self._tail, ev, '"']
         if gid is not None:
@@ -352,6 +516,119 @@ class SettlementLog:
         if len(self._buf) >= self.max_buffer:
             self.flush()
 
+    def _line_v2(self, head: str, gid: str | None, topic: str | None, sub: str | None,
+                 fields: dict[str, Any]) -> str:
+        """One v2 line (not grouped): short keys for the common fields, the others as in v1."""
+        line = head
+        if gid is not None:
+            line += ',"g":["' + gid + '"]' if _groupable(gid) else ',"gid":' + _enc(gid)
+        if topic is not None:
+            line += ',"p":' + self._topic(topic)
+        if sub is not None:
+            line += ',"s":' + _enc(sub)
+        for k, v in fields.items():
+            if v is None:
+                continue
+            tv = type(v)
+            key = _V2_KEYS.get(k, k)
+            if tv is int:
+                line += f',"{key}":{v}'
+            elif tv is Owed:
+                line += f',"{key}":{v.json}'
+            else:
+                line += f',"{key}":{_enc(v)}'
+        return line + "}\n"
+
+    def _core_events_v2(self, ts: float, entries: Iterable[tuple[Any, ...]]) -> None:
+        """The v2 hot path. Entries are gathered until the next flush (the router flushes once per
+        loop pass, before the pass's output leaves) and then written one line per (event, topic,
+        subscription, info), its global ids grouped, stamped with the latest `ts` given since the
+        previous flush. Infos that differ per message (a count, an error) get a line each; a
+        subscription's lifecycle (an entry without gid) is written at once, after what came before."""
+        groups = self._groups
+        if ts > self._groups_ts:
+            self._groups_ts = ts
+        n = 0
+        for entry in entries:
+            n += 1
+            ev, gid, topic, sid, info = entry
+            ti = type(info)
+            if gid is not None and (info is None or ti is str or ti is AcceptedBy or ti is Owed or ti is Peer) \
+                    and (ev not in _PRESENTED or _groupable(gid)):
+                key = (ev, topic, sid, info)
+                g = groups.get(key)
+                if g is None:
+                    groups[key] = [gid]
+                else:
+                    g.append(gid)
+            elif gid is None:  # a subscription's lifecycle: the reconciliation needs it promptly
+                groups[_Single(entry)] = None
+                self.flush()  # (renders what was gathered, this line last)
+                groups = self._groups
+                if ts > self._groups_ts:
+                    self._groups_ts = ts
+                n = 0
+            else:
+                groups[_Single(entry)] = None
+        self._grouped += n
+        if self._grouped >= self.max_buffer:
+            self.flush()
+
+    def _render(self) -> None:
+        """The gathered core entries as v2 lines, into the write buffer."""
+        groups = self._groups
+        if not groups:
+            return
+        self._groups = {}
+        self._grouped = 0
+        head = f'{{"t":{self._rel(self._groups_ts)},"e":"'
+        self._groups_ts = 0.0
+        out = self._buf
+        topics = self._topics
+        topic_of = self._topic
+        strs = self._strs
+        for key, gids in groups.items():
+            if gids is None:
+                out.append(self._single_v2(head, key.entry))
+                continue
+            ev, topic, sid, info = key
+            line = head + ev + '"'
+            if topic is not None:
+                line += ',"p":' + (topics.get(topic) or topic_of(topic))
+            if sid is not None:
+                line += ',"s":"' + sid + '"'
+            if info is not None:
+                ti = type(info)
+                if ti is Owed:
+                    line += ',"o":' + info.json
+                elif ti is AcceptedBy:
+                    line += ',"outcome":"ACCEPTED"'
+                elif ti is Peer:
+                    line += ',"peer":' + _enc(info)
+                else:
+                    enc = strs.get(info)
+                    if enc is None:
+                        enc = _enc(info)
+                        if len(strs) < 4096:
+                            strs[info] = enc
+                    line += ',"i":' + enc
+            out.append(line + ',"g":' + _gid_groups(gids) + "}\n")
+
+    def _single_v2(self, head: str, entry: tuple[Any, ...]) -> str:
+        ev, gid, topic, sid, info = entry
+        fields: dict[str, Any]
+        if type(info) is dict:
+            fields = info
+        elif type(info) is SizeCount:
+            fields = {"size": info[0], "count": info[1]}
+        elif type(info) is str:
+            fields = {"info": info}
+        elif info is not None:  # a condition (name, description)
+            fields = {"error": ": ".join(map(str, info))}
+        else:
+            fields = {}
+        return self._line_v2(head + ev + '"', gid, topic, sid, fields)
+
     def write_core_event(self, ts: float, entry: tuple[Any, ...]) -> None:
         """A delivery-core log tuple: (ev, gid, topic, sid, info)."""
         self.write_core_events(ts, (entry,))
@@ -361,7 +638,10 @@ class SettlementLog:
         Global ids and subscription ids need no JSON escaping (ids.py keeps them to safe ASCII)."""
         if self._fd is None:
             return
-        head = f'{{"v":{SCHEMA_VERSION},"ts":{ts!r}'
+        if self.v2:
+            self._core_events_v2(ts, entries)
+            return
+        head = f'{{"v":{V1},"ts":{ts!r}'
         tails = self._ev_tails
         topics = self._topics
         topic_of = self._topic
@@ -412,6 +692,10 @@ class SettlementLog:
                 if enc is None:
                     enc = strs[info] = _enc(info)
                 line += ',"info":' + enc
+            elif type(info) is Peer:
+                line += ',"peer":' + _enc(str(info))
+            elif type(info) is Owed:
+                line += f',"count":{len(info)}'
             elif info is not None:  # a condition (name, description)
                 line += ',"error":' + _enc(": ".join(map(str, info)))
             out.append(line + "}\n")
@@ -451,11 +735,26 @@ class SettlementLog:
         self.open_segment = seg
         self._seg_bytes = 0
         self._seg_opened = time.monotonic()
+        if self.v2:
+            # the header names the writer once for the whole segment; it goes out before any line
+            # of the segment (at the next flush, with them), so even an idle segment is not empty
+            self._t0 = time.time_ns() // 1000
+            self._last_t = 0
+            header = {"v": SCHEMA_VERSION, "h": "segment", "t0": self._t0, "src": self.src,
+                      "node": self.node, "inc": self.inc, "seg": self._seg_n}
+            self._pending = (_enc(header) + "\n").encode("utf-8") + self._pending
 
     def _close_segment(self) -> None:
         """Close the open segment and hand it to the worker (compression, retention)."""
         if self._fd is None or self.open_segment is None or self._keeper is None:
             return
+        if self.v2 and self._seg_bytes and not self._pending:
+            # the trailer: a closed segment that lacks it was cut short (docs/settlement-log.md)
+            trailer = f'{{"t":{self._rel(time.time())},"e":"segment_closed","seg":{self._seg_n}}}\n'.encode()
+            try:
+                self._seg_bytes += self._write_fn(self._fd, memoryview(trailer))
+            except OSError as exc:
+                log.warning("settlement_log.trailer_failed path=%s error=%s", self.open_segment, exc)
         os.close(self._fd)
         self._fd = None
         closed, self.open_segment = self.open_segment, None
@@ -473,18 +772,21 @@ class SettlementLog:
             return
         if ((p.max_bytes and self._seg_bytes >= p.max_bytes)
                 or (p.max_seconds and now - self._seg_opened >= p.max_seconds)):
-            old_fd, old_seg, old_bytes = self._fd, self.open_segment, self._seg_bytes
+            # the new file first (no room for it: the open one stays), then the old one is closed
+            old = (self._fd, self.open_segment, self._seg_bytes, self._seg_n, self._t0, self._last_t)
             try:
                 self._open_next()
             except OSError as exc:  # no room for a new file: keep appending to the open one
                 self._rotate_retry_at = now + ROTATE_RETRY
                 log.warning("settlement_log.rotate_failed path=%s error=%s (appending to it; next try in %.0f s)",
-                            old_seg, exc, ROTATE_RETRY)
+                            old[1], exc, ROTATE_RETRY)
                 return
-            new_fd, new_seg = self._fd, self.open_segment
-            self._fd, self.open_segment, self._seg_bytes = old_fd, old_seg, old_bytes
+            new = (self._fd, self.open_segment, self._seg_bytes, self._seg_n, self._t0, self._last_t)
+            header, self._pending = self._pending, b""  # (nothing else was pending: see above)
+            self._fd, self.open_segment, self._seg_bytes, self._seg_n, self._t0, self._last_t = old
             self._close_segment()
-            self._fd, self.open_segment, self._seg_bytes = new_fd, new_seg, 0
+            self._fd, self.open_segment, self._seg_bytes, self._seg_n, self._t0, self._last_t = new
+            self._pending = header
 
     # ------------------------------------------------------------------ writing
     def _set_writable(self, writable: bool, reason: str = "") -> None:
@@ -504,13 +806,15 @@ class SettlementLog:
     @property
     def pending_bytes(self) -> int:
         """Bytes held in memory, not yet written (buffered lines and what a full disk refused)."""
-        return len(self._pending) + sum(len(line) for line in self._buf)
+        return len(self._pending) + sum(len(line) for line in self._buf) + 20 * self._grouped
 
     def flush(self) -> None:
         """Write everything buffered. On a full disk the bytes are kept (never dropped) and the log
         turns not writable; a writer not in `hold` mode then raises the OSError."""
         if self._fd is None:
             return
+        if self._groups:
+            self._render()
         if self._buf:
             self._pending += "".join(self._buf).encode("utf-8")
             self._buf.clear()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.ids import PLID_LEN, counter_seq
-from ..common.settlement_log import log_files, read_lines
+from ..common.settlement_log import log_files, read_events
 
 
 class ProcessFailed(RuntimeError):
@@ -239,11 +239,11 @@ def worker(kind: str, *args: str, workdir: Path, name: str) -> Proc:
 
 # ---------------------------------------------------------------------- settlement logs
 def iter_log_lines(*dirs: Path) -> Iterator[dict[str, Any]]:
+    """Every event of every settlement log under `dirs`, v1-shaped (a v2 line's grouped ids are one
+    event each; common.settlement_log.read_events)."""
     for d in dirs:
         for path in log_files(Path(d)):  # plain and gzipped segments
-            for line in read_lines(path):
-                if line.strip():
-                    yield json.loads(line)
+            yield from read_events(path)
 
 
 class LogSummary:

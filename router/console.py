@@ -76,7 +76,7 @@ def http_addresses(mesh: MeshView | None, me: str, http_self: str | None, peers_
 def read_audit(path: Path | None) -> dict[str, Any] | None:
     """The audit's status file (`audit_status_file`; `oncemesh audit` writes one): any JSON object.
     The page shows its `verdict` or `status`, its time (`updated` or `time`) and up to 20 of its
-    `violations`. None when no file is named; an error entry when it cannot be read."""
+    `violations` (a list; or, as the audit writes them, a count with `recent_violations`). None when no file is named; an error entry when it cannot be read."""
     if path is None:
         return None
     try:
@@ -92,7 +92,16 @@ def read_audit(path: Path | None) -> dict[str, Any] | None:
     if not isinstance(doc, dict):
         return {"file": str(path), "error": "not a JSON object"}
     violations = doc.get("violations")
-    return {"file": str(path), "status": doc.get("verdict", doc.get("status")),
-            "updated": doc.get("updated", doc.get("time")),
-            "violations": violations[:20] if isinstance(violations, list) else [],
-            "violation_count": len(violations) if isinstance(violations, list) else 0}
+    recent = doc.get("recent_violations")
+    if isinstance(violations, int) and not isinstance(violations, bool):
+        # `oncemesh audit`'s own status.json: a count, the latest few in recent_violations
+        listed = recent if isinstance(recent, list) else []
+        count = violations
+        status = doc.get("verdict", doc.get("status")) or (
+            f"{count} violation(s)" if count else f"no violation ({doc.get('judgements', 0)} judgements)")
+    else:
+        listed = violations if isinstance(violations, list) else []
+        count = len(listed)
+        status = doc.get("verdict", doc.get("status"))
+    return {"file": str(path), "status": status, "updated": doc.get("updated", doc.get("time")),
+            "violations": listed[:20], "violation_count": count}

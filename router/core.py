@@ -49,7 +49,7 @@ from typing import Any
 
 from ..common import errors
 from ..common.ids import PLID_LEN, counter_seq, global_id
-from ..common.settlement_log import AcceptedBy, SizeCount
+from ..common.settlement_log import AcceptedBy, Owed
 from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED, Outcome
 from .actions import (
     Action,
@@ -183,6 +183,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         self._blocked: deque[PubLink] = deque()
         self.out: list[Action] = []
         self.log: list[tuple[Any, ...]] = []  # settlement-log events: (ev, gid, topic, sid, info)
+        self._owed_sets: dict[str, tuple[int, Owed]] = {}  # topic -> (table version, its owed set)
         self._now = 0.0  # the latest time we were given (stamps copies sent from untimed calls)
         self.mesh_size = 1  # routers in the topology (the mesh layer sets it): 1 = standalone
         # total order: per topic, the numbering learned so far
@@ -296,7 +297,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
     def _merge(self, rec: Record, pub: Any, pl: PubLink, payload: bytes, now: float) -> None:
         """A resend of a message we hold (as its origin or as a destination of a copy)."""
         gid = rec.gid
-        self.log.append(("received", gid, rec.topic, None, {"size": len(payload), "info": "merged"}))
+        self.log.append(("received", gid, rec.topic, None, "merged"))
         if rec.origin is not None:
             self._adopt(rec, payload, now)
         elif rec.outcome is None and not rec.pubs:
@@ -391,7 +392,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 self.remote_pending.setdefault(sid, {})[gid] = rec
                 remote = True
         rec.pending = queued
-        self.log.append(("received", gid, topic, None, SizeCount((len(payload), len(owed)))))
+        self.log.append(("received", gid, topic, None, self._owed_set(topic)))
         if self.total and topic in self.total:
             self._number(rec, now)  # may add or end parts, and decide it
             if rec.outcome is not None:
@@ -419,6 +420,20 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                     if rt.link is not None and rt.credit > 0:
                         self._pump(rt)
         return rec
+
+    def _owed_set(self, topic: str) -> Owed:
+        """The settlement log's record of whom a new record of `topic` is owed to: every live
+        subscription of the topic with its home (what `_new_record` gives a part), one object per
+        table version (the log groups a pass's records by it and encodes it once)."""
+        version = self.table.version
+        hit = self._owed_sets.get(topic)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        if len(self._owed_sets) > 10_000:
+            self._owed_sets.clear()
+        owed = Owed((sub.sid, sub.home) for sub in self.table.live_for_topic(topic))
+        self._owed_sets[topic] = (version, owed)
+        return owed
 
     def _adopt(self, rec: Record, payload: bytes, now: float) -> None:
         """A publisher resent here a message we only held as a destination (its origin died or the
@@ -450,6 +465,8 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         `home` (None: not in our table yet). Returns the local subscription when it has a link
         (the caller pumps it)."""
         move(rec, sid, S_QUEUED)
+        if rec.origin is None:  # a part added after the record was received: the log says so
+            self.log.append(("owed", rec.gid, rec.topic, None, Owed(((sid, home),))))
         if home != self.router_id:
             self.remote_pending.setdefault(sid, {})[rec.gid] = rec
             return None
@@ -640,6 +657,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                     # not owed to this life (or ended in an earlier one), yet the client holds it:
                     # count it as accepted so that the final settlement reaches it
                     move(rec2, sid, S_ACCEPTED)
+                    self.log.append(("accepted", gid, topic, sid, "resume"))  # (acks of it say so)
         rt.final_unnotified.clear()
         # only a client that hands over in arrival order (ours) presents `handed_last`; what a
         # client presents as accepted says nothing of order (a client may accept out of order)

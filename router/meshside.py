@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..common import errors
 from ..common.ids import counter_seq, plid_of
+from ..common.settlement_log import Peer
 from ..common.vocab import O_ACCEPTED, Outcome
 from .actions import (
     DetachLink,
@@ -79,7 +80,7 @@ class MeshSide:
                 rec.holders = set(asked)
             self.records[gid] = rec
             self.inflight_bytes += len(payload)
-            self.log.append(("forward_received", gid, topic, None, {"peer": origin, "size": len(payload)}))
+            self.log.append(("forward_received", gid, topic, None, Peer(origin)))
         else:  # a destination record, or ours when the publisher failed over to `origin`
             if rec.origins is None:
                 rec.origins = {}
@@ -287,7 +288,7 @@ class MeshSide:
         rec.sent_at = self._now
         self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, rec.preds,
                                 rec.deps))
-        self.log.append(("forwarded", rec.gid, rec.topic, None, {"peer": ",".join(sorted(dests))}))
+        self.log.append(("forwarded", rec.gid, rec.topic, None, Peer(",".join(sorted(dests)))))
 
     def set_reachable(self: DeliveryCore, reachable: dict[str, str], now: float) -> None:
         """The live graph changed: `reachable` maps every router we can reach to its incarnation.

@@ -231,6 +231,9 @@ class Router:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.engine = Engine(loop)
+        # write-ahead evidence: the log lines of a pass are written (one write) before its output
+        # leaves, so a SIGKILL can never leave a peer knowing what the log does not say
+        self.engine.before_output.append(self.slog.flush)
         now = time.time()
         self._saved_version = self.table.version
         host, port = self.cfg.listen

@@ -69,6 +69,8 @@ class Outputs:
     order_anomalies_parquet: str | None = None
     order_disagreements_parquet: str | None = None
     causal_violations_parquet: str | None = None
+    router_anomalies_parquet: str | None = None
+    disagreements_parquet: str | None = None
 
 
 # ================================================================ inputs
@@ -152,15 +154,31 @@ def read_logs(spark: SparkSession, sources: Sequence[str]) -> DataFrame:
         return (spark.read.schema(S.PARSE_SCHEMA).option("mode", "PERMISSIVE")
                 .option("columnNameOfCorruptRecord", S.CORRUPT))
 
+    from pyspark.sql import functions as F
+
+    def text_reader() -> Any:
+        return spark.read
+
+    def uri_options(r: Any) -> Any:
+        return (r.option("recursiveFileLookup", "true")
+                .option("pathGlobFilter", f"*{{{LOG_SUFFIX},{LOG_SUFFIX}{GZ_SUFFIX}}}"))
+
+    def with_file(df: DataFrame) -> DataFrame:
+        return df.withColumn("file", F.col("_metadata.file_path"))
+
     local = [f for f in sources if not is_uri(f)]
-    frames = [reader().json(local)] if local else []
-    for uri in (f for f in sources if is_uri(f)):
-        frames.append(reader().option("recursiveFileLookup", "true")
-                      .option("pathGlobFilter", f"*{{{LOG_SUFFIX},{LOG_SUFFIX}{GZ_SUFFIX}}}").json(uri))
-    fields = frames[0]
-    for f in frames[1:]:
-        fields = fields.unionByName(f)
-    return R.with_status(fields)
+    uris = [f for f in sources if is_uri(f)]
+    frames = [with_file(reader().json(local))] if local else []
+    texts = [with_file(text_reader().text(local))] if local else []
+    for uri in uris:
+        frames.append(with_file(uri_options(reader()).json(uri)))
+        texts.append(with_file(uri_options(text_reader()).text(uri)))
+    fields, text = frames[0], texts[0]
+    for f, t in zip(frames[1:], texts[1:], strict=True):
+        fields, text = fields.unionByName(f), text.unionByName(t)
+    # v2 lines take their writer from their file's header: headers come from a text scan (a filter
+    # on the raw text first, so only header lines are parsed twice)
+    return R.with_status(fields, R.headers(text))
 
 
 # ================================================================ Spark
@@ -210,7 +228,9 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
         log4j.write_text(_LOG4J)
     b = (SparkSession.builder.appName(app_name).master(master)
          .config("spark.ui.showConsoleProgress", "false")
-         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
+         # -Xss: Spark compiles generated code on the thread that runs a query, a stream's among
+         # them, and the live audit's wide plans overflowed a default (1 MB) thread stack there
+         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile={log4j.as_uri()}")
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.debug.maxToStringFields", "200"))
     if is_local(master):
@@ -234,13 +254,13 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
                     master: str | None = None, since: float | str | None = None,
                     skew: float = 0.0, chart: bool = True, driver_memory: str | None = None,
                     spark: SparkSession | None = None, keep_session: bool = False,
-                    warn_to: TextIO | None = None) -> Summary:
+                    warn_to: TextIO | None = None, accept_partial: bool = False) -> Summary:
     """Reconcile the settlement logs under `paths` and return the verdict (`Summary.passed`).
 
     The chaos runner calls this in-process. With `out`, the anomalous pairs, the summary and the
     chart are written there. A session this call starts is stopped at the end unless
     `keep_session`; a given or already active session is left running. Raises UsageError when no
-    log is found."""
+    log is found. `accept_partial`: a verdict on partial evidence may pass (`--accept-partial`)."""
     files = find_logs(paths)
     since_ts = parse_since(since) if isinstance(since, str) else since
     created = False
@@ -250,7 +270,7 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
         with hadoop_safe(files) as readable:
             summary, _ = run(spark, readable, out=out,
                              since=since_ts, skew=skew, chart=chart, warn_to=warn_to,
-                             n_files=len(files))
+                             n_files=len(files), accept_partial=accept_partial)
         return summary
     finally:
         if created and not keep_session:
@@ -259,7 +279,7 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
 
 def run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, since: float | None,
         skew: float, chart: bool, warn_to: TextIO | None = None, n_files: int | None = None,
-        ) -> tuple[Summary, Outputs | None]:
+        accept_partial: bool = False) -> tuple[Summary, Outputs | None]:
     from dataclasses import replace
 
     from pyspark import StorageLevel
@@ -274,7 +294,7 @@ def run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, si
     rec: Reconciliation | None = None
     try:
         rec = R.reconcile(parsed, since=since, skew=skew, persist=True)
-        summary = R.summarize(rec)
+        summary = R.summarize(rec, accept_partial=accept_partial)
         summary = replace(summary, extra={"files": n_files if n_files is not None else len(files),
                                           "seconds": round(time.monotonic() - started, 3)})
         if summary.newer_version_lines:
@@ -319,6 +339,11 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
      .write.mode("overwrite").parquet(o_parquet))
     (rec.sub_pairs.where("disagree").orderBy("topic", "sub_a", "sub_b").coalesce(1)
      .write.mode("overwrite").parquet(d_parquet))
+    r_parquet = f"{target}/router_anomalies.parquet"
+    (rec.router_pairs.where("class != 'ok'").orderBy("class", "t_recv", "gid", "sub").coalesce(1)
+     .write.mode("overwrite").parquet(r_parquet))
+    g_parquet = f"{target}/disagreements.parquet"
+    rec.agreement.where("why is not null").orderBy("gid", "sub").coalesce(1).write.mode("overwrite").parquet(g_parquet)
     c_parquet = f"{target}/causal_violations.parquet"
     R.causal_anomalies(rec.causal).orderBy("topic", "sub").coalesce(1).write.mode("overwrite").parquet(c_parquet)
     d = summary.to_dict()
@@ -342,9 +367,9 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
                         key=lambda c: (C.KIND_ORDER.get(c.kind, 9), c.hop))
         bucket, timeline = anomaly_timeline(rec, summary)
         png = str(C.render(curves, timeline, Path(target) / "reconcile.png", bucket=bucket,
-                           title=f"oncemesh reconciliation: {'PASS' if summary.passed else 'FAIL'}"))
+                           title=f"oncemesh reconciliation: {summary.verdict.upper()}"))
     return Outputs(target, s_json, s_parquet, subs_parquet, a_parquet, a_json, png, o_parquet, d_parquet,
-                   c_parquet)
+                   c_parquet, r_parquet, g_parquet)
 
 
 def anomaly_timeline(rec: Reconciliation, summary: Summary, collect_limit: int = 200_000
@@ -406,7 +431,7 @@ def format_summary(s: Summary) -> str:
     from .schema import CLASSES, FAILURES
 
     lines = [
-        f"logs: {s.extra.get('files', '?')} file(s), {s.log_lines} line(s): {s.malformed_lines} malformed, "
+        f"logs: {s.extra.get('files', '?')} file(s), {s.log_lines} event(s): {s.malformed_lines} malformed, "
         f"{s.newer_version_lines} of a newer schema, {s.unknown_event_lines} unknown event(s)"
         + (f", {s.ignored_lines} before --since" if s.since is not None else ""),
         f"messages: {s.messages} published, {s.messages_in_doubt} without a final outcome; "
@@ -414,12 +439,14 @@ def format_summary(s: Summary) -> str:
         + (f" (+{s.unobserved_subscriptions} without a subscriber log, not judged)"
            if s.unobserved_subscriptions else ""),
         "",
+        "client view (what our subscribers handed to their applications):",
         f"  {'class':<24}{'pairs':>10}",
     ]
     for c in CLASSES:
         n = getattr(s, c)
         flag = "  <-- FAIL" if c in FAILURES and n else ""
         lines.append(f"  {c:<24}{n:>10}{flag}")
+    lines += router_view_lines(s)
     lines += ["", "order (reported, not part of the verdict):",
               f"  {'fifo_reversals':<28}{s.fifo_reversals:>6}  handed after a higher seq of the same publisher",
               f"  {'fifo_gaps':<28}{s.fifo_gaps:>6}  skipped: a later message of the publisher was handed",
@@ -454,10 +481,55 @@ def format_summary(s: Summary) -> str:
         for q in s.latencies:
             lines.append(f"  {q.name:<32}{q.n:>10}{_ms(q.p50):>9}{_ms(q.p99):>9}{_ms(q.p999):>9}"
                          f"{_ms(q.max):>9}")
-    verdict = "PASS" if s.passed else "FAIL: " + ", ".join(
-        f"{getattr(s, c)} {c}" for c in FAILURES if getattr(s, c))
-    lines += ["", f"verdict: {verdict}"]
+    lines += ["", f"verdict: {verdict_line(s)}"]
     return "\n".join(lines)
+
+
+def verdict_line(s: Summary) -> str:
+    from .routerview import FAILURES as ROUTER_FAILURES
+    from .schema import FAILURES
+
+    if s.exit_status == 1:
+        parts = ([f"client view: {getattr(s, c)} {c}" for c in FAILURES if getattr(s, c)]
+                 + [f"router view: {s.router_view.count(c)} {c}" for c in ROUTER_FAILURES if s.router_view.count(c)]
+                 + ([f"{s.agreement.disagreements} disagreement(s)"] if s.agreement.disagreements else []))
+        return "FAIL: " + ", ".join(parts)
+    if s.partial:
+        what = (f"{s.unjudged_pairs} pair(s) judged by neither view" if s.judged_pairs
+                else "nothing was judged")
+        if s.accept_partial:
+            return f"PASS on partial evidence ({what}; --accept-partial)"
+        return f"PARTIAL: {what} (exit 3; --accept-partial to pass on what was judged)"
+    return "PASS"
+
+
+def router_view_lines(s: Summary) -> list[str]:
+    """The router view, the agreement, and what neither view could judge."""
+    from .routerview import CLASSES as ROUTER_CLASSES
+    from .routerview import FAILURES as ROUTER_FAILURES
+
+    rv = s.router_view
+    out = ["", f"router view (from the routers' logs alone): {rv.pairs} pair(s) of {rv.messages} message(s) "
+               f"({rv.messages_with_owed_set} with an owed set), {rv.judged} judged, {rv.unjudged} not",
+           f"  {'class':<24}{'pairs':>10}"]
+    for c in ROUTER_CLASSES:
+        n = rv.count(c)
+        out.append(f"  {c:<24}{n:>10}{'  <-- FAIL' if c in ROUTER_FAILURES and n else ''}")
+    for reason, n in rv.reasons:
+        if n:
+            out.append(f"  {'unjudged: ' + reason:<24}{n:>10}")
+    if rv.per_router:
+        out.append(f"  {'router':<12}{'incs':>5}{'events':>10}{'origin':>10}{'home':>10}{'judged':>10}  partial")
+        for r in rv.per_router:
+            out.append(f"  {r.node:<12}{r.incarnations:>5}{r.events:>10}{r.origin_pairs:>10}{r.home_pairs:>10}"
+                       f"{r.judged_pairs:>10}  {'; '.join(r.reasons) or '-'}")
+    a = s.agreement
+    out += ["", f"agreement: {a.compared} pair(s) judged by both views, {a.disagreements} disagreement(s)"
+            + ("  <-- FAIL" if a.disagreements else "")]
+    for e in a.examples[:5]:
+        out.append(f"  {e['gid']} {e['sub']}: router {e['router_class']}, client {e['client_class']}: {e['why']}")
+    out.append(f"evidence: {s.judged_pairs} pair(s) judged by at least one view, {s.unjudged_pairs} by neither")
+    return out
 
 
 # ================================================================ command line
@@ -477,17 +549,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver-memory", default=None, metavar="SIZE",
                    help="Spark driver memory, e.g. 4g (local masters: the whole job runs in it)")
     p.add_argument("--no-chart", action="store_true", help="do not draw reconcile.png")
+    p.add_argument("--accept-partial", action="store_true",
+                   help="pass on partial evidence: pairs neither view could judge (no owed set, a router's "
+                        "log missing or cut short) are reported, not failed on (default: exit 3)")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "reconcile", help="judge a run: reconcile all settlement logs with Spark",
-        description="Read every settlement log (*.jsonl, *.jsonl.gz) under LOGDIR..., rebuild every "
-                    "(message, subscription) pair and classify it: ok, lost, duplicated, unexpected, "
-                    "in_doubt, recovered, ended_before_delivery, false_accept (docs/settlement-log.md). "
+        description="Read every settlement log (*.jsonl, *.jsonl.gz) under LOGDIR... and judge every "
+                    "(message, subscription) pair twice:\n\n"
+                    "  router view: from the routers' logs alone, for any client: the origin router's owed "
+                    "set against the home routers' delivered/accepted lines: ok, lost, duplicated, "
+                    "false_accept, unexpected, unresolved, ended;\n"
+                    "  client view: from our clients' logs: ok, lost, duplicated, unexpected, in_doubt, "
+                    "recovered, ended_before_delivery, false_accept.\n\n"
+                    "Where both views judged a pair they must agree. A pair neither view can judge (no "
+                    "owed set, a router's log missing or cut short) makes the evidence partial, and so "
+                    "does a run where nothing was judged: that never passes without --accept-partial. "
                     "Writes the anomalous pairs and the summary (Parquet and JSON) and a chart under "
-                    "--out.\n\nExit status: 0 nothing lost, duplicated, unexpected or falsely accepted; "
-                    "1 otherwise; 2 usage error (e.g. no logs found).",
+                    "--out (docs/reconcile.md).\n\nExit status: 0 pass; 1 a failure in either view "
+                    "(lost, duplicated, unexpected, false accept) or a disagreement; 2 usage error (e.g. "
+                    "no logs found); 3 partial evidence (nothing failed in what was judged).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=cmd_reconcile)
@@ -505,7 +588,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     try:
         with hadoop_safe(files) as readable:
             summary, outputs = run(spark, readable, out=args.out, since=since, skew=args.skew,
-                                   chart=not args.no_chart, n_files=len(files))
+                                   chart=not args.no_chart, n_files=len(files),
+                                   accept_partial=args.accept_partial)
     finally:
         if created:
             spark.stop()
@@ -516,7 +600,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     if outputs is not None:
         print(f"results: {outputs.out}" + (f" (chart {Path(outputs.chart).name})" if outputs.chart else ""),
               file=human)
-    return 0 if summary.passed else 1
+    return summary.exit_status
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,9 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from . import routerview as RV
 from . import schema as S
+from .verdict import Agreement, RouterView, collect_agreement, collect_router_view, evidence_counts
 
 # Line statuses.
 OK, MALFORMED, NEWER, UNKNOWN_EVENT, BLANK = "ok", "malformed", "newer", "unknown_event", "blank"
@@ -51,35 +53,96 @@ def _c(name: str) -> Column:
 
 # ================================================================ 1. lines
 def parse(text: DataFrame) -> DataFrame:
-    """Lines (a `value` string column, as from `spark.read.text`) -> one column per schema field and
-    `status` (see `with_status`). Blank lines get status `blank`."""
+    """Lines (a `value` string column, as from `spark.read.text`, and optionally `file`, the file
+    each came from: v2 lines take their writer from their file's header; without `file` all lines
+    are one file) -> one row per event (a v2 line with grouped ids is one event per id), one column
+    per schema field and `status` (see `with_status`). Blank lines get status `blank`."""
+    if "file" not in text.columns:
+        text = text.withColumn("file", F.lit(""))
     j = F.from_json(_c("value"), S.PARSE_SCHEMA,
                     {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": S.CORRUPT})
     # through a generator, so that the optimizer cannot inline from_json into every field reference
     # (which would parse each line once per column)
-    rows = text.select(F.inline(F.array(F.struct((F.trim(_c("value")) == "").alias("blank"), j.alias("j")))))
-    return with_status(rows.select("blank", "j.*"))
+    rows = text.select(F.inline(F.array(F.struct(_c("file"), (F.trim(_c("value")) == "").alias("blank"),
+                                                 j.alias("j")))))
+    return with_status(rows.select("file", "blank", "j.*"), headers(text))
 
 
-def with_status(fields: DataFrame) -> DataFrame:
+def headers(text: DataFrame) -> DataFrame:
+    """The v2 header lines of `text` (`value`, `file`), one row per file: file, h_n (headers in
+    it: more than one makes its v2 lines unreadable), h_v, h_t0, h_src, h_node, h_inc. Only lines
+    that can be headers are parsed (a text filter first: cheap next to parsing every line)."""
+    if "file" not in text.columns:
+        text = text.withColumn("file", F.lit(""))
+    j = F.from_json(_c("value"), S.PARSE_SCHEMA, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": S.CORRUPT})
+    h = (text.where(_c("value").contains('"h":'))
+         .select("file", F.inline(F.array(F.struct(j.alias("j")))))
+         .where(_c("j.h").isNotNull() & _c(f"j.{S.CORRUPT}").isNull()))
+    return h.groupBy("file").agg(F.count(F.lit(1)).alias("h_n"), F.first("j.v").alias("h_v"),
+                                 F.first("j.t0").alias("h_t0"), F.first("j.src").alias("h_src"),
+                                 F.first("j.node").alias("h_node"), F.first("j.inc").alias("h_inc"))
+
+
+def _expand_run(run: Column) -> Column:
+    """One string of a v2 `g` array -> its ids: the first whole, each next one the first's
+    leading GID_PREFIX characters followed by its token (common.settlement_log.expand_gids)."""
+    toks = F.split(run, " ")
+    first = F.element_at(toks, 1)
+    rest = F.slice(toks, 2, F.size(toks) - 1)
+    return F.concat(F.array(first), F.transform(rest, lambda t: F.concat(F.substring(first, 1, S.GID_PREFIX), t)))
+
+
+def with_status(fields: DataFrame, hdrs: DataFrame | None = None) -> DataFrame:
     """Columns of `schema.PARSE_SCHEMA` (as the JSON reader yields them in PERMISSIVE mode with
-    `columnNameOfCorruptRecord`; optionally `blank`) -> the schema columns and `status`: ok,
-    newer (a higher schema version: even if its fields no longer fit v1's types), malformed (not a
-    JSON object, a field of the wrong type, a common field missing, an unknown version), unknown_event
-    (an event its source does not write), blank. Unknown extra fields are ignored."""
+    `columnNameOfCorruptRecord`; optionally `blank` and `file`) and the files' v2 headers
+    (`headers`) -> one row per event: the LOG_SCHEMA columns and `status`.
+
+    A v1 line is one event as it is. A v2 line takes v, src, node and inc from its file's header,
+    ts from the header's t0 plus its `t`, the short keys become the full columns, and a line whose
+    `g` groups several ids is one event per id. A header is the event `segment_opened`. Statuses:
+    ok, newer (a higher schema version: even if its fields no longer fit the types), malformed
+    (not a JSON object, a field of the wrong type, a common field missing, a v2 line without
+    exactly one header in its file, an unknown version), unknown_event (an event its source does
+    not write), blank. Unknown extra fields are ignored."""
+    if "file" not in fields.columns:
+        fields = fields.withColumn("file", F.lit(""))
+    if hdrs is None:
+        hdrs = fields.sparkSession.createDataFrame(
+            [], "file string, h_n long, h_v long, h_t0 long, h_src string, h_node string, h_inc string")
+    f = fields.join(F.broadcast(hdrs), "file", "left")
+    is_hdr = _c("h").isNotNull()
+    v2 = _c("v").isNull() & _c("e").isNotNull() & ~is_hdr
+    one_header = F.coalesce(_c("h_n") == 1, F.lit(False))
+
+    def from_header(own: str, hdr: str) -> Column:
+        return F.when(v2, F.when(one_header, _c(hdr))).otherwise(_c(own))
+
+    ts = (F.when(is_hdr, _c("t0") / 1e6)
+          .when(v2, F.when(one_header, (_c("h_t0") + _c("t")) / 1e6))
+          .otherwise(_c("ts")))
+    gids = F.when(_c("g").isNotNull() & ~is_hdr, F.flatten(F.transform(_c("g"), _expand_run))) \
+        .otherwise(F.array(_c("gid")))
+    canon = f.select(
+        from_header("v", "h_v").alias("v"), ts.alias("ts"), from_header("src", "h_src").alias("src"),
+        from_header("node", "h_node").alias("node"), from_header("inc", "h_inc").alias("inc"),
+        F.when(is_hdr, F.lit("segment_opened")).otherwise(F.coalesce(_c("ev"), _c("e"))).alias("ev"),
+        F.explode_outer(gids).alias("gid"),
+        F.coalesce(_c("topic"), _c("p")).alias("topic"), F.coalesce(_c("sub"), _c("s")).alias("sub"),
+        *[_c(n) for n in ("pub", "container", "link", "peer", "outcome", "error", "size", "count", "seq")],
+        F.coalesce(_c("info"), _c("i")).alias("info"), F.coalesce(_c("owed"), _c("o")).alias("owed"),
+        "seg", "n", S.CORRUPT, (_c("blank") if "blank" in fields.columns else F.lit(False)).alias("blank"))
     missing = F.lit(False)
     for name in S.REQUIRED:
         missing = missing | _c(name).isNull()
     known = F.lit(False)
     for src, evs in S.EVENTS_BY_SOURCE.items():
         known = known | ((_c("src") == src) & _c("ev").isin(*sorted(evs)))
-    blank = _c("blank") if "blank" in fields.columns else F.lit(False)
-    status = (F.when(blank, BLANK)
+    status = (F.when(_c("blank"), BLANK)
               .when(_c("v") > S.SCHEMA_VERSION, NEWER)
-              .when(_c(S.CORRUPT).isNotNull() | missing | (_c("v") != S.SCHEMA_VERSION), MALFORMED)
+              .when(_c(S.CORRUPT).isNotNull() | missing | ~_c("v").isin(*S.READ_VERSIONS), MALFORMED)
               .when(~known, UNKNOWN_EVENT)
               .otherwise(OK))
-    return fields.select(*S.LOG_SCHEMA.fieldNames(), status.alias("status"))
+    return canon.select(*S.LOG_SCHEMA.fieldNames(), status.alias("status"))
 
 
 def line_counts(parsed: DataFrame) -> DataFrame:
@@ -89,7 +152,7 @@ def line_counts(parsed: DataFrame) -> DataFrame:
 
 # The columns the reconciliation reads (a job may keep only these, plus `status`, in memory).
 USED = ("ts", "src", "node", "inc", "ev", "gid", "topic", "sub", "pub", "peer", "outcome", "error", "info",
-        "seq", "n")
+        "seq", "n", "owed", "seg")
 
 
 def valid_events(parsed: DataFrame) -> DataFrame:
@@ -601,6 +664,9 @@ class Reconciliation:
     order: DataFrame  # fifo_order: per (subscription, publisher link)
     sub_pairs: DataFrame  # subscription_pair_order: per pair of subscriptions of a topic
     causal: DataFrame  # causal_order: per subscription
+    router_msgs: DataFrame  # routerview.message_facts
+    router_pairs: DataFrame  # routerview.router_pairs: the router view, per pair
+    agreement: DataFrame  # routerview.disagreements: pairs both views judged
     since: float | None = None
     skew: float = 0.0
 
@@ -629,19 +695,27 @@ def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
     fifo = fifo_order(handed, classified)
     sub_pairs = subscription_pair_order(handed)
     causal = causal_order(ev, handed)
+    # the router view: the same events, the routers' lines only (routerview: the one set of rules)
+    r_msgs = RV.message_facts(ev)
+    if persist:
+        r_msgs = r_msgs.persist(StorageLevel.MEMORY_AND_DISK)
+    r_pairs = RV.router_pairs(ev, lives(ev.where(_c("src") == S.ROUTER)), skew, r_msgs)
     if persist:
         fifo = fifo.persist(StorageLevel.MEMORY_AND_DISK)
         sub_pairs = sub_pairs.persist(StorageLevel.MEMORY_AND_DISK)
         causal = causal.persist(StorageLevel.MEMORY_AND_DISK)
+        r_pairs = r_pairs.persist(StorageLevel.MEMORY_AND_DISK)
     return Reconciliation(parsed=parsed, events=ev, lives=lv, messages=msgs, pairs=classified,
                           records=router_records(ev), incarnations=incs,
                           hops=hop_latencies(ev, msgs, classified), order=fifo, sub_pairs=sub_pairs,
-                          causal=causal, since=since, skew=skew)
+                          causal=causal, router_msgs=r_msgs, router_pairs=r_pairs,
+                          agreement=RV.disagreements(r_pairs, classified), since=since, skew=skew)
 
 
 def unpersist(r: Reconciliation) -> None:
     """Free what `reconcile(..., persist=True)` kept (the caller's `parsed` stays)."""
-    for df in (r.events, r.lives, r.messages, r.pairs, r.order, r.sub_pairs, r.causal):
+    for df in (r.events, r.lives, r.messages, r.pairs, r.order, r.sub_pairs, r.causal, r.router_msgs,
+               r.router_pairs):
         df.unpersist()
 
 
@@ -751,15 +825,42 @@ class Summary:
     routers: tuple[RouterStats, ...] = ()
     latencies: tuple[Quantiles, ...] = ()
     since: float | None = None
+    # the router view, the agreement of the two views, and what neither could judge
+    router_view: RouterView = field(default_factory=RouterView)
+    agreement: Agreement = field(default_factory=Agreement)
+    judged_pairs: int = 0  # by at least one view
+    unjudged_pairs: int = 0  # by neither
+    accept_partial: bool = False  # the operator accepts partial evidence (--accept-partial)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def failures(self) -> int:
+    def client_failures(self) -> int:
         return sum(getattr(self, c) for c in S.FAILURES)
 
     @property
+    def failures(self) -> int:
+        """Failures of either view, and pairs on which they disagree."""
+        return self.client_failures + self.router_view.failures + self.agreement.disagreements
+
+    @property
+    def partial(self) -> bool:
+        """Some pair could be judged by neither view, or nothing at all was judged."""
+        return self.unjudged_pairs > 0 or self.judged_pairs == 0
+
+    @property
+    def exit_status(self) -> int:
+        """0 pass, 1 a failure or a disagreement, 3 partial evidence (not accepted)."""
+        if self.failures:
+            return 1
+        return 3 if self.partial and not self.accept_partial else 0
+
+    @property
+    def verdict(self) -> str:
+        return {0: "pass", 1: "fail", 3: "partial"}[self.exit_status]
+
+    @property
     def passed(self) -> bool:
-        return self.failures == 0
+        return self.exit_status == 0
 
     def class_counts(self) -> dict[str, int]:
         return {c: getattr(self, c) for c in S.CLASSES}
@@ -773,12 +874,20 @@ class Summary:
                      "causal_violations", "since"):
             d[name] = getattr(self, name)
         d["failures"] = self.failures
-        d["verdict"] = "pass" if self.passed else "fail"
+        d["verdict"] = self.verdict
+        d["exit_status"] = self.exit_status
         d["per_subscription"] = [s.to_dict() for s in self.per_subscription]
         d["routers"] = [r.to_dict() for r in self.routers]
         d["latency"] = [q.to_dict() for q in self.latencies]
         d["order_per_topic"] = [t.to_dict() for t in self.order_per_topic]
         d["causal_per_topic"] = [t.to_dict() for t in self.causal_per_topic]
+        d["router_view"] = self.router_view.to_dict()
+        d["client_view"] = {"pairs": self.pairs, "owed_pairs": self.owed_pairs, "subscriptions": self.subscriptions,
+                            "unobserved_subscriptions": self.unobserved_subscriptions, **self.class_counts(),
+                            "failures": self.client_failures}
+        d["agreement"] = self.agreement.to_dict()
+        d["evidence"] = {"judged_pairs": self.judged_pairs, "unjudged_pairs": self.unjudged_pairs,
+                         "partial": self.partial, "accepted_partial": self.accept_partial}
         d.update(self.extra)
         return d
 
@@ -791,9 +900,9 @@ def _quantiles(kind: str, name: str, n: int, q: list[float] | None, mx: float | 
     return Quantiles(kind, name, int(n), head[0], head[1], head[2], mx, curve)
 
 
-def summarize(r: Reconciliation) -> Summary:
+def summarize(r: Reconciliation, accept_partial: bool = False) -> Summary:
     """Run the actions and collect the verdict (small results only: one row per status, subscription,
-    router and hop)."""
+    router and hop). `accept_partial`: the operator accepts a verdict on partial evidence."""
     status = {row["status"]: int(row["n"]) for row in line_counts(r.parsed).collect()}
     valid = status.get(OK, 0)
     used = r.events.count() if r.since is not None else valid
@@ -820,6 +929,7 @@ def summarize(r: Reconciliation) -> Summary:
         _quantiles(row["kind"], row["hop"], row["n"], row["q"], row["max"])
         for row in sorted(latency_quantiles(r.hops).collect(),
                           key=lambda x: (order.get(x["kind"], 9), x["hop"])))
+    judged, neither = evidence_counts(r.router_pairs, r.pairs)
     fifo = r.order.agg(F.sum("fifo_reversals").alias("rev"), F.sum("fifo_gaps").alias("gaps")).first()
     topics = tuple(TopicOrder(row["topic"], int(row["compared"]), int(row["total_order_disagreements"] or 0))
                    for row in sorted(topic_order(r.sub_pairs).collect(), key=lambda x: x["topic"] or ""))
@@ -855,4 +965,9 @@ def summarize(r: Reconciliation) -> Summary:
         routers=routers,
         latencies=lat,
         since=r.since,
+        router_view=collect_router_view(r.events, r.router_pairs, r.router_msgs),
+        agreement=collect_agreement(r.agreement),
+        judged_pairs=judged,
+        unjudged_pairs=neither,
+        accept_partial=accept_partial,
     )

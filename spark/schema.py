@@ -1,4 +1,4 @@
-"""The settlement-log schema (v1) as Spark types, and the event names the reconciliation reads.
+"""The settlement-log schema (v1 and v2) as Spark types, and the event names the reconciliation reads.
 
 `router/settlement_log.py` is the writer and owns the schema (`FIELDS`); this module spells the same
 schema out again as a `StructType` on purpose, so that a change on one side without the other fails
@@ -7,9 +7,19 @@ schema out again as a `StructType` on purpose, so that a change on one side with
 
 from __future__ import annotations
 
-from pyspark.sql.types import DataType, DoubleType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    DoubleType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the newest version read (routers write it; clients still write 1)
+READ_VERSIONS = (1, 2)
 
 # One column per field of a line, in the writers' order (common.settlement_log.FIELDS, then the
 # subscriber's own: clients.subscriber.SETTLEMENT_FIELDS). JSON int -> LongType, float -> DoubleType.
@@ -33,20 +43,40 @@ LOG_SCHEMA = StructType([
     StructField("count", LongType()),
     StructField("seq", LongType()),
     StructField("info", StringType()),
+    # v2 (routers): the owed set of a received/owed line (home router -> space-separated sids), and
+    # the segment number of segment_opened/segment_closed
+    StructField("owed", MapType(StringType(), StringType())),
+    StructField("seg", LongType()),
     # written by the subscriber only (clients.subscriber.SETTLEMENT_FIELDS); optional: older logs
     # do not have it
     StructField("n", LongType()),
 ])
 
 # JSON type name (as in FIELDS) -> Spark type.
-JSON_TYPES: dict[str, DataType] = {"int": LongType(), "float": DoubleType(), "string": StringType()}
+JSON_TYPES: dict[str, DataType] = {"int": LongType(), "float": DoubleType(), "string": StringType(),
+                                   "map": MapType(StringType(), StringType())}
 
 # Fields every line carries; a line without one of them is malformed.
 REQUIRED = ("v", "ts", "src", "node", "inc", "ev")
 
 # Where from_json puts the text of a line it could not parse (fully) with LOG_SCHEMA.
 CORRUPT = "_corrupt"
-PARSE_SCHEMA = StructType([*LOG_SCHEMA.fields, StructField(CORRUPT, StringType())])
+# The keys of a v2 line (common.settlement_log: short keys, times after the segment header's t0,
+# grouped ids) and of its header line; `reconcile.with_status` turns them into LOG_SCHEMA columns.
+V2_FIELDS = [
+    StructField("t", LongType()),  # microseconds after the header's t0
+    StructField("e", StringType()),  # event
+    StructField("g", ArrayType(StringType())),  # grouped global ids (common.settlement_log.expand_gids)
+    StructField("p", StringType()),  # topic
+    StructField("s", StringType()),  # subscription id
+    StructField("i", StringType()),  # info
+    StructField("o", MapType(StringType(), StringType())),  # owed set
+    StructField("h", StringType()),  # a header line: "segment"
+    StructField("t0", LongType()),  # header: the segment's time base (unix microseconds)
+]
+PARSE_SCHEMA = StructType([*LOG_SCHEMA.fields, *V2_FIELDS, StructField(CORRUPT, StringType())])
+# A v2 group's ids after the first are written without the first one's leading characters:
+GID_PREFIX = 13  # (common.settlement_log.GID_PREFIX)
 
 # Sources.
 ROUTER = "router"
@@ -62,6 +92,7 @@ EVENTS_BY_SOURCE: dict[str, frozenset[str]] = {
         "settled", "placeholder", "placeholder_final", "orphan_final",
         "attach_requested", "subscribed", "resumed", "suspended", "unsubscribed", "expired",
         "forwarded", "forward_received", "remote_ack", "peer_up", "peer_down",
+        "owed", "segment_opened", "segment_closed",
     }),
     "publisher": frozenset({"published", "outcome"}),
     "subscriber": frozenset({"subscribed", "resumed", "unsubscribed", "handed", "duplicate"}),
@@ -82,7 +113,7 @@ LIFE_STARTS = frozenset({"subscribed", "resumed"})
 LIFE_ENDS = frozenset({"unsubscribed", "expired"})
 # Lines kept whatever --since says: they define what was in force and which router runs were alive.
 STATE_EVENTS = LIFE_STARTS | LIFE_ENDS | {"suspended", "router_started", "router_stopped",
-                                          "peer_up", "peer_down"}
+                                          "peer_up", "peer_down", "segment_opened", "segment_closed"}
 
 # Publisher outcomes that are final. Anything else (RELEASED, MODIFIED, IN_DOUBT, ...) leaves the
 # message in doubt.

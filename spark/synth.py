@@ -51,7 +51,7 @@ class SynthConfig:
     stuck_dead: int = 0  # records left unsettled in a router incarnation that then died
     stuck_live: int = 0  # records left unsettled in a live incarnation
     malformed: int = 0  # garbage lines
-    newer: int = 0  # lines of schema version 2
+    newer: int = 0  # lines of a schema version newer than the reader knows (3)
     rate: float = 1000.0  # messages per second
     t0: float = 1_700_000_000.0
     seed: int = 1
@@ -347,7 +347,7 @@ def _preamble(cfg: SynthConfig, p: Plan) -> list[str]:
         lines.append(['{"v":1,"ts":"not a number","src":"router","node":"R0","inc":"x","ev":"received"}\n',
                       'this is not json\n', '{"v":1,"ts":1.0,"src":"router"\n'][i % 3])
     for i in range(cfg.newer):
-        lines.append(f'{{"v":2,"ts":{t:.6f},"src":"router","node":"R0","inc":"R0-1","ev":"teleported",'
+        lines.append(f'{{"v":3,"ts":{t:.6f},"src":"router","node":"R0","inc":"R0-1","ev":"teleported",'
                      f'"gid":{{"new":"shape{i}"}}}}\n')
     return lines
 

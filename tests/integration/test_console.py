@@ -203,5 +203,11 @@ def test_console_json_is_off_unless_asked_for_and_reads_the_audit_file(make_rout
     audit.write_text(json.dumps({"status": "pass", "violations": [{"n": i} for i in range(30)]}))
     a = wait_for(lambda: get()[0]["audit"].get("status") and get()[0]["audit"], 10, "the audit file read again")
     assert (a["status"], a["violation_count"], len(a["violations"])) == ("pass", 30, 20)
+    # the shape `oncemesh audit` writes (spark/audit.py): a count, the latest in recent_violations
+    audit.write_text(json.dumps({"updated": 1795690000.0, "judgements": 60, "violations": 1,
+                                 "recent_violations": [{"class": "duplicated", "gid": "g1"}]}))
+    a = wait_for(lambda: get()[0]["audit"].get("violation_count") == 1 and get()[0]["audit"], 10,
+                 "the audit's own status file")
+    assert a["status"] == "1 violation(s)" and a["violations"] == [{"class": "duplicated", "gid": "g1"}]
     audit.write_text("[1, 2]")  # (the JSON is made at most twice a second: read until it changes)
     wait_for(lambda: get()[0]["audit"].get("error") == "not a JSON object", 10, "the broken audit file")

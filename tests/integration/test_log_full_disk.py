@@ -9,7 +9,6 @@ Needs a tmpfs of its own (root: `mount -t tmpfs -o size=1m`); skipped with the r
 from __future__ import annotations
 
 import errno
-import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from oncemesh.common.settlement_log import log_files, read_lines
+from oncemesh.common.settlement_log import log_files, read_events
 from oncemesh.harness.testing import LogSummary, RouterProcess, wait_for, worker
 
 COUNT = 400
@@ -61,8 +60,7 @@ def r_out(r: RouterProcess, n: int) -> str:
 
 
 def router_lines(disk: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for f in log_files(disk) if ".settlement." in f.name
-            for line in read_lines(f) if line.strip()]
+    return [e for f in log_files(disk) if ".settlement." in f.name for e in read_events(f)]
 
 
 def test_a_full_log_disk_stops_publisher_credit_and_resumes_without_losing_a_line(

@@ -4,7 +4,6 @@ match the settlement log's lines after a run; the listener survives bad requests
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from oncemesh.clients.runtime import Client
+from oncemesh.common.settlement_log import read_events
 from oncemesh.harness.testing import wait_for
 from tests.conftest import EXAMPLES
 from tests.integration.test_single_router import run
@@ -36,17 +36,9 @@ def log_events(log_dir: Path, rid: str) -> Counter[str]:
     """Events of a router's settlement log, every segment (plain or gzipped)."""
     counts: Counter[str] = Counter()
     for f in sorted(log_dir.glob(f"{rid}.settlement.*")):
-        opener: Any = gzip.open if f.suffix == ".gz" else open
-        with opener(f, "rt") as fh:
-            for line in fh:
-                line = line.strip()
-                if line.startswith("{"):
-                    try:
-                        ev = json.loads(line).get("ev")
-                    except ValueError:
-                        continue  # (a torn last line)
-                    if ev:
-                        counts[ev] += 1
+        for e in read_events(f):  # (v2 lines group ids: one event per id; a torn last line is skipped)
+            if e.get("ev"):
+                counts[e["ev"]] += 1
     return counts
 
 

@@ -87,7 +87,9 @@ def test_clean_run_exits_0_prints_a_table_and_writes_the_results(
     assert oncemesh(["reconcile", str(tmp_path / "state"), "--out", str(out)]) == 0
     cap = capsys.readouterr()
     assert "verdict: PASS" in cap.out
-    assert [ln.split() for ln in cap.out.splitlines() if ln.strip().startswith("ok ")] == [["ok", "3"]]
+    # the client view's table, then the router view's (these v1 router lines name no owed set)
+    assert [ln.split() for ln in cap.out.splitlines() if ln.strip().startswith("ok ")] == [["ok", "3"], ["ok", "0"]]
+    assert "unjudged: no_owed_set" in cap.out and "3 pair(s) judged by at least one view, 0 by neither" in cap.out
     assert "matplotlib is not installed" in cap.err
     assert not (out / "reconcile.png").exists()
     summary = json.loads((out / "summary.json").read_text())

@@ -101,7 +101,7 @@ def test_the_subscriber_numbers_its_hand_overs_across_batches(spark: SparkSessio
 def test_parse_counts_bad_lines_and_ignores_unknown_fields(spark: SparkSession) -> None:
     lines = [
         '{"v":1,"ts":1.0,"src":"router","node":"A","inc":"1","ev":"settled","gid":"g","future":{"x":[1]}}',
-        '{"v":2,"ts":"2024-01-01","src":"router","node":"A","inc":"1","ev":"settled","gid":{"new":1}}',
+        '{"v":3,"ts":"2024-01-01","src":"router","node":"A","inc":"1","ev":"settled","gid":{"new":1}}',
         '{"v":1,"ts":"soon","src":"router","node":"A","inc":"1","ev":"settled"}',  # wrong type
         '{"v":1,"ts":1.0,"src":"router","node":"A","ev":"settled"}',  # no inc
         '{"v":1,"ts":1.0,"src":"router","node":"A","inc":"1","ev":"sett',  # torn by a SIGKILL
@@ -116,3 +116,41 @@ def test_parse_counts_bad_lines_and_ignores_unknown_fields(spark: SparkSession) 
                         R.UNKNOWN_EVENT, R.UNKNOWN_EVENT, R.BLANK]
     first = parsed.where("status = 'ok'").select("gid", "ts").first()
     assert first is not None and (first["gid"], first["ts"]) == ("g", 1.0)
+
+
+def test_v2_segments_read_back_the_same_in_spark_and_in_python(spark: SparkSession, tmp_path: Path) -> None:
+    """A router's v2 segments (header, grouped ids, short keys, trailer) give the same events to the
+    Spark reader as to `read_events`, and each grouped id is one event."""
+    log = W.SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="i1",
+                          segments=W.Segments(max_bytes=400, max_seconds=0, compress=True))
+    owed = W.Owed([("s1", "A"), ("s2", "B")])
+    log.write("router_started", 100.0, info="listen")
+    for k in range(6):
+        g = [f"abcdefghijkl:{k}{j}" for j in range(3)]
+        log.write_core_events(100.5 + k, [("received", x, "t", None, owed) for x in g]
+                              + [("delivered", x, "t", "s1", None) for x in g]
+                              + [("forwarded", g[0], "t", None, W.Peer("B")),
+                                 ("rejected", g[1], "t", "s1", ("amqp:x", "no"))])
+        log.write_core_events(100.75 + k, [("accepted", x, "t", "s1", "remote") for x in g]
+                              + [("outcome", x, "t", None, W.AcceptedBy(2)) for x in g])
+        log.flush()
+    log.write("router_stopped", 110.0)
+    log.close()
+    files = W.log_files(tmp_path)
+    assert len(files) > 2 and all(f.name.endswith(".jsonl.gz") for f in files)
+    py = [e for f in files for e in W.read_events(f)]
+    assert sum(e["ev"] == "received" for e in py) == 18 and sum(e["ev"] == "segment_opened" for e in py) == len(files)
+    assert all(e["owed"] == {"A": "s1", "B": "s2"} for e in py if e["ev"] == "received")
+    from oncemesh.spark.job import read_logs
+
+    rows = read_logs(spark, [str(f) for f in files]).collect()
+    assert {r["status"] for r in rows} == {R.OK}
+    cols = ("ts", "src", "node", "inc", "ev", "gid", "topic", "sub", "peer", "outcome", "error", "info", "seg")
+
+    def key(e: dict[str, object]) -> tuple[object, ...]:
+        return tuple(round(e[c], 6) if c == "ts" and e.get(c) is not None else e.get(c)  # type: ignore[call-overload]
+                     for c in cols)
+
+    assert sorted(map(key, py), key=repr) == sorted((key(r.asDict()) for r in rows), key=repr)
+    owed_rows = [r["owed"] for r in rows if r["ev"] == "received"]
+    assert owed_rows == [{"A": "s1", "B": "s2"}] * 18

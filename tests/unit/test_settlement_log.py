@@ -7,6 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -84,10 +85,12 @@ def test_log_summary_finds_fifo_reversals_across_processes(tmp_path: Path) -> No
 
 # ---------------------------------------------------------------------- segments, full disk
 def read_segments(directory: Path) -> list[dict]:
-    """Every line of every segment (plain and gzipped), in segment order."""
-    from oncemesh.common.settlement_log import log_files, read_lines
+    """Every event of every segment (plain and gzipped), in segment order, v1-shaped, without the
+    segment boundaries."""
+    from oncemesh.common.settlement_log import log_files, read_events
 
-    return [json.loads(line) for f in log_files(directory) for line in read_lines(f) if line.strip()]
+    return [e for f in log_files(directory) for e in read_events(f)
+            if e["ev"] not in ("segment_opened", "segment_closed")]
 
 
 def gids(lines: list[dict]) -> list[str]:
@@ -169,7 +172,7 @@ def test_retention_deletes_the_oldest_closed_segments_only_when_configured(tmp_p
 
 def test_retention_by_age(tmp_path: Path) -> None:
     log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
-                        segments=Segments(max_bytes=200, max_seconds=0, retention_seconds=3600, compress=False))
+                        segments=Segments(max_bytes=100, max_seconds=0, retention_seconds=3600, compress=False))
     log.write_core_events(1.0, [("delivered", "p:0", "t", "s" * 16, None)] * 3)
     log.flush()
     assert log._keeper is not None
@@ -332,3 +335,119 @@ def test_compression_runs_on_the_housekeeping_thread_not_the_writers(tmp_path: P
         log.flush()
     log.close()
     assert len(threads) >= 3 and threading.get_ident() not in threads
+
+
+# ---------------------------------------------------------------------- schema v2 (segmented logs)
+plids = st.sampled_from(["abcdefghijkl", "mnopqrstuvwx", "a"])  # ("a": a gid too short to share a prefix)
+v2_ids = st.builds(lambda p, sep, tag: p + sep + tag, plids, st.sampled_from([":", "#"]),
+                   st.from_regex(r"[a-z0-9]{0,6}", fullmatch=True))
+v2_entries = st.lists(st.tuples(
+    st.sampled_from(["received", "delivered", "accepted", "outcome", "settled", "ended", "rejected",
+                     "released", "placeholder", "forwarded"]),
+    v2_ids, st.sampled_from(["t", "orders/é", None]), st.sampled_from([None, "s" * 16, "z" * 16]),
+    st.sampled_from([None, "remote", "redelivery", "owed", "accepted_by", "peer", "count", "error"])),
+    max_size=25)
+
+
+def _info(kind: str | None) -> Any:
+    from oncemesh.common.settlement_log import Owed, Peer
+
+    return {"owed": Owed([("s1", "A"), ("s2", None)]), "accepted_by": AcceptedBy(2), "peer": Peer("B,C"),
+            "count": {"count": 3}, "error": ("amqp:x", "no \"thanks\"")}.get(kind or "", kind)
+
+
+def _expected(ev: str, gid: str, topic: str | None, sid: str | None, kind: str | None) -> dict[str, Any]:
+    e: dict[str, Any] = {"ev": ev, "gid": gid}
+    if topic is not None:
+        e["topic"] = topic
+    if sid is not None:
+        e["sub"] = sid
+    e.update({"owed": {"owed": {"A": "s1", "": "s2"}}, "accepted_by": {"outcome": "ACCEPTED"},
+              "peer": {"peer": "B,C"}, "count": {"count": 3}, "error": {"error": 'amqp:x: no "thanks"'},
+              None: {}}.get(kind, {"info": kind}))
+    return e
+
+
+@settings(max_examples=40, deadline=None)
+@given(passes=st.lists(st.tuples(st.floats(0, 5), v2_entries), min_size=1, max_size=4))
+def test_v2_lines_read_back_as_the_events_written(tmp_path_factory: Any,
+                                                  passes: list[tuple[float, list[tuple[Any, ...]]]]) -> None:
+    """Whatever the core hands the writer in a flush pass comes back from `read_events` as one
+    event per id, with the writer's fields from the header and the pass's latest time."""
+    from oncemesh.common.settlement_log import log_files, read_events
+
+    d = tmp_path_factory.mktemp("v2")
+    log = SettlementLog(d / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(max_bytes=0, max_seconds=0, compress=False))
+    t = 1_800_000_000.0
+    want: list[tuple[float, dict[str, Any]]] = []
+    for dt, entries in passes:
+        t += dt
+        log.write_core_events(t, [(ev, g, topic, sid, _info(kind)) for ev, g, topic, sid, kind in entries])
+        log.flush()
+        want += [(t, _expected(*e)) for e in entries]
+    log.close()
+    [f] = log_files(d)
+    got = [e for e in read_events(f) if e["ev"] not in ("segment_opened", "segment_closed")]
+    assert all(e["v"] == 2 and e["src"] == "router" and e["node"] == "A" and e["inc"] == "7" for e in got)
+    norm = sorted((json.dumps({k: v for k, v in e.items() if k not in ("v", "ts", "src", "node", "inc")},
+                              sort_keys=True), e["ts"]) for e in got)
+    expected = sorted((json.dumps(e, sort_keys=True), ts) for ts, e in want)
+    assert [e for e, _ in norm] == [e for e, _ in expected]
+    assert all(abs(a - b) < 2e-6 for (_, a), (_, b) in zip(norm, expected, strict=True))  # microseconds
+
+
+def test_every_v2_segment_has_its_header_and_a_closed_one_its_trailer(tmp_path: Path) -> None:
+    from oncemesh.common.settlement_log import log_files, read_lines
+
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(max_bytes=300, max_seconds=0, compress=False))
+    for i in range(30):
+        log.write_core_events(1.0 + i, [("delivered", f"abcdefghijkl:{i}", "t", "s" * 16, None)])
+        log.flush()
+    log.flush()
+    open_seg = log.open_segment
+    files = log_files(tmp_path)
+    assert len(files) > 3
+    for n, f in enumerate(files, 1):
+        lines = [json.loads(x) for x in read_lines(f)]
+        assert lines[0] == {"v": 2, "h": "segment", "t0": lines[0]["t0"], "src": "router", "node": "A",
+                            "inc": "7", "seg": n}
+        assert (lines[-1].get("e") == "segment_closed" and lines[-1]["seg"] == n) == (f != open_seg)
+    # an idle segment is not empty: it rotates by age like any other (a live audit's watermark)
+    idle = SettlementLog(tmp_path / "B.settlement.jsonl", src="router", node="B", inc="1",
+                         segments=Segments(max_bytes=0, max_seconds=60, compress=False))
+    idle.flush()
+    first = idle.open_segment
+    idle._seg_opened -= 61
+    idle.flush()
+    assert idle.open_segment != first
+    idle.close()
+
+
+def test_the_engine_writes_the_log_before_any_connection_is_flushed() -> None:
+    """Write-ahead evidence: within a loop pass, the after-pass work (the router's drain, which
+    writes the core's log lines into the buffer) runs first, then the `before_output` hooks (the
+    settlement log's flush), then every dirty connection is flushed."""
+    import asyncio
+
+    from oncemesh.common.engine import Engine
+
+    order: list[str] = []
+
+    class Conn:
+        dirty = True
+
+        def flush(self) -> None:
+            order.append("output")
+
+    async def main() -> None:
+        eng = Engine(asyncio.get_running_loop())
+        eng.before_output.append(lambda: order.append("log written"))
+        eng.mark_dirty(Conn())  # type: ignore[arg-type]
+        eng.call_after_pass(lambda: order.append("drain"))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert order == ["drain", "log written", "output"]
