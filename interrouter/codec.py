@@ -44,12 +44,17 @@ _loads = json.JSONDecoder().decode
 
 
 def encode_copy_header(origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]],
-                       preds: tuple[str, ...] = (), deps: tuple[tuple[str, str], ...] = ()) -> bytes:
+                       preds: tuple[str, ...] = (), deps: tuple[tuple[str, str], ...] = (),
+                       by_arrival: bool = False) -> bytes:
     fields: list[Any] = [origin, inc, gid, topic, {k: list(v) for k, v in dests.items()}]
-    if preds or deps:
+    if preds or deps or by_arrival:
         fields.append(list(preds))
-    if deps:
+    if deps or by_arrival:
         fields.append([[g, t] for g, t in deps])
+    if by_arrival:
+        # (1: its publisher declared no order, its tag is none; absent for ours, and a router of an
+        # earlier version ignores it: docs/wire-protocol.md)
+        fields.append(1)
     header = _dumps(fields).encode()
     if len(header) > 0xFFFF:
         raise ValueError(f"copy header of {len(header)} bytes exceeds 65535 (too many subscriptions)")
@@ -57,7 +62,7 @@ def encode_copy_header(origin: str, inc: str, gid: str, topic: str, dests: dict[
 
 
 def encode_copy(c: Copy) -> bytes:
-    return encode_copy_header(c.origin, c.inc, c.gid, c.topic, c.dests, c.preds, c.deps) + c.payload
+    return encode_copy_header(c.origin, c.inc, c.gid, c.topic, c.dests, c.preds, c.deps, c.by_arrival) + c.payload
 
 
 def decode_copy(frame: bytes) -> Copy:
@@ -67,7 +72,8 @@ def decode_copy(frame: bytes) -> Copy:
         return Copy(str(origin), str(inc), str(gid), str(topic),
                     {str(k): tuple(str(s) for s in v) for k, v in dests.items()}, frame[3 + n:],
                     tuple(str(p) for p in rest[0]) if rest and rest[0] else (),
-                    tuple((str(g), str(t)) for g, t in rest[1]) if len(rest) > 1 and rest[1] else ())
+                    tuple((str(g), str(t)) for g, t in rest[1]) if len(rest) > 1 and rest[1] else (),
+                    len(rest) > 2 and rest[2] == 1)
     except (struct.error, ValueError, TypeError, AttributeError) as exc:
         raise FrameError(f"malformed data frame: {exc}") from None
 

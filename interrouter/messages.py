@@ -210,6 +210,7 @@ class Copy:
     payload: bytes
     preds: tuple[str, ...] = ()  # FIFO: earlier messages of its publisher it must not overtake
     deps: tuple[tuple[str, str], ...] = ()  # causal order: (gid, topic) its publisher depended on
+    by_arrival: bool = False  # FIFO: its publisher declared no order: `preds` are its order, not its tag
 
 
 Control = (Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds

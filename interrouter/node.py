@@ -194,7 +194,8 @@ class MeshNode:
         if kind == b"D":
             c = codec.decode_copy(data)
             self.stats["copies_in"] += 1
-            self._route_copy(c.origin, c.inc, c.gid, c.topic, c.dests, c.payload, now, c.preds, c.deps)
+            self._route_copy(c.origin, c.inc, c.gid, c.topic, c.dests, c.payload, now, c.preds, c.deps,
+                             c.by_arrival)
         elif kind == b"C":
             for msg in codec.decode_control(data):
                 self._on_control(peer, msg, now)
@@ -281,12 +282,12 @@ class MeshNode:
     # ------------------------------------------------------------------ routing out
     def _route_copy(self, origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]],
                     payload: bytes, now: float, preds: tuple[str, ...] = (),
-                    deps: tuple[tuple[str, str], ...] = ()) -> None:
+                    deps: tuple[tuple[str, str], ...] = (), by_arrival: bool = False) -> None:
         hops = self.lsdb.routes().next_hop
         by_hop: dict[str, dict[str, tuple[str, ...]]] = {}
         for router, sids in dests.items():
             if router == self.me:
-                self.core.receive_copy(origin, inc, gid, topic, sids, payload, now, preds, deps)
+                self.core.receive_copy(origin, inc, gid, topic, sids, payload, now, preds, deps, by_arrival)
                 continue
             hop = hops.get(router)
             if hop is None or hop not in self.connected:
@@ -297,7 +298,8 @@ class MeshNode:
             if origin != self.me:
                 self.stats["transit"] += 1
             self.stats["copies_out"] += 1
-            self.sends.append((hop, codec.encode_copy_header(origin, inc, gid, topic, d, preds, deps) + payload))
+            self.sends.append((hop, codec.encode_copy_header(origin, inc, gid, topic, d, preds, deps, by_arrival)
+                               + payload))
 
     def _route_control(self, msg: Routed) -> None:
         if msg.dst == self.me:
@@ -346,7 +348,7 @@ class MeshNode:
         # The classes are final: mypy narrows `type(act) is C` and assert_never checks the cases.
         if type(act) is Forward:
             self._route_copy(self.me, self.inc, act.gid, act.topic, act.dests, act.payload, now, act.preds,
-                             act.deps)
+                             act.deps, act.by_arrival)
         elif type(act) is SendAck:
             self._acks.setdefault(act.to, []).append((act.gid, act.sid, act.state, act.error))
         elif type(act) is SendFinal:

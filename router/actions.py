@@ -81,6 +81,7 @@ class Forward:
     dests: dict[str, tuple[str, ...]]
     preds: tuple[str, ...] = ()  # FIFO: earlier messages of its publisher it must not overtake
     deps: tuple[tuple[str, str], ...] = ()  # causal order: (gid, topic) its publisher depended on
+    by_arrival: bool = False  # FIFO: its publisher declared no order: `preds` are its order, not its tag
 
 
 @final

@@ -299,6 +299,8 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         gid = rec.gid
         self.log.append(("received", gid, rec.topic, None, "merged"))
         if rec.origin is not None:
+            if pl.declared is None:
+                rec.seq = None  # (its order here is the one we receive it in: `_new_record`)
             self._adopt(rec, payload, now)
         elif rec.outcome is None and not rec.pubs:
             rec.pubs.append(pub)  # its publisher is back: we drive its delivery again
@@ -340,6 +342,11 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         publisher left, which is withheld until the mesh was asked about it (every fresh message
         in a mesh was, until the next one came)."""
         rec = Record(gid, topic, payload, now)
+        if pl.declared is not None:
+            # ours declared their sequence at attach: their tags' counter is their publish order.
+            # Any other client's order is the one we receive its messages in (`_chain`): a tag it
+            # chose says nothing of it (random, or started again on a new connection)
+            rec.seq = counter_seq(gid)
         self.records[gid] = rec
         rec.pubs.append(pub)
         pl.pubs[pub] = gid
@@ -812,7 +819,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                     causal_late = []
                 causal_late.append(rec)
                 continue
-            seq = rec.seq
+            seq = rec.seq  # (None: not ours, ordered by its origin's arrival order alone, `preds`)
             if seq is not None and ttopic is None:
                 hi = rt.fifo_hi.get(rec.plid, -1)
                 if seq < hi and not redelivery and not (rt.resend and gid in rt.resend):
@@ -826,10 +833,11 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         if parked:
             q.extendleft(reversed(parked))  # kept in order; tick() pumps again
         if late:
-            # a later message of its publisher was handed first: it came here only after that
-            # (re-originated with a newer subscription table after its publisher failed over, for
-            # a subscription not in force when it was first sent: a message it is owed holds every
-            # later one back). Handing it now would break FIFO: it ends for this subscription.
+            # a later message of its publisher (ours: they declared their order) was handed first:
+            # it came here only after that (re-originated with a newer subscription table after its
+            # publisher failed over, for a subscription not in force when it was first sent: a
+            # message it is owed holds every later one back). Handing it now would break FIFO: it
+            # ends for this subscription. Never for another client: its tags are no order.
             for rec in late:
                 self._resolve(rec, sid, S_ENDED, None, self._now, "fifo: a later message was handed first")
         if causal_late:

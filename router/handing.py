@@ -51,8 +51,12 @@ class Handing:
         """`rec` goes to `rt` now: every dependency of its topic that `rt` was not handed here (its
         record final and gone, or here without a part for it), and every earlier message of that
         dependency's publisher link (a dependency stands for them: its client's past keeps only the
-        latest of each link), must never come after it. For counter tags the FIFO high mark says it
-        (`fifo_hi`: an earlier message that comes later ends for it); other gids are kept."""
+        latest of each link), must never come after it. For our publishers' messages the FIFO high
+        mark says it (`fifo_hi`: an earlier message that comes later ends for it); other gids are
+        kept (a client not ours has no order by tag: `Record.seq`). A dependency whose record is
+        gone here is final here (or nobody answered for it within `final_memory`): it cannot come
+        again under its gid meanwhile (copies of a final gid are refused, a resend is answered or
+        renamed), so what its tag reads as matters only for ours."""
         sid = rt.sid
         for g, t in rec.deps:
             if t != rec.topic:
@@ -61,7 +65,7 @@ class Handing:
             if r is not None and r.owed.get(sid) is not None and (r.owed[sid] is not S_QUEUED
                                                                   or rec.gid in r.preds):
                 continue  # sent or resolved for it here (and its predecessors before it); or a cycle
-            seq = counter_seq(g)
+            seq = r.seq if r is not None else counter_seq(g)
             if seq is not None:
                 p = plid_of(g)
                 if rt.fifo_hi.get(p, -1) <= seq:
@@ -80,9 +84,11 @@ class Handing:
         if past is None:
             past = self.pasts[(client, group)] = {}
         now = self._now
+        records = self.records
         for g, t in ((gid, topic), *deps):
             p = plid_of(g)
-            r = counter_seq(g)
+            rec = records.get(g)
+            r = rec.seq if rec is not None else counter_seq(g)  # (not ours: no order by tag, `Record.seq`)
             rank = -1 if r is None else r
             cur = past.get(p)
             if cur is None or rank >= cur[0] or rank < 0:  # (a tag without a counter: the newest seen)
@@ -123,7 +129,9 @@ class Handing:
     def _chain(self: DeliveryCore, rec: Record) -> None:
         """A record of ours (we are its origin): its predecessor is the latest earlier message of
         its publisher link that is not final here. Our publishers send in publish order and resend
-        what is in doubt first, so every earlier message still in doubt came here before it."""
+        what is in doubt first, so every earlier message still in doubt came here before it; the
+        order is their tags' counter (`Record.seq`). Any other client's is the order its messages
+        come here (AMQP keeps a link's transfers in order), whatever its tags say."""
         seq = rec.seq
         if seq is None:
             self._arrivals += 1

@@ -59,8 +59,11 @@ class MeshSide:
 
     def receive_copy(self: DeliveryCore, origin: str, origin_inc: str, gid: str, topic: str, sids: Iterable[str],
                      payload: bytes, now: float, preds: tuple[str, ...] = (),
-                     deps: tuple[tuple[str, str], ...] = ()) -> None:
-        """A copy from `origin` for the listed subscriptions (those homed here deliver it)."""
+                     deps: tuple[tuple[str, str], ...] = (), by_arrival: bool = False) -> None:
+        """A copy from `origin` for the listed subscriptions (those homed here deliver it).
+        `by_arrival`: its publisher declared no order (not ours): its order is the one its origin
+        received it in, which `preds` carry, never its tag (`Record.seq` stays None). A copy without
+        it (ours, or from a router older than it) reads its publish order from its tag's counter."""
         self._now = now
         rec = self.records.get(gid)
         table = self.table
@@ -72,6 +75,8 @@ class MeshSide:
             return  # none of them is here (any more): their origin re-routes them by its own table
         if rec is None:
             rec = Record(gid, topic, payload, now)
+            if not by_arrival:
+                rec.seq = counter_seq(gid)
             rec.origin = origin
             self.destination_records += 1
             rec.origins = {origin: origin_inc}
@@ -82,6 +87,8 @@ class MeshSide:
             self.inflight_bytes += len(payload)
             self.log.append(("forward_received", gid, topic, None, Peer(origin)))
         else:  # a destination record, or ours when the publisher failed over to `origin`
+            if by_arrival:
+                rec.seq = None  # (an origin that knows its publisher says so: never ordered by its tag)
             if rec.origins is None:
                 rec.origins = {}
             rec.origins[origin] = origin_inc
@@ -287,7 +294,7 @@ class MeshSide:
             rec.holders.add(home)
         rec.sent_at = self._now
         self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, rec.preds,
-                                rec.deps))
+                                rec.deps, rec.seq is None))
         self.log.append(("forwarded", rec.gid, rec.topic, None, Peer(",".join(sorted(dests)))))
 
     def set_reachable(self: DeliveryCore, reachable: dict[str, str], now: float) -> None:

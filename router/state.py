@@ -21,7 +21,7 @@ from enum import IntEnum
 from typing import Any, NoReturn
 
 from ..common.errors import OncemeshError
-from ..common.ids import PLID_LEN, counter_seq
+from ..common.ids import PLID_LEN
 from ..common.vocab import Outcome
 
 
@@ -130,7 +130,11 @@ class Record:
         # FIFO: the earlier messages of its publisher not yet final at an origin when this one came
         # there (the latest of them, one per origin): no subscription is handed it before them
         self.preds: tuple[str, ...] = ()
-        self.seq = counter_seq(gid)  # its place in its publisher's order (None: not a counter tag)
+        # its place in its publisher's order, for our clients (they declare their sequence at attach:
+        # the counter of their tags); None for every other client, whose order is the one its origin
+        # received its messages in (the chain: `preds`), never its tag. Set by whoever makes it (the
+        # origin knows the publisher link; a copy says so: `MeshSide.receive_copy`)
+        self.seq: int | None = None
         self.tnum: int | None = None  # total order: its number in its topic, once learned here
         # causal order: its publishing client's causal past when it published it, (gid, topic) per
         # publisher link of the causal group (those of its own topic are also in `preds`)

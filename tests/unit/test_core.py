@@ -582,7 +582,7 @@ def test_what_was_sent_and_not_accepted_is_sent_again_in_order_after_a_resume() 
 def test_origin_chains_each_message_to_the_latest_earlier_one_not_final() -> None:
     h = Harness()
     h.sub("a", credit=0)
-    h.attach_pub()
+    h.attach_pub(in_doubt=[])  # ours: it declared its order (its tags' counter)
     _, g1, _ = h.publish(counter_tag(1))
     _, g3, _ = h.publish(counter_tag(3))
     _, g2, _ = h.publish(counter_tag(2))  # a resend of an older message, late
@@ -590,6 +590,21 @@ def test_origin_chains_each_message_to_the_latest_earlier_one_not_final() -> Non
     assert h.core.records[g3].preds == (g1,)
     assert h.core.records[g2].preds == (g1,)
     assert list(h.core.chain[PL]) == [g1, g2, g3]
+
+
+def test_origin_chains_a_client_not_ours_in_the_order_its_messages_came() -> None:
+    """A client that declared no order (not ours): its tags say nothing of it, whatever they look
+    like (docs/clients.md, "Fixed"); its order is the order its transfers came in."""
+    h = Harness()
+    h.sub("a", credit=0)
+    h.attach_pub()
+    _, g1, _ = h.publish(counter_tag(1))
+    _, g3, _ = h.publish(counter_tag(3))
+    _, g2, _ = h.publish(counter_tag(2))
+    assert [h.core.records[g].seq for g in (g1, g3, g2)] == [None, None, None]
+    assert h.core.records[g3].preds == (g1,)
+    assert h.core.records[g2].preds == (g3,)
+    assert list(h.core.chain[PL]) == [g1, g3, g2]
 
 
 def test_a_client_that_accepts_out_of_order_gets_the_earlier_message_again_after_a_resume() -> None:
