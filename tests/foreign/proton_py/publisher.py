@@ -44,6 +44,10 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
         self.start = time.monotonic()
         self.container: Any = None
         self.wakeup = False
+        # the link is attached on a live connection: Proton keeps a lost link's credit, and what is
+        # sent meanwhile it sends by itself first on the next link, where our resend of the same tag
+        # (in doubt) would be a second transfer under a tag still open: another message to a router
+        self.up = False
 
     def on_start(self, event: Any) -> None:
         self.container = event.container
@@ -58,6 +62,7 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
     def on_link_opened(self, event: Any) -> None:
         self.rep.line("attached", rcv_settle_mode=int(event.link.remote_rcv_settle_mode))
         # also after a reconnect (Proton attaches the link again): what was in flight is in doubt
+        self.up = True
         self.resend = sorted(set(self.resend) | set(self.unsettled))
         self.unsettled.clear()
         self.send()
@@ -71,7 +76,7 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
 
     def send(self) -> None:
         s = self.sender
-        while s is not None and s.credit > 0 and len(self.unsettled) < self.a.window:
+        while self.up and s is not None and s.credit > 0 and len(self.unsettled) < self.a.window:
             again = bool(self.resend)
             if again:
                 k = self.resend.pop(0)
@@ -119,6 +124,7 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
         self.outcome(event, "RELEASED")
 
     def on_disconnected(self, event: Any) -> None:
+        self.up = False
         self.rep.line("disconnected", error=str(event.transport.condition if event.transport else None))
 
     def on_link_error(self, event: Any) -> None:
