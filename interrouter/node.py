@@ -62,6 +62,7 @@ from .messages import (
 )
 
 MAX_CONTROL_BATCH = 2000
+FLOOR_INTERVAL = 1.0  # seconds between two reports of the total-order floors (and compactions)
 
 
 def lamport_incarnation(inc: str) -> int:
@@ -127,7 +128,7 @@ class MeshNode:
         self._lam_saved: dict[str, int] = {t: lam.durable for t, lam in self.lamports.items()}
         self._lam_sessions: dict[str, Sessions[lamport.Wire]] = {t: Sessions() for t in self.lamports}
         self._lam_alive: dict[str, str] = {}  # members reachable -> their incarnation
-        self._lam_count: dict[str, int] = dict.fromkeys(self.lamports, 0)
+        self._floors_due = now + FLOOR_INTERVAL
         self._lam_submitted: dict[str, set[str]] = {t: set() for t in self.lamports}
         for t, lam in self.lamports.items():
             for r in sorted(self.routers - {me}):  # nobody is reachable yet
@@ -454,9 +455,8 @@ class MeshNode:
                     overflow.append(to)
             elif t is lamport.Deliver:
                 gid = a.gid  # type: ignore[union-attr]
-                self._lam_count[topic] = n = self._lam_count[topic] + 1
                 self._lam_submitted[topic].discard(gid)
-                self.core.ordered(topic, n, gid, now, pump=False)  # (pumped once, below)
+                self.core.ordered(topic, a.n, gid, now, pump=False)  # type: ignore[union-attr]  # (pumped once, below)
                 delivered = True
                 life = parse_start(gid) if self._await_start else None
                 if life is not None and life[0] in self._await_start:
@@ -468,10 +468,12 @@ class MeshNode:
             elif t is lamport.ViewInstalled:
                 self.events.append(("order_view", topic, f"view={a.view} members={','.join(a.members)}"))  # type: ignore[union-attr]
                 log.info("mesh.order_view topic=%s view=%s members=%s", topic, a.view, ",".join(a.members))  # type: ignore[union-attr]
-            elif t is lamport.HistoryGap:
-                self.stats["order_history_gaps"] = self.stats.get("order_history_gaps", 0) + 1
-                log.error("mesh.order_history_gap topic=%s after=%s upto=%s: this router cannot learn that "
-                          "part of the order; its total-order subscriptions stall", topic, a.after, a.upto)  # type: ignore[union-attr]
+            elif t is lamport.Restore:
+                cp = a.cp  # type: ignore[union-attr]
+                self.core.total_restore(topic, cp, now)
+                delivered = True
+                log.info("mesh.order_restored topic=%s number=%d starts=%d: went on from the others' checkpoint",
+                         topic, cp.number, len(cp.starts))
         if delivered:
             self.core.pump_topic(topic)
         self._lamport_frames(topic, ses)
@@ -557,6 +559,18 @@ class MeshNode:
         for peer in self.connected:
             self.sends.append((peer, codec.encode_control([Bye(self.me, self.inc)])))
 
+    def _order_floors(self, now: float) -> None:
+        """Each total-order stream: tell the others how far this router needs no history (the
+        delivery core's floor), and compact what no router needs (docs/ordering.md, "What is
+        bounded")."""
+        core = self.core
+        for t, lam in self.lamports.items():
+            if t not in core.total:
+                continue
+            self._lamport_do(t, lam.note_floor(core.total_floor(t, now), now), now)
+            if lam.safe_floor() > core.total[t].base:
+                self._lamport_do(t, lam.compact(core.total_compact(t, lam.safe_floor()), now), now)
+
     # ------------------------------------------------------------------ time
     def tick(self, now: float) -> None:
         if self.hello.hello_due(now):
@@ -582,6 +596,9 @@ class MeshNode:
         for topic, lam in self.lamports.items():
             self._lam_sessions[topic].tick(now)
             self._lamport_do(topic, lam.tick(now), now)
+        if now >= self._floors_due:
+            self._floors_due = now + FLOOR_INTERVAL
+            self._order_floors(now)
         self.core.tick(now, may_expire=self.may_expire())
 
     # ------------------------------------------------------------------ status
@@ -602,7 +619,8 @@ class MeshNode:
                       for t, seq in self.seqs.items()}
             | {t: {"algorithm": "lamport", "view": list(lam.installed) if lam.installed else None,
                    "members": sorted(lam.members), "state": "frozen" if lam.frozen else "normal",
-                   "numbered": self._lam_count[t], "queued": len(lam.queue),
+                   "numbered": lam.count, "compacted": lam.hbase, "history": len(lam.history),
+                   "floor": lam.safe_floor(), "queued": len(lam.queue),
                    "unacked": self._lam_sessions[t].unacked(), **dataclasses.asdict(lam.stats)}
                for t, lam in self.lamports.items()},
         }

@@ -65,7 +65,7 @@ def test_a_view_change_is_written_before_its_frames_leave_and_a_restart_restores
     now = exchange(nodes, now)
     assert len(written) == n  # nothing changed: nothing written (never per message or per tick)
     doc = json.loads(stores["B"].path(T).read_text())
-    assert doc["version"] == 1 and doc["lamport"][4] is None and doc["lamport"][5] is None  # votes only
+    assert doc["version"] == 2 and doc["lamport"][4] is None and doc["lamport"][5] is None  # votes only
     big = json.loads(stores["B"].path(T, ".decisions").read_text())
     assert big["commit"] is not None  # the commit that installed the view
     # B restarts with its state directory: its new life remembers its votes and view, frozen
