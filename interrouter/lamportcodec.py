@@ -53,7 +53,7 @@ from ..router.order.lamport import (
     Snapshot,
     Wire,
 )
-from ..router.order.total import Checkpoint
+from .ordercodec import checkpoint_from_list, checkpoint_to_list
 from .strict import Fields, show
 
 _F = Fields("lamport")
@@ -175,22 +175,9 @@ def _pair(first: _Kind, second: _Kind) -> _Kind:
     return _Kind(lambda p: [first.enc(p[0]), second.enc(p[1])], dec)
 
 
-def _numbered(first: _Kind) -> _Kind:
-    """[[x, number]...]: a checkpoint's starts and marks."""
-    enc, dec = first
-
-    def dec_all(vs: object, where: str) -> tuple[tuple[Any, int], ...]:
-        out = []
-        for k, v in enumerate(_seq(vs, where)):
-            x, n = _seq(v, f"{where}[{k}]", 2)
-            out.append((dec(x, f"{where}[{k}][0]"), _nat(n, f"{where}[{k}][1]")))
-        return tuple(out)
-    return _Kind(lambda vs: [[enc(x), n] for x, n in vs], dec_all)
-
-
 ENTRY = _record(Entry, KEY, STR, PAYLOAD)
 ENTRIES = _many(ENTRY)
-CHECKPOINT = _record(Checkpoint, NAT, _numbered(STR), _numbered(STR))
+CHECKPOINT = _Kind(checkpoint_to_list, lambda v, where: checkpoint_from_list(v, where, _F))
 BASE = _record(Base, KEY, CHECKPOINT)
 DECISION = _record(Decision, BALLOT, BALLOT, MEMBERS, KEY, ENTRIES, ENTRIES, _optional(BASE))
 COMMIT = _record(Commit, BALLOT, DECISION)  # nested in a Promise: without its tag

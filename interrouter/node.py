@@ -34,8 +34,8 @@ from ..router.actions import (
 from ..router.core import DeliveryCore
 from ..router.order import lamport
 from ..router.order.lamport import LamportNode
-from ..router.order.sequencer import Delivered, SendTo, SequencerNode, Unresolved
-from ..router.order.total import parse_start
+from ..router.order.sequencer import Delivered, Restore, SendTo, SequencerNode, Unresolved
+from ..router.order.total import Checkpoint, parse_start
 from ..router.subscriptions import SubState
 from . import codec
 from .channel import Sessions
@@ -386,6 +386,21 @@ class MeshNode:
         if sid not in self.awaiting.values():
             self.attach_done.append((sid, None))
 
+    def _restored(self, topic: str, cp: Checkpoint, now: float) -> None:
+        """The stream of `topic` goes on from `cp` here (this router restarted): the delivery core
+        too, and an ATTACH waiting for a start the checkpoint holds is answered."""
+        self.core.total_restore(topic, cp, now)
+        submitted = self._lam_submitted.get(topic)
+        if submitted:
+            submitted.difference_update(k for k, _ in cp.starts)
+        for sid in sorted(self._await_start):
+            self._started(sid, topic)
+
+    def _start_awaited(self, topic: str, key: str) -> bool:
+        """Is `key` the start of a subscription life whose ATTACH still waits for it here?"""
+        life = parse_start(key)
+        return life is not None and life[0] in self._await_start
+
     def _drain_order(self, now: float) -> None:
         """The sequencers' outputs: messages to other routers, numbers for the delivery core."""
         for topic, seq in self.seqs.items():
@@ -402,8 +417,13 @@ class MeshNode:
                         life = parse_start(a.gid) if self._await_start else None
                         if life is not None and life[0] in self._await_start:
                             self._started(life[0], topic)
-                    elif type(a) is Unresolved and a.gid in self.core.records:
+                    elif type(a) is Unresolved and (a.gid in self.core.records or self._start_awaited(topic, a.gid)):
                         seq.submit(a.gid, now)  # it restarted past compacted history: ask again
+                    elif type(a) is Restore:
+                        self._restored(topic, a.cp, now)
+                        delivered = True
+                        log.info("mesh.order_restored topic=%s number=%d starts=%d: went on from the others' "
+                                 "checkpoint", topic, a.cp.number, len(a.cp.starts))
             if delivered:
                 self.core.pump_topic(topic)
 
@@ -470,7 +490,7 @@ class MeshNode:
                 log.info("mesh.order_view topic=%s view=%s members=%s", topic, a.view, ",".join(a.members))  # type: ignore[union-attr]
             elif t is lamport.Restore:
                 cp = a.cp  # type: ignore[union-attr]
-                self.core.total_restore(topic, cp, now)
+                self._restored(topic, cp, now)
                 delivered = True
                 log.info("mesh.order_restored topic=%s number=%d starts=%d: went on from the others' checkpoint",
                          topic, cp.number, len(cp.starts))
@@ -570,6 +590,14 @@ class MeshNode:
             self._lamport_do(t, lam.note_floor(core.total_floor(t, now), now), now)
             if lam.safe_floor() > core.total[t].base:
                 self._lamport_do(t, lam.compact(core.total_compact(t, lam.safe_floor()), now), now)
+        for t, seq in self.seqs.items():
+            if t not in core.total:
+                continue
+            seq.note_floor(core.total_floor(t, now), now)
+            if seq.safe_floor() > core.total[t].base:
+                seq.compact(core.total_compact(t, seq.safe_floor()))
+        if self.seqs:
+            self._drain_order(now)
 
     # ------------------------------------------------------------------ time
     def tick(self, now: float) -> None:
@@ -614,8 +642,10 @@ class MeshNode:
             "mesh": {**self.stats, "pending_attaches": len(self.gossip.pending),
                      "synced": dict(self.gossip.synced), "reachable": dict(routes.reachable)},
             "order": {t: {"algorithm": "sequencer", "sequencer": seq.coordinator, "leading": seq.leading,
-                          "state": seq.status.name.lower(), "numbered": self.core.total[t].top
-                          if t in self.core.total else 0}
+                          "state": seq.status.name.lower(), "numbered": seq.next_num - 1,
+                          "compacted": seq.base_num - 1, "history": seq.next_num - seq.base_num,
+                          "floor": seq.safe_floor(), "held_back": seq.held_back,
+                          "restored_from": seq.restored_from}
                       for t, seq in self.seqs.items()}
             | {t: {"algorithm": "lamport", "view": list(lam.installed) if lam.installed else None,
                    "members": sorted(lam.members), "state": "frozen" if lam.frozen else "normal",

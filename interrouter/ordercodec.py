@@ -5,6 +5,7 @@ frame (`codec`, kind "O"), and back.
     body   = [tag, field...]            fields in the dataclass's order, tags in `_BODIES`
     ballot = [round, member index, life]
     entry  = [slot, ballot, first, [gid...]]
+    checkpoint = [number, [[start key, number]...], [[publisher link, counter]...]]   (or null)
 
 Encoding trusts our own (typed) values. Decoding trusts nothing: a value of the wrong kind (a bool is
 not an int, a float is not an int), a list of the wrong length, a negative number where none can be,
@@ -30,6 +31,7 @@ from ..router.order.sequencer import (
     CvReply,
     Election,
     Entry,
+    Floor,
     Nack,
     Prepare,
     Promise,
@@ -40,6 +42,7 @@ from ..router.order.sequencer import (
     SyncAck,
     Wire,
 )
+from ..router.order.total import Checkpoint
 from .strict import Fields, show
 
 _F = Fields("order")
@@ -73,6 +76,37 @@ def _entries(v: object, where: str) -> tuple[Entry, ...]:
     return tuple(_entry(e, f"{where}[{k}]") for k, e in enumerate(_seq(v, where)))
 
 
+# ---------------------------------------------------------------------- a checkpoint (both order codecs)
+
+
+def checkpoint_to_list(cp: Checkpoint) -> list[Any]:
+    """`total.Checkpoint` as [number, [[start key, number]...], [[publisher link, counter]...]]."""
+    return [cp.number, [[k, n] for k, n in cp.starts], [[p, c] for p, c in cp.marks]]
+
+
+def checkpoint_from_list(v: object, where: str, f: Fields = _F) -> Checkpoint:
+    """The checkpoint `checkpoint_to_list` made `v` from; `f.bad` (a `FrameError`) names what is not."""
+    number, starts, marks = f.seq(v, where, 3)
+    nat = f.int_from(0)
+
+    def pairs(x: object, w: str) -> tuple[tuple[str, int], ...]:
+        out = []
+        for k, item in enumerate(f.seq(x, w)):
+            a, n = f.seq(item, f"{w}[{k}]", 2)
+            out.append((f.string(a, f"{w}[{k}][0]"), nat(n, f"{w}[{k}][1]")))
+        return tuple(out)
+
+    return Checkpoint(nat(number, f"{where}.number"), pairs(starts, f"{where}.starts"), pairs(marks, f"{where}.marks"))
+
+
+def _cp_to(cp: Checkpoint | None) -> list[Any] | None:
+    return None if cp is None else checkpoint_to_list(cp)
+
+
+def _cp(v: object, where: str) -> Checkpoint | None:
+    return None if v is None else checkpoint_from_list(v, where)
+
+
 # ---------------------------------------------------------------------- the bodies
 
 _Dec = Callable[[object, str], Any]
@@ -93,6 +127,7 @@ _BOOL: tuple[_Enc, _Dec] = (None, _bool)
 _BALLOT: tuple[_Enc, _Dec] = (None, _ballot)
 _ENTRY: tuple[_Enc, _Dec] = (_entry_to, _entry)
 _ENTRIES: tuple[_Enc, _Dec] = (_entries_to, _entries)
+_CP: tuple[_Enc, _Dec] = (_cp_to, _cp)  # optional: null when nothing is compacted
 
 # tag, class, the kind of each field in the dataclass's order (checked against it below)
 _BODIES: tuple[tuple[str, type[Body], tuple[tuple[_Enc, _Dec], ...]], ...] = (
@@ -102,15 +137,16 @@ _BODIES: tuple[tuple[str, type[Body], tuple[tuple[_Enc, _Dec], ...]], ...] = (
     ("CQ", CvQuery, (_STR,)),
     ("CR", CvReply, (_STR,)),
     ("R", Recover, (_STR,)),
-    ("RR", RecoverReply, (_STR, _BALLOT, _NAT, _NAT, _ENTRIES, _ENTRIES)),
+    ("RR", RecoverReply, (_STR, _BALLOT, _NAT, _NAT, _ENTRIES, _ENTRIES, _CP)),
     ("PR", Prepare, (_BALLOT, _NAT)),
-    ("PM", Promise, (_BALLOT, _NAT, _NAT, _NAT, _ENTRIES, _ENTRIES)),
+    ("PM", Promise, (_BALLOT, _NAT, _NAT, _NAT, _ENTRIES, _ENTRIES, _CP)),
     ("N", Nack, (_BALLOT, _BALLOT)),
     ("AC", Accept, (_BALLOT, _ENTRY)),
     ("AD", Accepted, (_BALLOT, _NAT, _NAT)),
-    ("S", Sync, (_ENTRIES, _NAT, _NAT, _NAT, _NAT, _BOOL)),
+    ("S", Sync, (_ENTRIES, _NAT, _NAT, _NAT, _NAT, _BOOL, _CP)),
     ("SA", SyncAck, (_NAT, _BALLOT)),
     ("RQ", Request, (_STR, _NAT)),
+    ("FL", Floor, (_NAT,)),
 )
 
 

@@ -602,6 +602,8 @@ class LamportNode:
         self.base = base
         self.history.clear()
         self.delivered.clear()
+        for key, _ in base.cp.starts:
+            self.pending.pop(key, None)  # (a start submitted again after a restart: numbered already)
         self.stats.restored_from = base.cp.number
         self._out.append(Restore(base.cp))
 

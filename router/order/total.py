@@ -71,9 +71,11 @@ class TotalStream:
             self.top = n
         life = parse_start(key)
         if life is None:
-            self.num[key] = n
+            self.num[key] = n  # (numbered again after its first number was compacted: the new one counts)
         else:
-            self.start[life] = n
+            # a start submitted again (its router restarted before it learned it) keeps its first
+            # number, at every router alike: live starts are never compacted away
+            self.start.setdefault(life, n)
         return True
 
     def start_of(self, sid: str, created: float) -> int | None:

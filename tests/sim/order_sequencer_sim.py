@@ -13,8 +13,14 @@ Each seed draws a profile: N, network speed and delay spikes, fault rate, quick 
 suspicions, crashes after votes, compaction. Clients submit gids at random routers; a client whose
 router crashed, or that heard nothing for a while, resends elsewhere; some resend anyway.
 
+Compaction (some seeds): every router reports its floor now and then (`note_floor`: here the
+number before the first gid a client still waits for, which it may resend; what the delivery core
+would say) and compacts what every member's floor passed (`safe_floor`, `compact` with a checkpoint);
+a router that restarts behind the base goes on from the checkpoint (`Restore`).
+
 Checked at every action: one gid per number, one number per gid, each incarnation delivers
-consecutive numbers (from 1 unless the seed compacts) agreeing with every other, `Numbered` agrees.
+consecutive numbers (from 1, or after the checkpoint it went on from; numbers at or below that
+checkpoint it may be told again and ignores) agreeing with every other, `Numbered` agrees.
 At the end, after healing every fault (and calming the network) and running on: numbers are exactly
 1..M, every gid has one and every client was told it, every router delivered all M, all take the
 highest router for coordinator and it leads.
@@ -32,12 +38,14 @@ from oncemesh.router.order.sequencer import (
     Numbered,
     Promise,
     RecoverReply,
+    Restore,
     SendTo,
     SequencerNode,
     Status,
     Unresolved,
     Wire,
 )
+from oncemesh.router.order.total import Checkpoint
 from tests.sim.kernel import Network, Scheduler, Violation
 
 TICK = 0.05
@@ -61,6 +69,7 @@ class Router:
     inbox: deque[tuple[Any, ...]] = field(default_factory=deque)
     belief: dict[str, bool] = field(default_factory=dict)
     last: int | None = None  # last number this incarnation delivered
+    restored: int = 0  # the checkpoint it went on from
 
 
 class OrderSim:
@@ -92,7 +101,7 @@ class OrderSim:
         self.gid2num: dict[str, int] = {}
         self.clients: dict[str, Client] = {}
         self.stats = {"crash": 0, "leader_crash": 0, "freeze": 0, "partition": 0, "msgs": 0, "resend": 0,
-                      "unresolved": 0}
+                      "unresolved": 0, "compactions": 0, "restores": 0}
         count = gids if gids is not None else rng.randint(40, 240)
         for k in range(count):
             self._at(rng.uniform(0.0, duration), "submit", f"g{k}", None)
@@ -158,6 +167,11 @@ class OrderSim:
                 self._delivered(r, a.n, a.gid)
             elif isinstance(a, Numbered):
                 self._numbered(r, a.gid, a.n)
+            elif isinstance(a, Restore):
+                if r.last is not None and r.last > a.cp.number:
+                    self.fail(f"{r.inc} restored to {a.cp.number} after delivering {r.last}")
+                r.last = r.restored = a.cp.number
+                self.stats["restores"] += 1
             elif isinstance(a, Unresolved):
                 self.stats["unresolved"] += 1
                 c = self.clients[a.gid]
@@ -175,9 +189,11 @@ class OrderSim:
 
     def _delivered(self, r: Router, n: int, gid: str) -> None:
         self._commit(n, gid, f"{r.inc} delivered")
+        if n <= r.restored:
+            return  # at or below the checkpoint it went on from: known already (the core ignores it)
         if r.last is None:
-            if n != 1 and not self.compacting:
-                self.fail(f"{r.inc} started delivering at {n}, not 1")
+            if n != 1:
+                self.fail(f"{r.inc} started delivering at {n}, not 1 (and went on from no checkpoint)")
         elif n != r.last + 1:
             self.fail(f"{r.inc} delivered {n} after {r.last}: a gap or a repeat")
         r.last = n
@@ -272,8 +288,15 @@ class OrderSim:
         doubt = [self.gid2num.get(c.gid, 1 << 30) for c in self.clients.values() if c.number is None]
         horizon = min(doubt, default=1 << 30) - 1
         for r in self.routers.values():
-            if r.node is not None and r.frozen_until is None:
-                r.node.compact(horizon)
+            node = r.node
+            if node is not None and r.frozen_until is None:
+                node.note_floor(horizon, self.now)
+                safe = node.safe_floor()
+                if safe > node.base_num - 1:
+                    before = node.base
+                    node.compact(Checkpoint(safe, (), ()))
+                    self.stats["compactions"] += node.base > before
+                self._drain(r)
 
     def _submit(self, c: Client, exclude: str | None = None) -> None:
         live = [r for r in self.ids if self.up(r) and r != exclude] or [r for r in self.ids if self.up(r)]
@@ -340,7 +363,7 @@ class OrderSim:
         self.stats["crash"] += 1
         self.stats["leader_crash"] += victim in leaders
         self._log(f"crash {r.inc}{' (leader)' if victim in leaders else ''}")
-        r.node, r.frozen_until, r.last = None, None, None
+        r.node, r.frozen_until, r.last, r.restored = None, None, None, 0
         r.inbox.clear()
         for o in self.ids:
             self.net.reset(o, victim)

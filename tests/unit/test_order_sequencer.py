@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from oncemesh.common.errors import RemoteProtocolError
 from oncemesh.router.order.sequencer import (
     Accept,
     Accepted,
@@ -24,11 +25,13 @@ from oncemesh.router.order.sequencer import (
     CvQuery,
     Delivered,
     Entry,
+    Floor,
     Nack,
     Numbered,
     Prepare,
     Promise,
     Request,
+    Restore,
     SendTo,
     SequencerNode,
     Status,
@@ -36,6 +39,7 @@ from oncemesh.router.order.sequencer import (
     Unresolved,
     Wire,
 )
+from oncemesh.router.order.total import Checkpoint
 
 
 class Net:
@@ -51,6 +55,24 @@ class Net:
         self.told: dict[str, int] = {}
         self.bodies: set[type] = set()
         self.unresolved: list[tuple[str, str]] = []
+        self.restored: dict[str, Checkpoint] = {}  # incarnation -> the checkpoint it went on from
+        self.collect()
+
+    def floors(self, routers: str, now: float, upto: int | None = None) -> None:
+        """Each router reports its floor (everything it delivered, or `upto`) to the others, the
+        reports are delivered, and each compacts what every member's floor passed."""
+        for r in routers:
+            node = self.node(r)
+            node.note_floor(node.next_num - 1 if upto is None else upto, now)
+        self.collect()
+        for a in routers:
+            for b in routers:
+                q = self.chan[(a, b)]
+                while q and type(q[0].body) is Floor:
+                    self.step(a, b, now)
+        for r in routers:
+            node = self.node(r)
+            node.compact(Checkpoint(node.safe_floor(), (), ()))
         self.collect()
 
     def node(self, r: str) -> SequencerNode:
@@ -77,14 +99,21 @@ class Net:
                     self.chan[(r, a.to)].append(a.msg)
                 elif isinstance(a, Delivered):
                     self._commit(a.n, a.gid)
+                    cp = self.restored.get(self.inc(r))
+                    if cp is not None and a.n <= cp.number:
+                        continue  # known from its checkpoint (the delivery core ignores it)
                     seq = self.delivered[self.inc(r)]
                     assert not seq or a.n == seq[-1][0] + 1, f"{self.inc(r)} delivered {a.n} after {seq[-1]}"
+                    assert seq or a.n == (cp.number + 1 if cp else 1), f"{self.inc(r)} started at {a.n}"
                     seq.append((a.n, a.gid))
                 elif isinstance(a, Numbered):
                     self._commit(a.n, a.gid)
                     self.told[a.gid] = a.n
                 elif isinstance(a, Unresolved):
                     self.unresolved.append((self.inc(r), a.gid))
+                elif isinstance(a, Restore):
+                    assert not self.delivered[self.inc(r)], f"{self.inc(r)} restored after delivering"
+                    self.restored[self.inc(r)] = a.cp
 
     def step(self, src: str, dst: str, now: float = 1.0) -> type:
         """Deliver the head of the channel src -> dst; return the type of its body."""
@@ -166,7 +195,8 @@ def test_every_message_is_plain_data() -> None:
     net.crash("C")
     net.restart("C", t)
     net.view("ABCDE")
-    net.run("ABCDE", t, t + 3.0)
+    t = net.run("ABCDE", t, t + 3.0)
+    net.floors("ABCDE", t)
     assert set(typing.get_args(Body)) == net.bodies  # every kind went through json.dumps
 
 
@@ -387,9 +417,8 @@ def test_compaction_drops_what_everyone_delivered_and_late_requests_from_behind_
     t = net.run("ABC", t, t + 1.5)  # heartbeats spread the stable mark
     c = net.node("C")
     assert c.leading and c.stable == c.next_slot
-    for r in "ABC":
-        net.node(r).compact(4)
-    assert c.base > 1 and "g0" not in c.numbers and "g5" in c.numbers
+    net.floors("ABC", t, upto=4)
+    assert c.base > 1 and "g0" not in c.numbers and "g5" in c.numbers and c.cp == Checkpoint(4, (), ())
     assert all(e.first + len(e.gids) - 1 > 4 for e in c.chosen.values())
     net.submit("A", "g5", t)  # still retained: the same number
     assert net.told["g5"] == net.numbers["g5"]
@@ -409,8 +438,7 @@ def test_a_router_restarted_past_compacted_history_hands_back_what_it_held() -> 
         net.submit("C", f"g{k}", t)
         t = net.run("ABC", t, t + 0.3)
     t = net.run("ABC", t, t + 1.5)
-    for r in "BC":
-        net.node(r).compact(3)
+    net.floors("ABC", t, upto=3)
     net.crash("A")
     net.restart("A", t)
     net.submit("A", "g0", t)
@@ -421,6 +449,50 @@ def test_a_router_restarted_past_compacted_history_hands_back_what_it_held() -> 
     net.submit("A", "g9", t)
     net.run("ABC", t, t + 1.0)
     assert net.numbers == {"g0": 1, "g1": 2, "g2": 3, "g3": 4, "g9": 5} and net.told["g9"] == 5
+    assert net.restored["A.1"] == Checkpoint(3, (), ())  # it went on from the others' checkpoint
+    assert net.delivered["A.1"] == [(4, "g3"), (5, "g9")]
+
+
+def test_nothing_is_compacted_past_a_member_that_never_reported_or_whose_new_life_has_not() -> None:
+    net, t = settled()
+    for k in range(3):
+        net.submit("C", f"g{k}", t)
+        t = net.run("ABC", t, t + 0.3)
+    t = net.run("ABC", t, t + 1.5)
+    net.floors("BC", t)  # A has not reported: it counts as 0
+    assert all(net.node(r).base == 1 for r in "ABC") and net.node("C").safe_floor() == 0
+    net.floors("ABC", t)
+    assert all(net.node(r).base > 1 for r in "ABC") and net.node("C").safe_floor() == 3
+    net.crash("A")
+    net.restart("A", t)
+    t = net.run("ABC", t, t + 1.0)  # its new life is known (crash vectors): its old report is void
+    assert net.node("C").safe_floor() == 0
+    net.floors("ABC", t)
+    assert net.node("C").safe_floor() == 3
+
+
+def test_past_max_history_the_leader_numbers_nothing_until_it_can_compact() -> None:
+    net = Net("ABC")
+    for r in "ABC":
+        net.nodes[r] = SequencerNode(r, net.ids, f"{r}.0", 0.0, bootstrap=True, max_history=2)
+    net.collect()
+    net.view("ABC")
+    t = net.run("ABC", 0.0, 2.0)
+    for k in range(3):
+        net.submit("A", f"g{k}", t)
+        t = net.run("ABC", t, t + 0.3)
+    t = net.run("ABC", t, t + 1.0)
+    assert sorted(net.numbers) == ["g0", "g1"] and net.node("C").held_back > 0
+    net.floors("ABC", t)
+    t = net.run("ABC", t, t + 1.0)
+    assert net.numbers["g2"] == 3
+
+
+def test_a_promise_or_recover_reply_with_a_base_and_no_checkpoint_is_refused() -> None:
+    net, t = settled()
+    bad = Wire(0, (0, 0, 0), Promise((9, 0, 0), 5, 3, 7, (), (), None))
+    with pytest.raises(RemoteProtocolError, match="checkpoint"):
+        net.node("B").handle("A", bad, t)
 
 
 # ---------------------------------------------------------------------- random schedules

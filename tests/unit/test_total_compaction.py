@@ -239,3 +239,19 @@ def test_numbers_at_or_below_the_checkpoint_learned_again_change_nothing() -> No
     assert not delivered(t.take()) and t.core.total[T].top == 2
     _, g2, _ = t.publish(b"2")
     assert delivered(t.number(g2)) == [g2]
+
+
+def test_a_start_numbered_again_keeps_its_first_number_and_a_gid_its_latest() -> None:
+    """A restarted router submits the start of a subscription that attaches there again before it
+    learned it: the later number changes nothing. A gid is numbered again only once its first number
+    was compacted somewhere (a resend long after): the later number is the one records get."""
+    ts = TotalStream()
+    k = start_key("s", 1.0)
+    ts.learn(1, k)
+    ts.learn(2, PL + ":1")
+    ts.learn(3, k)
+    ts.learn(4, PL + ":1")
+    assert ts.start_of("s", 1.0) == 1 and ts.owed(2, "s", 1.0)
+    assert ts.num[PL + ":1"] == 4
+    ts.compact(2, lambda sid, life: True)
+    assert ts.num[PL + ":1"] == 4 and ts.start_of("s", 1.0) == 1
