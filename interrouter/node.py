@@ -129,6 +129,7 @@ class MeshNode:
         self._lam_sessions: dict[str, Sessions[lamport.Wire]] = {t: Sessions() for t in self.lamports}
         self._lam_alive: dict[str, str] = {}  # members reachable -> their incarnation
         self._floors_due = now + FLOOR_INTERVAL
+        self._full_seen: dict[str, int] = {}  # topic -> its stream's "history full" count last seen
         self._lam_submitted: dict[str, set[str]] = {t: set() for t in self.lamports}
         for t, lam in self.lamports.items():
             for r in sorted(self.routers - {me}):  # nobody is reachable yet
@@ -588,16 +589,39 @@ class MeshNode:
             if t not in core.total:
                 continue
             self._lamport_do(t, lam.note_floor(core.total_floor(t, now), now), now)
-            if lam.safe_floor() > core.total[t].base:
-                self._lamport_do(t, lam.compact(core.total_compact(t, lam.safe_floor()), now), now)
+            cp = self._checkpoint(t, lam.safe_floor())
+            if cp.number > lam.hbase:
+                self._lamport_do(t, lam.compact(cp, now), now)
+            self._history_full(t, lam.stats.history_full, lam.count - lam.hbase,
+                               {r: f for r, (_, f) in lam.floors.items()} | {self.me: lam.own_floor})
         for t, seq in self.seqs.items():
             if t not in core.total:
                 continue
             seq.note_floor(core.total_floor(t, now), now)
-            if seq.safe_floor() > core.total[t].base:
-                seq.compact(core.total_compact(t, seq.safe_floor()))
+            cp = self._checkpoint(t, seq.safe_floor())
+            if cp.number >= seq.base_num:  # (it compacts what the leader says every member delivered)
+                seq.compact(cp)
+            self._history_full(t, seq.held_back, seq.next_num - seq.base_num,
+                               {r: f for r, (_, f) in seq.floors.items()} | {self.me: seq.own_floor})
         if self.seqs:
             self._drain_order(now)
+
+    def _checkpoint(self, topic: str, safe: int) -> Checkpoint:
+        """The delivery core's checkpoint of `topic`, compacted up to `safe` first if it is behind."""
+        if safe > self.core.total[topic].base:
+            return self.core.total_compact(topic, safe)
+        return self.core.total[topic].checkpoint()
+
+    def _history_full(self, topic: str, waits: int, kept: int, floors: dict[str, int]) -> None:
+        """Say so (once per FLOOR_INTERVAL while it lasts) when a stream stopped numbering because its
+        history is full, and which router's floor holds it back."""
+        seen = self._full_seen.get(topic, 0)
+        self._full_seen[topic] = waits
+        if waits > seen:
+            low = min(sorted(self.routers), key=lambda r: floors.get(r, 0))
+            log.error("mesh.order_history_full topic=%s kept=%d floor=%d held_back_by=%s: numbering waits "
+                      "(publishers get no credit) until every router's floor passes what is kept; a router "
+                      "that is down holds it until it is back", topic, kept, floors.get(low, 0), low)
 
     # ------------------------------------------------------------------ time
     def tick(self, now: float) -> None:

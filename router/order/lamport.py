@@ -506,13 +506,20 @@ class LamportNode:
     def _stamp(self) -> None:
         if self.frozen or self.me not in self.members or not self.pending:
             return
-        if self.count - self.hbase >= self.max_history:
-            self.stats.history_full += 1  # back-pressure: it waits for the others' floors (`compact`)
-            return
         assert self.installed is not None
+        # entries kept and in flight count toward `max_history`: past it what is pending waits for
+        # the others' floors (`compact`): back-pressure
+        room = self.max_history - (self.count - self.hbase) - len(self.queue)
+        done: list[str] = []
         for gid, payload in self.pending.items():
             if gid in self.queued or gid in self.delivered:
+                done.append(gid)
                 continue
+            if room <= 0:
+                self.stats.history_full += 1
+                break
+            room -= 1
+            done.append(gid)
             self.clock += 1
             e = Entry((self.installed, self.clock, self.me), gid, payload)
             self._enqueue(e)
@@ -520,7 +527,11 @@ class LamportNode:
             for r in self.members:
                 if r != self.me:
                     self._send(r, Data(e))
-        self.pending.clear()
+        if len(done) == len(self.pending):
+            self.pending.clear()
+        else:
+            for gid in done:
+                del self.pending[gid]
         self._deliver()
 
     def _enqueue(self, e: Entry) -> None:

@@ -3,6 +3,8 @@ messages, and refuses (without crashing) what does not fit its group."""
 
 from __future__ import annotations
 
+import pytest
+
 from oncemesh.interrouter import codec
 from oncemesh.interrouter.messages import Order
 from oncemesh.interrouter.node import MeshNode
@@ -41,7 +43,9 @@ def test_two_routers_number_a_submission_alike_over_routed_order_messages() -> N
     exchange()
     nodes["A"].perform(SubmitOrder("t", "abcdefghijkl:1"), now)
     exchange()
-    assert all(n.core.total["t"].num == {"abcdefghijkl:1": 1} for n in nodes.values())
+    for n in nodes.values():  # (numbered 1, or already compacted: every router passed it)
+        ts = n.core.total["t"]
+        assert ts.num == {"abcdefghijkl:1": 1} or (ts.base == 1 and ts.marks == {"abcdefghijkl": 1})
     assert all(n.stats["order_out"] > 0 for n in nodes.values())
     assert nodes["B"].status()["order"]["t"]["sequencer"] == "B"  # bully: the highest id
 
@@ -59,3 +63,54 @@ def test_an_order_message_for_a_topic_not_in_total_order_here_is_counted_and_dro
     n = node()
     n.frame("B", codec.encode_control([Order("A", "B", "other", Wire(0, (0, 0, 0), Request("x:1", 1)))]), 0.2)
     assert n.stats["order_unknown_topic"] == 1
+
+
+@pytest.mark.parametrize("algorithm", ["sequencer", "lamport"])
+def test_what_every_router_passed_is_compacted_and_a_full_history_is_said_and_waits(
+        algorithm: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Both total orders: the mesh layer reports the delivery core's floor every second and compacts
+    what every router's floor passed; a stream whose history is full numbers nothing more (its
+    submissions wait) and the router logs which router holds it back."""
+    kw = {"sequenced": ("t",)} if algorithm == "sequencer" else {"lamport_topics": ("t",)}
+    nodes = {r: MeshNode(r, "1", DeliveryCore(r, SubscriptionTable(), CoreConfig(total_topics=frozenset({"t"}))),
+                         {"A", "B"}, {"B" if r == "A" else "A": 1.0}, 1.0, 3.0, 0.0, **kw)  # type: ignore[arg-type]
+             for r in "AB"}
+    now = 0.0
+
+    def exchange(seconds: float) -> None:
+        nonlocal now
+        end = now + seconds
+        while now < end:
+            now += 0.05
+            for r, n in nodes.items():
+                n.tick(now)
+                n.flush()
+                sends, n.sends = n.sends, []
+                for to, frame in sends:
+                    nodes[to].frame(r, frame, now)
+
+    nodes["A"].peer_up("B", "1", now)
+    nodes["B"].peer_up("A", "1", now)
+    exchange(2.5)
+    for k in range(3):
+        nodes["A"].perform(SubmitOrder("t", f"abcdefghijkl:{k}"), now)
+    exchange(5.0)  # (the sequencer compacts what the leader says every member delivered: heartbeats)
+    for n in nodes.values():
+        st = n.status()["order"]["t"]
+        assert n.core.total["t"].base == 3 and st["compacted"] == 3 and st["numbered"] == 3, st
+    for n in nodes.values():  # room for one more number only
+        if algorithm == "lamport":
+            n.lamports["t"].max_history = 1
+        else:
+            n.seqs["t"].max_history = 1
+    for n in nodes.values():  # (no more floors: nothing compacts)
+        n._floors_due = float("inf")
+    with caplog.at_level("ERROR", logger="oncemesh.mesh"):
+        for k in range(3, 5):
+            nodes["A"].perform(SubmitOrder("t", f"abcdefghijkl:{k}"), now)
+        exchange(2.0)
+        for n in nodes.values():
+            n._floors_due = 0.0
+            n.tick(now)  # (the router that stopped numbering says so: the sequencer's leader, or A)
+    assert all(n.core.total["t"].top == 4 for n in nodes.values())  # one more, then it waits
+    assert any("mesh.order_history_full topic=t" in r.getMessage() for r in caplog.records)
