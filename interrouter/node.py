@@ -34,7 +34,7 @@ from ..router.actions import (
 from ..router.core import DeliveryCore
 from ..router.order import lamport
 from ..router.order.lamport import LamportNode
-from ..router.order.sequencer import Delivered, Restore, SendTo, SequencerNode, Unresolved
+from ..router.order.sequencer import Delivered, Journal, Restore, SendTo, SeqState, SequencerNode, Unresolved
 from ..router.order.total import Checkpoint, parse_start
 from ..router.subscriptions import SubState
 from . import codec
@@ -77,13 +77,16 @@ class MeshNode:
                  neighbours: dict[str, float], hello_interval: float, dead_after: float, now: float,
                  sequenced: Iterable[str] = (), bootstrap: bool = True, lamport_topics: Iterable[str] = (),
                  lamport_restore: Mapping[str, lamport.Snapshot] | None = None,
-                 persist: Callable[[str, lamport.Snapshot], None] | None = None) -> None:
+                 persist: Callable[[str, lamport.Snapshot], None] | None = None,
+                 seq_restore: Mapping[str, SeqState] | None = None,
+                 persist_seq: Callable[[str, SeqState | list[Journal]], None] | None = None) -> None:
         """`sequenced`: topics in total order by the sequencer (one numbering group per topic, every
         router of the topology a member); `lamport_topics`: topics in total order by Lamport clocks
         (every router a member); `bootstrap`: this is the groups' first life here (a router
         restarted with its state directory recovers its part from the others); `lamport_restore`:
         what an earlier life wrote (`persist`: where a stream's durable part goes when it changed,
-        once per pass, before that pass's frames leave: `flush`)."""
+        once per pass, before that pass's frames leave: `flush`); `seq_restore`, `persist_seq`: the
+        same for the sequencers' votes (a journal, `SequencerNode.take_journal`)."""
         self.me = me
         self.inc = inc
         self.core = core
@@ -114,8 +117,13 @@ class MeshNode:
         self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0, "stale_probes": 0,
                       "control_out": 0, "order_out": 0}  # control_out: control messages sent, per hop
         self.lsdb.set_neighbours({})
-        self.seqs = {t: SequencerNode(me, sorted(self.routers), inc, now, bootstrap=bootstrap)
+        seq_restore = seq_restore or {}
+        self.seqs = {t: SequencerNode(me, sorted(self.routers), inc, now, bootstrap=bootstrap) if bootstrap
+                     else SequencerNode.restore(seq_restore.get(t), me, sorted(self.routers), inc, now)
                      for t in sorted(sequenced)}
+        self._persist_seq = persist_seq
+        for seq in self.seqs.values():
+            seq.journaling = persist_seq is not None
         self._seq_alive: set[str] = set()
         # topics in total order by Lamport clocks: one stream per topic over reliable sessions
         # (`interrouter.channel`); its deliveries are numbered 1, 2, 3, ... here, alike on every router
@@ -511,6 +519,11 @@ class MeshNode:
 
     def _persist_order(self) -> None:
         """The streams' durable parts that changed this pass go to disk before its frames leave."""
+        if self._persist_seq is not None:
+            for t, seq in self.seqs.items():
+                if seq.journal_pending:
+                    self._persist_seq(t, seq.take_journal())
+                    self.stats["order_persisted"] = self.stats.get("order_persisted", 0) + 1
         if self._persist is None:
             return
         for t, lam in self.lamports.items():

@@ -32,14 +32,18 @@ from ..router.order.sequencer import (
     Election,
     Entry,
     Floor,
+    Journal,
     Nack,
     Prepare,
     Promise,
+    Promised,
     Recover,
     RecoverReply,
     Request,
+    SeqState,
     Sync,
     SyncAck,
+    Voted,
     Wire,
 )
 from ..router.order.total import Checkpoint
@@ -203,3 +207,59 @@ def wire_from_list(x: object) -> Wire:
     if len(body) != 1 + len(decs):
         _bad(f"{cls.__name__} ({tag}): expected {len(decs)} fields, got {len(body) - 1}")
     return Wire(life, tuple(cv), cls(*[dec(v, where) for (dec, where), v in zip(decs, body[1:], strict=True)]))
+
+
+# ---------------------------------------------------------------------- what a router keeps on disk
+
+SEQ_STATE_VERSION = 2  # (the order messages' version: their entries and ballots)
+
+
+def _cv(v: object, where: str) -> tuple[int, ...]:
+    return tuple(_nat(c, f"{where}[{k}]") for k, c in enumerate(_seq(v, where)))
+
+
+def seqstate_to_json(st: SeqState) -> dict[str, Any]:
+    """A member's votes as the first line of its journal file:
+    {"version": 2, "sequencer": [life, [cv...], promised, base, base_num, checkpoint or null, [entry...]]}."""
+    return {"version": SEQ_STATE_VERSION, "sequencer": [st.life, list(st.cv), list(st.promised), st.base,
+                                                       st.base_num, _cp_to(st.cp), _entries_to(st.votes)]}
+
+
+def journal_to_json(j: Journal) -> dict[str, Any]:
+    """One line of a journal: {"voted": [entry...]}, {"promised": ballot} or {"cv": [life...]}."""
+    if isinstance(j, Voted):
+        return {"voted": _entries_to(j.entries)}
+    if isinstance(j, Promised):
+        return {"promised": list(j.ballot)}
+    return {"cv": list(j.cv)}
+
+
+def seqstate_from_json(lines: list[object]) -> SeqState:
+    """The votes a journal file holds: its first line with every later one applied; `FrameError`
+    for anything else (another version, damage)."""
+    if not lines:
+        _bad("sequencer state: empty")
+    head = lines[0]
+    if not isinstance(head, dict) or head.get("version") != SEQ_STATE_VERSION or "sequencer" not in head:
+        _bad(f"sequencer state: expected {{'version': {SEQ_STATE_VERSION}, 'sequencer': [...]}}")
+    life, cv, promised, base, base_num, cp, votes = _seq(head["sequencer"], "sequencer", 7)
+    if type(life) is not int or life < -1:
+        _bad(f"sequencer.life: expected an int >= -1, got {_show(life)}")
+    cvs = _cv(cv, "sequencer.cv")
+    ballot = _ballot(promised, "sequencer.promised")
+    acc = {e.slot: e for e in _entries(votes, "sequencer.votes")}
+    for k, line in enumerate(lines[1:], 1):
+        if not isinstance(line, dict) or len(line) != 1:
+            _bad(f"sequencer journal line {k}: expected one of voted, promised, cv")
+        ((what, v),) = line.items()
+        if what == "voted":
+            for e in _entries(v, f"journal[{k}].voted"):
+                acc[e.slot] = e
+        elif what == "promised":
+            ballot = max(ballot, _ballot(v, f"journal[{k}].promised"))
+        elif what == "cv":
+            cvs = tuple(max(a, b) for a, b in zip(cvs, _cv(v, f"journal[{k}].cv"), strict=False))
+        else:
+            _bad(f"sequencer journal line {k}: unknown {_show(what)}")
+    return SeqState(life, cvs, ballot, _nat(base, "sequencer.base"), _nat(base_num, "sequencer.base_num"),
+                    _cp(cp, "sequencer.cp"), tuple(acc[s] for s in sorted(acc)))

@@ -51,6 +51,17 @@ restart of the coordinator (its first message of a new life) starts an election.
    committed or delivered there until the partition heals; then the highest member wins, its promise
    round learns everything, and the others catch up from its SYNCs.
 
+Restart with disk. A member's votes (its life, crash vector, promise, and the entries it accepted or
+learned from the compaction base on) are all it must not forget to go on voting as the same life;
+they change per batch (acceptances), so the embedding keeps them as a journal (`take_journal`:
+what changed since the last call, or a whole `snapshot` when the base moved or the life changed),
+appended and fsynced before the pass's messages leave (a vote is on disk before it is cast).
+`restore` makes a new incarnation that is the same life with the same votes: it counts toward
+quorums at once and needs no RECOVER round (a group tolerates more restarts at once; a restart of
+every member goes on). It lost what it delivered: it learns the chosen entries again from the
+others (a base above its own comes with a checkpoint). A journal of a life that was recovering
+restores nothing (it was amnesic then; it recovers again).
+
 Cost in messages. Steady state, per batch of B gids: up to B REQUESTs (gids taken at routers other
 than the leader), N-1 ACCEPT, N-1 ACCEPTED and N-1 SYNC: 3(N-1) + B, so 3N-2 per gid unbatched; plus
 2(N-1) per heartbeat. Per election: N-1 COORDINATOR when the highest live router starts it, O(N^2)
@@ -280,6 +291,44 @@ class Lead(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class SeqState:
+    """A member's votes (`SequencerNode.snapshot`, `restore`): life -1 means it was recovering
+    (amnesic: nothing to restore)."""
+
+    life: int
+    cv: tuple[int, ...]
+    promised: Ballot
+    base: int  # the compaction base (slot, number) and its checkpoint (None: nothing compacted)
+    base_num: int
+    cp: Checkpoint | None
+    votes: tuple[Entry, ...]  # accepted or learned, from the compaction base on
+
+
+@dataclass(frozen=True, slots=True)
+class Voted:
+    """Journal: accepted (or learned) entries."""
+
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Promised:
+    """Journal: the promise is now `ballot`."""
+
+    ballot: Ballot
+
+
+@dataclass(frozen=True, slots=True)
+class Lives:
+    """Journal: the crash vector is now `cv` (another member recovered with a new life)."""
+
+    cv: tuple[int, ...]
+
+
+Journal = Voted | Promised | Lives
+
+
+@dataclass(frozen=True, slots=True)
 class Timing:
     retry: float = 0.3  # resend unanswered RECOVER / PREPARE / ACCEPT / REQUEST; back off after NACK
     heartbeat: float = 0.5
@@ -323,6 +372,11 @@ class SequencerNode:
         self._floor_at = -FLOOR_RESEND
         self.held_back = 0  # batches not proposed: `max_history` numbers not compacted
         self.restored_from = 0  # the checkpoint this life went on from (0: none)
+        # restart with disk: what changed since the embedding last took it (`take_journal`); None:
+        # take a whole snapshot (a new life, a compaction)
+        self._journal: list[Journal] | None = None
+        self.journaling = False  # the embedding keeps votes on disk (it takes the journal every pass)
+        self.restored = False
         self.top_chosen = 0  # highest slot learned committed
         self.delivered_any = False
         self.stable = 1  # slots below it are delivered everywhere (the leader says)
@@ -377,11 +431,14 @@ class SequencerNode:
         self._check(frm, msg)
         if 0 <= msg.life < self.cv[j]:
             return  # an older incarnation of frm
+        cv = tuple(self.cv)
         for x, life in enumerate(msg.cv):
             if life > self.cv[x] and (x != self.i or self.life < 0):
                 self.cv[x] = life
         if msg.life > self.cv[j]:
             self.cv[j] = msg.life
+        if tuple(self.cv) != cv:
+            self._note(Lives(tuple(self.cv)))
         body = msg.body
         if self.status is not Status.NORMAL:
             self._handle_recovering(frm, body, now)
@@ -514,12 +571,65 @@ class SequencerNode:
                 if self.numbers.get(g) == e.first + k:
                     del self.numbers[g]
             self.base, self.base_num = self.base + 1, e.first + len(e.gids)
+        if cp != self.cp:
+            self._journal = None  # (the votes below the base go: written whole)
         self.cp = cp
         self._propose_new()  # (a leader held back by `max_history`)
 
     @property
     def leading(self) -> bool:
         return self.lead is Lead.LEADING
+
+    # ------------------------------------------------------------------ restart with disk
+    def _note(self, j: Journal) -> None:
+        if self._journal is not None and self.journaling:
+            self._journal.append(j)
+
+    def snapshot(self) -> SeqState:
+        """This member's votes as a whole (life -1 while it recovers: nothing to restore)."""
+        if self.status is not Status.NORMAL or self.life < 0:
+            return SeqState(-1, tuple(self.cv), NO_BALLOT, 1, 1, None, ())
+        votes = {s: e for s, e in self.chosen.items() if s >= self.base} | {
+            s: e for s, e in self.acc.items() if s >= self.base}
+        return SeqState(self.life, tuple(self.cv), self.promised, self.base, self.base_num, self.cp,
+                        tuple(votes[s] for s in sorted(votes)))
+
+    def take_journal(self) -> SeqState | list[Journal]:
+        """What changed since the last call: the journal to append, or a whole snapshot (to write
+        instead of what was there). Its votes must be on disk before this pass's messages leave."""
+        j = self._journal
+        self._journal = []
+        return self.snapshot() if j is None else j
+
+    @property
+    def journal_pending(self) -> bool:
+        return self._journal is None or bool(self._journal)
+
+    @classmethod
+    def restore(cls, state: SeqState | None, me: str, members: Sequence[str], incarnation: str, now: float, *,
+                timing: Timing | None = None, max_history: int = MAX_HISTORY) -> SequencerNode:
+        """A new incarnation with the votes of `state` (an earlier one's, from disk): the same life,
+        voting at once. None, or a life that was recovering: an amnesic restart (it recovers)."""
+        node = cls(me, members, incarnation, now, timing=timing, max_history=max_history)
+        if state is None or state.life < 0 or len(state.cv) != len(node.members):
+            return node
+        node.out.clear()  # (no RECOVER: it is the same life)
+        node.status, node.replies = Status.NORMAL, {}
+        node.life = state.life
+        node.cv = list(state.cv)
+        node.cv[node.i] = state.life
+        node.promised = state.promised
+        node.top_round = state.promised[0]
+        if state.cp is not None and state.base > 1:  # it goes on from its own base (or a later one's)
+            node.base = node.next_slot = state.base
+            node.base_num = node.next_num = state.base_num
+            node._go_on_from(state.cp)
+        node.acc = {e.slot: e for e in state.votes if e.slot >= node.base}
+        node.restored = True
+        node.journaling = True
+        node._journal = None
+        node._start_election(now)
+        return node
 
     def _check(self, frm: str, msg: Wire) -> None:
         """What the codec cannot know: the sizes of this group. A crash vector of another length, or
@@ -559,6 +669,7 @@ class SequencerNode:
             if len(self.replies) >= self.k:
                 self.life = self.cv[self.i] = self.cv[self.i] + 1
                 self.status, self.replies = Status.RECOVER, {}
+                self._journal = None  # (a new life: its journal starts over)
                 self._recover_send(now)
         elif self.status is Status.RECOVER and isinstance(body, RecoverReply) and body.nonce == self.inc:
             self.replies[frm] = body
@@ -566,15 +677,14 @@ class SequencerNode:
                 self._adopt([r for r in self.replies.values() if r is not None], now)
 
     def _adopt(self, replies: list[RecoverReply], now: float) -> None:
+        self._journal = None  # (its first votes: written whole)
         self.promised = max(r.promised for r in replies)
         self.top_round = self.promised[0]
         top = max(replies, key=lambda r: (r.base, r.base_num))
         self.base, self.base_num = top.base, top.base_num
         self.next_slot, self.next_num = self.base, self.base_num
         if top.cp is not None and self.base > 1:
-            self.cp = top.cp
-            self.restored_from = top.cp.number
-            self.out.append(Restore(top.cp))
+            self._go_on_from(top.cp)
         for r in replies:
             for e in r.chosen:
                 self._learn(e)
@@ -628,6 +738,7 @@ class SequencerNode:
         self.ballot = (max(self.top_round, self.promised[0]) + 1, self.i, self.life)
         self.top_round = self.ballot[0]
         self.promised = self.ballot
+        self._note(Promised(self.ballot))
         self.lead, self.retry_at = Lead.PREPARING, now + self.t.retry
         self.inflight.clear()
         self.votes.clear()
@@ -668,6 +779,7 @@ class SequencerNode:
 
     def _propose(self, e: Entry) -> None:
         self.inflight[e.slot] = self.acc[e.slot] = e
+        self._note(Voted((e,)))
         self.votes[e.slot] = {self.me: self.life}
         for m in self.others:
             self._send(m, Accept(self.ballot, e))
@@ -725,6 +837,7 @@ class SequencerNode:
             return
         if ballot > self.promised:
             self.promised = ballot
+            self._note(Promised(ballot))
             if self.lead is not Lead.IDLE:
                 self._preempted(ballot, now)
         self._send(frm, self._promise(ballot, from_slot))  # again if equal: our promise was lost
@@ -739,9 +852,11 @@ class SequencerNode:
             return
         if ballot > self.promised:
             self.promised = ballot
+            self._note(Promised(ballot))
             if self.lead is not Lead.IDLE:
                 self._preempted(ballot, now)
         self.acc[e.slot] = e
+        self._note(Voted((e,)))
         self._send(frm, Accepted(ballot, e.slot, self.next_slot))
 
     def _learn(self, e: Entry) -> None:
@@ -776,10 +891,15 @@ class SequencerNode:
                     del log[s]
             self.base = self.next_slot = base
             self.base_num = self.next_num = base_num
+            self._go_on_from(cp)
+            self._give_back()
+
+    def _go_on_from(self, cp: Checkpoint) -> None:
+        """The delivery core goes on from `cp` (one that is not ahead of what it has changes nothing)."""
+        if self.cp is None or cp.number > self.cp.number or not self.restored_from:
             self.cp = cp
             self.restored_from = cp.number
             self.out.append(Restore(cp))
-            self._give_back()
 
     def _give_back(self) -> None:
         """Pending gids could be numbered in the history skipped: numbering them would be a guess."""

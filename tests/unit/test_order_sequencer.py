@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from oncemesh.common.errors import RemoteProtocolError
+from oncemesh.interrouter.ordercodec import journal_to_json, seqstate_from_json, seqstate_to_json
 from oncemesh.router.order.sequencer import (
     Accept,
     Accepted,
@@ -33,6 +34,7 @@ from oncemesh.router.order.sequencer import (
     Request,
     Restore,
     SendTo,
+    SeqState,
     SequencerNode,
     Status,
     UnknownMember,
@@ -56,6 +58,7 @@ class Net:
         self.bodies: set[type] = set()
         self.unresolved: list[tuple[str, str]] = []
         self.restored: dict[str, Checkpoint] = {}  # incarnation -> the checkpoint it went on from
+        self.disk: dict[str, list[object]] = {}  # router -> its journal file's lines (with `journaling`)
         self.collect()
 
     def floors(self, routers: str, now: float, upto: int | None = None) -> None:
@@ -91,6 +94,10 @@ class Net:
         for r, node in self.nodes.items():
             if node is None:
                 continue
+            if node.journaling and node.journal_pending:  # on disk before its messages leave
+                j = node.take_journal()
+                self.disk[r] = [seqstate_to_json(j)] if isinstance(j, SeqState) else \
+                    self.disk.get(r, []) + [journal_to_json(x) for x in j]
             out, node.out = node.out, []
             for a in out:
                 if isinstance(a, SendTo):
@@ -139,9 +146,14 @@ class Net:
         self.nodes[r] = None
         self.drop(dst=r)  # what was on the way to it is lost; what it sent still arrives
 
-    def restart(self, r: str, now: float) -> None:
+    def restart(self, r: str, now: float, disk: bool = False) -> None:
+        """A new incarnation: amnesic (it recovers), or `disk`: restored from its journal."""
         self.lives[r] += 1
-        self.nodes[r] = SequencerNode(r, self.ids, self.inc(r), now)
+        if disk:
+            state = seqstate_from_json(json.loads(json.dumps(self.disk[r])))
+            self.nodes[r] = SequencerNode.restore(state, r, self.ids, self.inc(r), now)
+        else:
+            self.nodes[r] = SequencerNode(r, self.ids, self.inc(r), now)
         self.collect()
 
     def view(self, *groups: str, now: float = 1.0) -> None:
@@ -493,6 +505,56 @@ def test_a_promise_or_recover_reply_with_a_base_and_no_checkpoint_is_refused() -
     bad = Wire(0, (0, 0, 0), Promise((9, 0, 0), 5, 3, 7, (), (), None))
     with pytest.raises(RemoteProtocolError, match="checkpoint"):
         net.node("B").handle("A", bad, t)
+
+
+def test_every_member_restarting_with_its_votes_at_once_goes_on_numbering_in_one_order() -> None:
+    """Without disk a restart of every member stops numbering for good (none can recover: nobody
+    holds state); with their votes journaled each restarted life is the same one, voting at once:
+    what was committed keeps its number, what was accepted and not committed is committed as it was,
+    and numbering goes on from the checkpoint they compacted to."""
+    net = Net("ABC")
+    for r in "ABC":
+        net.node(r).journaling = True
+    net.view("ABC")
+    t = net.run("ABC", 0.0, 2.0)
+    for k in range(4):
+        net.submit("ABC"[k % 3], f"g{k}", t)
+        t = net.run("ABC", t, t + 0.3)
+    t = net.run("ABC", t, t + 1.0)
+    net.floors("ABC", t, upto=2)
+    assert net.node("C").leading
+    net.submit("C", "g4", t)  # the leader proposes it; its Accept reaches A and B (their votes are
+    for b in "AB":            # journaled), then every member dies before anyone learns it committed
+        while net.chan[("C", b)] and net.step("C", b, t) is not Accept:
+            pass
+    for r in "ABC":
+        net.crash(r)
+    for r in "ABC":
+        net.restart(r, t, disk=True)
+        assert net.node(r).status is Status.NORMAL and net.node(r).restored
+    net.view("ABC", now=t)
+    t = net.run("ABC", t, t + 3.0)
+    net.submit("B", "g5", t)
+    t = net.run("ABC", t, t + 2.0)
+    assert [net.committed[n] for n in sorted(net.committed)][:4] == ["g0", "g1", "g2", "g3"]
+    assert set(net.committed.values()) >= {"g4", "g5"} and len(net.committed) == 6
+    for r in "ABC":
+        assert net.restored[net.inc(r)] == Checkpoint(2, (), ())
+        assert net.delivered[net.inc(r)] == [(n, net.committed[n]) for n in range(3, 7)]
+
+
+def test_a_journal_of_a_recovering_life_restores_nothing() -> None:
+    net, t = settled()
+    for r in "ABC":
+        net.node(r).journaling = True
+    net.collect()
+    net.crash("A")
+    net.restart("A", t)  # amnesic: recovering, its journal says so
+    net.node("A").journaling = True
+    net.collect()
+    net.crash("A")
+    net.restart("A", t, disk=True)
+    assert net.node("A").status is Status.LEARN_LIFE and not net.node("A").restored
 
 
 # ---------------------------------------------------------------------- random schedules
