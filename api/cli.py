@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .clients import cli as clients_cli
+from .clients import stat
 from .harness import bench, chaos, demo, soak
 from .router import users
 from .router.config import RouterConfig, parse_hostport
 from .router.meshport import MeshPort
 from .spark import job
-from .topology import launcher
+from .topology import check, launcher
 from .topology.model import Topology
 
 if TYPE_CHECKING:
@@ -38,7 +39,9 @@ Start here:   oncemesh demo          (a demo mesh on loopback, publishes and che
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
     p = sub.add_parser(
         "router", help="run one router",
-        description="Run one oncemesh router in the foreground until SIGTERM/SIGINT.\n\n"
+        description="Run one oncemesh router in the foreground until SIGTERM/SIGINT (stop now, cleanly) or\n"
+                    "SIGUSR1 (drain: move every client to another router, wait until nothing depends on\n"
+                    "this one, at most drain_timeout, then exit; `oncemesh drain` sends it).\n\n"
                     "Standalone:  oncemesh router --id A --listen 127.0.0.1:5672 --state-dir ./state "
                     "--allow-anonymous\n"
                     "In a mesh:   oncemesh router --topology mesh.toml --id A\n\n"
@@ -88,6 +91,7 @@ def cmd_router(args: argparse.Namespace) -> int:
     topo: Topology | None = None
     if args.topology is not None:
         from .topology.load import TopologyError, load_topology
+        from .topology.views import mesh_view
 
         try:
             topo = load_topology(args.topology)
@@ -100,6 +104,7 @@ def cmd_router(args: argparse.Namespace) -> int:
             return 2
         r = topo.routers[args.id]
         cfg.listen = (r.host, r.port)
+        cfg.mesh_view = mesh_view(topo)  # (management views and the console)
         try:
             cfg.apply(topo.router_settings(args.id))
         except ValueError as exc:
@@ -122,7 +127,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         return 2
     base = args.topology.parent if args.topology is not None else Path.cwd()
     for key in ("mesh_tls_cert", "mesh_tls_key", "mesh_tls_ca", "tls_cert", "tls_key", "tls_ca", "users_file",
-                "policy_file"):
+                "policy_file", "audit_status_file"):
         if getattr(cfg, key):  # relative paths are read from the topology file's directory
             setattr(cfg, key, str(base / getattr(cfg, key)))
     if args.mesh_tls_dir is not None:
@@ -165,7 +170,8 @@ def cmd_router(args: argparse.Namespace) -> int:
 async def run_router(cfg: RouterConfig, topo: Topology | None = None, mesh_tls: MeshTls | None = None) -> None:
     """Compose and run one router until SIGTERM/SIGINT: in a mesh (`topo`), its core learns the
     topology's ordered topics and the router gets its mesh layer (`mesh_tls`: its inter-router TLS;
-    None only for an insecure mesh). SIGHUP reloads certificates, keys and CAs for new connections."""
+    None only for an insecure mesh). SIGHUP reloads certificates, keys and CAs for new connections;
+    SIGUSR1 drains the router, which then exits."""
     from .common.engine import tune_gc
     from .interrouter.mesh import Mesh, total_topics
     from .router.server import Router
@@ -188,6 +194,9 @@ async def run_router(cfg: RouterConfig, topo: Topology | None = None, mesh_tls: 
             mesh_tls.reload()
 
     loop.add_signal_handler(signal.SIGHUP, reload)
+    # drain: move every client to another router, wait until nothing depends on this one, then exit
+    # (docs/operations.md, "Rolling restart and upgrade"; SIGTERM during a drain stops at once)
+    loop.add_signal_handler(signal.SIGUSR1, router.begin_drain)
     await router.start()
     tune_gc()
     await router.serve_forever()
@@ -198,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(sub)  # oncemesh router
-    for module in (demo, clients_cli, launcher, job, chaos, bench, soak, users):
+    for module in (demo, clients_cli, launcher, check, job, chaos, bench, soak, users, stat):
         module.register(sub)
     return parser
 

@@ -35,8 +35,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-dir", type=Path, default=None, help="write the client settlement log here")
     p.add_argument("--connect-timeout", type=float, default=30.0,
                    help="give up when no router is reachable for this long (seconds, default 30)")
+    security_arguments(p)
+    p.add_argument("-v", "--verbose", action="store_true")
+
+
+def security_arguments(p: argparse.ArgumentParser) -> None:
+    """--user, --password-env, --ca, --cert, --key (put/get/subscribe/unsubscribe and stat)."""
     sec = p.add_argument_group("security (docs/security.md)")
-    sec.add_argument("--user", default=None, help="log in as USER (SCRAM-SHA-256, or PLAIN over TLS)")
+    sec.add_argument("--user", default=None, help="log in as USER (SCRAM-SHA-256, or PLAIN over TLS); the "
+                                                  "password from $ONCEMESH_PASSWORD (--password-env) or a prompt")
     sec.add_argument("--password-env", default="ONCEMESH_PASSWORD", metavar="VAR",
                      help="environment variable holding the password (default ONCEMESH_PASSWORD; "
                           "never on the command line, where other users could read it)")
@@ -45,7 +52,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     sec.add_argument("--cert", type=Path, default=None,
                      help="client certificate (PEM), for routers that ask for one (SASL EXTERNAL without --user)")
     sec.add_argument("--key", type=Path, default=None, help="the client certificate's key (PEM)")
-    p.add_argument("-v", "--verbose", action="store_true")
 
 
 def _expiry(text: str) -> float:
@@ -111,14 +117,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
 def _client(args: argparse.Namespace) -> Client:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, stream=sys.stderr,
                         format="%(message)s")
+    tls, user, password = client_credentials(args)
+    return Client(args.url, state_dir=args.state_dir or default_state_dir(), log_dir=args.log_dir,
+                  reconnect_timeout=args.connect_timeout, tls=tls, user=user, password=password)
+
+
+def client_credentials(args: argparse.Namespace) -> tuple[TlsFiles | None, str | None, str | None]:
+    """(TLS files, user, password) from `security_arguments`: the password from the environment
+    variable or, failing that, a prompt (never a command-line argument)."""
     password = None
     if args.user is not None:
         password = os.environ.get(args.password_env)
         if password is None:
             password = getpass.getpass(f"password for {args.user}: ")
     tls = TlsFiles(args.cert, args.key, args.ca) if (args.ca or args.cert or args.key) else None
-    return Client(args.url, state_dir=args.state_dir or default_state_dir(), log_dir=args.log_dir,
-                  reconnect_timeout=args.connect_timeout, tls=tls, user=args.user, password=password)
+    return tls, args.user, password
 
 
 def _run(main: Any) -> int:

@@ -412,6 +412,11 @@ class Publisher:
             return
         self.link = None
         self.by_delivery.clear()
+        if condition is not None and condition[0] == errors.LinkRedirect.condition:
+            # the router drains: what is in doubt is resent (and declared) at the next router
+            log.info("publisher.redirected topic=%s link=%s", self.topic, self.name)
+            self.client.move(link.remote_condition_info())
+            return
         if condition is not None:
             self._refused = LinkRefused(*condition)
             log.warning("publisher.link_closed topic=%s link=%s condition=%s", self.topic, self.name,

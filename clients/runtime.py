@@ -4,7 +4,10 @@ Publishers and subscribers are *link owners*: whenever a connection comes up (fi
 failover) the runtime asks every owner to attach its link again, under the same link name, so
 that the routers can match it to what they hold (resends merge by global id, subscriptions resume).
 A frozen router is noticed by the idle timeout (heartbeats), a dead one by the TCP connection; both
-lead to the next URL in the list, with exponential back-off between full rounds (tenacity).
+lead to the next URL in the list, with exponential back-off between full rounds (tenacity). A router
+that drains closes the connection with `amqp:connection:redirect` (or refuses a link with
+`amqp:link:redirect`): we move at once, to the URL of our list it names if it names one, else to the
+next one.
 
 Runs on the same engine I/O layer as the router (`router.engine.amqp`), so that one client process
 can drive well over 100k messages per second and benchmarks measure the router, not the client.
@@ -30,10 +33,11 @@ from tenacity import (
 )
 
 from ..common.engine import AmqpConnection, Engine, Link, connect
-from ..common.errors import AuthenticationFailed, NoRouterAvailable
+from ..common.errors import AuthenticationFailed, NoRouterAvailable, Redirect
 from ..common.sasl import SaslClient
 from ..common.settlement_log import SettlementLog
 from ..common.tls import TlsFiles, make_context
+from ..common.urls import parse_url_tls, redirect_address
 from .publisher import Publisher
 from .state import ClientState
 from .subscriber import Subscriber
@@ -44,25 +48,6 @@ log = logging.getLogger("oncemesh.client")
 def parse_url(url: str) -> tuple[str, int]:
     host, port, _ = parse_url_tls(url)
     return host, port
-
-
-def parse_url_tls(url: str) -> tuple[str, int, bool]:
-    """(host, port, TLS?) of amqp://HOST:PORT (5672) or amqps://HOST:PORT (TLS, 5671)."""
-    u = url.strip()
-    scheme = "amqp"
-    if "://" in u:
-        scheme, u = u.split("://", 1)
-        if scheme not in ("amqp", "amqps"):
-            raise ValueError(f"unsupported URL scheme {scheme!r} in {url!r} (use amqp://HOST:PORT or "
-                             f"amqps://HOST:PORT)")
-    u = u.split("/", 1)[0]
-    host, _, port = u.rpartition(":")
-    if not host:
-        host, port = u, "5671" if scheme == "amqps" else "5672"
-    try:
-        return host.strip("[]"), int(port), scheme == "amqps"
-    except ValueError:
-        raise ValueError(f"bad router URL {url!r}: expected amqp://HOST:PORT") from None
 
 
 def split_urls(urls: str | Sequence[str]) -> list[str]:
@@ -132,6 +117,7 @@ class Client:
         self._closing = False
         self._reconnect_task: asyncio.Task[None] | None = None
         self.failovers = 0
+        self.redirects = 0  # times a draining router sent us elsewhere
         self.last_error: BaseException | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
 
@@ -289,6 +275,27 @@ class Client:
         if self.conn is not None:
             self.conn.abort()
 
+    def move(self, info: dict[Any, Any]) -> None:
+        """A router redirected one of our links (`amqp:link:redirect`): the whole connection moves,
+        every owner attaches again at the new router."""
+        self._redirected(info)
+        if self.conn is not None and not self.conn.closed:
+            self.conn.close()
+
+    def _redirected(self, info: dict[Any, Any]) -> None:
+        """The next connection goes where the redirect points, when that is one of our URLs (else to
+        the next URL of the list: a router we were not given is not one we trust)."""
+        addr = redirect_address(info)
+        self.redirects += 1
+        if addr is not None:
+            for i, url in enumerate(self.urls):
+                if parse_url_tls(url)[:2] == addr:
+                    self._url_index = i
+                    log.info("client.redirected from=%s to=%s", self.router_url, url)
+                    return
+        log.info("client.redirected from=%s to=%s (not one of our URLs: the next one instead)", self.router_url,
+                 f"{addr[0]}:{addr[1]}" if addr else None)
+
     # ------------------------------------------------------------------ engine events
     def on_connection_open(self, conn: AmqpConnection) -> None:
         if self._opened is not None and not self._opened.done():
@@ -317,6 +324,8 @@ class Client:
     def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
         if conn is not self.conn:
             return
+        if condition is not None and condition[0] == Redirect.condition:
+            self._redirected(conn.remote_condition_info())
         if self._opened is not None and not self._opened.done():
             if conn.auth_error is not None:  # (not worth retrying: the same credentials fail again)
                 self._opened.set_exception(AuthenticationFailed(f"{self.urls[(self._url_index - 1) % len(self.urls)]}: "

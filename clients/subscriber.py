@@ -421,6 +421,11 @@ class Subscriber:
         self._detached.set()
         if condition is None:
             return
+        if condition[0] == errors.LinkRedirect.condition and not self._closing:
+            # the router drains: resume at the next router (presenting what we accepted)
+            log.info("subscriber.redirected topic=%s link=%s", self.topic, self.name)
+            self.client.move(link.remote_condition_info())
+            return
         log.warning("subscriber.link_closed topic=%s link=%s condition=%s", self.topic, self.name, condition)
         if condition[0] == errors.LinkStolen.condition:
             if not self._closing:

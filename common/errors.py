@@ -42,6 +42,11 @@ class NotImplementedMode(RemoteProtocolError):
     condition = "amqp:not-implemented"
 
 
+class IncompatibleVersion(NotImplementedMode):
+    """A router whose inter-router protocol version is more than one apart from ours (docs/wire-protocol.md,
+    "Versions"): the connection is refused, naming both versions."""
+
+
 class DecodeError(RemoteProtocolError):
     """Bytes that do not decode (a malformed inter-router frame)."""
 
@@ -90,6 +95,19 @@ class LocalError(OncemeshError):
 class ResourceLimitExceeded(LocalError):
     """A budget of ours is used up (connections, in-flight messages, causal state)."""
     condition = "amqp:resource-limit-exceeded"
+
+
+class Redirect(LocalError):
+    """This router is draining (docs/operations.md, "Rolling restart and upgrade"): connect to another
+    one. The info fields name a neighbour's client address when it is known."""
+
+    condition = "amqp:connection:redirect"
+
+
+class LinkRedirect(LocalError):
+    """The link-level redirect (an attach refused while the router drains)."""
+
+    condition = "amqp:link:redirect"
 
 
 class ConnectionForced(LocalError):

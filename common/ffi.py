@@ -58,6 +58,9 @@ E_TRANSPORT_ERROR = lib.PN_TRANSPORT_ERROR
 E_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
 
 UINT_MAX = 0xFFFFFFFF
+# pn_link_recv's answers below 0 (proton/error.h of 0.40, not exported to cffi): the end of a
+# delivery with no more bytes, and PN_ABORTED (-11) or another error, below it
+EOS = -1
 
 
 def ptr_key(ptr: Any) -> int:

@@ -8,6 +8,8 @@ same gid at any router.
 
     gid = plid ":" tag                 when the tag is short printable ASCII (readable logs)
     gid = plid "#" base32(hash(tag))   otherwise
+    gid = plid "~" base32(hash(...))   a new identity a router gave a message whose tag its publisher
+                                       reused (router/identity.py): never a counter, never a tag
 
 where plid is a 12-character hash of (container-id, link name). Control tags sent by routers start
 with "$" and can never collide with a gid (base32 never produces "$").
@@ -47,6 +49,21 @@ def global_id(plid: str, tag: bytes) -> str:
         return f"{plid}:{tag.decode('ascii')}"
     h = hashlib.blake2b(tag, digest_size=12).digest()
     return f"{plid}#{_b32(h)[: GID_MAX - PLID_LEN - 1]}"
+
+
+def new_identity(plid: str, tag: bytes, salt: str) -> str:
+    """A global id for a message its publisher sent under a tag that already named another message
+    (AMQP lets a sender reuse a tag once its delivery is settled). `salt` is unique to the router's
+    incarnation and to this message there, so the id is unique mesh-wide; the plid stays in front
+    (the publisher link's order and declarations still apply), and the "~" keeps it apart from every
+    id `global_id` makes: it never parses as a counter tag (`counter_seq` is None)."""
+    h = hashlib.blake2b(tag + b"\0" + salt.encode(), digest_size=12).digest()
+    return f"{plid}~{_b32(h)[: GID_MAX - PLID_LEN - 1]}"
+
+
+def payload_digest(payload: bytes) -> str:
+    """A short digest of a message's bytes: a resend carries the same bytes (router/identity.py)."""
+    return hashlib.blake2b(payload, digest_size=8).hexdigest()
 
 
 def plid_of(gid: str) -> str:

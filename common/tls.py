@@ -52,7 +52,9 @@ def make_context(files: TlsFiles, server: bool, check_hostname: bool = False) ->
         try:
             ctx.load_cert_chain(str(files.cert), str(files.key))
         except FileNotFoundError as exc:
-            raise TlsConfigError(f"cannot read {exc.filename}: no such file") from None
+            # (ssl leaves exc.filename None: name the file that is missing)
+            missing = exc.filename or next((p for p in (files.cert, files.key) if not p.exists()), files.cert)
+            raise TlsConfigError(f"cannot read {missing}: no such file") from None
         except (ssl.SSLError, OSError) as exc:
             raise TlsConfigError(f"certificate {files.cert} with key {files.key}: {exc}") from None
     elif server:

@@ -34,6 +34,14 @@ PROP_HANDED_LAST = symbol("oncemesh.handed-last")  # subscriber: per publisher l
 PROP_ROUTER = symbol("oncemesh.router")
 PROP_INCARNATION = symbol("oncemesh.incarnation")
 PROP_MESH = symbol("oncemesh.mesh")
+PROP_VERSION = symbol("oncemesh.version")  # inter-router: the protocol version the router speaks (absent: 1)
+PROP_CLIENT_URL = symbol("oncemesh.client-url")  # inter-router: where the router's clients connect
+
+# the info fields of a redirect condition (AMQP 1.0, amqp:connection:redirect and amqp:link:redirect)
+REDIRECT_HOSTNAME = symbol("hostname")
+REDIRECT_NETWORK_HOST = symbol("network-host")
+REDIRECT_PORT = symbol("port")
+REDIRECT_ROUTER = symbol("oncemesh.router")  # ours: the id of the router it points at
 
 # final notifications: pre-settled control transfers to our subscribers naming ids accepted on an
 # earlier link that are now final (tags start with "$", which no global id does)

@@ -304,20 +304,87 @@ class SingleRouter(Server):
             self.router.kill()
 
 
+@dataclass(frozen=True, slots=True)
+class Wan:
+    """How every inter-router link of a mesh case behaves (topology/proxy.py, `set_wan`)."""
+
+    delay: float  # one way, seconds
+    jitter: float = 0.0  # seconds, uniform in [-jitter, +jitter], never reordering
+    loss: float = 0.0  # share of TCP segments lost (each costs a retransmission)
+    rate: float = 0.0  # bytes per second each way (0: no limit)
+
+    def text(self) -> str:
+        out = f"{self.delay * 1000:g} ms"
+        if self.jitter:
+            out += f" +- {self.jitter * 1000:g} ms"
+        if self.loss:
+            out += f", {self.loss * 100:g} % loss"
+        if self.rate:
+            out += f", {self.rate / 1e6:g} MB/s"
+        return out
+
+
+def parse_wan(text: str) -> Wan:
+    """`DELAY[,JITTER[,LOSS[,RATE]]]`: times as `20ms` or seconds, loss as `0.1%` or a share,
+    rate in bytes per second with an optional k or M (`10M`)."""
+    def seconds(v: str) -> float:
+        v = v.strip().lower()
+        return float(v[:-2]) / 1000 if v.endswith("ms") else float(v[:-1]) if v.endswith("s") else float(v)
+
+    def share(v: str) -> float:
+        v = v.strip()
+        return float(v[:-1]) / 100 if v.endswith("%") else float(v)
+
+    def rate(v: str) -> float:
+        v = v.strip().lower().removesuffix("b/s").removesuffix("/s")
+        mult = {"k": 1e3, "m": 1e6, "g": 1e9}.get(v[-1:], 1.0)
+        return float(v[:-1] if mult != 1.0 else v) * mult
+
+    parts = [x for x in text.split(",")]
+    try:
+        if not 1 <= len(parts) <= 4 or not parts[0].strip():
+            raise ValueError(text)
+        wan = Wan(seconds(parts[0]), seconds(parts[1]) if len(parts) > 1 else 0.0,
+                  share(parts[2]) if len(parts) > 2 else 0.0, rate(parts[3]) if len(parts) > 3 else 0.0)
+    except ValueError:
+        raise ValueError(f"--wan {text!r}: expected DELAY[,JITTER[,LOSS[,RATE]]], e.g. 20ms,5ms,0.1% "
+                         f"or 20ms,5ms,0.1%,10M") from None
+    if wan.delay < 0 or wan.jitter < 0 or wan.rate < 0 or not 0 <= wan.loss < 1:
+        raise ValueError(f"--wan {text!r}: delay, jitter and rate must be >= 0 and loss below 100%")
+    return wan
+
+
 class MeshServer(Server):
     kind = "mesh"
 
-    def __init__(self, topology: Path, workdir: Path, timeout: float = 90.0, insecure_mesh: bool = False) -> None:
+    def __init__(self, topology: Path, workdir: Path, timeout: float = 90.0, insecure_mesh: bool = False,
+                 wan: Wan | None = None) -> None:
+        """`wan`: every inter-router link runs through a proxy that behaves like a WAN link."""
         from ..topology.launcher import Mesh
 
-        self.mesh = Mesh(topology, workdir, insecure_mesh=insecure_mesh)
+        self.mesh = Mesh(topology, workdir, insecure_mesh=insecure_mesh, proxies=wan is not None)
         self.graph = self.mesh.topology.graph()
+        self.wan = wan
         try:
             self.mesh.up(timeout=timeout)
+            if wan is not None:
+                for i, link in enumerate(self.mesh.topology.links):
+                    self.mesh.wan_link(link.a, link.b, wan.delay, wan.jitter, wan.loss, wan.rate, seed=i)
         except BaseException:
             self.mesh.down(timeout=10)
             raise
         self._status = {s.id: s for s in self.mesh.status()}
+
+    def link_counters(self) -> dict[str, dict[str, int]]:
+        """Bytes each way, chunks and chunks held for a retransmission, per link (with `wan`)."""
+        if self.wan is None:
+            return {}
+        out = {}
+        for link in self.mesh.topology.links:
+            st = self.mesh.link_stats(link.a, link.b)
+            out[st.name] = {"bytes_up": st.bytes_up, "bytes_down": st.bytes_down, "chunks": st.chunks,
+                            "lost": st.lost}
+        return out
 
     def url(self, at: str) -> str:
         s = self._status[at]
@@ -495,6 +562,7 @@ class Case:
     mode: str | None = None  # overrides Settings.mode (RabbitMQ cannot do exactly-once)
     tls: bool = False  # router: clients connect over TLS
     insecure_mesh: bool = False  # mesh: inter-router connections without TLS (--insecure-mesh)
+    wan: Wan | None = None  # mesh: every inter-router link behaves like this WAN link (--wan)
 
     @classmethod
     def fan(cls, name: str, kind: str, pubs: int, subs: int, rate: float = 0.0, *, at: str = "A",
@@ -525,6 +593,8 @@ class Settings:
     timeout: float = 120.0
     router_settings: dict[str, Any] = field(default_factory=dict)
     order: str = "fifo"  # the order of the run's topics on a topology: fifo | total (sequencer) | lamport
+    trace: bool = False  # subscribers write every message's send time and latency (subJ.trace)
+    idle_timeout: float = 2.0  # the clients' (a router under callgrind stalls for seconds)
 
 
 def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | None,
@@ -538,7 +608,7 @@ def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | N
             from ..topology.load import with_topic_order
 
             topo = with_topic_order(topo, topics, cfg.order, workdir / f"{Path(topo).stem}-{cfg.order}.toml")
-        return MeshServer(topo, workdir / "mesh", insecure_mesh=case.insecure_mesh)
+        return MeshServer(topo, workdir / "mesh", insecure_mesh=case.insecure_mesh, wan=case.wan)
     if case.kind == "container":
         return ContainerRelay(workdir)
     if case.kind == "rabbitmq":
@@ -578,6 +648,8 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
     started here is stopped here; a given server and the shared RabbitMQ node are left running."""
     wd = workdir / tag
     wd.mkdir(parents=True, exist_ok=True)
+    for stale in [*wd.glob("*.ready.json"), *wd.glob("*.result.json")]:
+        stale.unlink()  # (a --workdir used before: an old file would pass for this run's)
     uniq = run_suffix(tag)
     owned = server is None and case.kind != "rabbitmq"
     if server is None:
@@ -586,7 +658,7 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
     try:
         # (the clients' timeout runs from "go": a run of --duration first sends for that long)
         timeout = cfg.timeout + (cfg.duration if not cfg.count else 0.0)
-        common = ["--mode", case.mode or cfg.mode, "--timeout", str(timeout)]
+        common = ["--mode", case.mode or cfg.mode, "--timeout", str(timeout), "--idle-timeout", str(cfg.idle_timeout)]
         if server.ca is not None:
             common += ["--ca", str(server.ca)]
         subs: list[tuple[Proc, Path, Path]] = []
@@ -597,7 +669,8 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
             p = Proc(python_cmd("-m", "oncemesh.harness.benchclients", "sub", *where, "--address",
                                 server.address(f"{topic}-{uniq}"), "--ready", str(ready), "--result",
                                 str(result), "--index", str(j), "--publishers", str(npubs), "--credit",
-                                str(cfg.credit), *common), wd / f"sub{j}.out")
+                                str(cfg.credit), *common,
+                                *(["--trace", str(wd / f"sub{j}.trace")] if cfg.trace else [])), wd / f"sub{j}.out")
             procs.append(p)
             subs.append((p, ready, result))
         sub_info = _wait_files([(p, r) for p, r, _ in subs], 60, "subscribers")
@@ -615,6 +688,7 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
             pubs.append((p, ready, result))
         pub_info = _wait_files([(p, r) for p, r, _ in pubs], 60, "publishers")
         wire0 = _mesh_counters(server, time.time())
+        links0 = server.link_counters() if isinstance(server, MeshServer) else {}
         spids = server.pids()
         cpu0 = {pid: safe_cpu(pid) for pid in spids}
         t0 = time.monotonic()
@@ -637,6 +711,12 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
             sub_ats = [a for a, t in zip(case.sub_at, case.sub_topics, strict=True) if t == case.pub_topics[i]]
             hop_msgs += int(r.get("outcomes", 0)) * (server.hops(case.pub_at[i], sub_ats) if sub_ats else 1)
         summary = _summarise(case, pres, sres, pub_info, sub_info, cpu, peak, wall, hop_msgs, prof)
+        if links0:
+            assert isinstance(server, MeshServer)
+            summary["links"] = {name: {"up_bytes_s": round((c["bytes_up"] - links0[name]["bytes_up"]) / wall),
+                                       "down_bytes_s": round((c["bytes_down"] - links0[name]["bytes_down"]) / wall),
+                                       "retransmitted_chunks": c["lost"] - links0[name]["lost"]}
+                                for name, c in server.link_counters().items()}
         wire1 = _mesh_counters(server, time.time())
         if wire0 is not None and wire1 is not None and summary["published"]:
             n = summary["published"]
@@ -708,6 +788,9 @@ def _summarise(case: Case, pres: list[dict[str, Any]], sres: list[dict[str, Any]
         "sub_cpu_us_per_msg": round(sub_cpu / measured * 1e6, 2) if measured else None,
         "remote_rcv_settle_modes": dict(modes), "wall_s": round(wall, 3),
     }
+    if case.kind == "mesh":  # per subscriber: the path from the publisher's router to its router
+        out["latency_by_sub"] = [{"at": at, **{k: (lat or {}).get(k) for k in ("p50", "p99", "p999", "max")}}
+                                 for at, lat in zip(case.sub_at, lats, strict=False)]
     if prof is not None:
         out["profile"] = prof
     return out
@@ -803,6 +886,16 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for k in ("p50", "p99", "p999", "max"):
         vals = [r["latency_ms"][k] for r in good if r.get("latency_ms", {}).get(k) is not None]
         out["latency_ms"][k] = round(statistics.median(vals), 3) if vals else None
+    subs = [r["latency_by_sub"] for r in good if r.get("latency_by_sub")]
+    if subs:  # per subscriber (a mesh): medians per position
+        out["latency_by_sub"] = [
+            {"at": entries[0]["at"], **{k: round(statistics.median(v), 3) if (
+                v := [e[k] for e in entries if e.get(k) is not None]) else None for k in ("p50", "p99", "p999", "max")}}
+            for entries in zip(*subs, strict=False)]
+    links = [r["links"] for r in good if r.get("links")]
+    if links:
+        out["links"] = {name: {k: round(statistics.median(lk[name][k] for lk in links)) for k in links[0][name]}
+                        for name in links[0]}
     wires = [r["wire_per_msg"] for r in good if r.get("wire_per_msg")]
     if wires:  # inter-router messages per published message (a mesh)
         out["wire_per_msg"] = {k: round(statistics.median(w[k] for w in wires), 2) for k in wires[0]}
@@ -849,8 +942,13 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
         for r in [*pub_at, *sub_at]:
             if r not in topo.routers:
                 raise SystemExit(f"oncemesh bench: router {r!r} is not in {args.topology} ({', '.join(ids)})")
+        wan = parse_wan(args.wan) if getattr(args, "wan", None) else None
         scen = Case.fan("mesh", "mesh", 0, 0, args.rate, topology=args.topology, pub_at=pub_at, sub_at=sub_at)
+        scen.wan = wan
         cases.append(scen)
+        if wan is not None:  # the same on plain links, side by side
+            cases.append(Case.fan("mesh-lan", "mesh", 0, 0, args.rate, topology=args.topology, pub_at=pub_at,
+                                  sub_at=sub_at))
         if args.tls:  # the same without inter-router TLS, side by side
             cases.append(Case.fan("mesh-insecure", "mesh", 0, 0, args.rate, topology=args.topology,
                                   pub_at=pub_at, sub_at=sub_at))
@@ -858,6 +956,10 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
         if args.latency_rate:
             lat.append(Case.fan("mesh@rate", "mesh", 0, 0, args.latency_rate, topology=args.topology,
                                 pub_at=pub_at, sub_at=sub_at))
+            lat[-1].wan = wan
+            if wan is not None:
+                lat.append(Case.fan("mesh-lan@rate", "mesh", 0, 0, args.latency_rate, topology=args.topology,
+                                    pub_at=pub_at, sub_at=sub_at))
     else:
         cases.append(Case.fan("router", "router", args.publishers, args.subscribers, args.rate))
         if args.latency_rate:
@@ -887,7 +989,8 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
             c.mode = rabbit_mode
         c.label = c.shape() + (f" @ {c.rate:g} msg/s" if c.rate else "") + (f" [{c.mode}]" if c.mode else "") \
             + (" [client TLS]" if c.tls else "") + (" [inter-router TLS]" if c.kind == "mesh" and not c.insecure_mesh
-                                                    else " [no inter-router TLS]" if c.kind == "mesh" else "")
+                                                    else " [no inter-router TLS]" if c.kind == "mesh" else "") \
+            + (f" [WAN links {c.wan.text()}]" if c.wan is not None else "")
     return cases, lat, notes
 
 
@@ -1046,7 +1149,10 @@ class _CallgrindRouter(RouterProcess):
         self.out = out
 
     def command(self) -> list[str]:
-        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}", *super().command()]
+        # (one file per thread, `OUT-01` the event loop's: the settlement log compresses closed
+        # segments on a worker thread, which the report shows apart)
+        return ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={self.out}",
+                *super().command()]
 
 
 def _callgrind_total(path: Path) -> int:
@@ -1055,6 +1161,16 @@ def _callgrind_total(path: Path) -> int:
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])
     raise BenchError(f"no instruction total in {path}")
+
+
+def _callgrind_threads(out: Path) -> tuple[int, int]:
+    """(instructions of the main thread, of all other threads) from callgrind's per-thread files
+    `OUT-01`, `OUT-02`, ... (`--separate-threads=yes`; thread 1 runs the event loop)."""
+    files = sorted(out.parent.glob(out.name + "-*"))
+    if not files:
+        return _callgrind_total(out), 0
+    main = _callgrind_total(files[0])
+    return main, sum(_callgrind_total(f) for f in files[1:])
 
 
 def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
@@ -1067,7 +1183,7 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
         return {"error": "valgrind is not installed (apt-get install valgrind): no instruction count"}
     n = args.instructions
     case = Case.fan("instructions", "router", 1, 1)
-    totals: dict[int, int] = {}
+    totals: dict[int, tuple[int, int]] = {}
     for count in (n, 6 * n):
         wd = workdir / f"instructions-{count}"
         out = wd / "callgrind.out"
@@ -1077,15 +1193,18 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
         log(f"instructions: {count} messages through a router under callgrind")
         router.start(timeout=300)
         try:
-            icfg = dataclasses.replace(cfg, count=count, duration=0.0, warmup=0.0, timeout=max(cfg.timeout, 600.0))
+            icfg = dataclasses.replace(cfg, count=count, duration=0.0, warmup=0.0, timeout=max(cfg.timeout, 600.0),
+                                       idle_timeout=600.0)
             r = run_once(case, icfg, wd, "run", server=SingleRouter(wd, router=router))
         finally:
             router.stop(300)
         if not r["ok"]:
             return {"error": f"the run of {count} messages failed: {r['errors']}"}
-        totals[count] = _callgrind_total(out)
-    per_msg = (totals[6 * n] - totals[n]) / (5 * n)
-    return {"messages": [n, 6 * n], "instructions": [totals[n], totals[6 * n]], "per_message": round(per_msg)}
+        totals[count] = _callgrind_threads(out)
+    loop, workers = ((totals[6 * n][i] - totals[n][i]) / (5 * n) for i in (0, 1))
+    return {"messages": [n, 6 * n], "instructions": [sum(totals[n]), sum(totals[6 * n])],
+            "per_message": round(loop + workers), "per_message_loop": round(loop),
+            "per_message_workers": round(workers)}
 
 
 def profile_router(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
@@ -1125,6 +1244,91 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 out.append({"target": "fan-out over the 3-router line >= 50000 msg/s per subscriber",
                             "value": v, "met": v is not None and v >= 50_000})
     return out
+
+
+def _links_text(section: dict[str, Any]) -> list[str]:
+    """Traffic per inter-router link (cases run with --wan): bytes per second each way."""
+    rows = [["case", "link", "up kB/s", "down kB/s", "chunks held for a retransmission"]]
+    for c in section.values():
+        for name, lk in (c["median"].get("links") or {}).items():
+            rows.append([c["label"], name, _fmt(lk["up_bytes_s"] / 1000, 1), _fmt(lk["down_bytes_s"] / 1000, 1),
+                         _fmt(lk["retransmitted_chunks"])])
+    return ["inter-router links (up: from the dialing router)", _table(rows), ""] if len(rows) > 1 else []
+
+
+def latency_curve(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
+    """The scenario's latency at each rate of `--latency-curve` (msg/s per publisher), the rates
+    interleaved in each round like every other suite; a rate is saturated when the subscribers got
+    less than 95% of it. With `--chart`, a PNG of p50/p99/p999 against the offered rate."""
+    rates = sorted({float(r) for r in args.latency_curve.split(",") if r.strip()})
+    wan = parse_wan(args.wan) if args.wan else None
+    load = [round(x, 1) for x in os.getloadavg()]
+    if not rates or min(rates) <= 0:
+        raise SystemExit("oncemesh bench: --latency-curve wants positive rates, e.g. 500,1000,2000,4000")
+    cases = []
+    for r in rates:
+        if args.topology is not None:
+            ids = _topology_ids(args.topology)
+            pub_at = args.pub_at.split(",") if args.pub_at else [ids[0]] * args.publishers
+            sub_at = args.sub_at.split(",") if args.sub_at else list(ids)
+            c = Case.fan(f"curve@{r:g}", "mesh", 0, 0, r, topology=args.topology, pub_at=pub_at, sub_at=sub_at)
+            c.wan = wan
+        else:
+            c = Case.fan(f"curve@{r:g}", "router", args.publishers, args.subscribers, r)
+        c.label = c.shape() + f" @ {r:g} msg/s"
+        cases.append(c)
+    res = run_suite(cases, cfg, workdir, args.repeat, None, prefix="curve-")
+    points = []
+    for c in cases:
+        md = res[c.name]["median"]
+        got = md["delivered_msg_s_per_sub"]
+        points.append({"rate": c.rate, "median": md, "runs": res[c.name]["runs"],
+                       "saturated": got is None or got < 0.95 * c.rate * (
+                           len(c.pub_at) if c.kind == "router" else 1)})
+    label = cases[0].shape() + (f", inter-router links {wan.text()}" if wan else "")
+    out: dict[str, Any] = {"label": label, "points": points, "load_at_start": load,
+                           "commit": _git_commit()}
+    if args.chart is not None:
+        out["chart"] = str(render_curve(out, args.chart))
+    return out
+
+
+def render_curve(curve: dict[str, Any], path: Path) -> Path:
+    """p50, p99 and p999 against the offered rate (log-log), saturated rates marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [p for p in curve["points"] if p["median"]["ok_runs"]]
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for key, style in (("p50", "o-"), ("p99", "s-"), ("p999", "^-")):
+        xs = [p["rate"] for p in pts if p["median"]["latency_ms"][key] is not None]
+        ys = [p["median"]["latency_ms"][key] for p in pts if p["median"]["latency_ms"][key] is not None]
+        ax.plot(xs, ys, style, label=key)
+    sat = [p["rate"] for p in pts if p["saturated"]]
+    if sat:
+        ax.axvspan(min(sat), max(p["rate"] for p in pts), color="#f4cccc", alpha=0.5, label="saturated")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered rate, msg/s per publisher")
+    ax.set_ylabel("publish -> hand-over, ms (worst subscriber)")
+    code = f"code {curve['commit']}, " if curve.get("commit") else ""
+    ax.set_title(f"{curve['label']}\n{code}load average at start {curve.get('load_at_start')}, "
+                 f"{os.cpu_count()} cores", fontsize="medium")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _topology_ids(path: Path) -> list[str]:
+    from ..topology.load import load_topology
+
+    return sorted(load_topology(path).routers)
 
 
 def _ok_text(md: dict[str, Any]) -> str:
@@ -1183,7 +1387,28 @@ def format_report(rep: dict[str, Any]) -> str:
             lat = md["latency_ms"]
             rows.append([c["label"], _fmt(lat["p50"], 3), _fmt(lat["p99"], 3), _fmt(lat["p999"], 3), _fmt(lat["max"], 3),
                          _fmt(md["delivered_msg_s_per_sub"]), _fmt(md["server_cpu_us_per_msg_hop"], 1), _ok_text(md)])
+            for e in md.get("latency_by_sub") or []:
+                rows.append([f"  subscriber at {e['at']}", _fmt(e["p50"], 3), _fmt(e["p99"], 3), _fmt(e["p999"], 3),
+                             _fmt(e["max"], 3), "", "", ""])
         lines += ["latency, publish -> hand-over (worst subscriber of each run; median of runs)", _table(rows), ""]
+        lines += _links_text(rep["latency"])
+    if rep["throughput"]:
+        lines += _links_text(rep["throughput"])
+    curve = rep.get("latency_curve")
+    if curve:
+        rows = [["offered msg/s", "delivered msg/s/sub", "p50 ms", "p99 ms", "p999 ms", "max ms",
+                 "server CPU-us/msg/hop", "ok"]]
+        for pt in curve["points"]:
+            md = pt["median"]
+            lat = md["latency_ms"]
+            rows.append([_fmt(pt["rate"]) + (" (saturated)" if pt.get("saturated") else ""),
+                         _fmt(md["delivered_msg_s_per_sub"]), _fmt(lat["p50"], 3), _fmt(lat["p99"], 3),
+                         _fmt(lat["p999"], 3), _fmt(lat["max"], 3), _fmt(md["server_cpu_us_per_msg_hop"], 1),
+                         _ok_text(md)])
+        lines += [f"latency curve: {curve['label']} (worst subscriber; median of runs)", _table(rows)]
+        if curve.get("chart"):
+            lines.append(f"chart: {curve['chart']}")
+        lines.append("")
     if rep.get("ratios"):
         lines.append("ratios (delivered msg/s per subscriber, same run): " + ", ".join(
             f"{k} = {_fmt(v, 3)}" for k, v in rep["ratios"].items()))
@@ -1228,7 +1453,10 @@ def format_report(rep: dict[str, Any]) -> str:
     if ins:
         if "per_message" in ins:
             lines += [f"router instructions per message (callgrind, 1:1 exactly-once, runs of "
-                      f"{ins['messages'][0]:,} and {ins['messages'][1]:,} messages): {ins['per_message']:,}", ""]
+                      f"{ins['messages'][0]:,} and {ins['messages'][1]:,} messages): {ins['per_message']:,}"
+                      + (f" ({ins['per_message_loop']:,} on the event loop's thread, {ins['per_message_workers']:,} "
+                         f"on worker threads: the settlement log's compression)" if "per_message_loop" in ins else ""),
+                      ""]
         else:
             lines += [f"instructions: {ins.get('error')}", ""]
     if rep.get("targets"):
@@ -1297,7 +1525,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                         "valgrind's callgrind over N and 6N messages (repeatable on a noisy machine: use it "
                         "to compare versions; 2000 takes ~2 min)")
     p.add_argument("--no-main", action="store_true", help="skip the scenario and its baselines (run only "
-                                                        "--scale-out / --memory / --profile / --instructions)")
+                                                        "--scale-out / --memory / --profile / --instructions / "
+                                                        "--latency-curve)")
+    p.add_argument("--latency-curve", default=None, metavar="RATES",
+                   help="also: the scenario's latency at each of these rates (msg/s per publisher, comma-"
+                        "separated, e.g. 250,500,1000,2000,4000,8000,16000), up to saturation")
+    p.add_argument("--chart", type=Path, default=None, metavar="PNG",
+                   help="with --latency-curve: draw it (p50/p99/p999 against the rate) into this PNG")
+    p.add_argument("--wan", default=None, metavar="DELAY[,JITTER[,LOSS[,RATE]]]",
+                   help="with --topology: every inter-router link runs through a proxy that behaves like a "
+                        "WAN link, e.g. 20ms,5ms,0.1%% (one-way delay, jitter, lost TCP segments; RATE in "
+                        "bytes/s each way, e.g. 10M); the same mesh on plain links runs beside it (mesh-lan); "
+                        "traffic per link and latency per subscriber are reported")
+    p.add_argument("--trace", action="store_true",
+                   help="subscribers write each message's send time and latency to subJ.trace in the run's "
+                        "directory (use with --workdir)")
     p.add_argument("--json", action="store_true", help="print JSON only (progress goes to stderr)")
     p.add_argument("--workdir", type=Path, default=None, help="keep run directories here (default: temporary)")
     p.set_defaults(func=cmd_bench, scale_routers=(1, 2, 4), line3=True)
@@ -1310,10 +1552,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.topology is None and (args.pub_at or args.sub_at):
         print("oncemesh bench: --pub-at/--sub-at need --topology", file=sys.stderr)
         return 2
+    if args.wan and args.topology is None:
+        print("oncemesh bench: --wan needs --topology (it shapes the inter-router links)", file=sys.stderr)
+        return 2
+    if args.chart is not None and not args.latency_curve:
+        print("oncemesh bench: --chart draws the --latency-curve", file=sys.stderr)
+        return 2
+    if args.chart is not None:
+        from ..spark import chart as spark_chart
+
+        if not spark_chart.available():
+            print("oncemesh bench: --chart needs matplotlib (pip install 'oncemesh[chart]')", file=sys.stderr)
+            return 2
+    try:
+        wan = parse_wan(args.wan) if args.wan else None
+    except ValueError as exc:
+        print(f"oncemesh bench: {exc}", file=sys.stderr)
+        return 2
     settings = dict(kv.split("=", 1) for kv in args.set)
     cfg = Settings(mode=args.mode, size=args.size, duration=0.0 if args.count else args.duration,
                    count=args.count, warmup=args.warmup, window=args.window, credit=args.credit,
-                   router_settings=settings, order=args.order)
+                   router_settings=settings, order=args.order, trace=args.trace)
     fd = raise_fd_limit()
     with _workdir(args.workdir) as workdir:
         cases, lat_cases, notes = throughput_cases(args) if not args.no_main else ([], [], [])
@@ -1323,6 +1582,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          "rate": args.rate, "latency_rate": args.latency_rate, "publishers": args.publishers,
                          "subscribers": args.subscribers, "topology": str(args.topology) if args.topology else None,
                          "order": args.order,
+                         "wan": dataclasses.asdict(wan) if wan else None,
                          "warmup": args.warmup, "window": args.window, "credit": args.credit,
                          "router_settings": settings, "fd_limit": fd[0]},
             "notes": notes, "throughput": {}, "latency": {}, "ratios": {}}
@@ -1364,6 +1624,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             report["profile"] = profile_router(args, cfg, workdir)
         if args.instructions:
             report["instructions"] = instructions_suite(args, cfg, workdir)
+        if args.latency_curve:
+            report["latency_curve"] = latency_curve(args, cfg, workdir)
         report["targets"] = targets(report)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -169,7 +169,8 @@ class _Base:
 
     def factory(self, server: bool) -> AmqpConnection:
         return AmqpConnection(self.engine, self, server=server,
-                              container_id=f"bench-{self.args.kind}-{os.getpid()}")
+                              container_id=f"bench-{self.args.kind}-{os.getpid()}",
+                              idle_timeout=getattr(self.args, "idle_timeout", amqp.DEFAULT_IDLE_TIMEOUT))
 
     async def close(self) -> None:
         """Close the connection and give the CLOSE frame a bounded moment to go out."""
@@ -334,6 +335,7 @@ class BenchSubscriber(_Base):
         self.out_of_order = 0
         self.foreign = 0
         self.lat = array("q")
+        self.sent_at = array("q")  # send times of the measured messages (--trace)
         self.measured = 0
         self.t_first = 0  # first message after the warm-up
         self.t_last = 0
@@ -399,6 +401,7 @@ class BenchSubscriber(_Base):
                     self.cpu_first = cpu_now()
                 self.measured += 1
                 self.lat.append(now - t_send)
+                self.sent_at.append(t_send)
             if seq != self.next_seq.get(pub, 0):
                 self.out_of_order += 1
             self.next_seq[pub] = seq + 1
@@ -439,6 +442,13 @@ class BenchSubscriber(_Base):
                 "msg_s": round(max(0, self.measured - 1) / span, 1) if self.measured > 1 else 0.0,
                 "cpu_s": round(cpu, 4), "latency_ms": percentiles(self.lat), "out_of_order": self.out_of_order,
                 "foreign": self.foreign, "remote_rcv_settle_mode": self.remote_rcv_mode, "error": self.error}
+
+
+def write_trace(path: Path, sub: BenchSubscriber) -> None:
+    """Every measured message as `send_ns latency_ns` (CLOCK_MONOTONIC), one line each: to line a
+    latency spike up with what the routers did at that moment (their loop traces use the same clock)."""
+    with open(path, "w") as f:
+        f.writelines(f"{t} {d}\n" for t, d in zip(sub.sent_at, sub.lat, strict=True))
 
 
 async def _connect(client: _Base, url: str, ca: Path | None = None) -> AmqpConnection:
@@ -502,6 +512,8 @@ async def run_sub(args: argparse.Namespace) -> int:
     except TimeoutError:
         sub.error = sub.error or f"timed out after {args.timeout}s"
     write_json(args.result, sub.result())
+    if args.trace is not None:
+        write_trace(args.trace, sub)
     await sub.close()
     return 0 if sub.error is None else 1
 
@@ -569,6 +581,9 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--mode", choices=MODES, default="exactly-once")
         q.add_argument("--index", type=int, default=0)
         q.add_argument("--ca", type=Path, default=None, help="connect with TLS, trusting this CA (PEM)")
+        q.add_argument("--idle-timeout", type=float, default=amqp.DEFAULT_IDLE_TIMEOUT,
+                       help="seconds of silence from the peer before the connection is closed (a router "
+                            "under valgrind stalls for seconds: the bench's instruction count raises it)")
     pp = sub.choices["pub"]
     pp.add_argument("--size", type=int, default=100, help="encoded message size in bytes")
     pp.add_argument("--count", type=int, default=0, help="messages to send (0: use --duration)")
@@ -583,6 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--credit", type=int, default=1000)
     sp.add_argument("--expiry", type=float, default=0.0, help="durable subscription timeout (seconds)")
     sp.add_argument("--suspend", action="store_true", help="drop the connection once attached")
+    sp.add_argument("--trace", type=Path, default=None,
+                    help="write each measured message's send time and latency (ns, CLOCK_MONOTONIC) here")
     hp = sub.choices["hold"]
     hp.add_argument("--connections", type=int, default=1000)
     args = p.parse_args(argv)

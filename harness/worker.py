@@ -18,15 +18,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import functools
 import json
 import math
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..clients.runtime import Client
 from ..clients.subscriber import Subscriber
+
+
+def _waited(waits: list[float], sent: float, _fut: asyncio.Future[Any]) -> None:
+    waits.append(time.monotonic() - sent)
 
 
 async def publish(args: argparse.Namespace) -> int:
@@ -41,17 +47,25 @@ async def publish(args: argparse.Namespace) -> int:
     body_pad = "x" * max(0, args.size - 16)
     t0 = time.monotonic()
     futs = []
+    waits: list[float] = []  # seconds from send() to the outcome, per message (what the application waits)
     for i in range(start, args.count):
         if args.rate:
             delay = t0 + (i - start) / args.rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-        futs.append(await pub.send(f"{name}:{i}:{body_pad}"))
+        sent = time.monotonic()
+        fut = await pub.send(f"{name}:{i}:{body_pad}")
+        fut.add_done_callback(functools.partial(_waited, waits, sent))
+        futs.append(fut)
         pub.meta_updates[key] = str(i + 1)  # persisted in the same transaction as message i
     results = await pub.flush(args.timeout)
     bad = [r for r in results if not r.accepted]
+    waits.sort()
     print(json.dumps({"published": args.count - start, "resent": resent, "not_accepted": len(bad),
-                      "failovers": client.failovers, "seconds": round(time.monotonic() - t0, 3)}))
+                      "failovers": client.failovers, "redirects": client.redirects,
+                      "seconds": round(time.monotonic() - t0, 3),
+                      "max_wait_s": round(waits[-1], 4) if waits else None,
+                      "p99_wait_s": round(waits[int(len(waits) * 0.99)], 4) if waits else None}))
     await client.close()
     return 0 if not bad else 1
 
@@ -81,7 +95,7 @@ async def consume(args: argparse.Namespace) -> int:
         if args.delay:
             await asyncio.sleep(args.delay * len(batch))
     print(json.dumps({"handed": got, "duplicates": sub.duplicates, "failovers": client.failovers,
-                      "seconds": round(time.monotonic() - t0, 3)}))
+                      "redirects": client.redirects, "seconds": round(time.monotonic() - t0, 3)}))
     if args.unsubscribe:
         await sub.unsubscribe()
     else:

@@ -77,6 +77,9 @@ def _to_list(m: Control) -> list[Any]:
     if t is Acks:
         return ["A", m.src, m.dst, [[g, s, st, list(e) if e else None] for g, s, st, e in m.items]]  # type: ignore[union-attr]
     if t is Finals:
+        if m.notes:  # type: ignore[union-attr]
+            return ["F", m.src, m.dst, m.gids, [[g, p, o, list(e) if e else None, d]  # type: ignore[union-attr]
+                                                for g, p, o, e, d in m.notes]]  # type: ignore[union-attr]
         return ["F", m.src, m.dst, m.gids]  # type: ignore[union-attr]
     if t is Probes:
         return ["P", m.src, m.dst, m.gids, m.inc]  # type: ignore[union-attr]
@@ -111,7 +114,7 @@ def _from_list(x: list[Any]) -> Control | None:
     if kind == "A":
         return Acks(x[1], x[2], [(g, s, int(st), (e[0], e[1]) if e else None) for g, s, st, e in x[3]])
     if kind == "F":
-        return Finals(x[1], x[2], list(x[3]))
+        return Finals(x[1], x[2], list(x[3]), _notes_from_list(x[4]) if len(x) > 4 else ())
     if kind == "P":
         return Probes(x[1], x[2], list(x[3]), str(x[4]) if len(x) > 4 else "")
     if kind == "H":
@@ -137,6 +140,26 @@ def _from_list(x: list[Any]) -> Control | None:
     if kind == "LO":
         return _lamport_from_list(x)
     return None  # a kind from a newer version: skipped
+
+
+_FINALS = Fields("finals")
+_NOTE_OUTCOME = _FINALS.int_from(1)
+
+
+def _notes_from_list(x: object) -> tuple[tuple[str, str, int, tuple[str, str] | None, str | None], ...]:
+    """The optional fifth field of a FINAL: [[gid, plain gid, outcome, [condition, description] or
+    null, digest or null], ...]; strict, nothing coerced."""
+    out = []
+    for i, n in enumerate(_FINALS.seq(x, "notes")):
+        gid, plain, outcome, error, digest = _FINALS.seq(n, f"notes[{i}]", 5)
+        if error is not None:
+            cond, desc = _FINALS.seq(error, f"notes[{i}].error", 2)
+            error = (_FINALS.string(cond, f"notes[{i}].error"), _FINALS.string(desc, f"notes[{i}].error"))
+        if digest is not None:
+            _FINALS.string(digest, f"notes[{i}].digest")
+        out.append((_FINALS.string(gid, f"notes[{i}].gid"), _FINALS.string(plain, f"notes[{i}].plain"),
+                    _NOTE_OUTCOME(outcome, f"notes[{i}].outcome"), error, digest))
+    return tuple(out)
 
 
 def _order_from_list(x: list[Any]) -> Order:
@@ -176,11 +199,16 @@ def encode_control(msgs: list[Control]) -> bytes:
     return b"C" + _dumps([_to_list(m) for m in msgs]).encode()
 
 
-def decode_control(frame: bytes) -> list[Control]:
+def decode_control(frame: bytes, order: bool = True) -> list[Control]:
+    """The messages of a control frame. `order` False (a neighbour speaking a protocol version
+    older than `messages.ORDER_VERSION`): its order messages (O, LO) are skipped undecoded, since
+    they have the older layout the strict order codecs refuse."""
     try:
         items = _loads(frame[1:].decode())
         out = []
         for x in items:
+            if not order and isinstance(x, list) and x[:1] in (["O"], ["LO"]):
+                continue
             m = _from_list(x)
             if m is not None:
                 out.append(m)

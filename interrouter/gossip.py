@@ -165,6 +165,12 @@ class Gossip:
         self.resend()
         return fresh
 
+    def unacknowledged(self) -> int:
+        """Our announcements that a reachable router has not acknowledged yet (a draining router
+        waits for none to be left: its subscriptions' state is then known mesh-wide)."""
+        reach = set(self.reachable)
+        return sum(1 for p in self.pending.values() if p.waiting & reach)
+
     def all_reachable(self) -> bool:
         return self.routers <= set(self.reachable)
 

@@ -5,6 +5,12 @@ as pre-settled transfers, in order. Reliability is end to end (the origin re-sen
 destinations re-acknowledge after any fault), so a frame lost with a connection is never a lost
 message. The lexically smaller router id dials; the other listens on its inter-router address.
 
+The open frame names the router and the protocol version it speaks (`oncemesh.version`, absent from
+routers of version 1); neighbours more than one version apart are refused with amqp:not-implemented,
+the others speak the lower version (`messages.negotiate_version`, docs/wire-protocol.md "Versions").
+It also carries where the router's clients connect (`oncemesh.client-url`): a draining router sends
+its clients to a neighbour's.
+
 The mesh is closed (docs/security.md): connections are mutual TLS with the mesh CA, and the router id
 a peer claims in its open properties must be a name in its certificate (common name, DNS name, or
 the URI `urn:oncemesh:router:<id>`), else the connection is refused with amqp:unauthorized-access.
@@ -22,21 +28,28 @@ from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link, connect
 from ..common.tls import router_uri
-from ..common.vocab import PROP_INCARNATION, PROP_MESH, PROP_ROUTER
+from ..common.vocab import PROP_CLIENT_URL, PROP_INCARNATION, PROP_MESH, PROP_ROUTER, PROP_VERSION
+from .messages import PROTOCOL_VERSION, UNVERSIONED, negotiate_version
 
 log = logging.getLogger("oncemesh.interrouter")
 
 MESH_ADDRESS = "$mesh"
+# frames a neighbour may send before we grant more (topped up at half): a link carries at most about
+# CREDIT_WINDOW / 2 frames per round trip, 25,000 frames/s at 100 ms; the router setting
+# `mesh_link_credit` raises it for longer links (docs/performance.md, "WAN links")
 CREDIT_WINDOW = 5000
 
 
 class Peer:
     """Our side of the connection to one neighbour."""
 
-    def __init__(self, conn: AmqpConnection, peer_id: str, peer_inc: str) -> None:
+    def __init__(self, conn: AmqpConnection, peer_id: str, peer_inc: str, version: int = PROTOCOL_VERSION,
+                 client_url: str | None = None) -> None:
         self.conn = conn
         self.id = peer_id
         self.inc = peer_inc
+        self.version = version  # the protocol version spoken on this connection (the lower of the two)
+        self.client_url = client_url  # where its clients connect (None: it did not say)
         self.sender: Link | None = None
         self.receiver: Link | None = None
         self.queue: deque[bytes] = deque()
@@ -71,10 +84,14 @@ class PeerHandler:
 
     def __init__(self, me: str, inc: str, allowed: set[str],
                  on_up: Callable[[Peer], None], on_frame: Callable[[Peer, bytes], None],
-                 on_down: Callable[[Peer | None, AmqpConnection], None], verify_identity: bool = True) -> None:
+                 on_down: Callable[[Peer | None, AmqpConnection], None], verify_identity: bool = True,
+                 version: int = PROTOCOL_VERSION, credit_window: int = CREDIT_WINDOW) -> None:
         self.me = me
+        self.credit_window = credit_window
         self.inc = inc
         self.allowed = allowed
+        self.version = version
+        self.client_url: str | None = None  # ours, told to neighbours (the mesh layer sets it once bound)
         # the router id a peer claims must be a name its (verified) certificate carries; off only
         # for a mesh run with --insecure-mesh
         self.verify_identity = verify_identity
@@ -83,9 +100,12 @@ class PeerHandler:
         self.on_down = on_down
 
     def make_connection(self, engine: Engine, server: bool, idle_timeout: float) -> AmqpConnection:
+        props: dict[Any, Any] = {PROP_ROUTER: self.me, PROP_INCARNATION: self.inc, PROP_MESH: 1,
+                                 PROP_VERSION: self.version}
+        if self.client_url:
+            props[PROP_CLIENT_URL] = self.client_url
         return AmqpConnection(engine, self, server=server, container_id=f"oncemesh-router-{self.me}",
-                              idle_timeout=idle_timeout,
-                              properties={PROP_ROUTER: self.me, PROP_INCARNATION: self.inc, PROP_MESH: 1})
+                              idle_timeout=idle_timeout, properties=props)
 
     # -- engine events ---------------------------------------------------------------------------
     def on_connection_open(self, conn: AmqpConnection) -> None:
@@ -103,7 +123,19 @@ class PeerHandler:
             conn.close(errors.UnauthorizedAccess.condition,
                        f"the certificate presented names {sorted(names)}, not router {peer_id!r}")
             return
-        peer = Peer(conn, peer_id, str(peer_inc))
+        theirs = props.get(PROP_VERSION, UNVERSIONED)
+        try:
+            version = negotiate_version(self.version, theirs)
+        except errors.RemoteProtocolError as exc:
+            log.warning("mesh.peer_refused peer=%s claimed=%r reason=version ours=%d theirs=%r", conn.peer, peer_id,
+                        self.version, theirs)
+            conn.close(exc.condition, f"router {self.me}: {exc}")
+            return
+        url = props.get(PROP_CLIENT_URL)
+        if url is not None and not (isinstance(url, str) and 0 < len(url) <= 256 and "://" in url):
+            log.warning("mesh.peer_client_url_ignored peer=%s url=%r", peer_id, url)
+            url = None
+        peer = Peer(conn, peer_id, str(peer_inc), version, url)
         conn.ctx = peer
         ssn = conn.open_session()
         s = conn.sender(ssn, f"mesh:{self.me}->{peer_id}")
@@ -128,7 +160,7 @@ class PeerHandler:
             link.set_source(MESH_ADDRESS)
             link.set_settle_modes(F.SND_SETTLED, F.RCV_FIRST)
             link.open()
-            link.flow(CREDIT_WINDOW)
+            link.flow(self.credit_window)
             peer.receiver = link
         if peer.sender is not None and peer.receiver is not None and peer.sender.active and not peer.open:
             peer.open = True
@@ -147,8 +179,9 @@ class PeerHandler:
         peer = link.ctx
         if not isinstance(peer, Peer):
             return
-        if link.credit < CREDIT_WINDOW // 2:
-            link.flow(CREDIT_WINDOW - link.credit)
+        window = self.credit_window
+        if link.credit < window // 2:
+            link.flow(window - link.credit)
         self.on_frame(peer, payload)
 
     def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:

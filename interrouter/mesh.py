@@ -16,6 +16,7 @@ from ..common import errors
 from ..common.engine import AmqpConnection, Engine, listen
 from ..common.tls import TlsFiles, TlsProvider
 from ..router.actions import MeshAction
+from ..router.config import client_url_of
 from ..router.server import Router
 from ..topology.model import Topology, TotalOrder
 from .codec import FrameError
@@ -73,6 +74,8 @@ class Mesh:
         self.peers_dir = peers_dir
         spec = topo.routers[self.me]
         self.listen_addr = (spec.inter_host, spec.inter_port)
+        if router.cfg.mesh_link_credit < 2:
+            raise ValueError(f"mesh_link_credit is {router.cfg.mesh_link_credit}: at least 2 frames (default 5000)")
         nbrs = {n: float(link.cost) for n in topo.neighbours(self.me)
                 if (link := topo.link(self.me, n)) is not None}  # a neighbour has a link
         total = router.cfg.core.total_topics
@@ -90,7 +93,8 @@ class Mesh:
                              seq_restore=store.sequencer_restore(sequenced) if store and not first else None,
                              persist_seq=store.persist_sequencer if store else None)
         self.handler = PeerHandler(self.me, router.incarnation, set(nbrs), self._peer_up, self._on_frame,
-                                   self._peer_down, verify_identity=tls is not None)
+                                   self._peer_down, verify_identity=tls is not None,
+                                   credit_window=router.cfg.mesh_link_credit)
         self.peers: dict[str, Peer] = {}
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None
@@ -105,6 +109,7 @@ class Mesh:
     # ------------------------------------------------------------------ lifecycle
     async def start(self, engine: Engine) -> None:
         self.engine = engine
+        self.handler.client_url = self.router.client_url()  # (bound by now) told to every neighbour
         host, port = self.listen_addr
         self.server = await listen(
             self.engine, lambda: self.handler.make_connection(self.engine, True, self.topo.dead_after),  # type: ignore[arg-type]
@@ -128,6 +133,8 @@ class Mesh:
 
     async def stop(self) -> None:
         self._stopping = True
+        self.node.flush()  # acknowledgements and gossip of this pass go before the goodbye
+        self._drain_node()
         self.node.leaving()
         self._drain_node()
         for t in self._dialers:
@@ -143,7 +150,27 @@ class Mesh:
         info["inter_router"] = f"{self.bound[0]}:{self.bound[1]}" if self.bound else None
         if self.order_store is not None:
             info["order_state"] = dict(self.order_store.stats)
+        info["protocol"] = {"version": self.handler.version,
+                            "peers": {p.id: p.version for p in sorted(self.peers.values(), key=lambda p: p.id)}}
         return info
+
+    def redirect_targets(self) -> list[tuple[str, str]]:
+        """Live neighbours and where their clients connect (what they said, else the topology's
+        fixed address), the cheapest link first."""
+        out = []
+        for pid, peer in self.peers.items():
+            spec = self.topo.routers.get(pid)
+            url = peer.client_url or (client_url_of(spec.host, spec.port, bool(self.topo.router_settings(pid).get(
+                "tls_cert")), str(self.topo.router_settings(pid).get("client_url", ""))) if spec else None)
+            if url:
+                out.append((self.node.hello.costs.get(pid, 1.0), pid, url))
+        return [(pid, url) for _, pid, url in sorted(out)]
+
+    def drain_facts(self) -> dict[str, int]:
+        """What of the mesh side a draining router still waits for: its subscription announcements
+        that a reachable router has not acknowledged, and frames not yet handed to a connection."""
+        return {"announcements": self.node.gossip.unacknowledged(),
+                "frames_queued": sum(p.backlog for p in self.peers.values()) + int(self.node.has_pending)}
 
     # ------------------------------------------------------------------ dialing
     def _peer_address(self, peer: str) -> tuple[str, int] | None:
@@ -191,7 +218,7 @@ class Mesh:
         if old is not None and old is not peer:
             old.conn.close(errors.ConnectionForced.condition, "replaced by a newer connection")
         self.peers[peer.id] = peer
-        self.node.peer_up(peer.id, peer.inc, time.time())
+        self.node.peer_up(peer.id, peer.inc, time.time(), peer.version)
         log.info("mesh.peer_up peer=%s incarnation=%s", peer.id, peer.inc)
         self._after_input()
 

@@ -1,4 +1,5 @@
-"""Messages between routers (wire protocol v1, docs/wire-protocol.md).
+"""Messages between routers (wire protocol version 3, docs/wire-protocol.md), and the rule by which
+routers of different versions talk (`negotiate_version`).
 
 Neighbour-only: Hello, Bye. Flooded: LinkState. Routed (src -> dst, hop by hop along the shortest
 paths): SubUpdate, SubAck, TableSync, Acks, Finals, Probes, Queries, PubDeclare, Holds, Order,
@@ -11,10 +12,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..common.errors import IncompatibleVersion, RemoteProtocolError
 from ..router.order import lamport
 from ..router.order.sequencer import Wire
 
-PROTOCOL_VERSION = 1
+# The inter-router protocol version this router speaks. 1: routers that announced no version (only
+# `oncemesh.mesh`); 2: the open frame carries `oncemesh.version` and `oncemesh.client-url`, the
+# frames are those of 1; 3: the total-order messages (O, LO) carry compaction (floors, checkpoints).
+# A router and a peer at most VERSION_SPAN apart interoperate: each speaks the lower of the two
+# versions to the other (a rolling upgrade runs one version apart).
+PROTOCOL_VERSION = 3
+# The first version whose O and LO messages this router's strict order codecs read: to and from a
+# neighbour speaking an older one, no order message is passed (the order streams treat the routers
+# behind it as cut off until it is upgraded; every other message flows as before).
+ORDER_VERSION = 3
+VERSION_SPAN = 1
+UNVERSIONED = 1  # what a peer that sends no `oncemesh.version` speaks
+
+
+def negotiate_version(ours: int, theirs: object) -> int:
+    """The version two neighbours speak to each other: the lower of the two, when they are at most
+    VERSION_SPAN apart. A version that is no positive integer is the peer's error
+    (`RemoteProtocolError`, amqp:invalid-field); one too far from ours raises `IncompatibleVersion`
+    (amqp:not-implemented), whose message names both versions."""
+    if isinstance(theirs, bool) or not isinstance(theirs, int) or theirs < 1:
+        raise RemoteProtocolError(f"the inter-router protocol version must be a positive integer, got {theirs!r}")
+    if abs(ours - theirs) > VERSION_SPAN:
+        newer = "upgrade this router" if theirs > ours else "upgrade the peer"
+        raise IncompatibleVersion(f"this router speaks inter-router protocol version {ours}, the peer version "
+                                  f"{theirs}: more than {VERSION_SPAN} apart ({newer} first; a rolling upgrade "
+                                  f"goes one version at a time, docs/wire-protocol.md)")
+    return min(ours, theirs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +119,15 @@ class Acks:
 
 @dataclass(frozen=True, slots=True)
 class Finals:
-    """From an origin: these gids are final (settled by their publishers)."""
+    """From an origin: these gids are final (settled by their publishers). `notes`: for those whose
+    publisher may not have had the outcome (the router settled in receiver-settle-mode first, or it
+    left), what a resend of it is answered with: (gid, its tag's plain gid, outcome, error, digest of
+    its bytes) (router/identity.py)."""
 
     src: str
     dst: str
     gids: list[str]
+    notes: tuple[tuple[str, str, int, tuple[str, str] | None, str | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .core import CoreConfig
+from .management import MeshView
 
 
 def parse_hostport(text: str) -> tuple[str, int]:
@@ -25,6 +26,19 @@ def parse_hostport(text: str) -> tuple[str, int]:
     return host, p
 
 
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+def client_url_of(host: str, port: int, tls: bool, configured: str = "") -> str | None:
+    """Where clients reach a router: `configured` (the `client_url` setting) when set, else its
+    listener's address, unless that is a wildcard or port 0 (None: not known from here)."""
+    if configured:
+        return configured
+    if port == 0 or host in WILDCARD_HOSTS:
+        return None
+    return f"{'amqps' if tls else 'amqp'}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
 def _bool(v: Any, key: str) -> bool:
     """A yes/no setting from TOML (a bool) or --set (a string): bool("false") would be True."""
     if isinstance(v, bool):
@@ -35,6 +49,9 @@ def _bool(v: Any, key: str) -> bool:
     if text in ("false", "no", "0", "off"):
         return False
     raise ValueError(f"setting {key} must be true or false, got {v!r}")
+
+
+_NOT_SETTINGS = {"id", "core", "peers_dir", "mesh_view"}  # fields of RouterConfig that no --set may change
 
 
 @dataclass(slots=True)
@@ -61,6 +78,9 @@ class RouterConfig:
     mesh_tls_key: str = ""
     mesh_tls_ca: str = ""
     insecure_mesh: bool = False
+    # frames each neighbour may send on its link before this router grants more: a link carries at most
+    # ~mesh_link_credit / 2 frames per round trip; raise it for long links (docs/performance.md, "WAN links")
+    mesh_link_credit: int = 5000
     # the client listener speaks TLS only (amqps) when tls_cert is set; with tls_verify_clients,
     # clients must present a certificate signed by a CA in tls_ca
     tls_cert: str = ""
@@ -78,6 +98,18 @@ class RouterConfig:
     policy_file: str = ""
     # HTTP listener for /metrics, /healthz, /readyz (docs/operations.md), e.g. "127.0.0.1:9090"; off if empty
     http_listen: str = ""
+    # the read-only web console on the HTTP listener (/console): the mesh, rates, topics, subscriptions;
+    # it shows topic and subscription names to whoever reaches the port (docs/operations.md)
+    http_console: bool = False
+    # the audit's status file (`oncemesh audit` writes one): its verdict and violations in the console
+    audit_status_file: str = ""
+    # where clients reach this router (e.g. "amqps://a.example.net:5671"), told to its neighbours so that
+    # one that drains can send its clients here; default: the client listener's address unless a wildcard
+    client_url: str = ""
+    # drain (docs/operations.md, "Rolling restart and upgrade"): at most this long from SIGUSR1 to the exit;
+    # a client connection whose publisher still waits for outcomes here is kept at most drain_grace
+    drain_timeout: float = 30.0
+    drain_grace: float = 1.0
     log_flush_interval: float = 0.2
     # settlement-log segments (docs/settlement-log.md, "Files"): a new segment at this size or age,
     # closed ones gzipped in a worker thread ("gzip" or "none"); retention 0 keeps every segment
@@ -92,6 +124,9 @@ class RouterConfig:
     loop_stall: float = 0.5  # a loop lag or GC pause this long is logged at once
     core: CoreConfig = field(default_factory=CoreConfig)
     peers_dir: Path | None = None  # where port-0 peers publish their bound inter-router address
+    # the mesh as the topology describes it (routers, links, their HTTP listeners): management views
+    # and the console; set by the composition root from the topology, not a setting
+    mesh_view: MeshView | None = None
 
     def apply(self, settings: dict[str, Any]) -> None:
         """Apply a mapping of setting names (router or core) to values; unknown names raise."""
@@ -101,7 +136,7 @@ class RouterConfig:
             key = k.replace("-", "_")
             if key in core_names:
                 setattr(self.core, key, type(getattr(self.core, key))(v))
-            elif key in router_names and key not in ("id", "core", "peers_dir"):
+            elif key in router_names and key not in _NOT_SETTINGS:
                 cur = getattr(self, key)
                 if isinstance(cur, bool):
                     setattr(self, key, _bool(v, key))
@@ -109,4 +144,4 @@ class RouterConfig:
                     setattr(self, key, type(cur)(v) if cur is not None and not isinstance(cur, tuple) else v)
             else:
                 raise ValueError(f"unknown router setting {k!r}; known: "
-                                 f"{', '.join(sorted((router_names | core_names) - {'id', 'core', 'peers_dir'}))}")
+                                 f"{', '.join(sorted((router_names | core_names) - _NOT_SETTINGS))}")

@@ -65,13 +65,14 @@ from .actions import (
     SettlePublisher,
     SubmitOrder,
 )
-from .finals import OldFinals
+from .finals import FinalNotes, OldFinals
 from .handing import Handing
+from .identity import Identity
 from .meshside import MeshSide
 from .order.total import TotalStream, start_key
 from .state import (
     _EVENT_OF,
-    RESOLVED,
+    _TO_STATE,
     S_ACCEPTED,
     S_ENDED,
     S_QUEUED,
@@ -81,6 +82,7 @@ from .state import (
     Record,
     S,
     SubRuntime,
+    _illegal,
     move,
     tnum_key,
 )
@@ -119,6 +121,7 @@ class CoreConfig:
     final_memory: float = 300.0  # seconds a router remembers a final gid (late copies and presenters)
     final_memory_young: float = 5.0  # seconds a final gid stays in the plain dict before it is compacted
     final_memory_entries: int = 1_000_000  # final gids and gid intervals remembered at most (oldest go first)
+    final_notes_max: int = 200_000  # notes on final messages whose publisher may resend them (router/identity.py)
     final_notify_batch: int = 256
     # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
     # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
@@ -130,11 +133,12 @@ class CoreConfig:
     causal_groups: dict[str, str] = field(default_factory=dict)
 
 
-class DeliveryCore(Handing, MeshSide, Sweeps):
+class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
     """The delivery core of one router. The per-message path (publish -> pump -> send -> resolve)
-    is here; what may be handed now is in `Handing` (router/handing.py), the mesh side in `MeshSide`
-    (router/meshside.py), housekeeping in `Sweeps` (router/sweeps.py); the state of a message for a
-    subscription changes only through `state.move`."""
+    is here; what may be handed now is in `Handing` (router/handing.py), which message a transfer
+    is in `Identity` (router/identity.py), the mesh side in `MeshSide` (router/meshside.py),
+    housekeeping in `Sweeps` (router/sweeps.py); the state of a message for a subscription changes
+    only through `state.move`."""
 
     def __init__(self, router_id: str, table: SubscriptionTable | None = None,
                  config: CoreConfig | None = None) -> None:
@@ -149,11 +153,22 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.placeholders: dict[str, dict[str, float]] = {}  # gid -> {sid: since}
         self.recent_final: dict[str, float] = {}  # gid -> when it became final here: the young tier
         self.old_finals = OldFinals()  # and the compacted old tier (router/finals.py)
+        # which message a transfer is, for clients that reuse tags (router/identity.py)
+        self.incarnation = ""  # (the adapter sets it: new identities are unique to it)
+        self.final_notes = FinalNotes()  # tag -> the newest message under it final while its outcome may be lost
+        self.noted: dict[str, str | None] = {}  # records that leave a note when final -> digest of their bytes
+        self.alias_of: dict[str, str] = {}  # plain gid -> the new identity under its tag whose record lives
+        self.plain_of: dict[str, str] = {}  # and back
+        self.fresh_of: dict[str, tuple[str, float]] = {}  # plid -> (PubLink.fresh of its last link here, when)
+        self.stats_new_identities = 0  # messages under a tag used before, given a new identity
+        self.stats_finals_answered = 0  # resends of final messages answered with their outcome
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
         self.inflight_bytes = 0
         self.undecided = 0  # records of this origin still waiting: what the budget counts
+        self.destination_records = 0  # records held for another origin (counted, not scanned, for the status)
+        self._orphans_swept: float = -math.inf  # when Sweeps._sweep_orphans last looked at every record
         self.stats_final_ignored = 0  # FINALs refused: the publisher's delivery is open here
         self.newest_link: dict[str, PubLink] = {}  # plid -> its most recent attach here
         # FIFO: per publisher link, our records of it not final yet, in publish order: gid -> seq
@@ -164,6 +179,10 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
         self.log_writable = True  # and only while the settlement log can be written (a full disk)
+        self.draining = False  # and never again once the router drains (router/drain.py)
+        # origin records whose publisher re-attached at another router holding them in doubt: that
+        # router drives them now and sends us their FINAL (gid -> router); pruned by a sweep
+        self.driven_elsewhere: dict[str, str] = {}
         self._blocked: deque[PubLink] = deque()
         self.out: list[Action] = []
         self.log: list[tuple[Any, ...]] = []  # settlement-log events: (ev, gid, topic, sid, info)
@@ -203,6 +222,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             for g, t in past:
                 if self.causal.get(t) == group:
                     self._causal_note(client, group, g, t, ())
+        if in_doubt is None:  # not ours: it may reuse tags (router/identity.py; before it is the newest)
+            self._fresh_floor(pl)
         self.pub_links[token] = pl
         # the newest attach of a link name supersedes older ones still open here (their connections
         # not yet noticed dead, e.g. after a freeze): only its declaration is evidence (an older
@@ -224,6 +245,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             return
         if self.newest_link.get(pl.plid) is pl:
             del self.newest_link[pl.plid]
+        if pl.fresh:
+            self.fresh_of[pl.plid] = (pl.fresh, self._now)  # (router/identity.py)
         self.reserved_credit -= pl.outstanding
         pl.outstanding = 0
         for pub, gid in pl.pubs.items():
@@ -244,15 +267,29 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.reserved_credit -= 1
         gid = global_id(pl.plid, tag)
         rec = self.records.get(gid)
+        if pl.declared is None or (pl.declared and rec is None and gid in pl.declared):
+            # a tag used before may name another message, or a final one (router/identity.py); ours
+            # reuse none: only what they declared in doubt may be final meanwhile
+            if len(gid) != pl.flen or gid <= pl.fresh:
+                gid, rec, answered = self._identify(pl, pub, tag, gid, rec, payload, now)
+                if answered:  # a resend of a final message, answered with its outcome
+                    if pl.outstanding <= self.cfg.link_credit // 2:
+                        self._grant(pl)
+                    return gid
+            else:
+                pl.fresh = gid  # (the usual, in mode second: the next of its tags, never seen here)
         if rec is None:
-            group = self.causal.get(pl.topic) if self.causal else None
-            # (a resend its client declared in doubt gets none here: what the client was handed
-            # since it first sent it is no dependency of it, and could close a cycle of waits)
-            deps = self._causal_deps(pl, group) if group is not None and not (
-                pl.declared and gid in pl.declared) else ()
-            self._new_record(gid, pl.topic, payload, now, deps, pub, pl)
-            if group is not None and pl.client:
-                self._causal_note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
+            if self.causal:
+                group = self.causal.get(pl.topic)
+                # (a resend its client declared in doubt gets none here: what the client was handed
+                # since it first sent it is no dependency of it, and could close a cycle of waits)
+                deps = self._causal_deps(pl, group) if group is not None and not (
+                    pl.declared and gid in pl.declared) else ()
+                self._new_record(gid, pl.topic, payload, now, deps, pub, pl)
+                if group is not None and pl.client:
+                    self._causal_note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
+            else:
+                self._new_record(gid, pl.topic, payload, now, (), pub, pl)
         else:
             self._merge(rec, pub, pl, payload, now)
         if pl.outstanding <= self.cfg.link_credit // 2:
@@ -285,12 +322,18 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         pl.pubs.pop(pub, None)
         rec = self.records.get(gid)
         if rec is None:
+            if pl.declared is None:  # an answered resend (router/identity.py): its tag is free on the link
+                self._settled_on_link(pl, gid)
             return
-        if pub in rec.pubs:
+        try:  # noqa: SIM105 - one search of the list, not two (contextlib.suppress costs two calls)
             rec.pubs.remove(pub)
+        except ValueError:
+            pass
         rec.pub_settled = True
         if rec.outcome is not None:  # (_maybe_final, inlined)
             self._finalize(rec, now)
+        elif pl.declared is None:  # settled before its outcome: the tag is free on this link (identity.py)
+            self._settled_on_link(pl, gid)
 
     def _new_record(self, gid: str, topic: str, payload: bytes, now: float,
                     deps: tuple[tuple[str, str], ...], pub: Any, pl: PubLink) -> Record:
@@ -308,47 +351,83 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self._chain(rec)
         if deps:
             self._add_deps(rec, deps)
-        asked = self.held_for.pop(gid, None)
-        if asked:
-            rec.holders = set(asked)
-        held = self.placeholders.pop(gid, None)
+        if self.held_for:
+            asked = self.held_for.pop(gid, None)
+            if asked:
+                rec.holders = set(asked)
+        held = self.placeholders.pop(gid, None) if self.placeholders else None
         me = self.router_id
+        subs = self.subs
+        owed = rec.owed
         remote = False
+        queued = 0
+        first: SubRuntime | None = None  # local subscriptions to pump once the record is set up
+        more: list[SubRuntime] | None = None
         for sub in self.table.live_for_topic(topic):
             sid = sub.sid
-            if held is not None and sid in held and sub.home == me:
-                move(rec, sid, S_ACCEPTED)
-                self.log.append(("accepted", gid, topic, sid, "placeholder"))
-                continue
-            move(rec, sid, S_QUEUED)
             if sub.home == me:
-                rt = self.subs[sid]
-                rt.owed[gid] = rec
-                if rt.link is not None:
-                    rt.queue.append(gid)
+                if held is not None and sid in held:
+                    move(rec, sid, S_ACCEPTED)
+                    self.log.append(("accepted", gid, topic, sid, "placeholder"))
+                    rt = subs.get(sid)  # (pumped below all the same, as every local part is)
+                    if rt is None:
+                        continue
+                else:
+                    rt = subs[sid]
+                    # (None -> QUEUED, by `state.MOVES` pending +1: applied here directly, the record
+                    # is fresh and the table's subscriptions are distinct; one call per message less)
+                    owed[sid] = S_QUEUED
+                    queued += 1
+                    rt.owed[gid] = rec
+                    if rt.link is not None:
+                        rt.queue.append(gid)
+                if rt.link is not None and rt.credit > 0:
+                    if first is None:
+                        first = rt
+                    elif more is None:
+                        more = [rt]
+                    else:
+                        more.append(rt)
             else:
+                owed[sid] = S_QUEUED
+                queued += 1
                 self.remote_pending.setdefault(sid, {})[gid] = rec
                 remote = True
-        self.log.append(("received", gid, topic, None, SizeCount((len(payload), len(rec.owed)))))
+        rec.pending = queued
+        self.log.append(("received", gid, topic, None, SizeCount((len(payload), len(owed)))))
         if self.total and topic in self.total:
             self._number(rec, now)  # may add or end parts, and decide it
             if rec.outcome is not None:
                 return rec
-        if rec.pending == 0:
-            self._decide(rec, now)  # (a total-order record waits for its number)
+            if rec.pending == 0:
+                self._decide(rec, now)  # (a total-order record waits for its number)
+                return rec
+            if remote:
+                self._route(rec, force=False)
+            for sid in rec.owed:  # (numbering may have added parts)
+                local = subs.get(sid)
+                if local is not None and local.link is not None and local.credit > 0:
+                    self._pump(local)
+            return rec
+        if queued == 0:
+            self._decide(rec, now)
             return rec
         if remote:
             self._route(rec, force=False)
-        for sid in rec.owed:
-            local = self.subs.get(sid)
-            if local is not None and local.link is not None and local.credit > 0:
-                self._pump(local)
+        if first is not None:
+            if first.link is not None and first.credit > 0:
+                self._pump(first)
+            if more is not None:
+                for rt in more:
+                    if rt.link is not None and rt.credit > 0:
+                        self._pump(rt)
         return rec
 
     def _adopt(self, rec: Record, payload: bytes, now: float) -> None:
         """A publisher resent here a message we only held as a destination (its origin died or the
         publisher failed over to us): we become an origin for it, owing what our table says."""
         rec.origin = None
+        self.destination_records -= 1
         if not rec.payload:
             rec.payload = payload
             self.inflight_bytes += len(payload)
@@ -388,7 +467,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
 
     # ================================================================ outcomes: decide, tell the publisher, finalize
     def _decide(self, rec: Record, now: float) -> None:
-        if rec.tnum is None and rec.origin is None and self.total and rec.topic in self.total:
+        if self.total and rec.tnum is None and rec.origin is None and rec.topic in self.total:
             return  # its number may make it owed to more subscriptions: decided once numbered
         if rec.origin is not None:  # a destination record: our local subscriptions are done
             rec.decided = now
@@ -396,6 +475,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             rec.payload = b""
             if not rec.owed and rec.gid not in self.placeholders:
                 del self.records[rec.gid]  # no subscription here has a part in it any more
+                self.destination_records -= 1
             return
         if rec.rejected_by:
             rec.outcome = O_REJECTED
@@ -425,7 +505,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             entry = self.pub_of.get(pub)
             if entry is not None:
                 self._tell_publisher(rec, pub, entry[0])
-        self._maybe_final(rec, now)
+        if rec.pub_settled:  # (_maybe_final, inlined: the outcome is set)
+            self._finalize(rec, now)
 
     def _tell_publisher(self, rec: Record, pub: Any, pl: PubLink) -> None:
         assert rec.outcome is not None
@@ -436,6 +517,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             rec.pubs.remove(pub)
             pl.pubs.pop(pub, None)
             self.pub_of.pop(pub, None)
+            if pl.declared is None:
+                self._settled_on_link(pl, rec.gid)  # the tag is free on this link (identity.py)
 
     def _maybe_final(self, rec: Record, now: float) -> None:
         if rec.outcome is None or not rec.pub_settled:
@@ -445,6 +528,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
     def _finalize(self, rec: Record, now: float) -> None:
         gid = rec.gid
         del self.records[gid]
+        if rec.origin is not None:
+            self.destination_records -= 1
         chain = self.chain.get(rec.plid)
         if chain is not None and chain.pop(gid, None) is not None and not chain:
             del self.chain[rec.plid]
@@ -457,12 +542,12 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 entry[0].pubs.pop(pub, None)
                 if rec.outcome is not None:
                     self.out.append(SendOutcome(pub, rec.outcome, rec.error, True))
-        me = self.router_id
         tell: set[str] | None = set(rec.holders) if rec.holders else None
         subs = self.subs
         for sid, st in rec.owed.items():
             rt = subs.get(sid)
             if rt is None:
+                me = self.router_id
                 if rec.origin is None:
                     sub = self.table.get(sid)
                     if sub is not None and sub.live and sub.home != me:
@@ -476,8 +561,9 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             if st is S_QUEUED or st is S_SENT:  # final elsewhere before it got here: withdrawn
                 rt.owed.pop(gid, None)
                 rt.resend.discard(gid)
-            if gid in rt.on_link:
-                rt.on_link.discard(gid)
+            on_link = rt.on_link
+            if gid in on_link:
+                on_link.remove(gid)
                 self.out.append(SettleDelivery(sid, gid))
             elif st is S_ACCEPTED:
                 if rt.link is not None and rt.capable:
@@ -486,11 +572,13 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 elif rt.capable:
                     rt.final_unnotified.add(gid)
         if rec.origin is None and tell:
-            tell.discard(me)
+            tell.discard(self.router_id)
             for router in sorted(tell):
                 self.out.append(SendFinal(router, gid))
         self.recent_final[gid] = now  # late copies and late presenters learn it is final
-        if gid in self.placeholders:  # other subscriptions here that hold it without a part in it
+        if self.noted or self.plain_of:
+            self._identity_final(rec, now)  # what its tag says from now on (router/identity.py)
+        if self.placeholders and gid in self.placeholders:  # others here hold it without a part in it
             self._placeholder_final(gid)
         self.log.append(("settled", gid, rec.topic, None, None))
         if self._blocked:
@@ -667,12 +755,11 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self._pump(rt)
 
     def _pump(self, rt: SubRuntime) -> None:
-        out = self.out
         if rt.notify and rt.credit > 0:
             batch = self.cfg.final_notify_batch
             while rt.notify and rt.credit > 0:
                 chunk, rt.notify = tuple(rt.notify[:batch]), rt.notify[batch:]
-                out.append(NotifyFinal(rt.sid, chunk))
+                self.out.append(NotifyFinal(rt.sid, chunk))
                 rt.credit -= 1
         q = rt.queue
         sid = rt.sid
@@ -686,7 +773,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             rec = rt.owed.get(gid)
             if rec is None or rec.owed.get(sid) is not S_QUEUED:
                 continue
-            redelivery = bool(rec.redeliveries and sid in rec.redeliveries)
+            reds = rec.redeliveries
+            redelivery = reds is not None and sid in reds
             if ttopic is not None and not self._total_ready(rec, rt, redelivery):
                 continue  # not its turn: handed by number when it is (below), not kept in the queue
             if (rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt)) \
@@ -750,14 +838,16 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 self._send(rt, rec, bool(rec.redeliveries and sid in rec.redeliveries))
 
     def _send(self, rt: SubRuntime, rec: Record, redelivery: bool) -> None:
+        """Hand `rec` (QUEUED for `rt`: the callers check it) to the subscription's link."""
         gid = rec.gid
-        move(rec, rt.sid, S_SENT)
+        sid = rt.sid
+        rec.owed[sid] = S_SENT  # (QUEUED -> SENT, by `state.MOVES` pending unchanged: no `move` call)
         rt.on_link.add(gid)
         rt.credit -= 1
         if rt.resend:
             rt.resend.discard(gid)
-        self.out.append(Deliver(rt.sid, gid, rec.payload, redelivery))
-        self.log.append(("delivered", gid, rec.topic, rt.sid, "redelivery" if redelivery else None))
+        self.out.append(Deliver(sid, gid, rec.payload, redelivery))
+        self.log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
         if self.causal:
             if rec.deps:
                 self._causal_passed(rt, rec)
@@ -777,6 +867,10 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         if rt is None:
             return
         rec = rt.owed.get(gid)
+        if outcome is O_ACCEPTED and not settled:  # (the usual: one test instead of three)
+            if rec is not None:
+                self._resolve(rec, sid, S_ACCEPTED, None, now, None)
+            return
         if settled or outcome in (O_RELEASED, O_MODIFIED):
             rt.on_link.discard(gid)  # the adapter settled the delivery: it is no longer on the link
         if rec is None:
@@ -808,15 +902,22 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
 
     def _resolve(self, rec: Record, sid: str, st: S, error: tuple[str, str] | None, now: float,
                  why: str | None) -> None:
-        cur = rec.owed.get(sid)
-        if cur is None or cur in RESOLVED:
-            return
-        move(rec, sid, st)
+        owed = rec.owed
+        cur = owed.get(sid)
+        if cur is not S_QUEUED and cur is not S_SENT:
+            return  # not owed, or resolved already
+        # (`state.move`, inlined with what is known here: once per message)
+        delta = _TO_STATE[st][cur]
+        if delta is None:
+            _illegal(rec, sid, st)
+        owed[sid] = st
+        rec.pending += delta
+        gid = rec.gid
         rt = self.subs.get(sid)
         if rt is not None:
-            rt.owed.pop(rec.gid, None)
+            rt.owed.pop(gid, None)
             if rt.resend:
-                rt.resend.discard(rec.gid)
+                rt.resend.discard(gid)
         else:
             pend = self.remote_pending.get(sid)
             if pend is not None:
@@ -828,12 +929,12 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 rec.rejected_by = []
             rec.rejected_by.append((sid, error))
         if st is S_ENDED:
-            self.log.append(("ended", rec.gid, rec.topic, sid, why))
+            self.log.append(("ended", gid, rec.topic, sid, why))
         else:
-            self.log.append((_EVENT_OF[st], rec.gid, rec.topic, sid, why or (list(error) if error else None)))
+            self.log.append((_EVENT_OF[st], gid, rec.topic, sid, why or (list(error) if error else None)))
         if rt is not None and rec.origins:
             for origin in rec.origins:  # tell every origin that sent us a copy
-                self.out.append(SendAck(origin, rec.gid, sid, int(st), error))
+                self.out.append(SendAck(origin, gid, sid, int(st), error))
         if rec.pending == 0:
             if rec.origin is not None or rec.outcome is None:
                 self._decide(rec, now)
@@ -849,7 +950,8 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         room = self.cfg.max_inflight_messages - self.undecided - self.reserved_credit
         if len(self.records) >= self.cfg.max_decided_records + self.cfg.max_inflight_messages:
             room = 0
-        if not self.ready or not self.log_writable or self.inflight_bytes >= self.cfg.max_inflight_bytes:
+        if not self.ready or not self.log_writable or self.draining \
+                or self.inflight_bytes >= self.cfg.max_inflight_bytes:
             room = 0
         n = min(want, room)
         if n > 0:
@@ -874,6 +976,11 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.ready = ready
         if ready:
             self._unblock()
+
+    def set_draining(self) -> None:
+        """The router drains (it will exit): publishers get no more credit here; what they send with
+        the credit they hold is handled as ever. There is no way back: a drain ends in an exit."""
+        self.draining = True
 
     def set_log_writable(self, writable: bool) -> None:
         """The settlement log can(not) be written: no publisher credit while it cannot, so that

@@ -22,6 +22,9 @@ forgotten first when there are more: at most ~150 MB at the default million, wha
 ~12 MB at 15,000 msg/s from our publishers (75,000 young gids, a few thousand intervals), which
 then keep the whole `final_memory` window instead of the last 66 s.
 
+Besides: `FinalNotes`, per tag, what a resend of a message whose publisher may not have had its
+outcome is answered with (router/identity.py), bounded by `final_notes_max` and forgotten with the rest.
+
 A gid is forgotten `final_memory` seconds after it became final, or up to one tick later in the old
 tier (what one tick compacts is forgotten together, when its newest gid is). A gid that becomes
 final again (a predecessor something waits for) is remembered longer while young; once old, from
@@ -37,10 +40,12 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from collections import deque
+from dataclasses import dataclass
 from itertools import groupby, repeat
 from operator import itemgetter
 
 from ..common.ids import PLID_LEN
+from ..common.vocab import Outcome
 
 
 def counter_key(gid: str) -> tuple[str, int] | None:
@@ -64,11 +69,11 @@ class OldFinals:
     """The old tier: intervals of counter-numbered gids per publisher link, loose gids apart, and
     one queue of both in the order they were added (their forgetting order)."""
 
-    __slots__ = ("_runs", "_loose", "_order", "gids")
+    __slots__ = ("_runs", "loose", "_order", "gids")
 
     def __init__(self) -> None:
         self._runs: dict[str, tuple[list[int], list[int]]] = {}  # key -> (sorted starts, ends)
-        self._loose: dict[str, float] = {}
+        self.loose: dict[str, float] = {}
         self._order: deque[tuple[float, str, int, int]] = deque()  # (t, key or gid, lo, hi); lo < 0: loose
         self.gids = 0  # gids covered
 
@@ -79,8 +84,13 @@ class OldFinals:
     def __bool__(self) -> bool:
         return bool(self._order)
 
+    def top(self, plid: str) -> int | None:
+        """The highest counter number of publisher link `plid` remembered here (None: none)."""
+        runs = self._runs.get(plid)
+        return runs[1][-1] if runs else None
+
     def __contains__(self, gid: str) -> bool:
-        if gid in self._loose:
+        if gid in self.loose:
             return True
         k = counter_key(gid)
         if k is None:
@@ -104,8 +114,8 @@ class OldFinals:
             for gid in gids:
                 if counter_key(gid) is not None:
                     counters.append(gid)
-                elif gid not in self._loose:
-                    self._loose[gid] = t
+                elif gid not in self.loose:
+                    self.loose[gid] = t
                     self._order.append((t, gid, -1, -1))
                     self.gids += 1
         counters.sort()  # (grouped by publisher link)
@@ -158,7 +168,7 @@ class OldFinals:
         while order and (order[0][0] < before or len(order) > max_entries):
             _, key, lo, hi = order.popleft()
             if lo < 0:
-                del self._loose[key]
+                del self.loose[key]
                 gone += 1
                 continue
             los, his = self._runs[key]
@@ -219,3 +229,69 @@ def age_finals(young: dict[str, float], old: OldFinals, now: float, memory: floa
         gone += old.forget(before, max(max_entries - len(young), 0))
         gone += forget_finals(young, before, max_entries - len(old))
     return gone, len(moving)
+
+
+@dataclass(frozen=True, slots=True)
+class FinalNote:
+    """A message that became final here while its publisher may not have had its outcome: the
+    router settled it in receiver-settle-mode first (the outcome may have been lost with the
+    connection), or its publisher left without settling (orphan_final). A transfer under its tag on
+    a later attachment with the same bytes is taken for its resend (router/identity.py)."""
+
+    gid: str  # the message's global id: its tag's own, or the new identity it was given
+    outcome: Outcome
+    error: tuple[str, str] | None
+    digest: str | None  # of its bytes (`ids.payload_digest`); None: not known (any bytes are taken for it)
+    at: float  # when it became final
+
+
+class FinalNotes:
+    """Per tag (its plain gid), a note on the newest message under it that became final here, when
+    that one's publisher may not have had its outcome (no note: its publisher settled it after the
+    outcome, the usual). Forgotten with the final memory (`final_memory`), the oldest first beyond
+    `final_notes_max` (~200 bytes each). Only links in receiver-settle-mode first and orphans leave
+    notes."""
+
+    __slots__ = ("by_tag", "tag_of")
+
+    def __init__(self) -> None:
+        self.by_tag: dict[str, FinalNote] = {}  # plain gid -> note, oldest first
+        self.tag_of: dict[str, str] = {}  # a new identity's gid -> its tag's plain gid (notes on it)
+
+    def __len__(self) -> int:
+        return len(self.by_tag)
+
+    def get(self, plain: str) -> FinalNote | None:
+        return self.by_tag.get(plain)
+
+    def of_gid(self, gid: str) -> tuple[str, FinalNote] | None:
+        """(its tag's plain gid, the note) when the note is on message `gid`."""
+        plain = self.tag_of.get(gid, gid)
+        note = self.by_tag.get(plain)
+        return (plain, note) if note is not None and note.gid == gid else None
+
+    def put(self, plain: str, note: FinalNote) -> None:
+        self.drop(plain)  # (to the back: forgetting walks from the front)
+        self.by_tag[plain] = note
+        if note.gid != plain:
+            self.tag_of[note.gid] = plain
+
+    def drop(self, plain: str) -> None:
+        note = self.by_tag.pop(plain, None)
+        if note is not None and note.gid != plain:
+            self.tag_of.pop(note.gid, None)
+
+    def forget(self, before: float, max_entries: int) -> int:
+        """Forget from the front the notes made before `before`, and the oldest beyond `max_entries`.
+        Returns how many."""
+        notes = self.by_tag
+        excess = len(notes) - max_entries
+        dead = []
+        for plain, note in notes.items():  # one pass from the front (see forget_finals)
+            if note.at >= before and excess <= 0:
+                break
+            dead.append(plain)
+            excess -= 1
+        for plain in dead:
+            self.drop(plain)
+        return len(dead)

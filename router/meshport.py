@@ -34,3 +34,12 @@ class MeshPort(Protocol):
     def ready_info(self) -> dict[str, Any]:
         """The mesh's part of the router's status file (peers, convergence, inter-router address)."""
         ...
+
+    def redirect_targets(self) -> list[tuple[str, str]]:
+        """(router id, client URL) of the live neighbours whose client address is known, best first:
+        where a draining router sends its clients."""
+        ...
+
+    def drain_facts(self) -> dict[str, int]:
+        """What a draining router still waits for on the mesh side (counts by name; 0: nothing)."""
+        ...

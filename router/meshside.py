@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..common import errors
 from ..common.ids import counter_seq, plid_of
-from ..common.vocab import O_ACCEPTED
+from ..common.vocab import O_ACCEPTED, Outcome
 from .actions import (
     DetachLink,
     Forward,
@@ -19,6 +19,7 @@ from .actions import (
     SendFinal,
     SendHold,
 )
+from .identity import WireNote
 from .state import (
     HELD,
     RESOLVED,
@@ -71,6 +72,7 @@ class MeshSide:
         if rec is None:
             rec = Record(gid, topic, payload, now)
             rec.origin = origin
+            self.destination_records += 1
             rec.origins = {origin: origin_inc}
             asked = self.held_for.pop(gid, None)
             if asked:
@@ -144,12 +146,15 @@ class MeshSide:
                     move(rec, sid, S_ACCEPTED)
                     self.log.append(("accepted", rec.gid, rec.topic, sid, "placeholder"))
 
-    def handle_final(self: DeliveryCore, gid: str, now: float) -> bool:
+    def handle_final(self: DeliveryCore, gid: str, now: float, note: WireNote | None = None) -> bool:
         """`gid` is final: its publisher settled it (here or through another origin). Returns False
         when that cannot be true and is ignored: its publisher's delivery of it is open on a link
         here, waiting for the outcome we have not given (a publisher settles only after an outcome,
         and one that moved away would have left this link). Delivery carries on; a stale FINAL can
-        cost at most a query later, a wrong one would be a false ACCEPTED."""
+        cost at most a query later, a wrong one would be a false ACCEPTED. `note`: the sender's
+        note on it (router/identity.py): then that open delivery may be a resend of it."""
+        if note is not None:
+            self._learn_note(note, now)
         rec = self.records.get(gid)
         if rec is None:
             if gid in self.placeholders:
@@ -157,15 +162,20 @@ class MeshSide:
             if self.awaited.pop(gid, None) is not None:
                 self.recent_final[gid] = now  # a predecessor something waits for here
             return True
+        resent = False
         if rec.pubs and rec.outcome is None and not rec.pub_settled:
-            self.stats_final_ignored += 1
-            return False
+            resent = note is not None and self._resent_final(rec, note)
+            if not resent:
+                self.stats_final_ignored += 1
+                return False
         if rec.origin is None and rec.outcome is None:
             # we are an origin too, still waiting, but its publisher settled it through another
-            # origin: it is final everywhere. Stop: withdraw what is pending here.
+            # origin: it is final everywhere. Stop: withdraw what is pending here. (A resend of a
+            # message the router that sent the note settled: its outcome, told below.)
             self.undecided -= 1
-            rec.outcome = O_ACCEPTED
-            self.log.append(("ended", gid, rec.topic, None, "final elsewhere"))
+            rec.outcome = O_ACCEPTED if note is None else Outcome(note[2])
+            rec.error = None if note is None else note[3]
+            self.log.append(("ended", gid, rec.topic, None, "final elsewhere" if not resent else "resent final"))
         rec.pub_settled = True
         self._finalize(rec, now)
         return True
@@ -419,6 +429,8 @@ class MeshSide:
         for rec in [r for r in self.records.values() if r.plid == plid and not r.pubs]:
             if rec.gid in in_doubt:
                 self.out.append(SendHold(at, rec.gid))
+                if rec.origin is None:
+                    self.driven_elsewhere[rec.gid] = at  # its publisher resends it there: `at` drives it
             elif declared_settled(in_doubt, mark, rec.gid) and rec.origin is None:
                 # our publishers settle only once they have an outcome: it is final (here, or at
                 # the router that gave the outcome): stop whatever is still pending here

@@ -11,11 +11,17 @@ file), for anonymous clients (`[anonymous]`) and for everybody (`[defaults]`):
     subscribe = ["#"]
     [users.alice]
     max_message_size = 65536
+    manage = true                    # may read the management views (oncemesh stat)
 
 Topics are dot-separated; in a pattern `*` is exactly one segment and `#` is any number of them
 (zero included). A user may publish to a topic when any pattern of its own entry, its groups'
 entries or `[defaults]` matches; no match is a refusal. A limit is the user's own if set, else the
 largest of its groups', else the default, else none. Without a policy file everything is allowed.
+
+`manage` (true/false) grants the management views (`$management`, `oncemesh stat`), which show
+every topic, subscription and connection of the router: like a limit, a user's own setting, else
+its groups' (true if any of them says true), else `[defaults]`, else false. Anonymous clients get it only from `[anonymous]` (never
+from `[defaults]`): reading the management views without credentials must be asked for by name.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 LIMITS = ("max_connections", "max_connections_per_host", "max_subscriptions", "max_message_size")
-RULE_KEYS = ("publish", "subscribe", *LIMITS)
+RULE_KEYS = ("publish", "subscribe", "manage", *LIMITS)
 TOP_KEYS = ("defaults", "groups", "users", "anonymous")
 
 
@@ -68,6 +74,7 @@ class Rules:
     publish: tuple[str, ...] = ()
     subscribe: tuple[str, ...] = ()
     limits: dict[str, int] = field(default_factory=dict)
+    manage: bool | None = None  # None: not said here
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +84,7 @@ class Grants:
     publish: tuple[re.Pattern[str], ...]
     subscribe: tuple[re.Pattern[str], ...]
     limits: dict[str, int]
+    manage: bool = False  # may read the management views
 
     def may_publish(self, topic: str) -> bool:
         return any(topic_matches(p, topic) for p in self.publish)
@@ -115,7 +123,15 @@ class Policy:
                 limits[name] = max(g.limits[name] for g in group_rules if name in g.limits)
             elif name in self.defaults.limits:
                 limits[name] = self.defaults.limits[name]
-        return Grants(publish, subscribe, limits)
+        if user == "anonymous":
+            manage = bool(self.anonymous.manage)
+        elif own.manage is not None:
+            manage = own.manage
+        elif any(g.manage is not None for g in group_rules):
+            manage = any(g.manage for g in group_rules)
+        else:
+            manage = bool(self.defaults.manage)
+        return Grants(publish, subscribe, limits, manage)
 
 
 def _suggest(word: str, valid: Iterable[str]) -> str:
@@ -129,6 +145,7 @@ def _rules(value: Any, where: str, problems: list[str]) -> Rules:
         return Rules()
     pats: dict[str, tuple[str, ...]] = {}
     limits: dict[str, int] = {}
+    manage: bool | None = None
     for k, v in value.items():
         if k in ("publish", "subscribe"):
             if not isinstance(v, list) or not all(isinstance(p, str) for p in v):
@@ -145,9 +162,14 @@ def _rules(value: Any, where: str, problems: list[str]) -> Rules:
                 problems.append(f"{where}.{k} must be a whole number >= 0, got {v!r}")
                 continue
             limits[k] = v
+        elif k == "manage":
+            if not isinstance(v, bool):
+                problems.append(f"{where}.manage must be true or false, got {v!r}")
+                continue
+            manage = v
         else:
             problems.append(f"unknown key {where}.{k}{_suggest(k, RULE_KEYS)}; known: {', '.join(RULE_KEYS)}")
-    return Rules(pats.get("publish", ()), pats.get("subscribe", ()), limits)
+    return Rules(pats.get("publish", ()), pats.get("subscribe", ()), limits, manage)
 
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:

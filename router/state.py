@@ -16,7 +16,7 @@ dropped (it moved away, or a stale copy was distrusted).
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from enum import IntEnum
 from typing import Any, NoReturn
 
@@ -175,7 +175,7 @@ class SubRuntime:
 
 class PubLink:
     __slots__ = ("token", "plid", "topic", "second", "outstanding", "pubs", "blocked", "declared", "mark",
-                 "client")
+                 "client", "fresh", "flen", "settled")
 
     def __init__(self, token: Any, plid: str, topic: str, second: bool, client: str = "") -> None:
         self.token = token
@@ -190,6 +190,12 @@ class PubLink:
         # the next sequence number (counter tags) it would use when it attached: what it declared
         # says nothing of messages it published later (None: a client without counter tags)
         self.mark: int | None = None
+        # which tags name another message if they come again (router/identity.py): the largest
+        # counter-like gid known fresh on this link, its length (-1: no transfer is taken for fresh
+        # without a look), and the tags settled on this attachment
+        self.fresh = ""
+        self.flen = -1
+        self.settled: OrderedDict[str, None] | None = None
 
 
 def tnum_key(rec: Record | None) -> float:

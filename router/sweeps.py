@@ -13,6 +13,10 @@ from .subscriptions import SUB_ACTIVE
 if TYPE_CHECKING:
     from .core import DeliveryCore
 
+# seconds between two scans for orphans (each looks at every record: 20,000 in flight took ~5 ms, a
+# pause of the loop at every tick); a record is finalised at most this long after its horizon
+ORPHAN_SCAN = 5.0
+
 
 class Sweeps:
     """Part of `DeliveryCore` (its methods run on the core's state: `self` is the core)."""
@@ -40,6 +44,9 @@ class Sweeps:
         (or, oldest first, when there are too many) we stop waiting for a resend that will not come."""
         orphaned = now - self.cfg.orphan_horizon
         excess = len(self.records) - self.undecided - self.cfg.max_decided_records
+        if excess <= 0 and now - self._orphans_swept < min(self.cfg.orphan_horizon / 10, ORPHAN_SCAN):
+            return  # (a scan of every record: at most every few seconds unless there are too many)
+        self._orphans_swept = now
         reach = self.reachable
         orphans = sorted((r for r in self.records.values()
                           if r.pending == 0 and not r.pubs and (r.outcome is not None or r.origin is not None) and
@@ -50,6 +57,8 @@ class Sweeps:
                 break
             excess -= 1
             rec.pub_settled = True
+            if rec.origin is None and rec.gid not in self.noted:
+                self.noted[rec.gid] = None  # its publisher may still resend it (router/identity.py)
             self.log.append(("orphan_final", rec.gid, rec.topic, None, None))
             self._finalize(rec, now)
 
@@ -57,6 +66,8 @@ class Sweeps:
         """Records done long ago that wait for a FINAL: ask their origin (if it is still the same
         incarnation) whether the FINAL was lost, or, when no origin of theirs is left and no
         publisher holds them, ask everybody."""
+        if self.mesh_size < 2:
+            return  # a standalone router: no destination records, nobody to ask (a scan per tick less)
         probe_before = now - self.cfg.probe_after
         reach = self.reachable
         final_now: list[str] = []
@@ -92,8 +103,12 @@ class Sweeps:
         for gid in [g for g, (first, _) in self.awaited.items()
                     if g in self.records or self.is_final(g) or first < forget]:
             del self.awaited[gid]
+        if self.driven_elsewhere:
+            for gid in [g for g in self.driven_elsewhere if g not in self.records]:
+                del self.driven_elsewhere[gid]
         age_finals(self.recent_final, self.old_finals, now, self.cfg.final_memory, self.cfg.final_memory_young,
                    self.cfg.final_memory_entries)
+        self._forget_identities(now)
 
     def _sweep_parked(self: DeliveryCore, now: float) -> None:
         """Deliveries parked while we asked about them: pump the links that have credit."""
@@ -104,6 +119,8 @@ class Sweeps:
     def _sweep_unconfirmed_copies(self: DeliveryCore, now: float) -> None:
         """Copies whose destination never confirmed them (lost with a connection that broke without
         changing who is reachable): send them again."""
+        if len(self.reachable) < 2:
+            return  # no other router reachable: no copy could go anywhere (`_route` skips them)
         retry_before = now - self.cfg.copy_retry
         for rec in list(self.records.values()):
             if rec.origin is None and rec.outcome is None and rec.fwd and rec.sent_at < retry_before \
@@ -137,7 +154,7 @@ class Sweeps:
         live = list(self.table.live())
         return {
             "records": len(self.records), "undecided": self.undecided, "inflight_bytes": self.inflight_bytes,
-            "destination_records": sum(1 for r in self.records.values() if r.origin is not None),
+            "destination_records": self.destination_records,
             "reserved_credit": self.reserved_credit, "subscriptions": len(live),
             "local_subscriptions": sum(1 for s in live if s.home == self.router_id),
             "active_subscriptions": sum(1 for s in live if s.state is SUB_ACTIVE),
@@ -146,6 +163,8 @@ class Sweeps:
             "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
             "causal_cycles": self.stats_causal_cycles,
             "finals_ignored": self.stats_final_ignored,
+            "new_identities": self.stats_new_identities, "finals_answered": self.stats_finals_answered,
+            "final_notes": len(self.final_notes),
             "final_gids": len(self.recent_final) + self.old_finals.gids,
             "final_entries": len(self.recent_final) + len(self.old_finals),
             "total_holds": self.stats_total_held, "total_late": self.stats_total_late,

@@ -24,6 +24,10 @@ Tests, the chaos runner and operators share this code. Theory of operation:
   that restarts on a new port is still reached. It needs inter-router ports 0 in the topology (a
   fixed port is dialed directly). The proxies live in this process: when it exits, proxied links
   go down, and only this object may start routers of that mesh.
+- A drain (`drain_router`, `oncemesh drain`) is the router's own work (SIGUSR1, router/drain.py):
+  the launcher signals it, shows its progress from the ready file, waits for the exit and reads the
+  report the router left (`ID.drain.json`). A rolling restart (`roll`, `oncemesh roll`) drains,
+  restarts and waits for convergence, one router after another.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -76,6 +80,7 @@ class RouterState(StrEnum):
     STARTING = "starting"  # the process runs but has not written its ready file yet
     RUNNING = "running"
     FROZEN = "frozen"  # SIGSTOPped (see Mesh.freeze)
+    DRAINING = "draining"  # moving its clients away before it exits (see Mesh.drain_router)
     DEAD = "dead"  # it was started and is gone without the launcher stopping it (crash, SIGKILL)
 
 
@@ -103,7 +108,7 @@ class RouterStatus:
 
     @property
     def alive(self) -> bool:
-        return self.state in (RouterState.STARTING, RouterState.RUNNING, RouterState.FROZEN)
+        return self.state in (RouterState.STARTING, RouterState.RUNNING, RouterState.FROZEN, RouterState.DRAINING)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -111,6 +116,91 @@ class RouterStatus:
         d["peers"] = list(self.peers)
         d["alive"] = self.alive
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """How one router's drain went (from the report the router leaves, `ID.drain.json`)."""
+
+    id: str
+    outcome: str  # "drained", "timed out" (it exited all the same), "killed" (it did not exit), "no report"
+    seconds: float  # from the signal to the exit, as the launcher saw it
+    redirected: int = 0  # client connections the router told to move
+    remaining: dict[str, int] = field(default_factory=dict)  # what still depended on it when it exited
+    dependents: dict[str, int] = field(default_factory=dict)  # every count it reported at the end
+    restart_seconds: float | None = None  # a rolling restart: from the exit until the mesh converged again
+
+    @property
+    def clean(self) -> bool:
+        return self.outcome == "drained"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        text = f"{self.id}: {self.outcome} in {self.seconds:.2f} s, {self.redirected} client connection(s) redirected"
+        if self.remaining:
+            text += "; still depending on it: " + ", ".join(f"{k} {v}" for k, v in self.remaining.items())
+        if self.restart_seconds is not None:
+            text += f"; restarted, mesh converged {self.restart_seconds:.2f} s after the exit"
+        return text
+
+
+def drain_process(router_id: str, pid: int, ready_file: Path, report: Path | None, timeout: float,
+                  alive: Callable[[], bool], say: Callable[[str], None] | None = None) -> DrainResult:
+    """Drain one router process (SIGUSR1), follow it in its ready file, wait until it exits, and read
+    its report. One that has not exited after `timeout` is stopped (SIGTERM, SIGKILL): `killed`."""
+    started = time.monotonic()
+    os.kill(pid, signal.SIGUSR1)
+    last = ""
+    while alive():
+        info = _read_json(ready_file)
+        status = info.get("draining") if info and info.get("pid") == pid else None
+        if isinstance(status, dict):
+            if status.get("report"):
+                report = Path(status["report"])
+            line = (f"{router_id}: {status.get('phase')}, {status.get('redirected', 0)} redirected; waiting for "
+                    + (", ".join(f"{k} {v}" for k, v in (status.get("waiting_for") or {}).items()) or "nothing"))
+            if say is not None and line != last:
+                say(line)
+            last = line
+        if time.monotonic() - started > timeout:
+            for sig in (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL):
+                if not alive():
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+                _until(lambda: not alive(), 5.0 if sig != signal.SIGCONT else 0.0)
+            return DrainResult(router_id, "killed", round(time.monotonic() - started, 3))
+        time.sleep(POLL_INTERVAL)
+    took = round(time.monotonic() - started, 3)
+    rep = _read_json(report) if report is not None else None
+    if not rep or rep.get("pid") != pid:
+        result = DrainResult(router_id, "no report", took)
+    else:
+        result = DrainResult(router_id, str(rep.get("outcome")), took, int(rep.get("redirected", 0)),
+                             dict(rep.get("remaining") or {}), dict(rep.get("dependents") or {}))
+    if say is not None:
+        # always the end, from the report: a quick drain exits before a poll of its status sees it
+        say(result.describe())
+    return result
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _until(pred: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_INTERVAL)
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +420,8 @@ class Mesh:
             state = RouterState.FROZEN if proc.state in ("T", "t") else RouterState.STARTING
             return RouterStatus(router_id, state, pid, started=started)
         return RouterStatus(
-            router_id, RouterState.FROZEN if proc.state in ("T", "t") else RouterState.RUNNING, pid,
+            router_id, RouterState.FROZEN if proc.state in ("T", "t") else
+            RouterState.DRAINING if ready.get("draining") else RouterState.RUNNING, pid,
             url=ready.get("url"), listen=ready.get("listen"), inter_router=ready.get("inter_router"),
             incarnation=ready.get("incarnation"), peers=tuple(sorted(ready.get("peers", ()))),
             converged=bool(ready.get("converged")), started=started, order=ready.get("order") or None,
@@ -470,6 +561,12 @@ class Mesh:
         """Hold every chunk on the link `seconds` before passing it on (0: no delay)."""
         self._hub().set_delay(self.link_name(a, b), seconds)
 
+    def wan_link(self, a: str, b: str, delay: float, jitter: float = 0.0, loss: float = 0.0,
+                 rate: float = 0.0, seed: int | None = None) -> None:
+        """Make link a–b behave like a WAN link: one-way delay and jitter (s), a share of segments
+        lost (each costs a TCP retransmission), bytes per second each way (topology/proxy.py)."""
+        self._hub().set_wan(self.link_name(a, b), delay, jitter, loss, rate, seed)
+
     def partition(self, side: Iterable[str]) -> list[LinkSpec]:
         """Cut every link between `side` and the rest of the mesh; returns the links cut."""
         inside = set(side)
@@ -486,7 +583,7 @@ class Mesh:
         hub = self._hub()
         for name in hub.names():
             hub.restore(name)
-            hub.set_delay(name, 0.0)
+            hub.set_wan(name, 0.0)
 
     def link_mode(self, a: str, b: str) -> Mode:
         return self._hub().mode(self.link_name(a, b))
@@ -658,6 +755,24 @@ class Mesh:
                 raise MeshError(f"the mesh did not converge within {timeout:g} s:\n  " + "\n  ".join(problems))
             time.sleep(POLL_INTERVAL)
 
+    def order_problems(self) -> list[str]:
+        """Total-order streams that a running router does not see in their normal state (a sequencer
+        being elected or a restarted member recovering its part, a Lamport view changing)."""
+        out = []
+        for s in self.status():
+            if s.state is not RouterState.RUNNING or not s.order:
+                continue
+            for topic, o in sorted(s.order.items()):
+                if o.get("state") != "normal" or (o.get("algorithm") == "lamport" and not o.get("view")):
+                    out.append(f"{s.id}: topic {topic} ({o.get('algorithm')}) {o.get('state')}")
+        return out
+
+    def wait_order_settled(self, timeout: float = 30.0) -> None:
+        """Wait until every running router sees every total-order stream in its normal state."""
+        if not _until(lambda: not self.order_problems(), timeout):
+            raise MeshError(f"the total-order streams did not settle within {timeout:g} s:\n  "
+                            + "\n  ".join(self.order_problems()))
+
     def stop_router(self, router_id: str, timeout: float = 10.0) -> StopOutcome:
         """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds."""
         return self._stop([router_id], timeout)[router_id]
@@ -705,6 +820,67 @@ class Mesh:
                 if rid in st["routers"]:
                     st["routers"][rid]["pid"] = None
             return outcome
+
+    def drain_router(self, router_id: str, timeout: float | None = None,
+                     say: Callable[[str], None] | None = None) -> DrainResult:
+        """Drain one router (SIGUSR1): it moves its clients to other routers, waits until nothing
+        depends on it and exits (docs/operations.md, "Rolling restart and upgrade"). Returns once it
+        has exited, with its report. `timeout`: how long to wait for the exit before stopping it
+        (default: its drain_timeout setting plus 15 s)."""
+        self._reap()
+        with self._locked() as st:
+            rec = st["routers"].get(router_id)
+            status = self._status_of(router_id, rec)
+            if status.state is RouterState.FROZEN:
+                raise MeshError(f"router {router_id} is frozen (SIGSTOP): thaw it first, a frozen router cannot drain")
+            if status.state not in (RouterState.RUNNING, RouterState.DRAINING) or rec is None:
+                raise MeshError(f"router {router_id} is {status.state.value}: only a running router can drain")
+            rec["listen"] = status.listen or rec.get("listen")  # a restart comes back on the same port
+        pid = int(rec["pid"])
+        if timeout is None:
+            timeout = float(self.topology.router_settings(router_id).get("drain_timeout", 30.0)) + 15.0
+
+        def alive() -> bool:
+            self._reap()
+            return self._ours(router_id, rec) is not None
+
+        result = drain_process(router_id, pid, self.ready_file(router_id),
+                               self.state_dir / "routers" / router_id / f"{router_id}.drain.json", timeout,
+                               alive, say)
+        with self._locked() as st:
+            if st["routers"].get(router_id, {}).get("pid") == pid:
+                st["routers"][router_id]["pid"] = None  # stopped on purpose: not dead
+        if result.outcome == "killed":
+            self.ready_file(router_id).unlink(missing_ok=True)
+        return result
+
+    def roll(self, order: Iterable[str] | None = None, drain_timeout: float | None = None,
+             ready_timeout: float = 60.0, say: Callable[[str], None] | None = None) -> list[DrainResult]:
+        """A rolling restart: for each router in turn (default: by id), drain it, start it again and
+        wait until the mesh has converged, before the next. Raises MeshError when a router does not
+        come back or the mesh does not converge (the results so far are in its message)."""
+        ids = list(order) if order is not None else sorted(self.topology.routers)
+        for rid in ids:
+            self.topology.router(rid)
+        self.wait_converged(ready_timeout)  # start from a whole mesh
+        self.wait_order_settled(ready_timeout)
+        results: list[DrainResult] = []
+        for rid in ids:
+            res = self.drain_router(rid, drain_timeout, say)
+            t = time.monotonic()
+            try:
+                self.start_router(rid, wait=ready_timeout)
+                self.wait_converged(ready_timeout)
+                # a total-order topic takes a restarted router back into its numbering before the
+                # next may leave (two away at once would stop it: docs/ordering.md)
+                self.wait_order_settled(ready_timeout)
+            except MeshError as exc:
+                raise MeshError(f"rolling restart stopped at {rid} ({res.describe()}): {exc}") from None
+            res = replace(res, restart_seconds=round(time.monotonic() - t, 3))
+            results.append(res)
+            if say is not None:
+                say(f"{rid}: restarted, mesh converged {res.restart_seconds:.2f} s after the exit")
+        return results
 
     def kill_router(self, router_id: str, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
         """Send `sig` to one router (default SIGKILL: a crash). With SIGKILL, returns once the
@@ -809,9 +985,60 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help="seconds a router gets to stop cleanly before SIGKILL (default 10)")
     p.set_defaults(func=cmd_down)
 
+    drain_text = (
+        "A draining router takes no new work (no publisher credit; new connections and attaches\n"
+        "are refused with amqp:connection:redirect / amqp:link:redirect naming a neighbour's client\n"
+        "address), moves its clients to other routers (ours at once: publishers resend what is in\n"
+        "doubt, subscribers resume), waits until nothing in flight depends on it (at most its\n"
+        "drain_timeout setting, default 30 s) and exits. Nothing is lost, duplicated or falsely\n"
+        "accepted, also when it times out (what it held is then repaired as after a crash).\n\n"
+        "Exit status: 0 every router drained; 3 one timed out or had to be killed (it was stopped\n"
+        "all the same; the report says what still depended on it); 1 an error (the message says\n"
+        "which); 2 no mesh or bad arguments.")
+    p = sub.add_parser(
+        "drain", help="drain routers (and restart them): move their clients away, exit with nothing in flight",
+        description="Drain routers of the local mesh one after another (SIGUSR1), following each until it\n"
+                    "exits; with --restart, start each again and wait until the mesh has converged before\n"
+                    "the next. --ready-file drains a router not started by `oncemesh up` (e.g. one run by\n"
+                    "systemd: the file it was given with --ready-file).\n\n" + drain_text,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example:  oncemesh drain B --restart\n"
+               "          oncemesh drain --ready-file /run/oncemesh/A.json")
+    p.add_argument("routers", nargs="*", metavar="ID", help="routers to drain, in this order")
+    p.add_argument("--state-dir", type=Path, default=None, help=state_help)
+    p.add_argument("--ready-file", type=Path, default=None,
+                   help="drain the router that writes this ready file instead (not a launcher's mesh)")
+    p.add_argument("--restart", action="store_true", help="start each router again once it has exited, and "
+                                                         "wait until the mesh has converged")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for each router's exit before stopping it (default: its "
+                        "drain_timeout + 15)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_drain)
+
+    p = sub.add_parser(
+        "roll", help="rolling restart of the local mesh: drain, restart, converge, one router after another",
+        description="Restart every router of the local mesh one after another without losing anything:\n"
+                    "drain it, wait for its exit, start it again, wait until the mesh has converged,\n"
+                    "then the next (`oncemesh drain --restart` over every router). Run it after\n"
+                    "upgrading the code: routers one protocol version apart work together meanwhile.\n\n"
+                    + drain_text,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example:  oncemesh roll --order C,B,A")
+    p.add_argument("--state-dir", type=Path, default=None, help=state_help)
+    p.add_argument("--order", default=None, help="comma-separated router ids (default: every router, by id)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for each router's exit before stopping it (default: its "
+                        "drain_timeout + 15)")
+    p.add_argument("--ready-timeout", type=float, default=60.0,
+                   help="seconds for a restarted router to be ready and the mesh to converge (default 60)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_roll)
+
 
 def _alive_text(s: RouterStatus) -> str:
     return {RouterState.RUNNING: "yes", RouterState.STARTING: "yes (starting)", RouterState.FROZEN: "yes (frozen)",
+            RouterState.DRAINING: "yes (draining)",
             RouterState.DEAD: "no (dead)", RouterState.STOPPED: "no (stopped)"}[s.state]
 
 
@@ -953,6 +1180,103 @@ def cmd_status(args: argparse.Namespace) -> int:
         if topics:
             print(topics)
     return 0 if all(s.alive for s in statuses) else 1
+
+
+def _say_to(json_out: bool) -> Callable[[str], None]:
+    out = sys.stderr if json_out else sys.stdout
+    return lambda text: print(text, file=out, flush=True)
+
+
+def _print_results(results: list[DrainResult], json_out: bool) -> int:
+    """(In text, each result was said as it came.)"""
+    if json_out:
+        print(json.dumps([r.to_json() for r in results], indent=2))
+    return 0 if all(r.clean for r in results) else 3
+
+
+def drain_ready_file(ready_file: Path, timeout: float | None, say: Callable[[str], None] | None) -> DrainResult:
+    """Drain the router that writes `ready_file` (one run by a service manager). Its process must
+    be an `oncemesh router` started with that ready file (checked in /proc before any signal)."""
+    info = _read_json(ready_file)
+    if info is None or not info.get("pid"):
+        raise MeshError(f"{ready_file}: no router status in it (is the router running?)")
+    pid, rid = int(info["pid"]), str(info.get("id", "?"))
+    proc = _proc(pid)
+    args = proc.cmdline if proc is not None else ()
+    given = [Path(args[i + 1]).resolve() for i in range(len(args) - 1) if args[i] == "--ready-file"]
+    if proc is None or "router" not in args or ready_file.resolve() not in given:
+        raise MeshError(f"{ready_file}: process {pid} is not the oncemesh router that writes this file "
+                        f"(a stale file?); nothing signalled")
+    start = proc.start
+
+    def alive() -> bool:
+        p = _proc(pid)
+        return p is not None and p.start == start and p.state not in ("Z", "X")
+
+    dirs = {args[i]: Path(args[i + 1]) for i in range(len(args) - 1) if args[i] in ("--state-dir", "--log-dir")}
+    where = dirs.get("--state-dir") or dirs.get("--log-dir")  # (where the router writes its report)
+    if where is not None and not where.is_absolute():
+        where = Path(f"/proc/{pid}/cwd").resolve() / where
+    report = where / f"{rid}.drain.json" if where is not None else None
+    return drain_process(rid, pid, ready_file, report, timeout if timeout is not None else 45.0, alive, say)
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    say = _say_to(args.json)
+    if args.ready_file is not None:
+        if args.routers or args.restart:
+            print("oncemesh drain: --ready-file drains that one router; it takes no ID and no --restart (start "
+                  "it again with your service manager)", file=sys.stderr)
+            return 2
+        try:
+            return _print_results([drain_ready_file(args.ready_file, args.timeout, say)], args.json)
+        except MeshError as exc:
+            print(f"oncemesh drain: {exc}", file=sys.stderr)
+            return 1
+    if not args.routers:
+        print("oncemesh drain: name the routers to drain (or give --ready-file); `oncemesh roll` restarts them "
+              "all", file=sys.stderr)
+        return 2
+    try:
+        mesh = Mesh.open(args.state_dir or default_state_dir())
+    except (MeshError, TopologyError) as exc:
+        print(f"oncemesh drain: {exc}", file=sys.stderr)
+        return 2
+    unknown = [r for r in args.routers if r not in mesh.topology.routers]
+    if unknown:
+        print(f"oncemesh drain: no router {', '.join(unknown)} in the mesh (routers: "
+              f"{', '.join(sorted(mesh.topology.routers))})", file=sys.stderr)
+        return 2
+    results: list[DrainResult] = []
+    try:
+        for rid in args.routers:
+            if args.restart:
+                results += mesh.roll([rid], args.timeout, say=say)
+            else:
+                results.append(mesh.drain_router(rid, args.timeout, say))
+                say(results[-1].describe())
+    except MeshError as exc:
+        print(f"oncemesh drain: {exc}", file=sys.stderr)
+        _print_results(results, args.json)
+        return 1
+    return _print_results(results, args.json)
+
+
+def cmd_roll(args: argparse.Namespace) -> int:
+    say = _say_to(args.json)
+    try:
+        mesh = Mesh.open(args.state_dir or default_state_dir())
+    except (MeshError, TopologyError) as exc:
+        print(f"oncemesh roll: {exc}", file=sys.stderr)
+        return 2
+    order = [r.strip() for r in args.order.split(",") if r.strip()] if args.order else None
+    try:
+        results = mesh.roll(order, args.timeout, args.ready_timeout, say)
+    except (MeshError, KeyError) as exc:
+        print(f"oncemesh roll: {exc}", file=sys.stderr)
+        return 1
+    say(f"rolling restart done: {len(results)} router(s)")
+    return _print_results(results, args.json)
 
 
 def cmd_down(args: argparse.Namespace) -> int:

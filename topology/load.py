@@ -56,6 +56,7 @@ _NOT_SETTINGS = {
     "ready_file": "it is per process: oncemesh router --ready-file (the launcher sets it)",
     "core": "name the core settings themselves, e.g. max_inflight_messages",
     "topology": "it is this file",
+    "mesh_view": "it is made from this file (routers, links, HTTP listeners)",
 }
 
 

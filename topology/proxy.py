@@ -13,6 +13,17 @@ Theory of operation (one `LinkProxy` per link, all of them on one asyncio loop):
   (client connections get ephemeral ports from the same range) before the restore.
 - The target is resolved at every accept by a callable (the launcher reads the listening router's
   ready file), so a listener that restarted on a new port is found by the next connection.
+- WAN emulation (`set_wan`): each chunk is held `delay` seconds, plus a jitter drawn uniformly in
+  [-jitter, +jitter], never ahead of the chunk before it (TCP delivers in order: jitter delays, it
+  does not reorder); `loss` is the share of TCP segments (1,448 bytes) lost, emulated the way TCP
+  shows it to the application: a chunk that held a lost segment waits, with everything behind it
+  (TCP delivers in order), for its retransmission. Linux recovers a loss on a busy connection by
+  fast retransmit / RACK after about 1.25 round trips; a loss with nothing sent after it (a tail) by
+  a probe after two round trips (at least 10 ms), then the retransmission: 3 round trips. The
+  retransmission timeout (200 ms at least) only comes when that is lost too, which is not emulated.
+  `rate` caps the bytes per second each way (a chunk leaves once the link had time to carry it). Kernel
+  emulation (netem in network namespaces) would be closer to a real network, but the kernels this
+  project runs on may not have it (sch_netem): the proxy needs nothing.
 - Modes: FORWARDING (bytes move, each chunk held `delay` seconds first, order kept), CUT (every
   connection is aborted at once with an RST — SO_LINGER 0 — and new ones are accepted and reset at
   once, which the dialer sees as a refusal), BLACKHOLE (connections stay open, new ones are
@@ -20,7 +31,7 @@ Theory of operation (one `LinkProxy` per link, all of them on one asyncio loop):
   `restore()` returns to FORWARDING; connections held through a blackhole carry on where they
   stopped (their bytes waited in the proxy and in the kernel's buffers), like a network that
   recovered before TCP gave up. Any mode can follow any other.
-- Back-pressure: each direction holds a bounded queue of chunks; when it is full (a slow or frozen
+- Back-pressure: each direction holds at most QUEUE_BYTES; when that is reached (a slow or frozen
   reader), the proxy stops reading from the writer's side, so it never buffers without bound.
 
 `ProxyHub` runs the loop in a background thread and gives a blocking, thread-safe API to the
@@ -32,6 +43,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import random
 import socket
 import struct
 import threading
@@ -45,7 +58,12 @@ log = logging.getLogger("oncemesh.proxy")
 
 HOST = "127.0.0.1"
 CHUNK = 65536
-QUEUE_CHUNKS = 64  # per direction: at most this many chunks held before we stop reading
+SEGMENT = 1448  # TCP payload per segment on a 1500-byte MTU: what `loss` counts
+TLP_MIN = 0.01  # Linux's minimum tail loss probe timeout
+# per direction: at most this many bytes held before we stop reading (a slow or frozen reader, or
+# a delay: like the largest TCP window Linux autotunes to, 6 MiB by default; a bound in chunks instead
+# capped a delayed link at 64 chunks per delay, whatever their size: 1,100 msg/s at 20 ms)
+QUEUE_BYTES = 4 * 1024 * 1024
 CONNECT_TIMEOUT = 2.0
 
 Resolver = Callable[[], "tuple[str, int] | None"]
@@ -72,6 +90,11 @@ class ProxyStats:
     open: int  # connections open now
     bytes_up: int  # dialer -> listener
     bytes_down: int  # listener -> dialer
+    jitter: float = 0.0
+    loss: float = 0.0
+    rate: float = 0.0
+    chunks: int = 0  # chunks passed on (both ways)
+    lost: int = 0  # chunks held for a retransmission (WAN loss)
 
 
 def _reset(writer: asyncio.StreamWriter | None) -> None:
@@ -125,9 +148,13 @@ class _Connection:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up: bool) -> None:
         """Copy one direction through a bounded queue (the delay is applied on the way out)."""
         p = self.proxy
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE_CHUNKS)
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        held = 0  # bytes in the queue and being written
+        room = asyncio.Event()  # set while fewer than QUEUE_BYTES are held
+        room.set()
 
         async def pump_out() -> None:
+            nonlocal held
             try:
                 while True:
                     due, data = await queue.get()
@@ -141,6 +168,9 @@ class _Connection:
                     await p.flowing.wait()
                     writer.write(data)
                     await writer.drain()
+                    held -= len(data)
+                    if held < QUEUE_BYTES:
+                        room.set()
                     if up:
                         p.bytes_up += len(data)
                     else:
@@ -149,11 +179,17 @@ class _Connection:
                 self.close()  # the receiving side is gone: so is the connection
 
         out = asyncio.ensure_future(pump_out())
+        last_due = 0.0  # (a chunk never leaves before the one ahead of it)
         try:
             while True:
                 await p.flowing.wait()
+                await room.wait()
                 data = await reader.read(CHUNK)
-                await queue.put((time.monotonic() + p.delay, data))
+                last_due = max(last_due, p.due(time.monotonic(), len(data), up))
+                held += len(data)
+                if held >= QUEUE_BYTES:
+                    room.clear()
+                queue.put_nowait((last_due, data))
                 if not data:
                     break
             await out
@@ -201,6 +237,13 @@ class LinkProxy:
         self.port = 0
         self.mode = Mode.FORWARDING
         self.delay = 0.0
+        self.jitter = 0.0
+        self.loss = 0.0
+        self.rate = 0.0  # bytes per second each way (0: no limit)
+        self._free_at = {True: 0.0, False: 0.0}  # (rate) when each direction has carried what it took
+        self._last = {True: -math.inf, False: -math.inf}  # (loss) when each direction last passed a chunk
+        self.random = random.Random()
+        self.chunks = self.lost = 0
         self.flowing = asyncio.Event()
         self.flowing.set()
         self.conns: set[_Connection] = set()
@@ -242,9 +285,41 @@ class LinkProxy:
             raise ValueError("delay must be >= 0")
         self.delay = seconds
 
+    def set_wan(self, delay: float, jitter: float = 0.0, loss: float = 0.0, rate: float = 0.0,
+                seed: int | None = None) -> None:
+        """Behave like a WAN link (see the module's docstring): one-way `delay` and `jitter` in
+        seconds, `loss` a share of segments (0.001 is 0.1 %), `rate` bytes per second each way."""
+        if delay < 0 or jitter < 0 or rate < 0 or not 0 <= loss < 1:
+            raise ValueError("delay, jitter and rate must be >= 0 and loss in [0, 1)")
+        self.delay, self.jitter, self.loss, self.rate = delay, jitter, loss, rate
+        if seed is not None:
+            self.random.seed(seed)
+
+    def due(self, now: float, size: int, up: bool = True) -> float:
+        """When a chunk of `size` bytes read `now` may leave (before the order constraint)."""
+        t = now + self.delay
+        if self.jitter:
+            t += self.random.uniform(-self.jitter, self.jitter)
+        if self.rate and size:
+            free = max(self._free_at[up], now) + size / self.rate
+            self._free_at[up] = free
+            t = max(t, free + self.delay)
+        if self.loss and size:
+            # P(a lost segment among n) = 1 - (1 - loss)^n
+            n = math.ceil(size / SEGMENT)
+            rtt = 2 * self.delay
+            busy = now - self._last[up] < rtt  # (data follows it: dupacks / RACK see the loss)
+            if self.random.random() < 1.0 - (1.0 - self.loss) ** n:
+                self.lost += 1
+                t += 1.25 * rtt if busy else max(2 * rtt, TLP_MIN) + rtt
+        self._last[up] = now
+        self.chunks += 1
+        return max(t, now)
+
     def stats(self) -> ProxyStats:
         return ProxyStats(self.name, self.port, self.mode, self.delay, self.accepted, self.forwarded,
-                          self.reset_count, len(self.conns), self.bytes_up, self.bytes_down)
+                          self.reset_count, len(self.conns), self.bytes_up, self.bytes_down, self.jitter,
+                          self.loss, self.rate, self.chunks, self.lost)
 
     async def close(self) -> None:
         if self.server is not None:
@@ -358,6 +433,11 @@ class ProxyHub:
 
     def set_delay(self, name: str, seconds: float) -> None:
         self._do(name, lambda p: p.set_delay(seconds))
+
+    def set_wan(self, name: str, delay: float, jitter: float = 0.0, loss: float = 0.0, rate: float = 0.0,
+                seed: int | None = None) -> None:
+        """See `LinkProxy.set_wan` (0, 0, 0, 0: a plain link again)."""
+        self._do(name, lambda p: p.set_wan(delay, jitter, loss, rate, seed))
 
     def mode(self, name: str) -> Mode:
         return self._get(name).mode

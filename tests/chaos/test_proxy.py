@@ -180,6 +180,41 @@ def test_delay_holds_each_chunk_and_keeps_order(hub: ProxyHub, echo: EchoServer)
         hub.set_delay("nope", 1.0)
 
 
+def test_wan_link_delays_with_jitter_in_order_and_a_loss_costs_a_retransmission(hub: ProxyHub,
+                                                                            echo: EchoServer) -> None:
+    port = hub.add("A-B", lambda: echo.addr)
+    hub.set_wan("A-B", 0.05, jitter=0.02, seed=1)
+    with connect(port) as s:
+        times = []
+        for i in range(5):
+            t0 = time.monotonic()
+            assert roundtrip(s, f"<{i}>".encode()) == f"<{i}>".encode()
+            times.append(time.monotonic() - t0)
+        assert all(0.06 <= t < 1.0 for t in times), times  # two one-way delays of 50 +- 20 ms
+        for i in range(20):  # jitter never reorders (TCP delivers in order)
+            s.sendall(f"<{i:02d}>".encode())
+        got = b""
+        while len(got) < 80:
+            got += s.recv(256)
+        assert got == b"".join(f"<{i:02d}>".encode() for i in range(20))
+    hub.set_wan("A-B", 0.05, loss=0.9, seed=1)  # nearly every chunk waits for a retransmission
+    with connect(port) as s:
+        t0 = time.monotonic()
+        assert roundtrip(s, b"lost?") == b"lost?"  # an idle link: probe and retransmission, 3 round trips
+        assert time.monotonic() - t0 >= 0.1 + 0.3
+    assert hub.stats("A-B").lost >= 1
+    hub.set_wan("A-B", 0.0, rate=20_000)  # 20 kB/s: 8 kB take 0.4 s
+    with connect(port) as s:
+        t0 = time.monotonic()
+        s.sendall(b"x" * 8000)
+        got = b""
+        while len(got) < 8000:
+            got += s.recv(65536)
+        assert time.monotonic() - t0 >= 0.35
+    with pytest.raises(ValueError):
+        LinkProxy("x", lambda: None).set_wan(0.01, loss=1.5)
+
+
 def test_target_is_resolved_at_each_accept(hub: ProxyHub) -> None:
     """A listener that restarts on a new port is found by the next connection."""
     first, second = EchoServer(), EchoServer()

@@ -269,3 +269,53 @@ def test_an_open_router_must_be_asked_for(tmp_path: Path) -> None:
     assert out.returncode == 2 and "no way for clients to log in" in out.stderr  # ("false" is false)
     out = subprocess.run([*base, "--set", "allow_anonymous=maybe"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "allow_anonymous must be true or false" in out.stderr
+
+
+MIXED_MESH = """
+[routers.A]
+listen = "127.0.0.1:0"
+inter_router = "127.0.0.1:0"
+[routers.A.settings]
+users_file = "users.json"
+
+[routers.B]
+listen = "127.0.0.1:0"
+inter_router = "127.0.0.1:0"
+[routers.B.settings]
+allow_anonymous = true
+
+[[links]]
+between = ["A", "B"]
+"""
+
+
+def test_an_open_router_of_the_mesh_does_not_hand_a_subscription_to_anonymous_clients(
+        mesh_of: Any, users_file: Path, tmp_path: Path) -> None:
+    """A subscription alice made at A (which authenticates) belongs to her at every router: an
+    unauthenticated client at B (open: no SASL, no user at all) presenting her container id and link
+    name is refused, and her messages keep coming to her."""
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "mesh.toml").write_text(MIXED_MESH)
+    (d / "users.json").write_bytes(users_file.read_bytes())
+    a, b = mesh_of(d / "mesh.toml").urls()
+
+    async def main() -> None:
+        alice = await Client(a, user="alice", password="wonderland").start()
+        try:
+            sub = alice.subscriber("orders", "s1", expiry=60)
+            await sub.wait_attached(10)
+            thief = await Client(b, container_id=alice.container_id).start()
+            try:
+                with pytest.raises(LinkRefused, match="another identity") as ei:
+                    await thief.subscriber("orders", "s1", expiry=60).wait_attached(10)
+                assert ei.value.condition == "amqp:unauthorized-access"
+                fut = await thief.publisher("orders", "p").send("for alice")
+                assert [m.body for m in await sub.get_many(1, timeout=20)] == ["for alice"]
+                assert (await asyncio.wait_for(fut, 20)).accepted
+            finally:
+                await thief.close()
+        finally:
+            await alice.close()
+
+    run(main(), timeout=90)

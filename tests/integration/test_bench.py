@@ -107,6 +107,49 @@ def test_bench_on_a_topology_counts_every_router_a_message_crosses() -> None:
     assert run["server_cpu_us_per_msg_hop"] == pytest.approx(run["server_cpu_us_per_delivery"] / 3, rel=0.02)
 
 
+def test_bench_wan_scenario_runs_beside_its_lan_twin_and_reports_links_and_each_subscriber() -> None:
+    """--wan: every inter-router link through a proxy with delay, jitter and loss; the same mesh on
+    plain links beside it; traffic per link and latency per subscriber (the path to its router)."""
+    line = example_path("line3.toml")
+    rep = bench("--topology", str(line), "--pub-at", "A", "--sub-at", "A,C", "--count", "200", "--rate", "100",
+                "--warmup", "0", "--repeat", "1", "--baselines", "", "--latency-rate", "0",
+                "--wan", "30ms,5ms,0.1%", timeout=400)
+    assert rep["scenario"]["wan"] == {"delay": 0.03, "jitter": 0.005, "loss": 0.001, "rate": 0.0}
+    assert set(rep["throughput"]) == {"mesh", "mesh-lan"}
+    for case in rep["throughput"].values():
+        assert case["median"]["ok_runs"] == 1, case["runs"]
+    wan = rep["throughput"]["mesh"]["median"]
+    assert "WAN links 30 ms +- 5 ms, 0.1 % loss" in rep["throughput"]["mesh"]["label"]
+    assert set(wan["links"]) == {"A-B", "B-C"} and all(v["up_bytes_s"] > 0 for v in wan["links"].values())
+    by_sub = {e["at"]: e for e in wan["latency_by_sub"]}
+    assert by_sub["A"]["p50"] < 25 < by_sub["C"]["p50"]  # C is two WAN links (>= 2 x 25 ms) away, A none
+    assert "links" not in rep["throughput"]["mesh-lan"]["median"]
+
+
+def test_bench_latency_curve_measures_each_rate_and_draws_it(tmp_path: Path) -> None:
+    chart = tmp_path / "curve.png"
+    rep = bench("--no-main", "--latency-curve", "200,400", "--duration", "1", "--warmup", "0.2", "--repeat", "1",
+                "--subscribers", "1", "--chart", str(chart))
+    pts = rep["latency_curve"]["points"]
+    assert [p["rate"] for p in pts] == [200.0, 400.0]
+    for pt in pts:
+        assert pt["median"]["ok_runs"] == 1, pt["runs"]
+        q = pt["median"]["latency_ms"]
+        assert 0 < q["p50"] <= q["p99"] <= q["p999"]
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_wan_option_is_parsed_with_units_and_refused_when_wrong() -> None:
+    from oncemesh.harness.bench import Wan, parse_wan
+
+    assert parse_wan("20ms,5ms,0.1%") == Wan(0.02, 0.005, 0.001)
+    assert parse_wan("0.05") == Wan(0.05)
+    assert parse_wan("10ms,0,0,10M") == Wan(0.01, 0.0, 0.0, 10e6)
+    for bad in ("", "x", "20ms,5ms,150%", "1,2,3,4,5", "-5ms"):
+        with pytest.raises(ValueError):
+            parse_wan(bad)
+
+
 def test_a_failed_case_is_reported_failed_never_with_figures() -> None:
     """A run whose connections closed once printed "published msg/s 1,233,750,000,000,000"."""
     failed = {"ok": False, "published_msg_s": 1.23375e15, "delivered_msg_s_per_sub": 16_000.0,

@@ -22,6 +22,9 @@ def test_the_wheel_installs_one_package_that_works_without_the_checkout(tmp_path
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"oncemesh"}, tops
     assert "oncemesh/py.typed" in names and "oncemesh/topology/examples/line3.toml" in names
+    assert {f"oncemesh/topology/deploy/{f}" for f in ("oncemesh@.service", "Containerfile", "make-pki.sh",
+                                                       "mesh-3hosts.toml")} <= set(names)
+    assert "oncemesh/router/console/index.html" in names
     assert not any(n.startswith("oncemesh/tests/") for n in names)
 
     site = tmp_path / "site"

@@ -7,6 +7,8 @@ import asyncio
 import gzip
 import json
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -88,6 +90,11 @@ def test_metrics_match_the_settlement_log_and_health_answers(make_router: Any) -
     wait_for(matches, 10, "the counters to match the settlement log")
     m = scrape(base)
     assert m[("oncemesh_events_total", (("event", "delivered"),))] == 100
+    assert m[("oncemesh_outcomes_sent_total", (("outcome", "accepted"),))] == 50
+    assert m[("oncemesh_outcomes_sent_total", (("outcome", "rejected"),))] == 0
+    assert m[("oncemesh_router_info", (("client_auth", "anonymous"), ("id", "M"),
+                                       ("incarnation", r.status()["incarnation"]),
+                                       ("mesh_security", "standalone")))] == 1
     assert m[("oncemesh_connections", ())] == 0 and m[("oncemesh_ready", ())] == 1
     assert m[("oncemesh_log_writable", ())] == 1 and m[("oncemesh_log_bytes", ())] > 0
     assert m[("oncemesh_rss_bytes", ())] > 10e6
@@ -117,6 +124,55 @@ def test_a_mesh_router_reports_its_peers_and_readiness(mesh_of: Any, tmp_path: P
     info = json.loads(mesh.ready_file("B").read_text())
     base = f"http://{info['http']}"
     code, body = get(f"{base}/readyz")
-    assert code == 200 and json.loads(body)["mesh_converged"] is True
+    assert code == 200 and json.loads(body) == {"ready": True, "table_synced": True, "log_writable": True,
+                                                "accepting_publishers": True, "draining": False, "peers_known": True,
+                                                "mesh_converged": True, "peers": ["A", "C"]}
     m = scrape(base)
     assert m[("oncemesh_peer_up", (("peer", "A"),))] == 1 and m[("oncemesh_peer_up", (("peer", "C"),))] == 1
+    assert m[("oncemesh_neighbour_up", (("peer", "A"),))] == 1 and m[("oncemesh_neighbour_up", (("peer", "C"),))] == 1
+    assert m[("oncemesh_mesh_converged", ())] == 1 and m[("oncemesh_gossip_unsynced_peers", ())] == 0
+    assert m[("oncemesh_router_info", (("client_auth", "anonymous"), ("id", "B"), ("incarnation", info["incarnation"]),
+                                       ("mesh_security", "mutual-tls")))] == 1
+    # a peer dies: B says so, and stays ready (it serves its side; no load balancer flap)
+    mesh.kill_router("C")
+
+    def c_down() -> bool:
+        m = scrape(base)
+        return m[("oncemesh_peer_up", (("peer", "C"),))] == 0 and m[("oncemesh_neighbour_up", (("peer", "C"),))] == 0
+
+    wait_for(c_down, 20, "B to see C down")
+    code, body = get(f"{base}/readyz")
+    assert code == 200 and json.loads(body)["peers"] == ["A"]
+
+
+def test_an_order_stream_reports_its_lag(mesh_of: Any, tmp_path: Path) -> None:
+    topo = tmp_path / "tri.toml"
+    topo.write_text('[defaults]\nhttp_listen = "127.0.0.1:0"\n\n' + (EXAMPLES / "triangle.toml").read_text()
+                    + '\n[topics.ledger]\norder = "total"\n')
+    mesh = mesh_of(topo)
+    base = f"http://{json.loads(mesh.ready_file('A').read_text())['http']}"
+
+    async def main() -> None:
+        c = await Client(mesh.urls()[0]).start()
+        try:
+            sub = c.subscriber("ledger", "s", expiry=0)
+            await sub.wait_attached(20)
+            pub = c.publisher("ledger", "p")
+            futs = [await pub.send(f"m{i}") for i in range(5)]
+            assert len(await sub.get_many(5, timeout=20)) == 5
+            for f in futs:
+                assert (await asyncio.wait_for(f, 20)).accepted
+        finally:
+            await c.close()
+
+    run(main())
+    m = scrape(base)
+    assert m[("oncemesh_order_numbered", (("algorithm", "sequencer"), ("topic", "ledger")))] >= 6  # 5 + the start
+    assert m[("oncemesh_order_waiting", (("topic", "ledger"),))] == 0
+    # the same stream in `oncemesh stat orders`
+    out = subprocess.run([sys.executable, "-m", "oncemesh", "stat", "orders", "--json", "--url", mesh.urls()[0]],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["orders"]["rows"]
+    assert (row["topic"], row["algorithm"], row["waiting_here"]) == ("ledger", "sequencer", 0)
+    assert row["numbered"] == m[("oncemesh_order_numbered", (("algorithm", "sequencer"), ("topic", "ledger")))]

@@ -9,7 +9,9 @@ The network (the kernel's, tests/sim/kernel.py): per directed link a FIFO with r
 connection has a number, and frames of a connection that broke are never delivered on the next one
 (TCP). Faults: router crash and restart
 (only the subscription table survives), freeze (no processing; peers time it out), link cuts
-(partitions), connection resets (what is in flight is lost).
+(partitions), connection resets (what is in flight is lost), drain (the router's real `Drain`
+decides when each client moves and when it may leave; then it says goodbye, stops and restarts
+later, as `oncemesh roll` does).
 
 Clients behave as our client library does: publishers resend everything in doubt under the same
 tags after a reconnect and declare their in-doubt tags; subscribers keep a dedup store, present
@@ -54,6 +56,7 @@ from oncemesh.router.actions import (
     SettlePublisher,
 )
 from oncemesh.router.core import CoreConfig, DeliveryCore, SubscriberAttach
+from oncemesh.router.drain import ConnView, Dependents, Drain, core_dependents
 from oncemesh.router.subscriptions import SubscriptionTable
 from tests.sim.kernel import Network as KernelNetwork
 from tests.sim.kernel import Scheduler, Violation
@@ -61,6 +64,7 @@ from tests.sim.kernel import Scheduler, Violation
 TOPIC = "t"
 HELLO = 0.5
 DEAD_AFTER = 1.5
+DRAIN_TIMEOUT, DRAIN_GRACE, DRAIN_CHECK = 4.0, 0.4, 0.05
 
 
 @dataclass
@@ -126,6 +130,8 @@ class SimRouter:
         self.awaiting: dict[str, tuple[Token, SimSubscriber, SubscriberAttach]] = {}
         self.late: list[Callable[[], None]] = []  # client disconnects it will notice when it thaws
         self.started_before = False  # a restart recovers its part of the sequencer group
+        self.drain: Drain | None = None  # draining: it takes no new clients and leaves when done
+        self.drain_waits: dict[Token, set[Token]] = {}  # publisher link -> its deliveries open when it began
 
     def start(self) -> None:
         sim = self.sim
@@ -146,6 +152,8 @@ class SimRouter:
         self.pub_links.clear()
         self.awaiting.clear()
         self.late.clear()
+        self.drain = None
+        self.drain_waits.clear()
         self.persist()
         inc = self.incarnation
         sim.schedule(0.0, lambda: self.tick(inc))
@@ -160,6 +168,8 @@ class SimRouter:
         if not self.frozen:
             self.node.tick(self.sim.now)
             self.process()
+            core = self.core  # (the status counts these as they come and go, never scanning)
+            assert core.destination_records == sum(1 for r in core.records.values() if r.origin is not None)
         self.sim.schedule(0.25, lambda: self.tick(inc))
 
     # -- processing: actions out of the core and the node -------------------------------------
@@ -252,6 +262,10 @@ class SimRouter:
     def usable(self) -> bool:
         return self.alive and not self.frozen
 
+    def accepting(self) -> bool:
+        """Takes new clients: a draining router redirects them."""
+        return self.usable() and self.drain is None
+
 
 # ---------------------------------------------------------------------- network
 class Network:
@@ -337,6 +351,7 @@ class Faults:
     freeze: bool = False
     partition: bool = False
     loss: float = 0.0
+    drain: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Faults:
@@ -350,8 +365,10 @@ class Faults:
                 f.partition = True
             elif name == "loss":
                 f.loss = 0.002
+            elif name == "drain":
+                f.drain = True
             elif name != "none":
-                raise ValueError(f"unknown fault {name!r} (kill, freeze, partition, loss)")
+                raise ValueError(f"unknown fault {name!r} (kill, freeze, partition, loss, drain)")
         return f
 
 
@@ -471,6 +488,10 @@ class Simulation:
                 victim.frozen = True
                 self.schedule(rng.uniform(0.2, 3.0), lambda v=victim: self.thaw(v))
                 self.schedule(DEAD_AFTER, lambda v=victim: self.frozen_timeout(v))
+        elif self.faults.drain and r < 0.085:
+            victim = self.routers[rng.choice(names)]
+            if victim.accepting() and self.may_kill(victim):
+                self.drain_router(victim)
         elif self.faults.partition and r < 0.10 and self.net.graph.number_of_edges():
             a, b = rng.choice(sorted(self.net.graph.edges))
             k = self.net.key(a, b)
@@ -522,7 +543,8 @@ class Simulation:
             return self._lamport_may_kill(victim)
         n = len(self.routers)
         down = sum(1 for r in self.routers.values()
-                   if not r.alive or any(q.status.name != "NORMAL" for q in r.node.seqs.values())
+                   if not r.alive or r.drain is not None  # (a draining router is about to leave)
+                   or any(q.status.name != "NORMAL" for q in r.node.seqs.values())
                    or any(lam.installed is None for lam in r.node.lamports.values()))
         return down + 1 <= n - (n // 2 + 1)
 
@@ -538,7 +560,8 @@ class Simulation:
         _, members = max(views, key=lambda v: v[0])
         n = len(members)
         keep = sum(1 for m, inc in members.items()
-                   if m != victim.id and m in alive and (inc == 0 or alive[m].incarnation == inc))
+                   if m != victim.id and m in alive and alive[m].drain is None  # (draining: about to leave)
+                   and (inc == 0 or alive[m].incarnation == inc))
         return keep >= n - n // 2
 
     def kill(self, r: SimRouter) -> None:
@@ -548,6 +571,50 @@ class Simulation:
             self.client_event(lambda sub=sub, link=link: self.sub_lost(sub, link))
         for tok, pub in list(r.pub_links.items()):
             self.client_event(lambda pub=pub, tok=tok: self.pub_lost(pub, tok))
+
+    def drain_router(self, r: SimRouter) -> None:
+        """SIGUSR1: the router takes no new work and moves its clients as `Drain` says, then leaves."""
+        self.note(f"drain {r.id}")
+        r.drain = Drain(self.now, DRAIN_TIMEOUT, DRAIN_GRACE)
+        r.core.set_draining()
+        r.drain_waits = {link: {t for t, q in r.pub_tokens.items() if q is p} for link, p in r.pub_links.items()}
+        self.drain_step(r, r.incarnation)
+
+    def drain_step(self, r: SimRouter, inc: int) -> None:
+        if not r.alive or r.incarnation != inc or r.drain is None:
+            return
+        if r.frozen:  # (frozen while draining: it goes on when it thaws)
+            self.schedule(DRAIN_CHECK, lambda: self.drain_step(r, inc))
+            return
+        conns: dict[Token, ConnView] = {link: ConnView(0, True) for link, _ in r.sub_links.values()}
+        for link in r.pub_links:
+            conns[link] = ConnView(len(r.drain_waits.get(link, set()) & r.pub_tokens.keys()), False)
+        open_pubs = sum(len(p.token_of.keys() & r.pub_tokens.keys()) for link, p in r.pub_links.items()
+                        if p.link is link)  # (deliveries of its attached publisher links, as the adapter counts)
+        deps = Dependents(connections=len(conns), publisher_deliveries=open_pubs, **core_dependents(r.core),
+                          announcements=r.node.gossip.unacknowledged())
+        step = r.drain.step(self.now, conns, deps)
+        for link in step.close:  # redirected: the router lets go of the link, the client moves at once
+            pub = r.pub_links.pop(link, None)
+            if pub is not None:
+                r.core.detach_publisher(link)
+                self.client_event(lambda pub=pub, link=link: self.pub_lost(pub, link))
+                continue
+            sid, sub = next((sid, sub) for sid, (lk, sub) in r.sub_links.items() if lk is link)
+            del r.sub_links[sid]
+            r.awaiting.pop(sid, None)
+            r.core.detach_subscriber(link, sid, False, self.now)
+            self.client_event(lambda sub=sub, link=link: self.sub_lost(sub, link), link)
+        r.process()
+        if not step.done:
+            self.schedule(DRAIN_CHECK, lambda: self.drain_step(r, inc))
+            return
+        assert r.drain.report is not None
+        self.note(f"{r.id} {r.drain.report.outcome} in {r.drain.report.seconds:.2f}s, left: {r.drain.report.remaining}")
+        r.node.leaving()
+        r.process()
+        self.kill(r)  # (it exits: only its subscription table survives, as after a crash)
+        self.schedule(self.rng.uniform(0.3, 3.0), lambda: self.restart(r))
 
     def restart(self, r: SimRouter) -> None:
         if r.alive:
@@ -650,7 +717,7 @@ class Simulation:
             return
         for url in s.urls:
             r = self.routers[url]
-            if r.usable():
+            if r.accepting():
                 s.urls = s.urls[1:] + s.urls[:1]
                 break
         else:
@@ -739,6 +806,11 @@ class Simulation:
                 raise Violation(f"FIFO: {gid} (seq {seq}) handed to {s.name} after seq {last} of its publisher")
             self.last_seq[(s.sid, gid[:PLID_LEN])] = max(last, seq if seq is not None else -1)
         rng.shuffle(batch)
+        if r.sub_links.get(s.sid, (None,))[0] is not link:
+            # the router closed this link (a drain) and the client does not know yet: it hands over
+            # and accepts, the ACCEPTED is lost with the connection (it presents them where it resumes)
+            s.accepted.update(batch)
+            return
         for i, gid in enumerate(batch):
             s.accepted.add(gid)
             if rng.random() < 0.03:  # the ACCEPTED is lost with the connection
@@ -796,7 +868,7 @@ class Simulation:
             return
         for url in p.urls:
             r = self.routers[url]
-            if r.usable():
+            if r.accepting():
                 p.urls = p.urls[1:] + p.urls[:1]
                 break
         else:
@@ -827,6 +899,8 @@ class Simulation:
         if r is None or not r.usable():
             self.schedule(0.05, lambda: self.pub_work(p, link))
             return
+        if link not in r.pub_links:
+            return  # the router closed this link (a drain): what it would send is lost with it; it moves
         resend = [g for g in p.in_doubt if g not in p.token_of.values()]
         for gid in resend:  # everything in doubt first, same tags
             if p.credit <= 0:

@@ -1,7 +1,8 @@
 """The whole mesh in one process under a seeded simulator (see simulator.py for what is checked).
 
 Default run (`SEEDS`, first column): 200 seeds without faults, 120 per fault case, 40 per case of
-each ordering mode (1,520 simulations over the example topologies, ~4 minutes on 2 cores). `pytest
+each ordering mode and per drain case (1,600 simulations over the example topologies, ~4 minutes on
+2 cores). `pytest
 tests/sim -m slow` runs the seeds after those up to the second column (3,800 in all, as the default
 run did before it had to fit CI's time), plus 5,000 longer runs with every fault at once. Or
 `pytest tests/sim --sim-seeds N` for seeds 1..N of every case. Replay one: `pytest tests/sim -k replay --sim-seed N
@@ -45,7 +46,8 @@ def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messa
 
 
 # seeds per case: (default run, with -m slow)
-SEEDS = {"mesh": (200, 500), "faults": (120, 300), "total": (40, 100), "lamport": (40, 100), "causal": (40, 100)}
+SEEDS = {"mesh": (200, 500), "faults": (120, 300), "total": (40, 100), "lamport": (40, 100), "causal": (40, 100),
+         "drain": (40, 300)}
 
 
 def seeds(config: pytest.Config, case: str, full: bool = False) -> range:
@@ -83,6 +85,20 @@ def test_mesh_with_faults(pytestconfig: pytest.Config, faults: str, full: bool =
     for seed in seeds(pytestconfig, "faults", full):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         simulate(seed, topology, faults, duration=8.0, messages=30)
+
+
+@pytest.mark.parametrize("faults", ["drain", "drain,kill,freeze,partition,loss"])
+def test_mesh_with_drains(pytestconfig: pytest.Config, faults: str, full: bool = False) -> None:
+    """Routers drained at random (as `oncemesh roll` does, also while other faults strike): the
+    router's own `Drain` moves its clients and decides when it leaves; it restarts later. No
+    duplicate, no false ACCEPTED; every drain ends, and every message reaches its outcome."""
+    runs = drained = 0
+    for seed in seeds(pytestconfig, "drain", full):
+        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
+        sim = simulate(seed, topology, faults, duration=8.0, messages=30)
+        runs += 1
+        drained += sum(1 for line in sim.log if " drained in " in line)
+    assert drained or not runs  # (drains did happen, and ended)
 
 
 @pytest.mark.parametrize("faults", ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"])
@@ -201,7 +217,8 @@ def test_total_order_regressions(seed: int, topology: str, faults: str) -> None:
 FULL_CASES = [("mesh", "")] + [(case, f) for case in ("faults",) for f in
                                 ["kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"]] + \
     [(case, f) for case in ("total", "lamport", "causal")
-     for f in ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"]]
+     for f in ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"]] + \
+    [("drain", f) for f in ["drain", "drain,kill,freeze,partition,loss"]]
 
 
 @pytest.mark.slow
@@ -213,5 +230,6 @@ def test_more_seeds(pytestconfig: pytest.Config, case: str, faults: str) -> None
            "faults": lambda: test_mesh_with_faults(pytestconfig, faults, full=True),
            "total": lambda: test_total_order_with_faults(pytestconfig, faults, full=True),
            "lamport": lambda: test_lamport_order_with_faults(pytestconfig, faults, full=True),
-           "causal": lambda: test_causal_order_with_faults(pytestconfig, faults, full=True)}
+           "causal": lambda: test_causal_order_with_faults(pytestconfig, faults, full=True),
+           "drain": lambda: test_mesh_with_drains(pytestconfig, faults, full=True)}
     run[case]()

@@ -265,3 +265,51 @@ def test_only_the_incarnation_that_forwarded_a_copy_answers_a_probe() -> None:
 
     assert finals_after("2000") == ["p:1"]  # this life forwarded it and has no record: final
     assert finals_after("1000") == []  # an earlier life did: we cannot know
+
+
+# ---------------------------------------------------------------------- the links' credit window
+class _FakeLink:
+    """What PeerHandler touches of an incoming `$mesh` link."""
+
+    def __init__(self, conn: object) -> None:
+        self.conn = conn
+        self.ctx: object = None
+        self.local_uninit = True
+        self.is_sender = False
+        self.remote_target_address = "$mesh"
+        self.credit = 0
+        self.granted: list[int] = []
+
+    def set_target(self, address: str) -> None: ...
+
+    def set_source(self, address: str) -> None: ...
+
+    def set_settle_modes(self, snd: int, rcv: int) -> None: ...
+
+    def open(self) -> None:
+        self.local_uninit = False
+
+    def flow(self, n: int) -> None:
+        self.granted.append(n)
+        self.credit += n
+
+
+def test_an_incoming_link_gets_the_configured_credit_window_topped_up_at_half() -> None:
+    """`mesh_link_credit`: a long link needs more than the default 5,000 frames per round trip."""
+    from types import SimpleNamespace
+
+    from oncemesh.interrouter.links import CREDIT_WINDOW, Peer, PeerHandler
+
+    frames: list[bytes] = []
+    handler = PeerHandler("A", "1", {"B"}, lambda p: None, lambda p, f: frames.append(f), lambda p, c: None,
+                          verify_identity=False, credit_window=40)
+    conn = SimpleNamespace()
+    conn.ctx = Peer(conn, "B", "2")  # type: ignore[arg-type]
+    link = _FakeLink(conn)
+    handler.on_link_open(link)  # type: ignore[arg-type]
+    assert link.granted == [40]
+    for i in range(21):  # 40 -> 19 left: below half, topped up to 40 again
+        link.credit -= 1
+        handler.on_message(link, None, b"", b"f%d" % i, True)  # type: ignore[arg-type]
+    assert link.granted == [40, 21] and link.credit == 40 and len(frames) == 21
+    assert PeerHandler("A", "1", set(), print, print, print).credit_window == CREDIT_WINDOW == 5000

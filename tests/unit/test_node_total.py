@@ -3,10 +3,12 @@ messages, and refuses (without crashing) what does not fit its group."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from oncemesh.interrouter import codec
-from oncemesh.interrouter.messages import Order
+from oncemesh.interrouter.messages import ORDER_VERSION, LinkState, Order, Queries
 from oncemesh.interrouter.node import MeshNode
 from oncemesh.router.actions import SubmitOrder
 from oncemesh.router.core import CoreConfig, DeliveryCore
@@ -114,3 +116,29 @@ def test_what_every_router_passed_is_compacted_and_a_full_history_is_said_and_wa
             n.tick(now)  # (the router that stopped numbering says so: the sequencer's leader, or A)
     assert all(n.core.total["t"].top == 4 for n in nodes.values())  # one more, then it waits
     assert any("mesh.order_history_full topic=t" in r.getMessage() for r in caplog.records)
+
+
+def test_no_order_message_passes_to_or_from_a_neighbour_of_an_older_protocol_version() -> None:
+    """Protocol version 3 changed the order messages' layout (compaction): a version-2 neighbour's
+    strict decoder would refuse ours (and close the connection), ours refuses its. Both ways they are
+    left out and counted; every other message flows."""
+    n = node()
+    n.peer_up("B", "1000", 0.0, ORDER_VERSION - 1)
+    n.frame("B", codec.encode_control([LinkState("B", "1000", 1, {"A": 1.0})]), 0.05)  # a route to B
+    old = ["O", "B", "A", "t", [0, [0, 0, 0], ["RR", 1]]]  # an older layout: would not decode
+    frame = b"C" + json.dumps([old, ["Q", "B", "A", ["x:1"]]]).encode()
+    with pytest.raises(codec.FrameError):
+        codec.decode_control(frame)
+    n.frame("B", frame, 0.1)  # no FrameError: the O is skipped, the Q is read
+    assert n.stats.get("order_refused", 0) == 0
+    n.sends.clear()
+    n._route_control(Order("B", "A", "t", Wire(0, (0, 0, 0), Request("x:1", 1))))
+    n._route_control(Queries("A", "B", ["y:1"]))
+    n.flush()
+    sent = [m for _, f in n.sends for m in codec.decode_control(f)]
+    assert [type(m) for m in sent if type(m) in (Order, Queries)] == [Queries]
+    assert n.stats["order_version_dropped"] >= 1  # (ours, and what its sequencer member sent B)
+    n.peer_up("B", "1000", 0.2, ORDER_VERSION)  # upgraded: they pass again
+    n._route_control(Order("B", "A", "t", Wire(0, (0, 0, 0), Request("x:2", 1))))
+    n.flush()
+    assert any(type(m) is Order for _, f in n.sends for m in codec.decode_control(f))

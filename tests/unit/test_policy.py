@@ -94,3 +94,30 @@ publish = ["ord*"]
     assert "groups.ops.publish: pattern 'ord*'" in text
     with pytest.raises(PolicyError, match="not valid TOML"):
         parse_policy("[users", "q.toml")
+
+
+def test_manage_is_granted_by_name_and_to_anonymous_only_from_its_own_table() -> None:
+    p = parse_policy("""
+[defaults]
+manage = true
+[groups.ops]
+manage = false
+[groups.audit]
+subscribe = ["#"]
+[groups.admins]
+manage = true
+[users.eve]
+manage = false
+[users.root]
+manage = true
+""")
+    assert p.grants("alice").manage  # [defaults]
+    assert not p.grants("alice", ["ops"]).manage  # her group's word, before the default's
+    assert p.grants("alice", ["ops", "audit"]).manage is False  # (audit says nothing)
+    assert not p.grants("eve").manage and p.grants("root", ["ops"]).manage  # one's own word wins
+    assert p.grants("carol", ["ops", "admins"]).manage  # any of her groups
+    assert not p.grants("anonymous").manage  # never from [defaults]
+    assert parse_policy("[anonymous]\nmanage = true\n").grants("anonymous").manage
+    assert not parse_policy("").grants("alice").manage  # a policy that says nothing grants nothing
+    with pytest.raises(PolicyError, match="users.bob.manage must be true or false"):
+        parse_policy('[users.bob]\nmanage = "yes"\n')

@@ -1,0 +1,64 @@
+"""Fixtures of the foreign-client tests: each client family installed and built once per test run
+(cached across runs, tests/foreign/clients.py), and one Spark session for the routers' verdict.
+
+    ONCEMESH_FOREIGN_SKIP=all | cpp,rhea,jms    skip those families (no registry access)
+    ONCEMESH_FOREIGN_CACHE=DIR                  where builds are cached (~/.cache/oncemesh/foreign)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.foreign.clients import Family, family
+
+SETUP = pytest.StashKey[dict[str, tuple[str, float]]]()
+
+
+def _family(name: str, request: pytest.FixtureRequest) -> Family:
+    fam = family(name)
+    # the set-up time is part of the module's budget: the summary says what it was
+    request.config.stash.setdefault(SETUP, {})[fam.name] = (fam.version, fam.setup_seconds)
+    return fam
+
+
+@pytest.fixture(scope="session")
+def cpp(request: pytest.FixtureRequest) -> Family:
+    return _family("cpp", request)
+
+
+@pytest.fixture(scope="session")
+def rhea(request: pytest.FixtureRequest) -> Family:
+    return _family("rhea", request)
+
+
+@pytest.fixture(scope="session")
+def jms(request: pytest.FixtureRequest) -> Family:
+    return _family("jms", request)
+
+
+@pytest.fixture(scope="session")
+def proton_py(request: pytest.FixtureRequest) -> Family:
+    return _family("proton_py", request)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local Spark session for every reconcile of this run (`oncemesh reconcile` in-process
+    finds it active and uses it)."""
+    from oncemesh.spark.job import spark_session
+
+    session, created = spark_session("local[2]", shuffle_partitions=2, app_name="oncemesh-foreign-tests")
+    try:
+        yield session
+    finally:
+        if created:
+            session.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    setup = config.stash.get(SETUP, None)
+    if setup:
+        terminalreporter.write_line("foreign clients: " + "; ".join(
+            f"{n} {v} (set-up {s:.1f} s)" for n, (v, s) in sorted(setup.items())))

@@ -1,0 +1,144 @@
+"""python-qpid-proton publisher for the foreign-client tests: sends --count messages to --topic on a
+sender link named --link, at most --window unsettled, reporting every transfer and outcome as JSON
+lines (--report). Proton's reconnect brings the connection back (the next URL of --url) and
+attaches the link again by itself; what was unsettled on the lost connection is in doubt (Proton
+forgets those deliveries) and is sent again under the same delivery tag, the identity oncemesh
+recognises (docs/wire-protocol.md, "Publishing"). Tags are the message numbers in decimal ASCII.
+--rate caps new messages per second (0: as fast as credit allows), so that a test can act
+mid-stream."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from proton import Delivery, Link, Message
+from proton.handlers import MessagingHandler
+from proton.reactor import Container, SenderOption
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import Report, connect_kwargs, parser  # noqa: E402
+
+
+class Modes(SenderOption):
+    def __init__(self, second: bool) -> None:
+        self.second = second
+
+    def apply(self, link: Link) -> None:
+        link.snd_settle_mode = Link.SND_UNSETTLED
+        link.rcv_settle_mode = Link.RCV_SECOND if self.second else Link.RCV_FIRST
+
+
+class Publisher(MessagingHandler):  # type: ignore[misc]
+    def __init__(self, a: Any) -> None:
+        super().__init__(auto_settle=False)
+        self.a = a
+        self.rep = Report(a.report)
+        self.next = 0
+        self.unsettled: dict[int, Delivery] = {}
+        self.outcomes: dict[int, str] = {}
+        self.resend: list[int] = []
+        self.sender: Any = None
+        self.start = time.monotonic()
+        self.container: Any = None
+        self.wakeup = False
+
+    def on_start(self, event: Any) -> None:
+        self.container = event.container
+        conn = event.container.connect(**connect_kwargs(self.a))
+        self.sender = event.container.create_sender(conn, self.a.topic, name=self.a.link,
+                                                    options=Modes(self.a.second))
+
+    def on_connection_opened(self, event: Any) -> None:
+        props = event.connection.remote_properties or {}
+        self.rep.line("connected", router=props.get("oncemesh.router"))
+
+    def on_link_opened(self, event: Any) -> None:
+        self.rep.line("attached", rcv_settle_mode=int(event.link.remote_rcv_settle_mode))
+        # also after a reconnect (Proton attaches the link again): what was in flight is in doubt
+        self.resend = sorted(set(self.resend) | set(self.unsettled))
+        self.unsettled.clear()
+        self.send()
+
+    def on_sendable(self, event: Any) -> None:
+        self.send()
+
+    def on_timer_task(self, event: Any) -> None:
+        self.wakeup = False
+        self.send()
+
+    def send(self) -> None:
+        s = self.sender
+        while s is not None and s.credit > 0 and len(self.unsettled) < self.a.window:
+            again = bool(self.resend)
+            if again:
+                k = self.resend.pop(0)
+                if k in self.outcomes:
+                    continue
+            elif self.next < self.a.count and (self.a.rate <= 0 or
+                                               self.next < (time.monotonic() - self.start) * self.a.rate + 1):
+                k = self.next
+                self.next += 1
+            else:
+                if self.next < self.a.count and not self.wakeup:  # paced: come back in 10 ms
+                    self.wakeup = True
+                    self.container.schedule(0.01, self)
+                break
+            mid = f"{self.a.link}:{k}"
+            body = f"{mid};".ljust(self.a.size, "x")
+            d = s.send(Message(id=mid, body=body, durable=True), tag=str(k))
+            self.unsettled[k] = d
+            self.rep.line("sent", k=k, tag=str(k).encode().hex(), resend=again)
+
+    def outcome(self, event: Any, what: str) -> None:
+        d = event.delivery
+        k = int(d.tag)  # (our tags: the message numbers)
+        if self.unsettled.pop(k, None) is None:
+            return  # a delivery of an earlier connection (already resent)
+        d.settle()
+        if what == "RELEASED":
+            self.resend.append(k)  # "try again": same tag
+        else:
+            self.outcomes[k] = what
+            self.rep.line("outcome", k=k, tag=str(k).encode().hex(), outcome=what)
+        if len(self.outcomes) == self.a.count:
+            self.rep.line("done")
+            event.connection.close()
+            return
+        self.send()
+
+    def on_accepted(self, event: Any) -> None:
+        self.outcome(event, "ACCEPTED")
+
+    def on_rejected(self, event: Any) -> None:
+        self.outcome(event, "REJECTED")
+
+    def on_released(self, event: Any) -> None:
+        self.outcome(event, "RELEASED")
+
+    def on_disconnected(self, event: Any) -> None:
+        self.rep.line("disconnected", error=str(event.transport.condition if event.transport else None))
+
+    def on_link_error(self, event: Any) -> None:
+        self.rep.line("link_error", error=str(event.link.remote_condition))
+
+    def on_connection_error(self, event: Any) -> None:
+        self.rep.line("error", error=str(event.connection.remote_condition))
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--count", type=int, default=100)
+    p.add_argument("--window", type=int, default=50)
+    p.add_argument("--size", type=int, default=0)
+    p.add_argument("--rate", type=float, default=0, help="new messages per second at most (0: no cap)")
+    a = p.parse_args()
+    c = Container(Publisher(a))
+    c.container_id = a.container
+    c.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""What each foreign client can do with oncemesh, tried for real (docs/clients.md says it for users):
+large messages, receiver-settle-mode second, drain, and the resume of a durable subscription after
+the subscriber process is SIGKILLed; all of it over TLS with a SASL PLAIN login from the router's
+users file (docs/security.md). Failover lists and the loss of a router: test_fanout.py.
+
+One router for the module (S, amqps://, users file with alice); each test its own topic.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oncemesh.common.pki import issue, make_ca
+from oncemesh.harness.testing import Proc, RouterProcess, log_has
+from tests.foreign.clients import Family, read_report, wait_progress
+from tests.foreign.verdict import client_verdict, gid_for
+
+pytestmark = pytest.mark.foreign
+
+FAMILIES = ["cpp", "rhea", "jms", "proton_py"]
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Secured:
+    router: RouterProcess
+    ca: Path
+    truststore: Path | None  # the CA in a PKCS12 trust store, for Java (keytool)
+
+    def options(self, fam: Family) -> dict[str, Any]:
+        """How this family reaches the router: TLS trust and a PLAIN login as alice."""
+        trust = {"truststore": self.truststore} if fam.truststore else {"ca": self.ca}
+        return {"url": self.router.url, "user": "alice", "password": "wonderland", **trust}
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    d = tmp_path_factory.mktemp("secured")
+    make_ca(d / "pki")
+    cert, key = issue(d / "pki", "router", ["127.0.0.1"])
+    users = d / "users.json"
+    subprocess.run([sys.executable, "-m", "oncemesh", "user", "add", "alice", "--users-file", str(users),
+                    "--password-stdin", "--iterations", "4096"], input="wonderland\n", text=True, check=True,
+                   capture_output=True, timeout=60)
+    truststore = None
+    if shutil.which("keytool"):
+        truststore = d / "truststore.p12"
+        subprocess.run(["keytool", "-importcert", "-noprompt", "-alias", "oncemesh-ca", "-file", str(d / "pki" / "ca.pem"),
+                        "-keystore", str(truststore), "-storetype", "PKCS12", "-storepass", "changeit"],
+                       check=True, capture_output=True, timeout=60)
+    r = RouterProcess("S", d / "router", settings={"users_file": users, "tls_cert": cert, "tls_key": key}).start()
+    try:
+        yield Secured(r, d / "pki" / "ca.pem", truststore)
+    finally:
+        r.stop()
+
+
+class Clients:
+    """The processes of one test, each with its report."""
+
+    def __init__(self, fam: Family, secured: Secured, procs: Any, tmp: Path, topic: str) -> None:
+        self.fam, self.secured, self.procs, self.tmp, self.topic = fam, secured, procs, tmp, topic
+
+    def start(self, role: str, name: str, **options: Any) -> tuple[Proc, Path]:
+        report = self.tmp / f"{name}.jsonl"
+        cmd = self.fam.command(role, topic=self.topic, container=f"{self.topic}-{name}", link=name,
+                               report=report, **self.secured.options(self.fam), **options)
+        return self.procs.add(Proc(cmd, self.tmp / f"{name}.out")), report
+
+    def subscriber(self, name: str, **options: Any) -> tuple[Proc, Path]:
+        proc, report = self.start("subscriber", name, **options)
+        wait_progress(lambda: int(any(e["ev"] == "attached" for e in read_report(report))), 1,
+                      f"{name} attached")
+        return proc, report
+
+    def publish(self, count: int, **options: Any) -> Path:
+        proc, report = self.start("publisher", "pub", count=count, **options)
+        wait_progress(lambda: sum(e["ev"] in ("outcome", "done") for e in read_report(report)), count + 1,
+                      "the publisher's outcomes")
+        assert proc.wait(30) == 0, proc.tail()
+        return report
+
+    def verdict(self, pub: Path, subs: dict[str, Path]) -> Any:
+        v = client_verdict("pub", read_report(pub), {n: read_report(p) for n, p in subs.items()},
+                           gid_for(f"{self.topic}-pub", "pub") if self.fam.tags else None, by_tag=self.fam.tags)
+        assert v.problems() == [], v.summary()
+        return v
+
+
+@pytest.fixture(params=FAMILIES)
+def clients(request: pytest.FixtureRequest, secured: Secured, procs: Any, tmp_path: Path) -> Clients:
+    fam: Family = request.getfixturevalue(request.param)
+    if fam.truststore and secured.truststore is None:
+        pytest.fail("keytool (the JDK's) is needed to give Qpid JMS the CA")
+    return Clients(fam, secured, procs, tmp_path, f"feat.{request.node.originalname}.{request.param}")
+
+
+def test_large_messages_over_tls_with_a_plain_login(clients: Clients) -> None:
+    """1.5 MiB messages: more than the router's max frame (1 MiB), so each spans frames."""
+    _, sub = clients.subscriber("sub", expiry=60)
+    pub = clients.publish(3, size=3 * MiB // 2)
+    v = clients.verdict(pub, {"sub": sub})
+    assert len(v.accepted) == 3
+    assert [e["size"] for e in read_report(sub) if e["ev"] == "msg"] == [3 * MiB // 2] * 3
+    log = clients.secured.router.log_dir / "S.router.log"
+    assert log_has(log, "connection.authenticated", "user=alice", "mechanism=PLAIN")
+
+
+def test_receiver_settle_mode_second(clients: Clients) -> None:
+    """The exactly-once handshake on both links: the router sends the outcome (to the publisher) and
+    settles deliveries (to the subscriber) only when the other side's settlement allows it."""
+    if not clients.fam.second:
+        pytest.skip(f"{clients.fam.name} cannot ask for receiver-settle-mode second (docs/clients.md)")
+    _, sub = clients.subscriber("sub", expiry=60, second=True)
+    pub = clients.publish(50, second=True)
+    v = clients.verdict(pub, {"sub": sub})
+    assert len(v.accepted) == 50
+    for report in (sub, pub):  # the router granted mode second (1) on both links
+        assert [e.get("rcv_settle_mode") for e in read_report(report) if e["ev"] == "attached"] == [1]
+
+
+def test_drain(clients: Clients) -> None:
+    """A pull consumer: credit N and drain; the router answers a drain with nothing queued by
+    returning the credit (the client sees the drain end), and hands what is queued when asked."""
+    _, sub = clients.subscriber("sub", expiry=60, drain=True, credit=3)
+
+    def drained() -> int:
+        return sum(e["ev"] == "drained" for e in read_report(sub))
+
+    wait_progress(drained, 1, "a drain answered with nothing queued")
+    before = drained()
+    pub = clients.publish(5)
+    clients.verdict(pub, {"sub": sub})  # all 5 handed, each pulled by a drain of 3
+    wait_progress(drained, before + 1, "a drain after the messages")
+    events = [e["ev"] for e in read_report(sub) if e["ev"] in ("msg", "drained")]
+    assert events.index("msg") > 0 and "drained" in events[events.index("msg"):], events
+
+
+def test_durable_resume_after_the_subscriber_is_killed(clients: Clients) -> None:
+    """The subscriber process is SIGKILLed mid-stream and started again under the same container id
+    and link name: the subscription held what came meanwhile, and what was in doubt comes again
+    under the same delivery tag (deduplicated)."""
+    sub_proc, sub = clients.subscriber("sub", expiry=60)
+    pub_proc, pub = clients.start("publisher", "pub", count=100, rate=40)
+    wait_progress(lambda: sum(e["ev"] == "msg" for e in read_report(sub)), 15, "messages before the kill")
+    sub_proc.kill()
+    handed_before = sum(e["ev"] == "msg" for e in read_report(sub))
+    # more is published while it is away (up to the publisher's window: outcomes wait for it)
+    wait_progress(lambda: sum(e["ev"] == "sent" for e in read_report(pub)), handed_before + 20, "sent while away")
+    clients.subscriber("sub", expiry=60)  # (the report is appended to)
+    wait_progress(lambda: sum(e["ev"] in ("outcome", "done") for e in read_report(pub)), 101, "the outcomes")
+    assert pub_proc.wait(30) == 0, pub_proc.tail()
+    v = clients.verdict(pub, {"sub": sub})
+    assert len(v.accepted) == 100 and handed_before < 100
+    print(f"{clients.fam.name}: {handed_before} handed before the kill; {v.summary()}")
