@@ -23,22 +23,35 @@ def node(me: str = "A") -> MeshNode:
     return n
 
 
+def pair(**kw: tuple[str, ...]) -> dict[str, MeshNode]:
+    """Routers A and B, neighbours, with topic "t" in total order (`kw`: sequenced or lamport_topics)."""
+    return {r: MeshNode(r, "1", DeliveryCore(r, SubscriptionTable(), CoreConfig(total_topics=frozenset({"t"}))),
+                        {"A", "B"}, {"B" if r == "A" else "A": 1.0}, 1.0, 3.0, 0.0, **kw)
+            for r in "AB"}
+
+
+def run(nodes: dict[str, MeshNode], now: float, seconds: float) -> float:
+    """Every router ticks and flushes every 50 ms and its frames reach the other at once; returns
+    the time at the end."""
+    end = now + seconds
+    while now < end - 1e-9:
+        now += 0.05
+        for r, n in nodes.items():
+            n.tick(now)
+            n.flush()
+            sends, n.sends = n.sends, []
+            for to, frame in sends:
+                nodes[to].frame(r, frame, now)
+    return now
+
+
 def test_two_routers_number_a_submission_alike_over_routed_order_messages() -> None:
-    nodes = {r: MeshNode(r, "1", DeliveryCore(r, SubscriptionTable(), CoreConfig(total_topics=frozenset({"t"}))),
-                         {"A", "B"}, {"B" if r == "A" else "A": 1.0}, 1.0, 3.0, 0.0, sequenced=("t",))
-             for r in "AB"}
+    nodes = pair(sequenced=("t",))
     now = 0.0
 
     def exchange(rounds: int = 50) -> None:
         nonlocal now
-        for _ in range(rounds):
-            now += 0.05
-            for r, n in nodes.items():
-                n.tick(now)
-                n.flush()
-                sends, n.sends = n.sends, []
-                for to, frame in sends:
-                    nodes[to].frame(r, frame, now)
+        now = run(nodes, now, rounds * 0.05)
 
     nodes["A"].peer_up("B", "1", now)
     nodes["B"].peer_up("A", "1", now)
@@ -74,22 +87,12 @@ def test_what_every_router_passed_is_compacted_and_a_full_history_is_said_and_wa
     what every router's floor passed; a stream whose history is full numbers nothing more (its
     submissions wait) and the router logs which router holds it back."""
     kw = {"sequenced": ("t",)} if algorithm == "sequencer" else {"lamport_topics": ("t",)}
-    nodes = {r: MeshNode(r, "1", DeliveryCore(r, SubscriptionTable(), CoreConfig(total_topics=frozenset({"t"}))),
-                         {"A", "B"}, {"B" if r == "A" else "A": 1.0}, 1.0, 3.0, 0.0, **kw)  # type: ignore[arg-type]
-             for r in "AB"}
+    nodes = pair(**kw)
     now = 0.0
 
     def exchange(seconds: float) -> None:
         nonlocal now
-        end = now + seconds
-        while now < end:
-            now += 0.05
-            for r, n in nodes.items():
-                n.tick(now)
-                n.flush()
-                sends, n.sends = n.sends, []
-                for to, frame in sends:
-                    nodes[to].frame(r, frame, now)
+        now = run(nodes, now, seconds)
 
     nodes["A"].peer_up("B", "1", now)
     nodes["B"].peer_up("A", "1", now)
