@@ -205,11 +205,16 @@ def encode_control(msgs: list[Control]) -> bytes:
     return b"C" + _dumps([_to_list(m) for m in msgs]).encode()
 
 
-def decode_control(frame: bytes) -> list[Control]:
+def decode_control(frame: bytes, order: bool = True) -> list[Control]:
+    """The messages of a control frame. `order` False (a neighbour speaking a protocol version
+    older than `messages.ORDER_VERSION`): its order messages (O, LO) are skipped undecoded, since
+    they have the older layout the strict order codecs refuse."""
     try:
         items = _loads(frame[1:].decode())
         out = []
         for x in items:
+            if not order and isinstance(x, list) and x[:1] in (["O"], ["LO"]):
+                continue
             m = _from_list(x)
             if m is not None:
                 out.append(m)

@@ -6,10 +6,13 @@ frame (`codec`, kind "LO"), and back.
     key      = [view, ts, origin]           view: a ballot whose round may also be -1 (MIN_KEY)
     members  = [[router, incarnation]...]
     entry    = [key, gid, payload]          payload: the bytes as standard base64 (padded)
-    decision = [view, base, members, upto, [entry...] extra, [entry...] history, floor]
+    checkpoint = [number, [[start key, number]...], [[publisher link, counter]...]]
+    base     = [key, checkpoint]            where a history begins (`lamport.Base`)
+    decision = [view, base, members, upto, [entry...] extra, [entry...] history, floor (base or null)]
     commit   = [ballot, decision]           Promise.commit: a Commit's fields, without its tag
     accepted = [ballot, decision]           Promise.accepted
     optional fields (Prepare.after, Promise.installed / floor / accepted / commit, Decision.floor): null
+    Floor    = [incarnation, floor]
 
 Encoding trusts our own (typed) values and makes lists all the way down (no tuples), so what the
 JSON decoder hands back compares equal to what was encoded. Decoding trusts nothing: a value of the
@@ -36,10 +39,12 @@ from ..router.order.lamport import (
     Accepted,
     Ack,
     Ballot,
+    Base,
     Commit,
     Data,
     Decision,
     Entry,
+    Floor,
     Key,
     Members,
     Prepare,
@@ -48,6 +53,7 @@ from ..router.order.lamport import (
     Snapshot,
     Wire,
 )
+from .ordercodec import checkpoint_from_list, checkpoint_to_list
 from .strict import Fields, show
 
 _F = Fields("lamport")
@@ -171,7 +177,9 @@ def _pair(first: _Kind, second: _Kind) -> _Kind:
 
 ENTRY = _record(Entry, KEY, STR, PAYLOAD)
 ENTRIES = _many(ENTRY)
-DECISION = _record(Decision, BALLOT, BALLOT, MEMBERS, KEY, ENTRIES, ENTRIES, _optional(KEY))
+CHECKPOINT = _Kind(checkpoint_to_list, lambda v, where: checkpoint_from_list(v, where, _F))
+BASE = _record(Base, KEY, CHECKPOINT)
+DECISION = _record(Decision, BALLOT, BALLOT, MEMBERS, KEY, ENTRIES, ENTRIES, _optional(BASE))
 COMMIT = _record(Commit, BALLOT, DECISION)  # nested in a Promise: without its tag
 
 # ---------------------------------------------------------------------- the messages
@@ -181,12 +189,13 @@ _MESSAGES: tuple[tuple[str, type, tuple[_Kind, ...]], ...] = (
     ("D", Data, (ENTRY,)),
     ("A", Ack, (KEY, NAT)),
     ("P", Prepare, (BALLOT, _optional(KEY))),
-    ("PM", Promise, (BALLOT, NAT, _optional(BALLOT), MEMBERS, KEY, ENTRIES, ENTRIES, _optional(KEY),
+    ("PM", Promise, (BALLOT, NAT, _optional(BALLOT), MEMBERS, KEY, ENTRIES, ENTRIES, _optional(BASE),
                      _optional(_pair(BALLOT, DECISION)), _optional(COMMIT))),
     ("R", Refuse, (BALLOT, BALLOT)),
     ("AC", Accept, (BALLOT, DECISION)),
     ("AD", Accepted, (BALLOT,)),
     ("C", Commit, (BALLOT, DECISION)),
+    ("F", Floor, (NAT, NAT)),
 )
 
 
@@ -235,21 +244,22 @@ def lamport_from_list(x: object) -> Wire:
 
 # ---------------------------------------------------------------------- what a router keeps on disk
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: a decision's floor is a `Base` (a checkpoint); 1 had a key there, always null
+_READS = (1, 2)  # a version 1 file with a null floor reads the same
 _SNAPSHOT = _record(Snapshot, BALLOT, BALLOT, BALLOT, MEMBERS, _optional(_pair(BALLOT, DECISION)),
                     _optional(COMMIT), _many(NAT))
 
 
 def snapshot_to_json(snap: Snapshot) -> dict[str, Any]:
     """A member's durable part (`LamportNode.snapshot`) as a JSON document, versioned:
-    {"version": 1, "lamport": [promised, seen, installed, members, accepted, commit, [life...]]}."""
+    {"version": 2, "lamport": [promised, seen, installed, members, accepted, commit, [life...]]}."""
     return {"version": SNAPSHOT_VERSION, "lamport": _SNAPSHOT.enc(snap)}
 
 
 def snapshot_from_json(doc: object) -> Snapshot:
     """The snapshot `snapshot_to_json` made `doc` from; `codec.FrameError` for anything else (a file of
     another version, or damaged)."""
-    if not isinstance(doc, dict) or doc.get("version") != SNAPSHOT_VERSION or "lamport" not in doc:
+    if not isinstance(doc, dict) or doc.get("version") not in _READS or "lamport" not in doc:
         _bad(f"lamport snapshot: expected {{'version': {SNAPSHOT_VERSION}, 'lamport': [...]}}")
     snap: Snapshot = _SNAPSHOT.dec(doc["lamport"], "snapshot")
     return snap
@@ -261,11 +271,11 @@ _COMMIT = _optional(COMMIT)
 
 def decisions_to_json(accepted: tuple[Ballot, Decision] | None, commit: Commit | None) -> dict[str, Any]:
     """A snapshot's big part (decisions carry histories), kept in a file of its own so that a new
-    promise, the frequent change, rewrites only the small part: {"version": 1, "accepted", "commit"}."""
+    promise, the frequent change, rewrites only the small part: {"version": 2, "accepted", "commit"}."""
     return {"version": SNAPSHOT_VERSION, "accepted": _ACCEPTED.enc(accepted), "commit": _COMMIT.enc(commit)}
 
 
 def decisions_from_json(doc: object) -> tuple[tuple[Ballot, Decision] | None, Commit | None]:
-    if not isinstance(doc, dict) or doc.get("version") != SNAPSHOT_VERSION or not {"accepted", "commit"} <= set(doc):
+    if not isinstance(doc, dict) or doc.get("version") not in _READS or not {"accepted", "commit"} <= set(doc):
         _bad(f"lamport decisions: expected {{'version': {SNAPSHOT_VERSION}, 'accepted': ..., 'commit': ...}}")
     return _ACCEPTED.dec(doc["accepted"], "accepted"), _COMMIT.dec(doc["commit"], "commit")

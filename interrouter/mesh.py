@@ -82,14 +82,16 @@ class Mesh:
         lamport = [t for t in topo.total_topics(TotalOrder.LAMPORT) if t in total]
         sequenced = sorted(t for t in total if t not in lamport)
         first = _first_life(state_dir, self.me) if total else True
-        # the Lamport streams' votes on disk: a restart is not amnesic (interrouter.orderstate)
-        self.order_store = OrderStore(state_dir, self.me) if state_dir is not None and lamport else None
+        # the total-order streams' votes on disk: a restart is not amnesic (interrouter.orderstate)
+        self.order_store = OrderStore(state_dir, self.me) if state_dir is not None and total else None
         store = self.order_store
         self.node = MeshNode(self.me, router.incarnation, router.core, set(topo.routers), nbrs,
                              topo.hello_interval, topo.dead_after, time.time(), sequenced=sequenced,
                              bootstrap=first, lamport_topics=lamport,
                              lamport_restore=store.lamport_restore(lamport) if store and not first else None,
-                             persist=store.persist_lamport if store else None)
+                             persist=store.persist_lamport if store else None,
+                             seq_restore=store.sequencer_restore(sequenced) if store and not first else None,
+                             persist_seq=store.persist_sequencer if store else None)
         self.handler = PeerHandler(self.me, router.incarnation, set(nbrs), self._peer_up, self._on_frame,
                                    self._peer_down, verify_identity=tls is not None,
                                    credit_window=router.cfg.mesh_link_credit)
@@ -216,7 +218,7 @@ class Mesh:
         if old is not None and old is not peer:
             old.conn.close(errors.ConnectionForced.condition, "replaced by a newer connection")
         self.peers[peer.id] = peer
-        self.node.peer_up(peer.id, peer.inc, time.time())
+        self.node.peer_up(peer.id, peer.inc, time.time(), peer.version)
         log.info("mesh.peer_up peer=%s incarnation=%s", peer.id, peer.inc)
         self._after_input()
 

@@ -1,4 +1,4 @@
-"""Messages between routers (wire protocol version 2, docs/wire-protocol.md), and the rule by which
+"""Messages between routers (wire protocol version 3, docs/wire-protocol.md), and the rule by which
 routers of different versions talk (`negotiate_version`).
 
 Neighbour-only: Hello, Bye. Flooded: LinkState. Routed (src -> dst, hop by hop along the shortest
@@ -18,9 +18,14 @@ from ..router.order.sequencer import Wire
 
 # The inter-router protocol version this router speaks. 1: routers that announced no version (only
 # `oncemesh.mesh`); 2: the open frame carries `oncemesh.version` and `oncemesh.client-url`, the
-# frames are those of 1. A router and a peer at most VERSION_SPAN apart interoperate: each speaks
-# the lower of the two versions to the other (a rolling upgrade runs one version apart).
-PROTOCOL_VERSION = 2
+# frames are those of 1; 3: the total-order messages (O, LO) carry compaction (floors, checkpoints).
+# A router and a peer at most VERSION_SPAN apart interoperate: each speaks the lower of the two
+# versions to the other (a rolling upgrade runs one version apart).
+PROTOCOL_VERSION = 3
+# The first version whose O and LO messages this router's strict order codecs read: to and from a
+# neighbour speaking an older one, no order message is passed (the order streams treat the routers
+# behind it as cut off until it is upgraded; every other message flows as before).
+ORDER_VERSION = 3
 VERSION_SPAN = 1
 UNVERSIONED = 1  # what a peer that sends no `oncemesh.version` speaks
 

@@ -34,8 +34,8 @@ from ..router.actions import (
 from ..router.core import DeliveryCore
 from ..router.order import lamport
 from ..router.order.lamport import LamportNode
-from ..router.order.sequencer import Delivered, SendTo, SequencerNode, Unresolved
-from ..router.order.total import parse_start
+from ..router.order.sequencer import Delivered, Journal, Restore, SendTo, SeqState, SequencerNode, Unresolved
+from ..router.order.total import Checkpoint, parse_start
 from ..router.subscriptions import SubState
 from . import codec
 from .channel import Sessions
@@ -43,6 +43,8 @@ from .gossip import Gossip
 from .hello import HelloMonitor
 from .linkstate import LinkStateDb
 from .messages import (
+    ORDER_VERSION,
+    PROTOCOL_VERSION,
     Acks,
     Bye,
     Control,
@@ -62,6 +64,7 @@ from .messages import (
 )
 
 MAX_CONTROL_BATCH = 2000
+FLOOR_INTERVAL = 1.0  # seconds between two reports of the total-order floors (and compactions)
 
 
 def lamport_incarnation(inc: str) -> int:
@@ -76,13 +79,16 @@ class MeshNode:
                  neighbours: dict[str, float], hello_interval: float, dead_after: float, now: float,
                  sequenced: Iterable[str] = (), bootstrap: bool = True, lamport_topics: Iterable[str] = (),
                  lamport_restore: Mapping[str, lamport.Snapshot] | None = None,
-                 persist: Callable[[str, lamport.Snapshot], None] | None = None) -> None:
+                 persist: Callable[[str, lamport.Snapshot], None] | None = None,
+                 seq_restore: Mapping[str, SeqState] | None = None,
+                 persist_seq: Callable[[str, SeqState | list[Journal]], None] | None = None) -> None:
         """`sequenced`: topics in total order by the sequencer (one numbering group per topic, every
         router of the topology a member); `lamport_topics`: topics in total order by Lamport clocks
         (every router a member); `bootstrap`: this is the groups' first life here (a router
         restarted with its state directory recovers its part from the others); `lamport_restore`:
         what an earlier life wrote (`persist`: where a stream's durable part goes when it changed,
-        once per pass, before that pass's frames leave: `flush`)."""
+        once per pass, before that pass's frames leave: `flush`); `seq_restore`, `persist_seq`: the
+        same for the sequencers' votes (a journal, `SequencerNode.take_journal`)."""
         self.me = me
         self.inc = inc
         self.core = core
@@ -91,6 +97,7 @@ class MeshNode:
         self.lsdb = LinkStateDb(me, inc)
         self.gossip = Gossip(me, inc, core.table, self.routers)
         self.connected: dict[str, str] = {}  # neighbour -> incarnation, while a connection is up
+        self.versions: dict[str, int] = {}  # neighbour -> the protocol version spoken with it
         self.started = now
         self.dead_after = dead_after
         self.ready = len(self.routers) == 1
@@ -111,10 +118,15 @@ class MeshNode:
         self._queries: dict[str, list[str]] = {}
         self.awaiting: dict[int, str] = {}  # gossip request -> sid whose ATTACH waits for it
         self.stats = {"copies_out": 0, "copies_in": 0, "transit": 0, "dropped_unreachable": 0, "stale_probes": 0,
-                      "control_out": 0, "order_out": 0}  # control_out: control messages sent, per hop
+                      "control_out": 0, "order_out": 0, "order_version_dropped": 0}  # control_out: control messages sent, per hop
         self.lsdb.set_neighbours({})
-        self.seqs = {t: SequencerNode(me, sorted(self.routers), inc, now, bootstrap=bootstrap)
+        seq_restore = seq_restore or {}
+        self.seqs = {t: SequencerNode(me, sorted(self.routers), inc, now, bootstrap=bootstrap) if bootstrap
+                     else SequencerNode.restore(seq_restore.get(t), me, sorted(self.routers), inc, now)
                      for t in sorted(sequenced)}
+        self._persist_seq = persist_seq
+        for seq in self.seqs.values():
+            seq.journaling = persist_seq is not None
         self._seq_alive: set[str] = set()
         # topics in total order by Lamport clocks: one stream per topic over reliable sessions
         # (`interrouter.channel`); its deliveries are numbered 1, 2, 3, ... here, alike on every router
@@ -127,7 +139,8 @@ class MeshNode:
         self._lam_saved: dict[str, int] = {t: lam.durable for t, lam in self.lamports.items()}
         self._lam_sessions: dict[str, Sessions[lamport.Wire]] = {t: Sessions() for t in self.lamports}
         self._lam_alive: dict[str, str] = {}  # members reachable -> their incarnation
-        self._lam_count: dict[str, int] = dict.fromkeys(self.lamports, 0)
+        self._floors_due = now + FLOOR_INTERVAL
+        self._full_seen: dict[str, int] = {}  # topic -> its stream's "history full" count last seen
         self._lam_submitted: dict[str, set[str]] = {t: set() for t in self.lamports}
         for t, lam in self.lamports.items():
             for r in sorted(self.routers - {me}):  # nobody is reachable yet
@@ -137,8 +150,11 @@ class MeshNode:
         self._await_start: set[str] = set()
 
     # ------------------------------------------------------------------ connections
-    def peer_up(self, peer: str, inc: str, now: float) -> None:
+    def peer_up(self, peer: str, inc: str, now: float, version: int = PROTOCOL_VERSION) -> None:
+        """`version`: the protocol version agreed with it (below ORDER_VERSION, no order message
+        passes either way: its order codecs have the older layout)."""
         self.connected[peer] = inc
+        self.versions[peer] = version
         self.hello.heard(peer, inc, now)
         self.events.append(("peer_up", peer, f"incarnation={inc}"))
         # what a new neighbour needs: our hello and every advertisement we know
@@ -197,7 +213,7 @@ class MeshNode:
             self._route_copy(c.origin, c.inc, c.gid, c.topic, c.dests, c.payload, now, c.preds, c.deps,
                              c.by_arrival)
         elif kind == b"C":
-            for msg in codec.decode_control(data):
+            for msg in codec.decode_control(data, self.versions.get(peer, PROTOCOL_VERSION) >= ORDER_VERSION):
                 self._on_control(peer, msg, now)
         else:
             raise codec.FrameError(f"unknown frame kind {kind!r}")
@@ -307,6 +323,11 @@ class MeshNode:
         hop = self.lsdb.routes().next_hop.get(msg.dst)
         if hop is None or hop not in self.connected:
             return  # unreachable: re-sent or re-derived after the graph heals
+        if self.versions.get(hop, PROTOCOL_VERSION) < ORDER_VERSION and type(msg) in (Order, LamportOrder):
+            # an older router reads them in another layout and would close the connection: the order
+            # streams count the routers behind it as cut off (a rolling upgrade: until it is upgraded)
+            self.stats["order_version_dropped"] += 1
+            return
         self._control.setdefault(hop, []).append(msg)
 
     def flush(self) -> None:
@@ -393,6 +414,21 @@ class MeshNode:
         if sid not in self.awaiting.values():
             self.attach_done.append((sid, None))
 
+    def _restored(self, topic: str, cp: Checkpoint, now: float) -> None:
+        """The stream of `topic` goes on from `cp` here (this router restarted): the delivery core
+        too, and an ATTACH waiting for a start the checkpoint holds is answered."""
+        self.core.total_restore(topic, cp, now)
+        submitted = self._lam_submitted.get(topic)
+        if submitted:
+            submitted.difference_update(k for k, _ in cp.starts)
+        for sid in sorted(self._await_start):
+            self._started(sid, topic)
+
+    def _start_awaited(self, topic: str, key: str) -> bool:
+        """Is `key` the start of a subscription life whose ATTACH still waits for it here?"""
+        life = parse_start(key)
+        return life is not None and life[0] in self._await_start
+
     def _drain_order(self, now: float) -> None:
         """The sequencers' outputs: messages to other routers, numbers for the delivery core."""
         for topic, seq in self.seqs.items():
@@ -409,8 +445,13 @@ class MeshNode:
                         life = parse_start(a.gid) if self._await_start else None
                         if life is not None and life[0] in self._await_start:
                             self._started(life[0], topic)
-                    elif type(a) is Unresolved and a.gid in self.core.records:
+                    elif type(a) is Unresolved and (a.gid in self.core.records or self._start_awaited(topic, a.gid)):
                         seq.submit(a.gid, now)  # it restarted past compacted history: ask again
+                    elif type(a) is Restore:
+                        self._restored(topic, a.cp, now)
+                        delivered = True
+                        log.info("mesh.order_restored topic=%s number=%d starts=%d: went on from the others' "
+                                 "checkpoint", topic, a.cp.number, len(a.cp.starts))
             if delivered:
                 self.core.pump_topic(topic)
 
@@ -462,9 +503,8 @@ class MeshNode:
                     overflow.append(to)
             elif t is lamport.Deliver:
                 gid = a.gid  # type: ignore[union-attr]
-                self._lam_count[topic] = n = self._lam_count[topic] + 1
                 self._lam_submitted[topic].discard(gid)
-                self.core.ordered(topic, n, gid, now, pump=False)  # (pumped once, below)
+                self.core.ordered(topic, a.n, gid, now, pump=False)  # type: ignore[union-attr]  # (pumped once, below)
                 delivered = True
                 life = parse_start(gid) if self._await_start else None
                 if life is not None and life[0] in self._await_start:
@@ -476,10 +516,12 @@ class MeshNode:
             elif t is lamport.ViewInstalled:
                 self.events.append(("order_view", topic, f"view={a.view} members={','.join(a.members)}"))  # type: ignore[union-attr]
                 log.info("mesh.order_view topic=%s view=%s members=%s", topic, a.view, ",".join(a.members))  # type: ignore[union-attr]
-            elif t is lamport.HistoryGap:
-                self.stats["order_history_gaps"] = self.stats.get("order_history_gaps", 0) + 1
-                log.error("mesh.order_history_gap topic=%s after=%s upto=%s: this router cannot learn that "
-                          "part of the order; its total-order subscriptions stall", topic, a.after, a.upto)  # type: ignore[union-attr]
+            elif t is lamport.Restore:
+                cp = a.cp  # type: ignore[union-attr]
+                self._restored(topic, cp, now)
+                delivered = True
+                log.info("mesh.order_restored topic=%s number=%d starts=%d: went on from the others' checkpoint",
+                         topic, cp.number, len(cp.starts))
         if delivered:
             self.core.pump_topic(topic)
         self._lamport_frames(topic, ses)
@@ -496,6 +538,11 @@ class MeshNode:
 
     def _persist_order(self) -> None:
         """The streams' durable parts that changed this pass go to disk before its frames leave."""
+        if self._persist_seq is not None:
+            for t, seq in self.seqs.items():
+                if seq.journal_pending:
+                    self._persist_seq(t, seq.take_journal())
+                    self.stats["order_persisted"] = self.stats.get("order_persisted", 0) + 1
         if self._persist is None:
             return
         for t, lam in self.lamports.items():
@@ -565,6 +612,49 @@ class MeshNode:
         for peer in self.connected:
             self.sends.append((peer, codec.encode_control([Bye(self.me, self.inc)])))
 
+    def _order_floors(self, now: float) -> None:
+        """Each total-order stream: tell the others how far this router needs no history (the
+        delivery core's floor), and compact what no router needs (docs/ordering.md, "What is
+        bounded")."""
+        core = self.core
+        for t, lam in self.lamports.items():
+            if t not in core.total:
+                continue
+            self._lamport_do(t, lam.note_floor(core.total_floor(t, now), now), now)
+            cp = self._checkpoint(t, lam.safe_floor())
+            if cp.number > lam.hbase:
+                self._lamport_do(t, lam.compact(cp, now), now)
+            self._history_full(t, lam.stats.history_full, lam.count - lam.hbase,
+                               {r: f for r, (_, f) in lam.floors.items()} | {self.me: lam.own_floor})
+        for t, seq in self.seqs.items():
+            if t not in core.total:
+                continue
+            seq.note_floor(core.total_floor(t, now), now)
+            cp = self._checkpoint(t, seq.safe_floor())
+            if cp.number >= seq.base_num:  # (it compacts what the leader says every member delivered)
+                seq.compact(cp)
+            self._history_full(t, seq.held_back, seq.next_num - seq.base_num,
+                               {r: f for r, (_, f) in seq.floors.items()} | {self.me: seq.own_floor})
+        if self.seqs:
+            self._drain_order(now)
+
+    def _checkpoint(self, topic: str, safe: int) -> Checkpoint:
+        """The delivery core's checkpoint of `topic`, compacted up to `safe` first if it is behind."""
+        if safe > self.core.total[topic].base:
+            return self.core.total_compact(topic, safe)
+        return self.core.total[topic].checkpoint()
+
+    def _history_full(self, topic: str, waits: int, kept: int, floors: dict[str, int]) -> None:
+        """Say so (once per FLOOR_INTERVAL while it lasts) when a stream stopped numbering because its
+        history is full, and which router's floor holds it back."""
+        seen = self._full_seen.get(topic, 0)
+        self._full_seen[topic] = waits
+        if waits > seen:
+            low = min(sorted(self.routers), key=lambda r: floors.get(r, 0))
+            log.error("mesh.order_history_full topic=%s kept=%d floor=%d held_back_by=%s: numbering waits "
+                      "(publishers get no credit) until every router's floor passes what is kept; a router "
+                      "that is down holds it until it is back", topic, kept, floors.get(low, 0), low)
+
     # ------------------------------------------------------------------ time
     def tick(self, now: float) -> None:
         if self.hello.hello_due(now):
@@ -590,6 +680,9 @@ class MeshNode:
         for topic, lam in self.lamports.items():
             self._lam_sessions[topic].tick(now)
             self._lamport_do(topic, lam.tick(now), now)
+        if now >= self._floors_due:
+            self._floors_due = now + FLOOR_INTERVAL
+            self._order_floors(now)
         self.core.tick(now, may_expire=self.may_expire())
 
     # ------------------------------------------------------------------ status
@@ -605,12 +698,15 @@ class MeshNode:
             "mesh": {**self.stats, "pending_attaches": len(self.gossip.pending),
                      "synced": dict(self.gossip.synced), "reachable": dict(routes.reachable)},
             "order": {t: {"algorithm": "sequencer", "sequencer": seq.coordinator, "leading": seq.leading,
-                          "state": seq.status.name.lower(), "numbered": self.core.total[t].top
-                          if t in self.core.total else 0}
+                          "state": seq.status.name.lower(), "numbered": seq.next_num - 1,
+                          "compacted": seq.base_num - 1, "history": seq.next_num - seq.base_num,
+                          "floor": seq.safe_floor(), "held_back": seq.held_back,
+                          "restored_from": seq.restored_from}
                       for t, seq in self.seqs.items()}
             | {t: {"algorithm": "lamport", "view": list(lam.installed) if lam.installed else None,
                    "members": sorted(lam.members), "state": "frozen" if lam.frozen else "normal",
-                   "numbered": self._lam_count[t], "queued": len(lam.queue),
+                   "numbered": lam.count, "compacted": lam.hbase, "history": len(lam.history),
+                   "floor": lam.safe_floor(), "queued": len(lam.queue),
                    "unacked": self._lam_sessions[t].unacked(), **dataclasses.asdict(lam.stats)}
                for t, lam in self.lamports.items()},
         }

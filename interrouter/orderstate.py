@@ -1,4 +1,5 @@
-"""The total-order streams' durable state on disk: one small file per router and topic.
+"""The total-order streams' durable state on disk: per router and topic, two small files (Lamport) or
+one journal (the sequencer).
 
 The Lamport stream's member keeps its votes and the view it installed (`LamportNode.snapshot`: a
 promise, a ballot, an accepted decision, the last commit) so that a restart is not amnesic. The
@@ -9,6 +10,14 @@ measures what that costs. Files: `<state_dir>/<router>.order.<topic, %-quoted>.j
 promise, ballot seen, installed view, lives; rewritten on every new promise) and `....decisions.json`
 (the accepted decision and the last commit, which carry histories: rewritten only when they
 change, and first, so that the small file never names a decision the big one lacks).
+
+The sequencer's member changes its votes per batch (each acceptance), so rewriting a file per change
+would cost what the history weighs: its votes go to a journal, `<router>.order.<topic>.seq.jsonl`,
+whose first line is the whole state (`SequencerNode.snapshot`) and each later line what changed
+(`SequencerNode.take_journal`), appended and fdatasync'ed once per pass before that pass's frames
+leave; the file is written again whole (atomic rename) when the compaction base moves, so it holds
+the votes from the base on. A torn last line (a crash while appending) is the vote of a message that
+never left: it is ignored.
 """
 
 from __future__ import annotations
@@ -24,8 +33,10 @@ from urllib.parse import quote
 
 from ..common.errors import OncemeshError
 from ..router.order.lamport import Snapshot
+from ..router.order.sequencer import Journal, SeqState
 from .codec import FrameError
 from .lamportcodec import decisions_from_json, decisions_to_json, snapshot_from_json, snapshot_to_json
+from .ordercodec import journal_to_json, seqstate_from_json, seqstate_to_json
 
 log = logging.getLogger("oncemesh.router")
 
@@ -57,28 +68,8 @@ class OrderStore:
             raise OrderStateError(f"order state {p} unreadable: {exc}") from exc
 
     def save(self, topic: str, doc: dict[str, Any], part: str = "") -> None:
-        t0 = time.perf_counter()
-        p = self.path(topic, part)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".tmp")
-        data = json.dumps(doc, separators=(",", ":")).encode()
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        ms = (time.perf_counter() - t0) * 1000
-        st = self.stats
-        st["writes"] += 1
-        st["bytes"] += len(data)
-        st["write_ms_total"] += ms
-        st["write_ms_max"] = max(st["write_ms_max"], ms)
-        log.info("order.state_written topic=%s part=%s bytes=%d ms=%.2f", topic, part or "votes", len(data), ms)
+        self._write(self.path(topic, part), json.dumps(doc, separators=(",", ":")).encode(), topic,
+                    part or "votes")
 
     # -- the Lamport streams' part ---------------------------------------------------------------
     def lamport_restore(self, topics: list[str]) -> dict[str, Snapshot]:
@@ -107,3 +98,78 @@ class OrderStore:
             self.save(topic, decisions_to_json(snap.accepted, snap.commit), ".decisions")
             self._decisions[topic] = (snap.accepted, snap.commit)
         self.save(topic, snapshot_to_json(replace(snap, accepted=None, commit=None)))
+
+    # -- the sequencer's part --------------------------------------------------------------------
+    def sequencer_restore(self, topics: list[str]) -> dict[str, SeqState]:
+        """The votes earlier lives of this router wrote for these topics (a topic without a file: none)."""
+        out: dict[str, SeqState] = {}
+        for t in topics:
+            p = self.path(t, ".seq").with_suffix(".jsonl")
+            try:
+                raw = p.read_bytes()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise OrderStateError(f"order state {p} unreadable: {exc}") from exc
+            lines = raw.split(b"\n")
+            docs: list[object] = []
+            for k, line in enumerate(lines):
+                if not line:
+                    continue
+                try:
+                    docs.append(json.loads(line))
+                except ValueError as exc:
+                    if k == len(lines) - 1:  # the last line, torn by a crash: its frames never left
+                        log.warning("order.state_torn_line topic=%s file=%s: ignored", t, p)
+                        break
+                    raise OrderStateError(f"order state {p} line {k + 1} unreadable: {exc}") from exc
+            try:
+                out[t] = seqstate_from_json(docs)
+            except FrameError as exc:
+                raise OrderStateError(f"order state {p}: {exc}") from exc
+            log.info("order.state_restored topic=%s life=%d votes=%d", t, out[t].life, len(out[t].votes))
+        return out
+
+    def persist_sequencer(self, topic: str, item: SeqState | list[Journal]) -> None:
+        """A whole state (written anew, atomically) or what changed since (appended); fsynced."""
+        if isinstance(item, SeqState):
+            self._write(self.path(topic, ".seq").with_suffix(".jsonl"),
+                        json.dumps(seqstate_to_json(item), separators=(",", ":")).encode() + b"\n", topic, "seq")
+            return
+        if not item:
+            return
+        t0 = time.perf_counter()
+        data = b"".join(json.dumps(journal_to_json(j), separators=(",", ":")).encode() + b"\n" for j in item)
+        fd = os.open(self.path(topic, ".seq").with_suffix(".jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self._measure(t0, len(data))
+
+    def _write(self, p: Path, data: bytes, topic: str, part: str) -> None:
+        t0 = time.perf_counter()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        ms = self._measure(t0, len(data))
+        log.info("order.state_written topic=%s part=%s bytes=%d ms=%.2f", topic, part, len(data), ms)
+
+    def _measure(self, t0: float, n: int) -> float:
+        ms = (time.perf_counter() - t0) * 1000
+        st = self.stats
+        st["writes"] += 1
+        st["bytes"] += n
+        st["write_ms_total"] += ms
+        st["write_ms_max"] = max(st["write_ms_max"], ms)
+        return ms

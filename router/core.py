@@ -126,6 +126,9 @@ class CoreConfig:
     # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
     # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
     total_topics: frozenset[str] = frozenset()
+    # total order: seconds a decided message keeps its number from being compacted while its
+    # publisher has not settled it (a resend through another router after that is numbered anew)
+    total_pin: float = 60.0
     # topics in causal order -> their causal group (a topic without a group is a group of its own)
     causal_groups: dict[str, str] = field(default_factory=dict)
 
@@ -680,6 +683,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             if ts.start_of(sid, sub.created) is None:
                 self.out.append(SubmitOrder(topic, start_key(sid, sub.created)))  # (again after a restart)
             rt.thanded_ids = handed_last  # numbered: this router learns them all (a restarted one again)
+            rt.thanded_at = now
             if resumed and (fresh or was_remote or stale_view):
                 # what it was handed elsewhere: our clients say (handed-last); others do not, and
                 # then it goes on from the lowest number held here for it

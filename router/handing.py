@@ -13,7 +13,7 @@ from .actions import (
     SendQuery,
     SubmitOrder,
 )
-from .order.total import parse_start
+from .order.total import Checkpoint, parse_start
 from .state import (
     S_ENDED,
     S_QUEUED,
@@ -176,6 +176,55 @@ class Handing:
         if pump:
             self.pump_topic(topic)
 
+    def total_floor(self: DeliveryCore, topic: str, now: float) -> int:
+        """The highest number of `topic` this router will not need again, so far: the numbers of
+        messages it holds that are not resolved (or were decided less than `total_pin` ago: their
+        publisher may resend them through another router, which must find their number), and the
+        walk of every subscription homed here, are above it. The mesh layer tells the other routers;
+        numbers up to the lowest floor of all are compacted (`total_compact`)."""
+        self._now = now
+        ts = self.total[topic]
+        f = ts.top
+        pinned = now - self.cfg.total_pin
+        for rec in self.records.values():
+            n = rec.tnum
+            if n is not None and n <= f and rec.topic == topic and (rec.pending or rec.decided >= pinned):
+                f = n - 1
+        me = self.router_id
+        for sub in self.table.live_for_topic(topic):
+            if sub.home == me and (rt := self.subs.get(sub.sid)) is not None:
+                # (the walk goes past what is resolved or not owed, with or without credit; it stops
+                # at a message owed here and not handed yet. None: where it starts is not known yet,
+                # and will be above what it needs: after its start, or what its client presents)
+                p = self._total_next(rt, topic)
+                if p is not None and p <= f:
+                    f = p - 1
+        return max(f, ts.base)
+
+    def total_compact(self: DeliveryCore, topic: str, upto: int) -> Checkpoint:
+        """Forget the numbers of `topic` up to `upto` (every router's `total_floor` reached it): what
+        stays is the checkpoint a restarted router is sent instead of them."""
+        table = self.table
+
+        def live(sid: str, life: str) -> bool:
+            sub = table.get(sid)
+            return sub is None or (sub.live and repr(sub.created) == life)  # (not in our table yet: keep)
+
+        return self.total[topic].compact(upto, live)
+
+    def total_restore(self: DeliveryCore, topic: str, cp: Checkpoint, now: float) -> None:
+        """This router restarted (or fell behind what the others compacted): it goes on from `cp`.
+        Every message numbered up to it was resolved for every subscription, so walks go on after
+        it; a message held here with a number below it that is still queued is handed (late)."""
+        self._now = now
+        ts = self.total.get(topic)
+        if ts is None or not ts.restore(cp):
+            return
+        for sub in self.table.live_for_topic(topic):
+            rt = self.subs.get(sub.sid)
+            if rt is not None and rt.tnext is not None and 0 < rt.tnext <= ts.base:
+                rt.tnext = ts.base + 1
+
     def pump_topic(self: DeliveryCore, topic: str) -> None:
         """Hand what is ready to every subscription of `topic` homed here."""
         me = self.router_id
@@ -254,10 +303,19 @@ class Handing:
         ts = self.total[topic]
         sid = rt.sid
         if rt.thanded_ids:  # what its client says it was handed: go on after the highest of them
-            nums = [ts.num.get(g) for g in rt.thanded_ids]
-            if None in nums:
-                return None  # not learned yet (this router restarted and is catching up)
-            rt.thanded = max(rt.thanded, *(n for n in nums if n is not None))
+            hi = rt.thanded
+            for g in rt.thanded_ids:
+                n = ts.num.get(g)
+                if n is None:
+                    below = ts.below_base(g)
+                    if below is None:  # a link first numbered after the checkpoint, or one it dropped:
+                        # learned soon if it is the first (this router is catching up), else compacted
+                        below = self._now - rt.thanded_at > 4 * self.cfg.stale_wait
+                    if not below:
+                        return None  # not learned yet (this router restarted and is catching up)
+                    n = ts.base  # compacted: everything up to `base` was resolved for every subscription
+                hi = max(hi, n)
+            rt.thanded = hi
             rt.thanded_ids = ()
             if rt.tnext is not None and 0 < rt.tnext <= rt.thanded:
                 rt.tnext = rt.thanded + 1
@@ -274,6 +332,8 @@ class Handing:
                 p = max(min(held), s + 1)
             else:
                 p = max(s + 1, rt.thanded + 1)
+        if p <= ts.base:
+            p = ts.base + 1  # compacted: every message up to `base` is resolved for every subscription
         seq = ts.seq
         records = self.records
         while True:

@@ -145,8 +145,8 @@ class SubRuntime:
     """Delivery-side state of one subscription homed here."""
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
-                 "notify", "arrived_at", "fifo_hi", "resend", "tnext", "thanded", "thanded_ids", "client",
-                 "cpassed")
+                 "notify", "arrived_at", "fifo_hi", "resend", "tnext", "thanded", "thanded_ids", "thanded_at",
+                 "client", "cpassed")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
@@ -170,6 +170,7 @@ class SubRuntime:
         self.tnext: int | None = None
         self.thanded = 0
         self.thanded_ids: tuple[str, ...] = ()  # presented handed-last ids whose numbers we must learn first
+        self.thanded_at = 0.0  # when they were presented
         self.client = ""  # causal order: its client (AMQP container id), whose causal past grows with it
         # causal order: dependencies of messages handed to it that it was not handed itself (not owed
         # when they came, or final): one that comes only now would be handed after what depends on it

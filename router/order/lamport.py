@@ -43,8 +43,24 @@ other side freezes when it tries, and cannot deliver anyway (it lacks ACKs): no 
 an entry it cannot rule out. After a crash every router waits one view change (Prepare, Accept,
 Commit). If fewer than ceil(n/2) members of the latest view keep their state (amnesic restarts
 before the next view forms; votes restored from disk count, below), the stream blocks: the survivors cannot know what the lost ones
-decided, and an operator must recover from the settlement log. Histories older than
-`history_limit` entries are not carried: a router that needs them reports `HistoryGap`.
+decided, and an operator must recover from the settlement log.
+
+Duplicates. A gid is stamped at most once per router, but two routers may stamp it (its publisher
+resent it elsewhere before it was delivered): only the first key is delivered, identically
+everywhere, with no memory of what was delivered long ago. A router stamps a gid only if it holds no
+entry of it, so a second stamp k2 was made before its router got the first, k1; it sent k2 before
+its ACK of k1 (FIFO), so every member holds k2 when it delivers k1 and drops it then. At a view
+change the cut is consumed in key order, skipping a gid consumed earlier in the same cut; and the
+coordinator leaves out of the decision's extra entries any whose gid a promiser holds at or below
+`upto` (it is in the cut already; a member that delivered it had dropped the other copy).
+
+Compaction. Each router tells every other (`Floor`) the number below which its embedding no longer
+needs the history (`note_floor`: `DeliveryCore.total_floor`); numbers up to the lowest floor of all
+routers (`safe_floor`; a router's new life counts as 0 until it reports) are compacted (`compact`)
+into a checkpoint (`Base`: the key and number where it ends, and `total.Checkpoint`). A member that
+needs history below it (a restarted one) is sent the checkpoint and the history after it and goes on
+from that number (`Restore`). Past `MAX_HISTORY` entries not compacted a router stamps nothing more
+(its publishers' messages wait: back-pressure) until the others' floors let it compact.
 
 Restart with disk. What a member must not forget to keep voting is small and changes only in view
 changes: its promise, the highest ballot it saw, what it accepted, the view it installed
@@ -71,6 +87,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .total import Checkpoint
+
 Ballot = tuple[int, str]  # (round number, coordinator id); a view is named by the ballot that created it
 Key = tuple[Ballot, int, str]  # (view, Lamport timestamp, origin router): the total order
 GENESIS: Ballot = (0, "")
@@ -78,6 +96,8 @@ MAX_BACKOFF = 4  # a view change retries after view_timeout * (rank + 1) * 2**mi
 MIN_KEY: Key = ((-1, ""), 0, "")
 MAX_LIVES = 16  # lives a snapshot names (restarts with disk since this router last installed a view)
 MAX_FUTURE = 100_000  # messages kept for a view not installed here yet; past it they are dropped (below)
+MAX_HISTORY = 500_000  # entries delivered and not compacted; past it this router stamps nothing more
+FLOOR_RESEND = 5.0  # a router's floor goes to the others when it moves, and at least this often
 Members = tuple[tuple[str, int], ...]  # (router id, incarnation), sorted
 
 
@@ -86,6 +106,14 @@ class Entry:
     key: Key
     gid: str
     payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """Where a history begins: the entries up to `key` (numbers up to `cp.number`) are compacted into `cp`."""
+
+    key: Key
+    cp: Checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +126,7 @@ class Decision:
     upto: Key  # entries of `base` up to this key are in the cut ...
     extra: tuple[Entry, ...]  # ... and these above it
     history: tuple[Entry, ...]  # what stale members miss, up to `upto`
-    floor: Key | None  # `history` may lack entries up to this key (retention)
+    floor: Base | None  # `history` starts after it: a member behind it goes on from its checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +169,7 @@ class Promise:
     last: Key
     held: tuple[Entry, ...]
     history: tuple[Entry, ...]
-    floor: Key | None
+    floor: Base | None  # `history` starts after it (it was compacted below)
     accepted: tuple[Ballot, Decision] | None
     commit: Commit | None  # the commit that installed `installed` (None for genesis)
 
@@ -169,7 +197,15 @@ class Commit:
     decision: Decision
 
 
-Wire = Data | Ack | Prepare | Promise | Refuse | Accept | Accepted | Commit
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """The sender's life and the number below which it no longer needs the history (`note_floor`)."""
+
+    incarnation: int
+    floor: int
+
+
+Wire = Data | Ack | Prepare | Promise | Refuse | Accept | Accepted | Commit | Floor
 
 
 # -- actions for the adapter -----------------------------------------------------------------------
@@ -184,6 +220,7 @@ class Deliver:
     gid: str
     payload: bytes
     key: Key
+    n: int  # its number: 1, 2, 3, ... the same at every router
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,11 +238,11 @@ class Orphaned:
 
 
 @dataclass(frozen=True, slots=True)
-class HistoryGap:
-    """This router will never deliver what was ordered after `after` and up to `upto`."""
+class Restore:
+    """This router is sent a checkpoint instead of the history below it: go on from `cp.number` + 1
+    (the `Deliver`s that follow are numbered from there)."""
 
-    after: Key
-    upto: Key
+    cp: Checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +251,7 @@ class ViewInstalled:
     members: tuple[str, ...]
 
 
-Action = Send | Deliver | Duplicate | Orphaned | HistoryGap | ViewInstalled
+Action = Send | Deliver | Duplicate | Orphaned | Restore | ViewInstalled
 
 
 @dataclass(slots=True)
@@ -226,6 +263,10 @@ class Counters:
     control_sent: int = 0
     view_changes: int = 0
     future_dropped: int = 0
+    duplicates_dropped: int = 0  # entries of a gid delivered under another key
+    compactions: int = 0
+    restored_from: int = 0  # the checkpoint number this router last went on from (0: none)
+    history_full: int = 0  # times stamping waited because `MAX_HISTORY` entries were not compacted
 
 
 @dataclass(slots=True)
@@ -243,12 +284,13 @@ class LamportNode:
     peer), `member_down` / `member_up` (failure detector), `tick`; each returns the actions."""
 
     def __init__(self, me: str, universe: Iterable[str], incarnation: int = 0, *, restarted: bool = False,
-                 view_timeout: float = 0.5, history_limit: int | None = None) -> None:
+                 view_timeout: float = 0.5, max_history: int = MAX_HISTORY) -> None:
         self.me = me
         self.incarnation = incarnation
         self.view_timeout = view_timeout
-        self.history_limit = history_limit
-        genesis = {r: 0 for r in universe}
+        self.max_history = max_history
+        self.universe = tuple(sorted(set(universe)))
+        genesis = {r: 0 for r in self.universe}
         self.installed: Ballot | None = None if restarted else GENESIS
         self.members: dict[str, int] = {} if restarted else dict(genesis)
         # (genesis names every member's first life 0, whatever its incarnation: see `_propose`)
@@ -266,9 +308,13 @@ class LamportNode:
         self.round: _Round | None = None
         self.clock = 0
         self.last: Key = MIN_KEY
-        self.floor: Key | None = None  # the history may lack entries up to this key
-        self.history: deque[Entry] = deque()
-        self.delivered: set[str] = set()
+        self.count = 0  # entries delivered: the number of the last one
+        self.base: Base | None = None  # the history starts after it (None: from the first entry)
+        self.history: deque[Entry] = deque()  # entries numbered `hbase` + 1 .. `count`
+        self.delivered: dict[str, int] = {}  # gid -> number, for the entries in `history`
+        self.floors: dict[str, tuple[int, int]] = {}  # router -> (incarnation, floor) it reported
+        self.own_floor = 0
+        self._floor_at = -FLOOR_RESEND
         self.queue: dict[Key, Entry] = {}
         self._heap: list[Key] = []
         self.acks: dict[Key, set[str]] = {}
@@ -286,6 +332,11 @@ class LamportNode:
     def frozen(self) -> bool:
         return self.installed is None or self.promised > self.installed or self.restored
 
+    @property
+    def hbase(self) -> int:
+        """The number of the last compacted entry (the history holds those after it)."""
+        return self.base.cp.number if self.base is not None else 0
+
     # -- durable state ----------------------------------------------------------------------------
     def snapshot(self) -> Snapshot | None:
         """What to write to disk (None: nothing worth restoring: no view installed since genesis).
@@ -297,10 +348,10 @@ class LamportNode:
 
     @classmethod
     def restore(cls, snap: Snapshot | None, me: str, universe: Iterable[str], incarnation: int, *,
-                view_timeout: float = 0.5, history_limit: int | None = None) -> LamportNode:
+                view_timeout: float = 0.5, max_history: int = MAX_HISTORY) -> LamportNode:
         """A new incarnation that remembers its votes (`snap` from an earlier one; None: amnesic)."""
         node = cls(me, universe, incarnation, restarted=True, view_timeout=view_timeout,
-                   history_limit=history_limit)
+                   max_history=max_history)
         if snap is not None:
             node.promised, node.seen, node.accepted = snap.promised, snap.seen, snap.accepted
             node.installed, node.members, node.commit = snap.installed, dict(snap.members), snap.commit
@@ -339,7 +390,53 @@ class LamportNode:
     def member_up(self, r: str, incarnation: int, now: float) -> list[Action]:
         if r != self.me:
             self.up[r] = incarnation
+            cur = self.floors.get(r)
+            if cur is not None and incarnation > cur[0]:
+                self.floors[r] = (incarnation, 0)  # a new life: nothing compacts past 0 until it reports
+            self._send(r, Floor(self.incarnation, self.own_floor))
             self._review(now, start=True)
+        return self._finish(now)
+
+    # -- compaction -------------------------------------------------------------------------------
+    def note_floor(self, floor: int, now: float) -> list[Action]:
+        """The number below which this router's embedding no longer needs the history
+        (`DeliveryCore.total_floor`): the other routers are told when it moved, and every
+        `FLOOR_RESEND` (a router that restarted, or missed it, learns it again)."""
+        floor = min(floor, self.count)
+        if floor != self.own_floor or now - self._floor_at >= FLOOR_RESEND:
+            self.own_floor, self._floor_at = floor, now
+            for r in sorted(self.up):
+                if r != self.me:
+                    self._send(r, Floor(self.incarnation, floor))
+        return self._finish(now)
+
+    def safe_floor(self) -> int:
+        """Numbers up to this one are needed by no router: the lowest floor of all (0 for a router
+        that never reported, or whose new life has not yet)."""
+        f = self.own_floor
+        for r in self.universe:
+            if r != self.me:
+                f = min(f, self.floors.get(r, (0, 0))[1])
+        return f
+
+    def compact(self, cp: Checkpoint, now: float) -> list[Action]:
+        """Forget the history up to `cp.number` (at most `safe_floor`, and `cp` what the embedding
+        keeps of those numbers): a member that needs it is sent `cp` instead."""
+        upto = min(cp.number, self.count)
+        if upto > self.hbase and upto == cp.number:
+            history, delivered = self.history, self.delivered
+            e = history[0]
+            for _ in range(upto - self.hbase):
+                e = history.popleft()
+                n = delivered.get(e.gid)
+                if n is not None and n <= upto:
+                    del delivered[e.gid]
+            self.base = Base(e.key, cp)
+            self.stats.compactions += 1
+            last = self.last
+            for k in [k for k in self.acks if k <= last]:
+                del self.acks[k]  # (acks of copies dropped as duplicates: nobody delivers those)
+            self._stamp()
         return self._finish(now)
 
     def tick(self, now: float) -> list[Action]:
@@ -370,6 +467,10 @@ class LamportNode:
 
     def _dispatch(self, frm: str, msg: Wire, now: float) -> None:
         match msg:
+            case Floor():
+                cur = self.floors.get(frm)
+                if frm in self.universe and frm != self.me and (cur is None or (msg.incarnation, msg.floor) > cur):
+                    self.floors[frm] = (msg.incarnation, msg.floor)
             case Data():
                 if self._in_view(frm, msg.entry.key[0], msg):
                     self._on_data(frm, msg.entry)
@@ -403,12 +504,22 @@ class LamportNode:
 
     # -- the ordered stream -----------------------------------------------------------------------
     def _stamp(self) -> None:
-        if self.frozen or self.me not in self.members:
+        if self.frozen or self.me not in self.members or not self.pending:
             return
         assert self.installed is not None
+        # entries kept and in flight count toward `max_history`: past it what is pending waits for
+        # the others' floors (`compact`): back-pressure
+        room = self.max_history - (self.count - self.hbase) - len(self.queue)
+        done: list[str] = []
         for gid, payload in self.pending.items():
             if gid in self.queued or gid in self.delivered:
+                done.append(gid)
                 continue
+            if room <= 0:
+                self.stats.history_full += 1
+                break
+            room -= 1
+            done.append(gid)
             self.clock += 1
             e = Entry((self.installed, self.clock, self.me), gid, payload)
             self._enqueue(e)
@@ -416,7 +527,11 @@ class LamportNode:
             for r in self.members:
                 if r != self.me:
                     self._send(r, Data(e))
-        self.pending.clear()
+        if len(done) == len(self.pending):
+            self.pending.clear()
+        else:
+            for gid in done:
+                del self.pending[gid]
         self._deliver()
 
     def _enqueue(self, e: Entry) -> None:
@@ -464,21 +579,44 @@ class LamportNode:
             if any(r not in got for r in members if r != me and r != key[2]):
                 return
             heapq.heappop(heap)
-            self._consume(self._unqueue(key))
+            e = self._unqueue(key)
+            self._consume(e, None)
+            if e.gid in self.queued:
+                # another copy, stamped elsewhere before its router got this one: every member holds
+                # it now and drops it here (see "Duplicates")
+                for k in [k for k, x in self.queue.items() if x.gid == e.gid]:
+                    self._unqueue(k)
+                    self.stats.duplicates_dropped += 1
 
-    def _consume(self, e: Entry) -> None:
+    def _consume(self, e: Entry, cut: set[str] | None) -> None:
+        """Deliver `e` next. `cut`: the gids consumed so far in this view change's cut (a gid
+        twice in one cut is delivered at its first key)."""
         if e.key <= self.last:
             return
         self.last = e.key
-        if e.gid in self.delivered:
-            return  # a second copy of a gid (resent elsewhere): skipped at the same place everywhere
-        self.delivered.add(e.gid)
+        if cut is not None:
+            if e.gid in cut:
+                self.stats.duplicates_dropped += 1
+                return
+            cut.add(e.gid)
+        self.count = n = self.count + 1
+        self.delivered[e.gid] = n
         self.pending.pop(e.gid, None)
         self.history.append(e)
-        if self.history_limit is not None and len(self.history) > self.history_limit:
-            self.floor = self.history.popleft().key
         self.stats.delivered += 1
-        self._out.append(Deliver(e.gid, e.payload, e.key))
+        self._out.append(Deliver(e.gid, e.payload, e.key, n))
+
+    def _rebase(self, base: Base) -> None:
+        """Go on from a checkpoint (the history below it is compacted everywhere)."""
+        self.last = base.key
+        self.count = base.cp.number
+        self.base = base
+        self.history.clear()
+        self.delivered.clear()
+        for key, _ in base.cp.starts:
+            self.pending.pop(key, None)  # (a start submitted again after a restart: numbered already)
+        self.stats.restored_from = base.cp.number
+        self._out.append(Restore(base.cp))
 
     # -- view changes -----------------------------------------------------------------------------
     def _wants_change(self) -> bool:
@@ -513,9 +651,10 @@ class LamportNode:
             self.durable += 1
         self._defer(m.ballot, now)
         history = () if m.after is None else tuple(e for e in self.history if e.key > m.after)
+        floor = self.base if m.after is not None and self.base is not None and m.after < self.base.key else None
         self._send(frm, Promise(m.ballot, self.incarnation, self.installed, tuple(sorted(self.members.items())),
                                 self.last, tuple(self.queue[k] for k in sorted(self.queue)), history,
-                                self.floor, self.accepted, self.commit))
+                                floor, self.accepted, self.commit))
         self._review(now, start=False)
 
     def _defer(self, ballot: Ballot, now: float) -> None:
@@ -575,8 +714,11 @@ class LamportNode:
             decision = max(prior, key=lambda a: a[0])[1]  # Paxos: keep what may have been chosen
         else:
             donor = max((p for r, p in current.items() if r not in restored), key=lambda p: p.last)
-            extra = {e.key: e for p in current.values() for e in p.held if e.key > donor.last}
-            floor = donor.floor if stale and donor.floor is not None and min(stale) < donor.floor else None
+            # a gid held at or below `upto` is in the cut: its copies above it are left out (a
+            # member that delivered it dropped them; see "Duplicates")
+            cut = {e.gid for p in current.values() for e in p.held if e.key <= donor.last}
+            extra = {e.key: e for p in current.values() for e in p.held if e.key > donor.last and e.gid not in cut}
+            floor = donor.floor if stale and donor.floor is not None and min(stale) < donor.floor.key else None
             decision = Decision(rd.ballot, base, tuple(sorted(rd.targets.items())), donor.last,
                                 tuple(extra[k] for k in sorted(extra)), donor.history if stale else (), floor)
         rd.decision = decision
@@ -629,16 +771,16 @@ class LamportNode:
             return
         self.promised = max(self.promised, m.ballot)
         old = [self.queue[k] for k in sorted(self.queue)]
-        if self.installed == d.base and not self.restored:
-            cut = {e.key: e for e in old if e.key <= d.upto}
-        else:  # stale or restarted: the decision carries what this router misses
-            if d.floor is not None and d.floor > self.last:
-                self._out.append(HistoryGap(self.last, d.floor))
-                self.last = self.floor = d.floor
-            cut = {e.key: e for e in d.history}
+        current = self.installed == d.base and not self.restored
+        if d.floor is not None and d.floor.key > self.last:
+            self._rebase(d.floor)  # restarted: the history below the others' checkpoint is compacted
+            current = False
+        # (stale or restarted: the decision carries what this router misses)
+        cut = {e.key: e for e in old if e.key <= d.upto} if current else {e.key: e for e in d.history}
         cut.update((e.key, e) for e in d.extra)
+        seen: set[str] = set()
         for k in sorted(cut):
-            self._consume(cut[k])
+            self._consume(cut[k], seen)
         self.last = max(self.last, d.upto)
         orphans = tuple(dict.fromkeys(e.gid for e in old if e.gid not in self.delivered))
         if orphans:

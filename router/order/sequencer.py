@@ -51,6 +51,17 @@ restart of the coordinator (its first message of a new life) starts an election.
    committed or delivered there until the partition heals; then the highest member wins, its promise
    round learns everything, and the others catch up from its SYNCs.
 
+Restart with disk. A member's votes (its life, crash vector, promise, and the entries it accepted or
+learned from the compaction base on) are all it must not forget to go on voting as the same life;
+they change per batch (acceptances), so the embedding keeps them as a journal (`take_journal`:
+what changed since the last call, or a whole `snapshot` when the base moved or the life changed),
+appended and fsynced before the pass's messages leave (a vote is on disk before it is cast).
+`restore` makes a new incarnation that is the same life with the same votes: it counts toward
+quorums at once and needs no RECOVER round (a group tolerates more restarts at once; a restart of
+every member goes on). It lost what it delivered: it learns the chosen entries again from the
+others (a base above its own comes with a checkpoint). A journal of a life that was recovering
+restores nothing (it was amnesic then; it recovers again).
+
 Cost in messages. Steady state, per batch of B gids: up to B REQUESTs (gids taken at routers other
 than the leader), N-1 ACCEPT, N-1 ACCEPTED and N-1 SYNC: 3(N-1) + B, so 3N-2 per gid unbatched; plus
 2(N-1) per heartbeat. Per election: N-1 COORDINATOR when the highest live router starts it, O(N^2)
@@ -58,13 +69,18 @@ ELECTION/ANSWER when the lowest does; then 2(N-1) for the promise round and 3(N-
 slot. A restart costs 4(N-1), the answers carrying the retained log. Numbering needs Q routers up and
 connected; a restart needs K others holding state.
 
-What grows: committed entries and the gid -> number map (which recognises resends) until
-`compact(upto)` drops entries that every member has delivered (`stable`, from the leader's SYNC). A
-client's resend of a compacted gid would get a new number: the embedding compacts behind the in-doubt
-horizon of its publishers. A restarted router delivers again from the highest compaction base among
-the peers that answered it (slot 1 if none compacted): downstream dedups by gid, as for any resend.
-Skipping compacted history, it cannot tell whether the gids it holds were numbered there: it hands
-them back (`Unresolved`) rather than guess.
+What grows, and compaction. Committed entries and the gid -> number map (which recognises resends)
+grow until `compact(cp)` drops the entries whose numbers are all at or below `cp.number` and that
+every member delivered (`stable`, from the leader's SYNC). How far that may go is the embedding's:
+each member tells every other (`Floor`) the number below which its delivery core needs nothing
+(`note_floor`: `DeliveryCore.total_floor`, which keeps the numbers of messages a publisher may still
+resend), and `safe_floor` is the lowest of all (a life older than the newest one known counts as 0;
+so does a member that never reported). `cp` (`total.Checkpoint`) is what the delivery core keeps of
+those numbers; it travels with the compaction base (RecoverReply, Promise, and SYNC to a member
+behind the base), and a member that starts delivering at the base (a restarted one) is handed it
+first (`Restore`). Skipping compacted history, it cannot tell whether the gids it holds were numbered
+there: it hands them back (`Unresolved`) rather than guess. Past `MAX_HISTORY` numbers not
+compacted a leader numbers nothing more (its submitters retry: back-pressure) until it can compact.
 """
 
 from __future__ import annotations
@@ -75,9 +91,12 @@ from enum import Enum
 from itertools import islice
 
 from ...common.errors import OncemeshError, RemoteProtocolError
+from .total import Checkpoint
 
 Ballot = tuple[int, int, int]  # (round, member index, life)
 NO_BALLOT: Ballot = (0, -1, 0)
+MAX_HISTORY = 500_000  # numbers committed and not compacted; past it the leader numbers nothing more
+FLOOR_RESEND = 5.0  # a member's floor goes to the others when it moves, and at least this often
 
 
 class UnknownMember(RemoteProtocolError):
@@ -134,6 +153,7 @@ class RecoverReply:
     base_num: int
     chosen: tuple[Entry, ...]
     accepted: tuple[Entry, ...]
+    cp: Checkpoint | None  # what the numbers below `base_num` left (None: nothing compacted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +170,7 @@ class Promise:
     base_num: int
     chosen: tuple[Entry, ...]
     accepted: tuple[Entry, ...]
+    cp: Checkpoint | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +202,7 @@ class Sync:
     base: int
     base_num: int
     beat: bool  # a heartbeat: always answered with SyncAck
+    cp: Checkpoint | None  # only to a member behind `base` (it goes on from there)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +217,15 @@ class Request:
     frontier: int  # the requester's next slot: below the leader's base, the leader cannot dedup
 
 
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """The number below which the sender's delivery core needs nothing (`note_floor`)."""
+
+    floor: int
+
+
 Body = (Election | Answer | Coordinator | CvQuery | CvReply | Recover | RecoverReply | Prepare | Promise
-        | Nack | Accept | Accepted | Sync | SyncAck | Request)
+        | Nack | Accept | Accepted | Sync | SyncAck | Request | Floor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +260,14 @@ class Numbered:
 
 
 @dataclass(frozen=True, slots=True)
+class Restore:
+    """This router starts delivering at a compaction base: go on from `cp` (the `Delivered` that
+    follow are numbered after the base; those at or below `cp.number` are known already)."""
+
+    cp: Checkpoint
+
+
+@dataclass(frozen=True, slots=True)
 class Unresolved:
     """This router cannot tell whether a gid submitted here has a number: it restarted (or caught up)
     past compacted history. Resubmit it if its publisher is still in doubt (then it is retained)."""
@@ -238,7 +275,7 @@ class Unresolved:
     gid: str
 
 
-Action = SendTo | Delivered | Numbered | Unresolved
+Action = SendTo | Delivered | Numbered | Unresolved | Restore
 
 
 class Status(Enum):
@@ -251,6 +288,44 @@ class Lead(Enum):
     IDLE = 1
     PREPARING = 2
     LEADING = 3
+
+
+@dataclass(frozen=True, slots=True)
+class SeqState:
+    """A member's votes (`SequencerNode.snapshot`, `restore`): life -1 means it was recovering
+    (amnesic: nothing to restore)."""
+
+    life: int
+    cv: tuple[int, ...]
+    promised: Ballot
+    base: int  # the compaction base (slot, number) and its checkpoint (None: nothing compacted)
+    base_num: int
+    cp: Checkpoint | None
+    votes: tuple[Entry, ...]  # accepted or learned, from the compaction base on
+
+
+@dataclass(frozen=True, slots=True)
+class Voted:
+    """Journal: accepted (or learned) entries."""
+
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Promised:
+    """Journal: the promise is now `ballot`."""
+
+    ballot: Ballot
+
+
+@dataclass(frozen=True, slots=True)
+class Lives:
+    """Journal: the crash vector is now `cv` (another member recovered with a new life)."""
+
+    cv: tuple[int, ...]
+
+
+Journal = Voted | Promised | Lives
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +344,7 @@ class SequencerNode:
     Unresolved) for the adapter to drain. `members` is the fixed group; `incarnation` names this life."""
 
     def __init__(self, me: str, members: Sequence[str], incarnation: str, now: float, *,
-                 bootstrap: bool = False, timing: Timing | None = None) -> None:
+                 bootstrap: bool = False, timing: Timing | None = None, max_history: int = MAX_HISTORY) -> None:
         self.members = tuple(sorted(set(members)))
         if me not in self.members:
             raise ValueError(f"{me!r} is not a member of {self.members}")
@@ -290,6 +365,18 @@ class SequencerNode:
         self.chosen: dict[int, Entry] = {}
         self.numbers: dict[str, int] = {}
         self.base = self.base_num = self.next_slot = self.next_num = 1
+        self.cp: Checkpoint | None = None  # what numbers below `base_num` left (set when base > 1)
+        self.max_history = max_history
+        self.floors: dict[str, tuple[int, int]] = {}  # member -> (life, floor) it reported
+        self.own_floor = 0
+        self._floor_at = -FLOOR_RESEND
+        self.held_back = 0  # batches not proposed: `max_history` numbers not compacted
+        self.restored_from = 0  # the checkpoint this life went on from (0: none)
+        # restart with disk: what changed since the embedding last took it (`take_journal`); None:
+        # take a whole snapshot (a new life, a compaction)
+        self._journal: list[Journal] | None = None
+        self.journaling = False  # the embedding keeps votes on disk (it takes the journal every pass)
+        self.restored = False
         self.top_chosen = 0  # highest slot learned committed
         self.delivered_any = False
         self.stable = 1  # slots below it are delivered everywhere (the leader says)
@@ -344,11 +431,14 @@ class SequencerNode:
         self._check(frm, msg)
         if 0 <= msg.life < self.cv[j]:
             return  # an older incarnation of frm
+        cv = tuple(self.cv)
         for x, life in enumerate(msg.cv):
             if life > self.cv[x] and (x != self.i or self.life < 0):
                 self.cv[x] = life
         if msg.life > self.cv[j]:
             self.cv[j] = msg.life
+        if tuple(self.cv) != cv:
+            self._note(Lives(tuple(self.cv)))
         body = msg.body
         if self.status is not Status.NORMAL:
             self._handle_recovering(frm, body, now)
@@ -362,7 +452,7 @@ class SequencerNode:
                 self.known.pop(frm, None)
                 self._send(frm, RecoverReply(nonce, self.promised, self.base, self.base_num,
                                              tuple(self.chosen[s] for s in sorted(self.chosen)),
-                                             tuple(self.acc[s] for s in sorted(self.acc))))
+                                             tuple(self.acc[s] for s in sorted(self.acc)), self.cp))
             case Election():
                 self._send(frm, Answer())
                 if self.coordinator == self.me:
@@ -409,6 +499,10 @@ class SequencerNode:
             case Request(gid, frontier):
                 if self.coordinator == self.me and frontier >= self.base:
                     self._enqueue(gid, now)
+            case Floor(floor):
+                cur = self.floors.get(frm)
+                if cur is None or (msg.life, floor) > cur:
+                    self.floors[frm] = (msg.life, floor)
 
     def tick(self, now: float) -> None:
         if self.status is not Status.NORMAL:
@@ -442,30 +536,115 @@ class SequencerNode:
             if now >= due:
                 self._push(gid, now)
 
-    def compact(self, upto: int) -> None:
-        """Forget committed entries whose numbers are all <= `upto` and that every member delivered."""
+    def note_floor(self, floor: int, now: float) -> None:
+        """The number below which this router's delivery core needs nothing (`DeliveryCore.total_floor`):
+        the other members are told when it moved, and every `FLOOR_RESEND`."""
+        floor = min(floor, self.next_num - 1)
+        if self.status is not Status.NORMAL or self.life < 0:
+            return
+        if floor != self.own_floor or now - self._floor_at >= FLOOR_RESEND:
+            self.own_floor, self._floor_at = floor, now
+            for m in self.others:
+                self._send(m, Floor(floor))
+
+    def safe_floor(self) -> int:
+        """Numbers up to this one are needed by no member: the lowest floor of all (0 for a member
+        that never reported, or whose newest life known has not yet)."""
+        f = self.own_floor
+        for m in self.others:
+            life, floor = self.floors.get(m, (-1, 0))
+            f = min(f, floor if life >= self.cv[self.idx[m]] else 0)
+        return f
+
+    def compact(self, cp: Checkpoint) -> None:
+        """Forget committed entries whose numbers are all at or below `cp.number` (at most
+        `safe_floor`) and that every member delivered; `cp` is what stays of them (sent to a member
+        that starts at the base)."""
+        if cp.number + 1 < self.base_num:
+            return  # (older than what we hold)
         while self.base < min(self.stable, self.next_slot):
             e = self.chosen[self.base]
-            if e.first + len(e.gids) - 1 > upto:
+            if e.first + len(e.gids) - 1 > cp.number:
                 break
             del self.chosen[self.base]
-            for g in e.gids:
-                self.numbers.pop(g, None)
+            for k, g in enumerate(e.gids):
+                if self.numbers.get(g) == e.first + k:
+                    del self.numbers[g]
             self.base, self.base_num = self.base + 1, e.first + len(e.gids)
+        if cp != self.cp:
+            self._journal = None  # (the votes below the base go: written whole)
+        self.cp = cp
+        self._propose_new()  # (a leader held back by `max_history`)
 
     @property
     def leading(self) -> bool:
         return self.lead is Lead.LEADING
 
+    # ------------------------------------------------------------------ restart with disk
+    def _note(self, j: Journal) -> None:
+        if self._journal is not None and self.journaling:
+            self._journal.append(j)
+
+    def snapshot(self) -> SeqState:
+        """This member's votes as a whole (life -1 while it recovers: nothing to restore)."""
+        if self.status is not Status.NORMAL or self.life < 0:
+            return SeqState(-1, tuple(self.cv), NO_BALLOT, 1, 1, None, ())
+        votes = {s: e for s, e in self.chosen.items() if s >= self.base} | {
+            s: e for s, e in self.acc.items() if s >= self.base}
+        return SeqState(self.life, tuple(self.cv), self.promised, self.base, self.base_num, self.cp,
+                        tuple(votes[s] for s in sorted(votes)))
+
+    def take_journal(self) -> SeqState | list[Journal]:
+        """What changed since the last call: the journal to append, or a whole snapshot (to write
+        instead of what was there). Its votes must be on disk before this pass's messages leave."""
+        j = self._journal
+        self._journal = []
+        return self.snapshot() if j is None else j
+
+    @property
+    def journal_pending(self) -> bool:
+        return self._journal is None or bool(self._journal)
+
+    @classmethod
+    def restore(cls, state: SeqState | None, me: str, members: Sequence[str], incarnation: str, now: float, *,
+                timing: Timing | None = None, max_history: int = MAX_HISTORY) -> SequencerNode:
+        """A new incarnation with the votes of `state` (an earlier one's, from disk): the same life,
+        voting at once. None, or a life that was recovering: an amnesic restart (it recovers)."""
+        node = cls(me, members, incarnation, now, timing=timing, max_history=max_history)
+        if state is None or state.life < 0 or len(state.cv) != len(node.members):
+            return node
+        node.out.clear()  # (no RECOVER: it is the same life)
+        node.status, node.replies = Status.NORMAL, {}
+        node.life = state.life
+        node.cv = list(state.cv)
+        node.cv[node.i] = state.life
+        node.promised = state.promised
+        node.top_round = state.promised[0]
+        if state.cp is not None and state.base > 1:  # it goes on from its own base (or a later one's)
+            node.base = node.next_slot = state.base
+            node.base_num = node.next_num = state.base_num
+            node._go_on_from(state.cp)
+        node.acc = {e.slot: e for e in state.votes if e.slot >= node.base}
+        node.restored = True
+        node.journaling = True
+        node._journal = None
+        node._start_election(now)
+        return node
+
     def _check(self, frm: str, msg: Wire) -> None:
         """What the codec cannot know: the sizes of this group. A crash vector of another length, or
         a ballot naming a member index that does not exist (only the null ballot has -1), is refused
-        (a peer with another topology file, or a bug), never used as an index."""
+        (a peer with another topology file, or a bug), never used as an index; so is a compaction
+        base above 1 without its checkpoint (or with one that does not reach below the base)."""
         n = len(self.members)
         if len(msg.cv) != n:
             raise RemoteProtocolError(f"order message from {frm!r}: crash vector of {len(msg.cv)} members, "
                                       f"this group has {n} ({', '.join(self.members)})")
         body = msg.body
+        if (isinstance(body, RecoverReply | Promise) or (isinstance(body, Sync) and body.cp is not None)) \
+                and body.base > 1 and (body.cp is None or body.cp.number + 1 < body.base_num):
+            raise RemoteProtocolError(f"order message from {frm!r}: compaction base {body.base} "
+                                          f"(number {body.base_num}) without a checkpoint that reaches it")
         ballots = [getattr(body, f) for f in ("ballot", "promised") if hasattr(body, f)]
         entries = [*getattr(body, "chosen", ()), *getattr(body, "accepted", ()), *getattr(body, "entries", ())]
         if hasattr(body, "entry"):
@@ -490,6 +669,7 @@ class SequencerNode:
             if len(self.replies) >= self.k:
                 self.life = self.cv[self.i] = self.cv[self.i] + 1
                 self.status, self.replies = Status.RECOVER, {}
+                self._journal = None  # (a new life: its journal starts over)
                 self._recover_send(now)
         elif self.status is Status.RECOVER and isinstance(body, RecoverReply) and body.nonce == self.inc:
             self.replies[frm] = body
@@ -497,10 +677,14 @@ class SequencerNode:
                 self._adopt([r for r in self.replies.values() if r is not None], now)
 
     def _adopt(self, replies: list[RecoverReply], now: float) -> None:
+        self._journal = None  # (its first votes: written whole)
         self.promised = max(r.promised for r in replies)
         self.top_round = self.promised[0]
-        self.base, self.base_num = max((r.base, r.base_num) for r in replies)
+        top = max(replies, key=lambda r: (r.base, r.base_num))
+        self.base, self.base_num = top.base, top.base_num
         self.next_slot, self.next_num = self.base, self.base_num
+        if top.cp is not None and self.base > 1:
+            self._go_on_from(top.cp)
         for r in replies:
             for e in r.chosen:
                 self._learn(e)
@@ -554,6 +738,7 @@ class SequencerNode:
         self.ballot = (max(self.top_round, self.promised[0]) + 1, self.i, self.life)
         self.top_round = self.ballot[0]
         self.promised = self.ballot
+        self._note(Promised(self.ballot))
         self.lead, self.retry_at = Lead.PREPARING, now + self.t.retry
         self.inflight.clear()
         self.votes.clear()
@@ -574,8 +759,8 @@ class SequencerNode:
             return
         valid = [p for m, (life, p) in self.promises.items() if self._counts(m, life)]
         top = max(valid, key=lambda p: p.base)
-        if top.base > self.next_slot:
-            self._jump(top.base, top.base_num)
+        if top.base > self.next_slot and top.cp is not None:
+            self._jump(top.base, top.base_num, top.cp)
         for p in valid:
             for e in p.chosen:
                 self._learn(e)
@@ -594,12 +779,16 @@ class SequencerNode:
 
     def _propose(self, e: Entry) -> None:
         self.inflight[e.slot] = self.acc[e.slot] = e
+        self._note(Voted((e,)))
         self.votes[e.slot] = {self.me: self.life}
         for m in self.others:
             self._send(m, Accept(self.ballot, e))
 
     def _propose_new(self) -> None:
         if self.lead is not Lead.LEADING or self.inflight or not self.queue or self.top_chosen >= self.next_slot:
+            return
+        if self.next_num - self.base_num >= self.max_history:
+            self.held_back += 1  # back-pressure: the members' floors must let us compact first
             return
         gids = tuple(islice(self.queue, self.t.batch))  # never numbered: _learn unqueues
         for g in gids:
@@ -639,7 +828,7 @@ class SequencerNode:
         above = range(max(from_slot, self.base), self.top_chosen + 1)
         return Promise(ballot, self.next_slot, self.base, self.base_num,
                        tuple(self.chosen[s] for s in above if s in self.chosen),
-                       tuple(self.acc[s] for s in sorted(self.acc) if s >= from_slot))
+                       tuple(self.acc[s] for s in sorted(self.acc) if s >= from_slot), self.cp)
 
     def _prepare(self, frm: str, ballot: Ballot, from_slot: int, now: float) -> None:
         self.top_round = max(self.top_round, ballot[0])
@@ -648,6 +837,7 @@ class SequencerNode:
             return
         if ballot > self.promised:
             self.promised = ballot
+            self._note(Promised(ballot))
             if self.lead is not Lead.IDLE:
                 self._preempted(ballot, now)
         self._send(frm, self._promise(ballot, from_slot))  # again if equal: our promise was lost
@@ -662,9 +852,11 @@ class SequencerNode:
             return
         if ballot > self.promised:
             self.promised = ballot
+            self._note(Promised(ballot))
             if self.lead is not Lead.IDLE:
                 self._preempted(ballot, now)
         self.acc[e.slot] = e
+        self._note(Voted((e,)))
         self._send(frm, Accepted(ballot, e.slot, self.next_slot))
 
     def _learn(self, e: Entry) -> None:
@@ -690,15 +882,24 @@ class SequencerNode:
             self.next_slot, self.next_num = self.next_slot + 1, e.first + len(e.gids)
             self.delivered_any = True
 
-    def _jump(self, base: int, base_num: int) -> None:
-        """Start delivering at `base`: only before this life delivered anything (a gap otherwise)."""
+    def _jump(self, base: int, base_num: int, cp: Checkpoint) -> None:
+        """Start delivering at `base`, going on from `cp`: only before this life delivered anything
+        (a gap otherwise)."""
         if not self.delivered_any and base > self.next_slot:
             for log in (self.chosen, self.acc):
                 for s in [s for s in log if s < base]:
                     del log[s]
             self.base = self.next_slot = base
             self.base_num = self.next_num = base_num
+            self._go_on_from(cp)
             self._give_back()
+
+    def _go_on_from(self, cp: Checkpoint) -> None:
+        """The delivery core goes on from `cp` (one that is not ahead of what it has changes nothing)."""
+        if self.cp is None or cp.number > self.cp.number or not self.restored_from:
+            self.cp = cp
+            self.restored_from = cp.number
+            self.out.append(Restore(cp))
 
     def _give_back(self) -> None:
         """Pending gids could be numbered in the history skipped: numbering them would be a guess."""
@@ -709,8 +910,8 @@ class SequencerNode:
         c = self.coordinator
         if m.beat and frm > self.me and frm != c and (c is None or frm > c or c not in self.alive):
             self._set_coordinator(frm, now)  # a leader's heartbeat doubles as its COORDINATOR
-        if m.entries and m.entries[0].slot > self.next_slot and m.base > self.next_slot:
-            self._jump(m.base, m.base_num)
+        if m.cp is not None and m.base > self.next_slot and (not m.entries or m.entries[0].slot > self.next_slot):
+            self._jump(m.base, m.base_num, m.cp)
         for e in m.entries:
             self._learn(e)
         self._deliver()
@@ -720,11 +921,12 @@ class SequencerNode:
         self._propose_new()
 
     def _sync_to(self, m: str, start: int, beat: bool) -> None:
+        cp = self.cp if start < self.base else None  # it is behind our base: it goes on from there
         start = max(start, self.base)
         entries = tuple(self.chosen[s] for s in range(start, start + self.t.sync_cap) if s in self.chosen)
         if self.lead is Lead.LEADING:
             self.stable = min([self.next_slot] + [self.known.get(o, self.base) for o in self.others])
-        self._send(m, Sync(entries, self.next_slot, self.stable, self.base, self.base_num, beat))
+        self._send(m, Sync(entries, self.next_slot, self.stable, self.base, self.base_num, beat, cp))
 
     # ------------------------------------------------------------------ submitter
     def _push(self, gid: str, now: float) -> None:

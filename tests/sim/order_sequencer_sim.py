@@ -13,8 +13,20 @@ Each seed draws a profile: N, network speed and delay spikes, fault rate, quick 
 suspicions, crashes after votes, compaction. Clients submit gids at random routers; a client whose
 router crashed, or that heard nothing for a while, resends elsewhere; some resend anyway.
 
+Compaction (some seeds): every router reports its floor now and then (`note_floor`: here the
+number before the first gid a client still waits for, which it may resend; what the delivery core
+would say) and compacts what every member's floor passed (`safe_floor`, `compact` with a checkpoint);
+a router that restarts behind the base goes on from the checkpoint (`Restore`).
+
+Restarts with disk (some seeds): every router keeps its votes as the mesh node does (a journal
+taken before each batch of its messages leaves, through the JSON of its file), and a crash may
+restart it from them (the same life, voting at once). Those crashes do not count toward the N - Q
+routers crashed or recovering at once (only amnesic ones do): with disk, all of them may be down
+together, and some seeds restart every router at once.
+
 Checked at every action: one gid per number, one number per gid, each incarnation delivers
-consecutive numbers (from 1 unless the seed compacts) agreeing with every other, `Numbered` agrees.
+consecutive numbers (from 1, or after the checkpoint it went on from; numbers at or below that
+checkpoint it may be told again and ignores) agreeing with every other, `Numbered` agrees.
 At the end, after healing every fault (and calming the network) and running on: numbers are exactly
 1..M, every gid has one and every client was told it, every router delivered all M, all take the
 highest router for coordinator and it leads.
@@ -22,22 +34,27 @@ highest router for coordinator and it leads.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from oncemesh.interrouter.ordercodec import journal_to_json, seqstate_from_json, seqstate_to_json
 from oncemesh.router.order.sequencer import (
     Accepted,
     Delivered,
     Numbered,
     Promise,
     RecoverReply,
+    Restore,
     SendTo,
+    SeqState,
     SequencerNode,
     Status,
     Unresolved,
     Wire,
 )
+from oncemesh.router.order.total import Checkpoint
 from tests.sim.kernel import Network, Scheduler, Violation
 
 TICK = 0.05
@@ -61,6 +78,9 @@ class Router:
     inbox: deque[tuple[Any, ...]] = field(default_factory=deque)
     belief: dict[str, bool] = field(default_factory=dict)
     last: int | None = None  # last number this incarnation delivered
+    restored: int = 0  # the checkpoint it went on from
+    disk: list[Any] = field(default_factory=list)  # its journal file: JSON lines (with disk)
+    amnesic: bool = False  # down without its votes (counts toward N - Q)
 
 
 class OrderSim:
@@ -81,18 +101,23 @@ class OrderSim:
         self.quick_restart = rng.random() < 0.5
         self.suspicion = rng.choice([0.0, 0.0, 0.3, 1.0])  # false suspicions per second per router
         self.vote_crash = rng.choice([0.0, 0.01, 0.03])  # chance a router dies right after it votes
+        self.with_disk = rng.random() < 0.4  # routers keep their votes on disk; crashes restore them
         self.profile = (f"N={self.n} compacting={self.compacting} slow={self.slow} spike={self.spike} "
-                        f"quick_restart={self.quick_restart} suspicion={self.suspicion} vote_crash={self.vote_crash}")
+                        f"quick_restart={self.quick_restart} suspicion={self.suspicion} vote_crash={self.vote_crash} "
+                        f"disk={self.with_disk}")
         self.trace: deque[str] = deque(maxlen=80)
         self.routers = {r: Router(r, SequencerNode(r, self.ids, f"{r}.0", 0.0, bootstrap=True), f"{r}.0")
                         for r in self.ids}
+        for r in self.routers.values():
+            assert r.node is not None
+            r.node.journaling = self.with_disk
         self.restarts = dict.fromkeys(self.ids, 0)
         self.cuts: dict[frozenset[str], int] = {}
         self.num2gid: dict[int, str] = {}
         self.gid2num: dict[str, int] = {}
         self.clients: dict[str, Client] = {}
         self.stats = {"crash": 0, "leader_crash": 0, "freeze": 0, "partition": 0, "msgs": 0, "resend": 0,
-                      "unresolved": 0}
+                      "unresolved": 0, "compactions": 0, "restores": 0, "disk_restarts": 0, "all_down": 0}
         count = gids if gids is not None else rng.randint(40, 240)
         for k in range(count):
             self._at(rng.uniform(0.0, duration), "submit", f"g{k}", None)
@@ -148,6 +173,12 @@ class OrderSim:
     def _drain(self, r: Router) -> None:
         node = r.node
         assert node is not None
+        if self.with_disk and node.journal_pending:  # (on disk before its messages leave)
+            j = node.take_journal()
+            if isinstance(j, SeqState):
+                r.disk = [json.loads(json.dumps(seqstate_to_json(j)))]
+            else:
+                r.disk += [json.loads(json.dumps(journal_to_json(x))) for x in j]
         out, node.out = node.out, []
         voted = False
         for a in out:
@@ -158,6 +189,11 @@ class OrderSim:
                 self._delivered(r, a.n, a.gid)
             elif isinstance(a, Numbered):
                 self._numbered(r, a.gid, a.n)
+            elif isinstance(a, Restore):
+                if r.last is not None and r.last > a.cp.number:
+                    self.fail(f"{r.inc} restored to {a.cp.number} after delivering {r.last}")
+                r.last = r.restored = a.cp.number
+                self.stats["restores"] += 1
             elif isinstance(a, Unresolved):
                 self.stats["unresolved"] += 1
                 c = self.clients[a.gid]
@@ -175,9 +211,11 @@ class OrderSim:
 
     def _delivered(self, r: Router, n: int, gid: str) -> None:
         self._commit(n, gid, f"{r.inc} delivered")
+        if n <= r.restored:
+            return  # at or below the checkpoint it went on from: known already (the core ignores it)
         if r.last is None:
-            if n != 1 and not self.compacting:
-                self.fail(f"{r.inc} started delivering at {n}, not 1")
+            if n != 1:
+                self.fail(f"{r.inc} started delivering at {n}, not 1 (and went on from no checkpoint)")
         elif n != r.last + 1:
             self.fail(f"{r.inc} delivered {n} after {r.last}: a gap or a repeat")
         r.last = n
@@ -272,8 +310,15 @@ class OrderSim:
         doubt = [self.gid2num.get(c.gid, 1 << 30) for c in self.clients.values() if c.number is None]
         horizon = min(doubt, default=1 << 30) - 1
         for r in self.routers.values():
-            if r.node is not None and r.frozen_until is None:
-                r.node.compact(horizon)
+            node = r.node
+            if node is not None and r.frozen_until is None:
+                node.note_floor(horizon, self.now)
+                safe = node.safe_floor()
+                if safe > node.base_num - 1:
+                    before = node.base
+                    node.compact(Checkpoint(safe, (), ()))
+                    self.stats["compactions"] += node.base > before
+                self._drain(r)
 
     def _submit(self, c: Client, exclude: str | None = None) -> None:
         live = [r for r in self.ids if self.up(r) and r != exclude] or [r for r in self.ids if self.up(r)]
@@ -300,12 +345,31 @@ class OrderSim:
     def _ev_fault(self, kind: str, target: str | None = None) -> None:
         rng = self.rng
         live = [r for r in self.ids if self.up(r)]
+        if not live:
+            return
         if kind == "crash":
-            weak = sum(1 for r in self.routers.values() if r.node is None or r.node.status is not Status.NORMAL)
-            if weak >= self.n - self.quorum or (target is not None and not self.up(target)):
+            # (only routers without their votes count: down amnesic, or recovering)
+            weak = sum(1 for r in self.routers.values()
+                       if (r.node is None and r.amnesic) or (r.node is not None and r.node.status is not Status.NORMAL))
+            if (weak >= self.n - self.quorum and not self.with_disk) or (target is not None and not self.up(target)):
+                return
+            if self.with_disk and rng.random() < 0.05 and target is None:
+                self.stats["all_down"] += 1  # every router at once, restarted from disk
+                leaders = [r for r in live if self.routers[r].node.leading]  # type: ignore[union-attr]
+                for v in live:
+                    node = self.routers[v].node
+                    self.routers[v].amnesic = node is not None and node.status is not Status.NORMAL
+                    self._crash(v, leaders)
+                    self._at(self.now + rng.uniform(0.05, 1.0), "restart", v)
                 return
             leaders = [r for r in live if self.routers[r].node.leading]  # type: ignore[union-attr]
             victim = target or (rng.choice(leaders) if leaders and rng.random() < 0.5 else rng.choice(live))
+            # with disk, now and then one loses it anyway (within N - Q, as an amnesic crash)
+            vr = self.routers[victim]
+            recovering = vr.node is not None and vr.node.status is not Status.NORMAL  # (counted in weak)
+            vr.amnesic = not self.with_disk or recovering or (weak < self.n - self.quorum and rng.random() < 0.2)
+            if weak >= self.n - self.quorum and vr.amnesic and not recovering:
+                return
             self._crash(victim, leaders)
             back = rng.uniform(0.005, 0.15) if self.quick_restart and rng.random() < 0.7 else rng.uniform(0.3, 2.0)
             self._at(self.now + back, "restart", victim)
@@ -340,7 +404,7 @@ class OrderSim:
         self.stats["crash"] += 1
         self.stats["leader_crash"] += victim in leaders
         self._log(f"crash {r.inc}{' (leader)' if victim in leaders else ''}")
-        r.node, r.frozen_until, r.last = None, None, None
+        r.node, r.frozen_until, r.last, r.restored = None, None, None, 0
         r.inbox.clear()
         for o in self.ids:
             self.net.reset(o, victim)
@@ -356,8 +420,14 @@ class OrderSim:
         self.restarts[victim] += 1
         r.inc = f"{victim}.{self.restarts[victim]}"
         r.belief = {}
-        r.node = SequencerNode(victim, self.ids, r.inc, self.now)
-        self._log(f"restart {r.inc}")
+        if self.with_disk and not r.amnesic and r.disk:
+            r.node = SequencerNode.restore(seqstate_from_json(r.disk), victim, self.ids, r.inc, self.now)
+            self.stats["disk_restarts"] += r.node.restored
+        else:
+            r.node = SequencerNode(victim, self.ids, r.inc, self.now)
+            r.node.journaling = self.with_disk
+        r.amnesic = False
+        self._log(f"restart {r.inc}{' from disk' if r.node.restored else ''}")
         self._drain(r)
         self._detect_all(self.now)
         for c in self.clients.values():  # clients of the dead incarnation fail over

@@ -21,14 +21,16 @@ from oncemesh.router.order.lamport import (
     Commit,
     Deliver,
     Duplicate,
-    HistoryGap,
+    Floor,
     LamportNode,
     Orphaned,
+    Restore,
     Send,
     Snapshot,
     ViewInstalled,
     Wire,
 )
+from oncemesh.router.order.total import Checkpoint
 
 
 class Net:
@@ -265,17 +267,124 @@ def test_a_restarted_router_is_handed_the_history_it_lost() -> None:
     assert net.delivered("C", inc=0) == ["a1"]
 
 
-def test_history_beyond_retention_is_reported_as_a_gap() -> None:
-    net = Net(history_limit=1)
-    net.crash("C")
-    net.settle()
-    for g in ("x", "y", "z"):
+def floors(net: Net, upto: int | None = None) -> None:
+    """Every live router reports its floor (`upto`, or everything it delivered) and compacts what
+    every router's floor passed (the mesh node's `_order_floors`)."""
+    for _ in range(2):  # (the reports travel; then every router knows every floor)
+        for r in net.ids:
+            if net.alive[r]:
+                node = net.nodes[r]
+                net.apply(r, node.note_floor(node.count if upto is None else upto, net.now))
+        net.drain()
+    for r in net.ids:
+        if net.alive[r]:
+            node = net.nodes[r]
+            safe = node.safe_floor()
+            if safe > node.hbase:
+                net.apply(r, node.compact(Checkpoint(safe, (("~s~1.0", 1),), ()), net.now))
+
+
+def numbers(net: Net, r: str) -> list[int]:
+    return [a.n for a in net.log[(r, net.inc[r])] if isinstance(a, Deliver)]
+
+
+def test_history_every_router_passed_is_compacted_and_a_restarted_router_goes_on_from_the_checkpoint() -> None:
+    net = Net()
+    for g in ("x", "y"):
         net.publish("A", g)
+    net.settle()
+    floors(net)
+    assert all(net.nodes[r].hbase == 2 and not net.nodes[r].history for r in "ABC")
+    net.crash("C")
+    net.publish("B", "z")
     net.settle()
     net.restart("C")
     net.settle()
-    assert len(net.actions("C", HistoryGap)) == 1
-    assert net.delivered("C") == ["z"]
+    [restore] = net.actions("C", Restore)
+    assert restore.cp.number == 2 and restore.cp.starts == (("~s~1.0", 1),)
+    assert net.delivered("C") == ["z"] and numbers(net, "C") == [3] == numbers(net, "B")[-1:]
+    assert net.nodes["C"].count == net.nodes["A"].count == 3
+
+
+def test_nothing_is_compacted_past_the_floor_of_a_router_that_is_down_or_has_not_reported() -> None:
+    net = Net()
+    net.publish("A", "x")
+    net.settle()
+    net.crash("C")  # its floor (never reported) counts as 0
+    net.publish("B", "y")
+    net.settle()
+    floors(net)
+    assert net.nodes["A"].safe_floor() == 0 and net.nodes["A"].hbase == 0
+    net.restart("C")
+    net.settle()
+    floors(net)  # its new life reported too: now everything goes
+    assert all(net.nodes[r].hbase == 2 for r in "ABC")
+    net.crash("B")  # down: its last floor (2) stands
+    net.publish("A", "z")
+    net.settle()
+    floors(net)
+    assert net.nodes["A"].safe_floor() == 2 and net.nodes["A"].hbase == 2
+
+
+def test_a_new_life_counts_as_zero_until_it_reports() -> None:
+    net = Net()
+    net.publish("A", "x")
+    net.settle()
+    floors(net)
+    assert net.nodes["A"].floors["C"] == (0, 1)
+    net.crash("C")
+    net.restart("C")  # A learns C's new incarnation before C reports
+    assert net.nodes["A"].floors["C"] == (1, 0) and net.nodes["A"].safe_floor() == 0
+    net.apply("C", net.nodes["C"].note_floor(0, net.now))  # (C delivered nothing yet: count 0)
+    net.drain()
+    assert net.nodes["A"].floors["C"] == (1, 0)
+    net.nodes["A"].handle("C", Floor(0, 5), net.now)  # an older life's report is ignored
+    assert net.nodes["A"].floors["C"] == (1, 0)
+
+
+def test_past_max_history_a_router_stamps_nothing_until_it_can_compact() -> None:
+    net = Net(max_history=2)
+    for g in ("a", "b"):
+        net.publish("A", g)
+    net.settle()
+    net.publish("A", "c")  # A's history is full: back-pressure
+    net.settle()
+    assert net.delivered("B") == ["a", "b"] and "c" in net.nodes["A"].pending
+    assert net.nodes["A"].stats.history_full > 0
+    floors(net)
+    net.settle()
+    assert net.delivered("B") == ["a", "b", "c"] and not net.nodes["A"].pending
+
+
+def test_a_copy_stamped_before_its_router_got_the_first_is_dropped_when_the_first_is_delivered() -> None:
+    net = Net()
+    net.publish("A", "g")
+    net.publish("B", "g")  # B stamps it too, before A's copy reaches it
+    net.settle()
+    for r in "ABC":
+        assert net.delivered(r) == ["g"] and not net.nodes[r].queue
+    assert sum(net.nodes[r].stats.duplicates_dropped for r in "ABC") == 3
+
+
+def test_a_second_copy_left_in_the_cut_is_dropped_everywhere_also_after_compaction() -> None:
+    """A view change whose cut holds both copies of a gid, and a restarted member sent a checkpoint:
+    each router delivers the gid once, at the same number."""
+    net = Net("ABCD")
+    net.publish("D", "x")
+    net.settle()
+    floors(net)
+    net.publish("A", "g")
+    net.publish("B", "g")
+    net.step("A", "C")
+    net.step("B", "C")
+    net.step("A", "B")
+    net.step("B", "A")  # everybody but D holds both; nobody can deliver without D's ACKs
+    net.crash("D")
+    net.settle()
+    net.restart("D")
+    net.settle()
+    for r in "ABCD":
+        assert net.delivered(r)[-1:] == ["g"] and numbers(net, r)[-1:] == [2]
 
 
 def test_a_decision_accepted_before_the_coordinator_died_is_installed_unchanged() -> None:

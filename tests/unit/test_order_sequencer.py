@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from oncemesh.common.errors import RemoteProtocolError
+from oncemesh.interrouter.ordercodec import journal_to_json, seqstate_from_json, seqstate_to_json
 from oncemesh.router.order.sequencer import (
     Accept,
     Accepted,
@@ -24,18 +26,22 @@ from oncemesh.router.order.sequencer import (
     CvQuery,
     Delivered,
     Entry,
+    Floor,
     Nack,
     Numbered,
     Prepare,
     Promise,
     Request,
+    Restore,
     SendTo,
+    SeqState,
     SequencerNode,
     Status,
     UnknownMember,
     Unresolved,
     Wire,
 )
+from oncemesh.router.order.total import Checkpoint
 
 
 class Net:
@@ -51,6 +57,25 @@ class Net:
         self.told: dict[str, int] = {}
         self.bodies: set[type] = set()
         self.unresolved: list[tuple[str, str]] = []
+        self.restored: dict[str, Checkpoint] = {}  # incarnation -> the checkpoint it went on from
+        self.disk: dict[str, list[object]] = {}  # router -> its journal file's lines (with `journaling`)
+        self.collect()
+
+    def floors(self, routers: str, now: float, upto: int | None = None) -> None:
+        """Each router reports its floor (everything it delivered, or `upto`) to the others, the
+        reports are delivered, and each compacts what every member's floor passed."""
+        for r in routers:
+            node = self.node(r)
+            node.note_floor(node.next_num - 1 if upto is None else upto, now)
+        self.collect()
+        for a in routers:
+            for b in routers:
+                q = self.chan[(a, b)]
+                while q and type(q[0].body) is Floor:
+                    self.step(a, b, now)
+        for r in routers:
+            node = self.node(r)
+            node.compact(Checkpoint(node.safe_floor(), (), ()))
         self.collect()
 
     def node(self, r: str) -> SequencerNode:
@@ -69,6 +94,10 @@ class Net:
         for r, node in self.nodes.items():
             if node is None:
                 continue
+            if node.journaling and node.journal_pending:  # on disk before its messages leave
+                j = node.take_journal()
+                self.disk[r] = [seqstate_to_json(j)] if isinstance(j, SeqState) else \
+                    self.disk.get(r, []) + [journal_to_json(x) for x in j]
             out, node.out = node.out, []
             for a in out:
                 if isinstance(a, SendTo):
@@ -77,14 +106,21 @@ class Net:
                     self.chan[(r, a.to)].append(a.msg)
                 elif isinstance(a, Delivered):
                     self._commit(a.n, a.gid)
+                    cp = self.restored.get(self.inc(r))
+                    if cp is not None and a.n <= cp.number:
+                        continue  # known from its checkpoint (the delivery core ignores it)
                     seq = self.delivered[self.inc(r)]
                     assert not seq or a.n == seq[-1][0] + 1, f"{self.inc(r)} delivered {a.n} after {seq[-1]}"
+                    assert seq or a.n == (cp.number + 1 if cp else 1), f"{self.inc(r)} started at {a.n}"
                     seq.append((a.n, a.gid))
                 elif isinstance(a, Numbered):
                     self._commit(a.n, a.gid)
                     self.told[a.gid] = a.n
                 elif isinstance(a, Unresolved):
                     self.unresolved.append((self.inc(r), a.gid))
+                elif isinstance(a, Restore):
+                    assert not self.delivered[self.inc(r)], f"{self.inc(r)} restored after delivering"
+                    self.restored[self.inc(r)] = a.cp
 
     def step(self, src: str, dst: str, now: float = 1.0) -> type:
         """Deliver the head of the channel src -> dst; return the type of its body."""
@@ -110,9 +146,14 @@ class Net:
         self.nodes[r] = None
         self.drop(dst=r)  # what was on the way to it is lost; what it sent still arrives
 
-    def restart(self, r: str, now: float) -> None:
+    def restart(self, r: str, now: float, disk: bool = False) -> None:
+        """A new incarnation: amnesic (it recovers), or `disk`: restored from its journal."""
         self.lives[r] += 1
-        self.nodes[r] = SequencerNode(r, self.ids, self.inc(r), now)
+        if disk:
+            state = seqstate_from_json(json.loads(json.dumps(self.disk[r])))
+            self.nodes[r] = SequencerNode.restore(state, r, self.ids, self.inc(r), now)
+        else:
+            self.nodes[r] = SequencerNode(r, self.ids, self.inc(r), now)
         self.collect()
 
     def view(self, *groups: str, now: float = 1.0) -> None:
@@ -166,7 +207,8 @@ def test_every_message_is_plain_data() -> None:
     net.crash("C")
     net.restart("C", t)
     net.view("ABCDE")
-    net.run("ABCDE", t, t + 3.0)
+    t = net.run("ABCDE", t, t + 3.0)
+    net.floors("ABCDE", t)
     assert set(typing.get_args(Body)) == net.bodies  # every kind went through json.dumps
 
 
@@ -387,9 +429,8 @@ def test_compaction_drops_what_everyone_delivered_and_late_requests_from_behind_
     t = net.run("ABC", t, t + 1.5)  # heartbeats spread the stable mark
     c = net.node("C")
     assert c.leading and c.stable == c.next_slot
-    for r in "ABC":
-        net.node(r).compact(4)
-    assert c.base > 1 and "g0" not in c.numbers and "g5" in c.numbers
+    net.floors("ABC", t, upto=4)
+    assert c.base > 1 and "g0" not in c.numbers and "g5" in c.numbers and c.cp == Checkpoint(4, (), ())
     assert all(e.first + len(e.gids) - 1 > 4 for e in c.chosen.values())
     net.submit("A", "g5", t)  # still retained: the same number
     assert net.told["g5"] == net.numbers["g5"]
@@ -409,8 +450,7 @@ def test_a_router_restarted_past_compacted_history_hands_back_what_it_held() -> 
         net.submit("C", f"g{k}", t)
         t = net.run("ABC", t, t + 0.3)
     t = net.run("ABC", t, t + 1.5)
-    for r in "BC":
-        net.node(r).compact(3)
+    net.floors("ABC", t, upto=3)
     net.crash("A")
     net.restart("A", t)
     net.submit("A", "g0", t)
@@ -421,6 +461,100 @@ def test_a_router_restarted_past_compacted_history_hands_back_what_it_held() -> 
     net.submit("A", "g9", t)
     net.run("ABC", t, t + 1.0)
     assert net.numbers == {"g0": 1, "g1": 2, "g2": 3, "g3": 4, "g9": 5} and net.told["g9"] == 5
+    assert net.restored["A.1"] == Checkpoint(3, (), ())  # it went on from the others' checkpoint
+    assert net.delivered["A.1"] == [(4, "g3"), (5, "g9")]
+
+
+def test_nothing_is_compacted_past_a_member_that_never_reported_or_whose_new_life_has_not() -> None:
+    net, t = settled()
+    for k in range(3):
+        net.submit("C", f"g{k}", t)
+        t = net.run("ABC", t, t + 0.3)
+    t = net.run("ABC", t, t + 1.5)
+    net.floors("BC", t)  # A has not reported: it counts as 0
+    assert all(net.node(r).base == 1 for r in "ABC") and net.node("C").safe_floor() == 0
+    net.floors("ABC", t)
+    assert all(net.node(r).base > 1 for r in "ABC") and net.node("C").safe_floor() == 3
+    net.crash("A")
+    net.restart("A", t)
+    t = net.run("ABC", t, t + 1.0)  # its new life is known (crash vectors): its old report is void
+    assert net.node("C").safe_floor() == 0
+    net.floors("ABC", t)
+    assert net.node("C").safe_floor() == 3
+
+
+def test_past_max_history_the_leader_numbers_nothing_until_it_can_compact() -> None:
+    net = Net("ABC")
+    for r in "ABC":
+        net.nodes[r] = SequencerNode(r, net.ids, f"{r}.0", 0.0, bootstrap=True, max_history=2)
+    net.collect()
+    net.view("ABC")
+    t = net.run("ABC", 0.0, 2.0)
+    for k in range(3):
+        net.submit("A", f"g{k}", t)
+        t = net.run("ABC", t, t + 0.3)
+    t = net.run("ABC", t, t + 1.0)
+    assert sorted(net.numbers) == ["g0", "g1"] and net.node("C").held_back > 0
+    net.floors("ABC", t)
+    t = net.run("ABC", t, t + 1.0)
+    assert net.numbers["g2"] == 3
+
+
+def test_a_promise_or_recover_reply_with_a_base_and_no_checkpoint_is_refused() -> None:
+    net, t = settled()
+    bad = Wire(0, (0, 0, 0), Promise((9, 0, 0), 5, 3, 7, (), (), None))
+    with pytest.raises(RemoteProtocolError, match="checkpoint"):
+        net.node("B").handle("A", bad, t)
+
+
+def test_every_member_restarting_with_its_votes_at_once_goes_on_numbering_in_one_order() -> None:
+    """Without disk a restart of every member stops numbering for good (none can recover: nobody
+    holds state); with their votes journaled each restarted life is the same one, voting at once:
+    what was committed keeps its number, what was accepted and not committed is committed as it was,
+    and numbering goes on from the checkpoint they compacted to."""
+    net = Net("ABC")
+    for r in "ABC":
+        net.node(r).journaling = True
+    net.view("ABC")
+    t = net.run("ABC", 0.0, 2.0)
+    for k in range(4):
+        net.submit("ABC"[k % 3], f"g{k}", t)
+        t = net.run("ABC", t, t + 0.3)
+    t = net.run("ABC", t, t + 1.0)
+    net.floors("ABC", t, upto=2)
+    assert net.node("C").leading
+    net.submit("C", "g4", t)  # the leader proposes it; its Accept reaches A and B (their votes are
+    for b in "AB":            # journaled), then every member dies before anyone learns it committed
+        while net.chan[("C", b)] and net.step("C", b, t) is not Accept:
+            pass
+    for r in "ABC":
+        net.crash(r)
+    for r in "ABC":
+        net.restart(r, t, disk=True)
+        assert net.node(r).status is Status.NORMAL and net.node(r).restored
+    net.view("ABC", now=t)
+    t = net.run("ABC", t, t + 3.0)
+    net.submit("B", "g5", t)
+    t = net.run("ABC", t, t + 2.0)
+    assert [net.committed[n] for n in sorted(net.committed)][:4] == ["g0", "g1", "g2", "g3"]
+    assert set(net.committed.values()) >= {"g4", "g5"} and len(net.committed) == 6
+    for r in "ABC":
+        assert net.restored[net.inc(r)] == Checkpoint(2, (), ())
+        assert net.delivered[net.inc(r)] == [(n, net.committed[n]) for n in range(3, 7)]
+
+
+def test_a_journal_of_a_recovering_life_restores_nothing() -> None:
+    net, t = settled()
+    for r in "ABC":
+        net.node(r).journaling = True
+    net.collect()
+    net.crash("A")
+    net.restart("A", t)  # amnesic: recovering, its journal says so
+    net.node("A").journaling = True
+    net.collect()
+    net.crash("A")
+    net.restart("A", t, disk=True)
+    assert net.node("A").status is Status.LEARN_LIFE and not net.node("A").restored
 
 
 # ---------------------------------------------------------------------- random schedules

@@ -8,6 +8,7 @@ an encoding (it re-encodes to the same bytes), so a mutation is either refused o
 from __future__ import annotations
 
 import json
+import types
 import typing
 from typing import Any
 
@@ -31,18 +32,21 @@ from oncemesh.router.order.sequencer import (
     Delivered,
     Election,
     Entry,
+    Floor,
     Nack,
     Prepare,
     Promise,
     Recover,
     RecoverReply,
     Request,
+    Restore,
     SendTo,
     SequencerNode,
     Sync,
     SyncAck,
     Wire,
 )
+from oncemesh.router.order.total import Checkpoint
 
 # ---------------------------------------------------------------------- strategies
 
@@ -51,6 +55,8 @@ names = st.text(max_size=8)
 ballots = st.tuples(nats, st.integers(min_value=-1, max_value=2**31), nats) | st.just(NO_BALLOT)
 entries = st.builds(Entry, nats, ballots, nats, st.lists(names, max_size=4).map(tuple))
 entry_tuples = st.lists(entries, max_size=3).map(tuple)
+numbered = st.lists(st.tuples(names, nats), max_size=3).map(tuple)
+checkpoints = st.none() | st.builds(Checkpoint, nats, numbered, numbered)
 
 BODIES: dict[type, st.SearchStrategy[Any]] = {
     Election: st.just(Election()),
@@ -59,19 +65,20 @@ BODIES: dict[type, st.SearchStrategy[Any]] = {
     CvQuery: st.builds(CvQuery, names),
     CvReply: st.builds(CvReply, names),
     Recover: st.builds(Recover, names),
-    RecoverReply: st.builds(RecoverReply, names, ballots, nats, nats, entry_tuples, entry_tuples),
+    RecoverReply: st.builds(RecoverReply, names, ballots, nats, nats, entry_tuples, entry_tuples, checkpoints),
     Prepare: st.builds(Prepare, ballots, nats),
-    Promise: st.builds(Promise, ballots, nats, nats, nats, entry_tuples, entry_tuples),
+    Promise: st.builds(Promise, ballots, nats, nats, nats, entry_tuples, entry_tuples, checkpoints),
     Nack: st.builds(Nack, ballots, ballots),
     Accept: st.builds(Accept, ballots, entries),
     Accepted: st.builds(Accepted, ballots, nats, nats),
-    Sync: st.builds(Sync, entry_tuples, nats, nats, nats, nats, st.booleans()),
+    Sync: st.builds(Sync, entry_tuples, nats, nats, nats, nats, st.booleans(), checkpoints),
     SyncAck: st.builds(SyncAck, nats, ballots),
     Request: st.builds(Request, names, nats),
+    Floor: st.builds(Floor, nats),
 }
 TAGS = {Election: "E", Answer: "AN", Coordinator: "C", CvQuery: "CQ", CvReply: "CR", Recover: "R",
         RecoverReply: "RR", Prepare: "PR", Promise: "PM", Nack: "N", Accept: "AC", Accepted: "AD", Sync: "S",
-        SyncAck: "SA", Request: "RQ"}  # as in docs/wire-protocol.md
+        SyncAck: "SA", Request: "RQ", Floor: "FL"}  # as in docs/wire-protocol.md
 
 
 def wires(body: st.SearchStrategy[Any]) -> st.SearchStrategy[Wire]:
@@ -88,11 +95,20 @@ def check(v: Any, hint: Any, where: str) -> None:
     if hint == Ballot:
         assert type(v) is tuple and len(v) == 3 and all(type(i) is int for i in v), where
         assert v[0] >= 0 and v[1] >= -1 and v[2] >= 0, where
+    elif typing.get_origin(hint) in (types.UnionType, typing.Union):  # X | None
+        if v is not None:
+            (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+            check(v, inner, where)
     elif typing.get_origin(hint) is tuple:
-        item, _ = typing.get_args(hint)  # tuple[X, ...]
+        args = typing.get_args(hint)
         assert type(v) is tuple, where
-        for k, i in enumerate(v):
-            check(i, item, f"{where}[{k}]")
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]
+            for k, i in enumerate(v):
+                check(i, args[0], f"{where}[{k}]")
+        else:
+            assert len(v) == len(args), where
+            for k, (i, h) in enumerate(zip(v, args, strict=True)):
+                check(i, h, f"{where}[{k}]")
     elif hint is int:
         assert type(v) is int and v >= 0, where
     elif hint in (str, bool):
@@ -149,8 +165,14 @@ def test_orders_share_a_control_frame_with_other_messages(ords: list[Order], gid
 def test_the_layout_is_the_documented_one() -> None:
     o = Order("B", "A", "t", Wire(2, (1, 2), Accept((3, 1, 2), Entry(5, (3, 1, 2), 9, ("g", "h")))))
     assert codec.encode_control([o]) == b'C[["O","A","B","t",[2,[1,2],["AC",[3,1,2],[5,[3,1,2],9,["g","h"]]]]]]'
-    s = Wire(-1, (0, 0), Sync((), 1, 1, 1, 1, True))
-    assert wire_to_list(s) == [-1, (0, 0), ["S", [], 1, 1, 1, 1, True]]
+    s = Wire(-1, (0, 0), Sync((), 1, 1, 1, 1, True, None))
+    assert wire_to_list(s) == [-1, (0, 0), ["S", [], 1, 1, 1, 1, True, None]]
+    cp = Checkpoint(8, (("~s~1.5", 2),), (("abcdefghijkl", 30),))
+    r = Wire(3, (1, 3), RecoverReply("B.1", (2, 1, 1), 4, 9, (), (), cp))
+    assert wire_to_list(r) == [3, (1, 3), ["RR", "B.1", (2, 1, 1), 4, 9, [], [],
+                                           [8, [["~s~1.5", 2]], [["abcdefghijkl", 30]]]]]
+    assert wire_from_list(json.loads(json.dumps(wire_to_list(r)))) == r
+    assert wire_to_list(Wire(0, (0,), Floor(12))) == [0, (0,), ["FL", 12]]
     assert wire_from_list(wire_to_list(s)) == s  # also without JSON in between (tuples as lists)
 
 
@@ -161,6 +183,7 @@ def test_what_real_sequencers_send_passes_through_the_codec() -> None:
     nodes = {r: SequencerNode(r, ids, f"{r}.0", 0.0, bootstrap=True) for r in ids}
     seen: set[type] = set()
     delivered: dict[str, list[str]] = {r: [] for r in ids}
+    restored: dict[str, int] = {}
 
     def pump(now: float) -> None:
         moved = True
@@ -178,6 +201,8 @@ def test_what_real_sequencers_send_passes_through_the_codec() -> None:
                         moved = True
                     elif isinstance(a, Delivered):
                         delivered[r].append(a.gid)
+                    elif isinstance(a, Restore):
+                        restored[r] = a.cp.number
 
     def run(t0: float, t1: float) -> float:
         t = t0
@@ -196,6 +221,13 @@ def test_what_real_sequencers_send_passes_through_the_codec() -> None:
     for k, r in enumerate(ids * 3):
         nodes[r].submit(f"g{k}", t)
     t = run(t, t + 2.0)
+    for _ in range(2):  # every member reports its floor, then compacts what all of them passed
+        for n in nodes.values():
+            n.note_floor(n.next_num - 1, t)
+        pump(t)
+    for n in nodes.values():
+        n.compact(Checkpoint(n.safe_floor(), (), ()))
+    assert all(n.base > 1 for n in nodes.values())
     nodes["A"] = SequencerNode("A", ids, "A.1", t)
     for p in "BC":
         nodes["A"].peer_up(p, t)
@@ -204,6 +236,7 @@ def test_what_real_sequencers_send_passes_through_the_codec() -> None:
     pump(t)
     assert seen == set(typing.get_args(Body))
     assert delivered["B"] == delivered["C"] and sorted(delivered["B"]) == sorted(f"g{k}" for k in range(9))
+    assert restored == {"A": 9}  # A's new life went on from the others' checkpoint
 
 
 # ---------------------------------------------------------------------- garbage
@@ -212,7 +245,8 @@ def test_what_real_sequencers_send_passes_through_the_codec() -> None:
 def good() -> list[Any]:
     """[kind, src, dst, topic, wire] as it comes out of the JSON decoder."""
     e = Entry(5, (3, 1, 2), 9, ("g",))
-    o = Order("B", "A", "t", Wire(2, (1, 2, 0), Promise((3, 1, 2), 4, 1, 1, (e,), (e,))))
+    o = Order("B", "A", "t", Wire(2, (1, 2, 0), Promise((3, 1, 2), 4, 1, 1, (e,), (e,),
+                                                        Checkpoint(3, (("~s~1.5", 2),), (("p", 7),)))))
     return typing.cast(list[Any], json.loads(codec.encode_control([o])[1:])[0])
 
 
@@ -239,7 +273,7 @@ def drop(path: tuple[int, ...]) -> Mutation:
     return lambda x: at(x, path).pop()
 
 
-# [kind, src, dst, topic, [life, cv, ["PM", ballot, frontier, base, base_num, [entry], [entry]]]]
+# [kind, src, dst, topic, [life, cv, ["PM", ballot, frontier, base, base_num, [entry], [entry], checkpoint]]]
 GARBAGE: list[tuple[str, Mutation]] = [
     ("expected [kind, src, dst, topic, wire], got 6 fields", add((), "extra")),
     ("src: expected a string, got int", put((1,), 7)),
@@ -254,8 +288,8 @@ GARBAGE: list[tuple[str, Mutation]] = [
     ("wire.body: unknown tag str 'ZZ'", put((4, 2, 0), "ZZ")),
     ("wire.body: unknown tag list of 1", put((4, 2, 0), ["PM"])),
     ("wire.body: empty", put((4, 2), [])),
-    ("Promise (PM): expected 6 fields, got 7", add((4, 2), 0)),
-    ("Nack (N): expected 2 fields, got 6", put((4, 2, 0), "N")),
+    ("Promise (PM): expected 7 fields, got 8", add((4, 2), 0)),
+    ("Nack (N): expected 2 fields, got 7", put((4, 2, 0), "N")),
     ("Promise.ballot: expected 3 elements, got 2", drop((4, 2, 1))),
     ("Promise.ballot.round: expected an int >= 0, got int -1", put((4, 2, 1, 0), -1)),
     ("Promise.ballot.member: expected an int >= -1, got int -2", put((4, 2, 1, 1), -2)),
@@ -270,6 +304,12 @@ GARBAGE: list[tuple[str, Mutation]] = [
     ("Promise.accepted[0].gids: expected a list, got str", put((4, 2, 6, 0, 3), "g")),
     ("Promise.accepted[0].gids[0]: expected a string, got int 3", put((4, 2, 6, 0, 3, 0), 3)),
     ("Promise.accepted[0].gids[0]: expected a string, got list of 0", put((4, 2, 6, 0, 3, 0), [])),
+    ("Promise.cp: expected a list, got int 3", put((4, 2, 7), 3)),
+    ("Promise.cp: expected 3 elements, got 2", drop((4, 2, 7))),
+    ("Promise.cp.number: expected an int >= 0, got float 3.0", put((4, 2, 7, 0), 3.0)),
+    ("Promise.cp.starts[0]: expected 2 elements, got 1", drop((4, 2, 7, 1, 0))),
+    ("Promise.cp.starts[0][0]: expected a string, got NoneType", put((4, 2, 7, 1, 0, 0), None)),
+    ("Promise.cp.marks[0][1]: expected an int >= 0, got int -7", put((4, 2, 7, 2, 0, 1), -7)),
 ]
 
 
@@ -352,9 +392,10 @@ def test_mutated_encodings_are_refused_or_exactly_an_encoding(cls: type, data: s
 
 E1, E2 = Entry(5, (3, 1, 2), 9, ("g", "h")), Entry(6, NO_BALLOT, 11, ())
 EXAMPLES = [Election(), Answer(), Coordinator(), CvQuery("A.1"), CvReply("A.1"), Recover("A.1"),
-            RecoverReply("A.1", (3, 1, 2), 4, 7, (E1,), (E2,)), Prepare((3, 1, 2), 4),
-            Promise((3, 1, 2), 4, 1, 1, (E1,), (E1, E2)), Nack((3, 1, 2), (4, 0, 1)), Accept((3, 1, 2), E1),
-            Accepted((3, 1, 2), 5, 6), Sync((E1, E2), 7, 1, 1, 1, True), SyncAck(4, (3, 1, 2)), Request("g", 4)]
+            RecoverReply("A.1", (3, 1, 2), 4, 7, (E1,), (E2,), Checkpoint(6, (("~s~1.5", 2),), (("p", 7),))),
+            Prepare((3, 1, 2), 4), Promise((3, 1, 2), 4, 1, 1, (E1,), (E1, E2), None), Nack((3, 1, 2), (4, 0, 1)),
+            Accept((3, 1, 2), E1), Accepted((3, 1, 2), 5, 6), Sync((E1, E2), 7, 1, 1, 1, True, None),
+            SyncAck(4, (3, 1, 2)), Request("g", 4), Floor(9)]
 
 
 @pytest.mark.parametrize("body", EXAMPLES, ids=lambda b: type(b).__name__)

@@ -65,7 +65,7 @@ def test_a_view_change_is_written_before_its_frames_leave_and_a_restart_restores
     now = exchange(nodes, now)
     assert len(written) == n  # nothing changed: nothing written (never per message or per tick)
     doc = json.loads(stores["B"].path(T).read_text())
-    assert doc["version"] == 1 and doc["lamport"][4] is None and doc["lamport"][5] is None  # votes only
+    assert doc["version"] == 2 and doc["lamport"][4] is None and doc["lamport"][5] is None  # votes only
     big = json.loads(stores["B"].path(T, ".decisions").read_text())
     assert big["commit"] is not None  # the commit that installed the view
     # B restarts with its state directory: its new life remembers its votes and view, frozen
@@ -102,3 +102,64 @@ def test_decisions_written_before_the_votes_and_a_crash_between_restore_consiste
     snap = store.lamport_restore([T])[T]
     node = LamportNode.restore(snap, "B", "AB", 2)
     assert node.installed == v2 and node.promised >= (5, "A") and node.restored
+
+
+def seq_mesh(me: str, store: OrderStore, first: bool) -> MeshNode:
+    core = DeliveryCore(me, SubscriptionTable(), CoreConfig(total_topics=frozenset({T})))
+    others = {r: 1.0 for r in "AB" if r != me}
+    return MeshNode(me, "1000" if first else "2000", core, {"A", "B"}, others, 1.0, 3.0, 0.0,
+                    sequenced=(T,), bootstrap=first,
+                    seq_restore=store.sequencer_restore([T]) if not first else None,
+                    persist_seq=store.persist_sequencer)
+
+
+def test_the_sequencers_votes_are_journaled_before_their_frames_leave_and_a_restart_is_the_same_life(
+        tmp_path: Path) -> None:
+    from oncemesh.router.actions import SubmitOrder
+
+    stores = {r: OrderStore(tmp_path / r, r) for r in "AB"}
+    nodes = {r: seq_mesh(r, stores[r], first=True) for r in "AB"}
+    sent_before: list[int] = []
+    real = stores["B"].persist_sequencer
+
+    def persist(topic: str, item: object) -> None:
+        sent_before.append(len(nodes["B"].sends))  # nothing of this pass has left yet
+        real(topic, item)  # type: ignore[arg-type]
+
+    stores["B"].persist_sequencer = persist  # type: ignore[method-assign]
+    nodes["B"]._persist_seq = persist
+    nodes["A"].peer_up("B", "1000", 0.0)
+    nodes["B"].peer_up("A", "1000", 0.0)
+    now = exchange(nodes, 0.0)
+    sent_before.clear()  # (peer_up's own hello went before the first pass: not a vote)
+    for k in range(3):
+        nodes["A"].perform(SubmitOrder(T, f"abcdefghijkl:{k}"), now)
+        now = exchange(nodes, now, rounds=4)
+    f = stores["B"].path(T, ".seq").with_suffix(".jsonl")
+    lines = f.read_text().splitlines()
+    assert json.loads(lines[0])["version"] == 2 and any("voted" in json.loads(x) for x in lines[1:])
+    assert sent_before and not any(sent_before)
+    life = nodes["B"].seqs[T].life
+    with open(f, "a") as out:
+        out.write('{"voted": [[9, [1, 0')  # a torn last line: its frames never left
+    nodes["B"] = seq_mesh("B", stores["B"], first=False)
+    seq = nodes["B"].seqs[T]
+    assert seq.restored and seq.life == life and seq.status.name == "NORMAL"
+    assert {g for e in seq.acc.values() for g in e.gids} >= {"abcdefghijkl:0", "abcdefghijkl:2"}
+    nodes["B"].peer_up("A", "1000", now)
+    nodes["A"].peer_up("B", "2000", now)
+    now = exchange(nodes, now)
+    nodes["A"].perform(SubmitOrder(T, "abcdefghijkl:3"), now)
+    now = exchange(nodes, now)
+    assert nodes["B"].core.total[T].top == 4 == nodes["A"].core.total[T].top
+
+
+def test_a_sequencer_journal_that_does_not_parse_stops_the_start(tmp_path: Path) -> None:
+    store = OrderStore(tmp_path, "B")
+    f = store.path(T, ".seq").with_suffix(".jsonl")
+    f.write_text('{"version": 2, "sequencer": [0, [0, 0], [1, 0, 0], 1, 1, null, []]}\n{"voted": 7}\n{}\n')
+    with pytest.raises(OrderStateError, match="voted"):
+        store.sequencer_restore([T])
+    f.write_text('{"version": 1, "sequencer": []}\n')
+    with pytest.raises(OrderStateError, match="version"):
+        store.sequencer_restore([T])
