@@ -58,12 +58,7 @@ def _attach_now(sim: Simulation, r: SimRouter, s: SimSubscriber) -> Token:
     s.router, s.link, s.open = r.id, link, False
     r.sub_links[s.sid] = (link, s)
     att = SubscriberAttach(s.sid, TOPIC, "c-foreign", s.name, math.inf, False, None, None, ())
-    r.core.attach(link, att, sim.now)
-    r.awaiting[s.sid] = (link, s, att)
-    r.process()
-    if s.sid in r.awaiting and not r.node.attach_pending(s.sid):
-        r.attach_done(s.sid, None)
-        r.process()
+    r.subscriber_attach(link, s, att)
     return link
 
 
