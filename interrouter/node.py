@@ -36,7 +36,7 @@ from ..router.order import lamport
 from ..router.order.lamport import LamportNode
 from ..router.order.sequencer import Delivered, Journal, Restore, SendTo, SeqState, SequencerNode, Unresolved
 from ..router.order.total import Checkpoint, parse_start
-from ..router.subscriptions import SubState
+from ..router.subscriptions import Subscription, SubState
 from . import codec
 from .channel import Sessions
 from .gossip import Gossip
@@ -92,6 +92,8 @@ class MeshNode:
         self.me = me
         self.inc = inc
         self.core = core
+        if not core.incarnation:  # (the router's adapter sets it; claims in the table carry it)
+            core.incarnation = inc
         self.routers = set(routers)
         self.hello = HelloMonitor(neighbours, hello_interval, dead_after)
         self.lsdb = LinkStateDb(me, inc)
@@ -269,7 +271,7 @@ class MeshNode:
                 # what its client holds counts as accepted before anything is re-routed to it
                 core.presented_elsewhere(msg.entry["sid"], msg.presented, msg.src, now)  # type: ignore[union-attr]
             if old is not None:
-                core.subscription_changed(old, now)
+                self._subscription_changed(old, now)
             self._pump_gossip()
         elif t is Order:
             seq = self.seqs.get(msg.topic)  # type: ignore[union-attr]
@@ -291,7 +293,7 @@ class MeshNode:
             self._pump_gossip()
         elif t is TableSync:
             for old in self.gossip.handle_sync(msg):  # type: ignore[arg-type]
-                core.subscription_changed(old, now)
+                self._subscription_changed(old, now)
             self._pump_gossip()
             self._check_ready(now)
 
@@ -575,6 +577,17 @@ class MeshNode:
         else:
             self.gossip.announce(sid, wait=False, new_life=False)
         self._pump_gossip()
+
+    def _subscription_changed(self, old: Subscription, now: float) -> None:
+        core = self.core
+        won = core.table.get(old.sid)
+        theirs = (won.home, won.epoch, won.state.value) if won is not None else None
+        reclaimed = core.stats_reclaimed
+        core.subscription_changed(old, now)
+        if core.stats_reclaimed != reclaimed:
+            now_entry = core.table.get(old.sid)
+            log.info("subscription.reclaimed sid=%s epoch=%s over=%s: its link is live here and that claim "
+                     "has none", old.sid, now_entry.epoch if now_entry is not None else None, theirs)
 
     def attach_pending(self, sid: str) -> bool:
         """Does the ATTACH of `sid` still wait for acknowledgements (or for its start's number)?"""

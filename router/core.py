@@ -161,6 +161,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         self.plain_of: dict[str, str] = {}  # and back
         self.fresh_of: dict[str, tuple[str, float]] = {}  # plid -> (PubLink.fresh of its last link here, when)
         self.stats_new_identities = 0  # messages under a tag used before, given a new identity
+        self.stats_reclaimed = 0  # subscriptions claimed again for their live link here (meshside.py)
         self.stats_finals_answered = 0  # resends of final messages answered with their outcome
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
@@ -627,7 +628,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         # what we still hold for it may have been dealt with elsewhere meanwhile
         stale_view = before is not None and before.live and epoch is not None and before.epoch < epoch
         sub, resumed = self.table.attach(sid, topic, container, link_name, expiry, self.router_id, now,
-                                         min_epoch=epoch or 0, owner=owner)
+                                         min_epoch=epoch or 0, owner=owner, inc=self.incarnation)
         rt = self.subs.get(sid)
         fresh = rt is None
         if rt is None:

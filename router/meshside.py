@@ -14,6 +14,7 @@ from ..common.ids import counter_seq, plid_of
 from ..common.settlement_log import Peer
 from ..common.vocab import O_ACCEPTED, Outcome
 from .actions import (
+    Announce,
     DetachLink,
     Forward,
     SendAck,
@@ -34,7 +35,7 @@ from .state import (
     SubRuntime,
     move,
 )
-from .subscriptions import Subscription
+from .subscriptions import Subscription, SubState
 
 if TYPE_CHECKING:
     from .core import DeliveryCore
@@ -344,7 +345,11 @@ class MeshSide:
                     self._unbind(rt)
             self._ended(sid, now, new.end_reason or "ended")
             return
-        if was_here and new.home != me:
+        if was_here and new.home != me and self._claim_again(old, new):
+            self.table.reclaim(old, me, self.incarnation, now)
+            self.stats_reclaimed += 1
+            self.out.append(Announce(sid))  # (its own announcement: every router merges it as a resume here)
+        elif was_here and new.home != me:
             self._moved_away(sid, new, now)
         elif not was_here and new.home == me:
             self._moved_here(sid)
@@ -352,6 +357,29 @@ class MeshSide:
             # it (re)attached: its home may have dropped what it held for it, send it again
             self._forget_routing(sid)
             self.reroute(force=False, sids=[sid])
+
+    def _claim_again(self: DeliveryCore, mine: Subscription, won: Subscription) -> bool:
+        """A claim of another router (`won`) beat ours (`mine`) in the merge. True when we hold the
+        subscription's live link and that claim is not backed by one, so that the live link keeps it
+        (we claim again, above it) rather than being closed for a claim the client no longer uses:
+        - it is suspended at its home (the client left it; our link is the newer attach), or
+        - it is active, made by an earlier incarnation of its home (a restarted router has no links;
+          a third router that had not heard of the restart passed it on), or
+        - it is active at a router we cannot reach, at our epoch: a concurrent claim we cannot
+          check (two routers that did not hear of each other resumed it from the same entry).
+        An active claim of its home's current incarnation wins as before (the newest attach wins:
+        a router that knew ours claims above it), and so does anything of another life or owner."""
+        rt = self.subs.get(mine.sid)
+        if rt is None or rt.link is None or not won.live:
+            return False
+        if won.created != mine.created or won.owner != mine.owner:
+            return False
+        if won.state is SubState.SUSPENDED:
+            return True
+        home_inc = self.reachable.get(won.home)
+        if home_inc is None:
+            return won.epoch == mine.epoch
+        return bool(won.inc) and bool(home_inc) and won.inc != home_inc
 
     def presented_elsewhere(self: DeliveryCore, sid: str, gids: Iterable[str], home: str, now: float) -> None:
         """Subscription `sid` (re)attached at router `home` presenting ids its client holds: as their

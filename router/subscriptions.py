@@ -11,6 +11,16 @@ Every attach or resume bumps the subscription's `epoch`; in a mesh, the update w
 epoch wins (ties: the lexically larger home router), and ENDED is final for its epoch. A new
 subscription with the identity of an ended one starts a new life at a higher epoch.
 
+That order is a join (every router ends with the same table, whatever order updates come in), but
+it cannot see which claim the client is using: two claims of one epoch can be concurrent (made by
+routers that had not heard of each other: a restart, a partition), and the one that wins may be
+the stale one, suspended at a router the client left. The router whose claim lost while it holds
+the subscription's live link therefore claims again (`reclaim`, above the winner) instead of closing
+the link, when the winner is not backed by a link: suspended, or active in an earlier incarnation
+of its home (`inc`), or active at a router it cannot reach at the same epoch as its own
+(router/meshside.py, `subscription_changed`). A claim again is an ordinary claim: the merge stays
+the same join.
+
 This table is what a router persists (never messages): it is written, fsynced, whenever it changes
 in a way that matters after a restart (a subscription begins or ends). A restarted router loads it
 and treats every subscription as suspended from the moment it started, so that it knows whom each
@@ -61,6 +71,9 @@ class Subscription:
     # the authenticated identity that made it ("" for a router without client authentication): only
     # that identity may attach to it again (docs/security.md)
     owner: str = ""
+    # the incarnation of `home` that made this claim ("" unknown: an entry from an older router):
+    # an ACTIVE claim of an earlier incarnation is stale (a restarted router has no links)
+    inc: str = ""
     # soft state, not persisted: the router-local link binding is kept by the delivery core
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -73,7 +86,7 @@ class Subscription:
             "sid": self.sid, "topic": self.topic, "container": self.container, "link": self.link,
             "expiry": None if math.isinf(self.expiry) else self.expiry, "state": self.state.value,
             "home": self.home, "epoch": self.epoch, "since": self.since, "created": self.created,
-            "end_reason": self.end_reason, "confirmed": self.confirmed, "owner": self.owner,
+            "end_reason": self.end_reason, "confirmed": self.confirmed, "owner": self.owner, "inc": self.inc,
         }
 
     @classmethod
@@ -83,12 +96,13 @@ class Subscription:
                    expiry=math.inf if exp is None else float(exp), state=SubState(d["state"]),
                    home=d["home"], epoch=int(d["epoch"]), since=float(d["since"]),
                    created=float(d["created"]), end_reason=d.get("end_reason"),
-                   confirmed=bool(d.get("confirmed", False)), owner=str(d.get("owner") or ""))
+                   confirmed=bool(d.get("confirmed", False)), owner=str(d.get("owner") or ""),
+                   inc=str(d.get("inc") or ""))
 
 
 _STATE_RANK = {SubState.ACTIVE: 0, SubState.SUSPENDED: 1, SubState.ENDED: 2}
 _FIELDS = ("sid", "topic", "container", "link", "expiry", "state", "home", "epoch", "since", "created",
-           "end_reason", "confirmed", "owner")
+           "end_reason", "confirmed", "owner", "inc")
 
 
 def order_key(s: Subscription) -> tuple[int, str, int, bool]:
@@ -127,10 +141,11 @@ class SubscriptionTable:
 
     # -- changes ---------------------------------------------------------------------------------
     def attach(self, sid: str, topic: str, container: str, link: str, expiry: float, home: str,
-               now: float, min_epoch: int = 0, owner: str = "") -> tuple[Subscription, bool]:
+               now: float, min_epoch: int = 0, owner: str = "", inc: str = "") -> tuple[Subscription, bool]:
         """Attach or resume. Returns (subscription, resumed) where resumed means it existed.
         `min_epoch`: the client knew a later epoch than we do; the new one must beat it. `owner`: the
-        authenticated identity attaching (kept by a new life; the router checked a resume's)."""
+        authenticated identity attaching (kept by a new life; the router checked a resume's). `inc`:
+        the attaching router's incarnation."""
         sub = self._subs.get(sid)
         if sub is not None and sub.live:
             if owner and not sub.owner:
@@ -140,15 +155,34 @@ class SubscriptionTable:
             sub.epoch = max(sub.epoch, min_epoch) + 1
             sub.since = now
             sub.expiry = expiry
+            sub.inc = inc
             self.version += 1
             return sub, True
         epoch = max(sub.epoch if sub is not None else 0, min_epoch) + 1
         sub = Subscription(sid=sid, topic=topic, container=container, link=link, expiry=expiry,
-                           state=SubState.ACTIVE, home=home, epoch=epoch, since=now, created=now, owner=owner)
+                           state=SubState.ACTIVE, home=home, epoch=epoch, since=now, created=now, owner=owner,
+                           inc=inc)
         self._subs[sid] = sub
         self._by_topic.setdefault(topic, {})[sid] = sub
         self.version += 1
         return sub, False
+
+    def reclaim(self, mine: Subscription, home: str, inc: str, now: float) -> Subscription:
+        """Claim a subscription again for the link `home` holds, above the entry that just won the
+        merge (the same life: the caller checked). `mine`: our entry before that merge, whose expiry
+        (the attached link's) and confirmation are kept."""
+        sub = self._subs[mine.sid]
+        assert sub.live and sub.created == mine.created
+        sub.state = SubState.ACTIVE
+        sub.home = home
+        sub.inc = inc
+        sub.epoch = max(sub.epoch, mine.epoch) + 1
+        sub.since = now
+        sub.expiry = mine.expiry
+        sub.confirmed = sub.confirmed or mine.confirmed
+        sub.end_reason = None
+        self.version += 1
+        return sub
 
     def confirm(self, sid: str) -> bool:
         """Every router acknowledged this life's first attach. True when that changed the entry."""

@@ -162,7 +162,7 @@ class Sweeps:
             "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.awaited),
             "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
             "causal_cycles": self.stats_causal_cycles,
-            "finals_ignored": self.stats_final_ignored,
+            "finals_ignored": self.stats_final_ignored, "subscriptions_reclaimed": self.stats_reclaimed,
             "new_identities": self.stats_new_identities, "finals_answered": self.stats_finals_answered,
             "final_notes": len(self.final_notes),
             "final_gids": len(self.recent_final) + self.old_finals.gids,

@@ -259,6 +259,15 @@ class SimRouter:
         self.sim.client_event(lambda: self.sim.sub_opened(sub, link, self.id, epoch))
 
     # -- client-facing inputs -----------------------------------------------------------------
+    def subscriber_attach(self, link: Token, s: SimSubscriber, att: SubscriberAttach) -> None:
+        """The ATTACH of `s` reaches this router; answered at once when the mesh need not acknowledge it."""
+        self.core.attach(link, att, self.sim.now)
+        self.awaiting[s.sid] = (link, s, att)
+        self.process()
+        if s.sid in self.awaiting and not self.node.attach_pending(s.sid):
+            self.attach_done(s.sid, None)
+            self.process()
+
     def usable(self) -> bool:
         return self.alive and not self.frozen
 
@@ -738,12 +747,7 @@ class Simulation:
             last.append(self.sequence[s.sid][-1])
         att = SubscriberAttach(s.sid, TOPIC, self.client_of(s.name), s.name, float("inf"), True, sorted(s.accepted),
                                s.epoch, tuple(last))
-        r.core.attach(link, att, self.now)
-        r.awaiting[s.sid] = (link, s, att)
-        r.process()
-        if s.sid in r.awaiting and not r.node.attach_pending(s.sid):
-            r.attach_done(s.sid, None)
-            r.process()
+        r.subscriber_attach(link, s, att)
 
     def sub_opened(self, s: SimSubscriber, link: Token, rid: str, epoch: int | None = None) -> None:
         if s.link is not link:
