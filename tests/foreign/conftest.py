@@ -49,7 +49,8 @@ def spark() -> Iterator[object]:
     finds it active and uses it)."""
     from oncemesh.spark.job import spark_session
 
-    session, created = spark_session("local[2]", shuffle_partitions=2, app_name="oncemesh-foreign-tests")
+    session, created = spark_session("local[2]", driver_memory="2g", shuffle_partitions=2,
+                                      app_name="oncemesh-foreign-tests")
     try:
         yield session
     finally:

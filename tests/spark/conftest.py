@@ -1,4 +1,6 @@
-"""The one Spark session of the Spark tests: local[2], two shuffle partitions, quiet, loopback only.
+"""The one Spark session of the Spark tests: local[2], two shuffle partitions, a 2 GB heap (the
+default 1 GB ran out: java.lang.OutOfMemoryError after the audit and the forged histories), quiet,
+loopback only.
 
 `oncemesh reconcile` run in-process (tests call `oncemesh.cli.main`) finds this session active and
 uses it instead of starting its own, and leaves it running.
@@ -16,7 +18,7 @@ from oncemesh.spark.job import spark_session
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session, created = spark_session("local[2]", shuffle_partitions=2, app_name="oncemesh-tests")
+    session, created = spark_session("local[2]", driver_memory="2g", shuffle_partitions=2, app_name="oncemesh-tests")
     session.conf.set("spark.sql.shuffle.partitions", "2")
     try:
         yield session
