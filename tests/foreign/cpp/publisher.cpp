@@ -54,9 +54,17 @@ class publisher : public proton::messaging_handler {
         }
     }
 
-    void on_sender_open(proton::sender&) override { rep_.line("attached"); }
+    void on_sender_open(proton::sender&) override {
+        rep_.line("attached");
+        up_ = true;
+    }
 
     void on_sendable(proton::sender& s) override {
+        // Only while the link is attached on a live connection: Proton keeps a lost link's credit
+        // and sends what was sent meanwhile by itself first on the next link, where our resend of
+        // the same tag (in doubt) would be a second transfer under a tag still open: AMQP forbids
+        // it, and a router takes it for another message (docs/clients.md, reused tags).
+        if (!up_) return;
         while (s.credit() > 0 && static_cast<long>(unsettled_.size()) < window_) {
             long k;
             bool again = !resend_.empty();
@@ -100,6 +108,7 @@ class publisher : public proton::messaging_handler {
     void on_tracker_release(proton::tracker& t) override { outcome(t, "RELEASED"); }
 
     void on_transport_error(proton::transport& t) override {
+        up_ = false;
         rep_.line("disconnected", "\"error\":" + foreign::json_str(t.error().what()));
     }
     void on_sender_error(proton::sender& s) override {
@@ -150,6 +159,7 @@ class publisher : public proton::messaging_handler {
     long rate_;
     std::chrono::steady_clock::time_point start_;
     bool wakeup_ = false;
+    bool up_ = false;
     long next_ = 0;
     proton::sender sender_;
     std::map<long, proton::binary> tag_of_;
