@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from . import schema as S
 
 # The router view's classes, in summary order; those that fail a run; why a pair is not judged.
-CLASSES = ("ok", "lost", "duplicated", "false_accept", "unexpected", "unresolved", "ended")
+CLASSES = ("ok", "lost", "duplicated", "false_accept", "unexpected", "unresolved", "ended", "redelivered")
 FAILURES = ("lost", "duplicated", "false_accept", "unexpected")
 UNJUDGED = "unjudged"
 REASONS = ("no_owed_set", "missing_log", "partial_log", "evidence_gap")
@@ -94,7 +94,8 @@ def message_facts(events: DataFrame) -> DataFrame:
 def pair_evidence(events: DataFrame) -> DataFrame:
     """Per (gid, sub) a router logged something for: dispositions (`accepted` without info),
     t_acc (the first acceptance: a disposition, or presented on resume), t_rej, t_end (the first
-    rejection, end), dl (every `delivered` time), delivered_by (the first router that delivered),
+    rejection, end), dl (every `delivered` time; dls with the node and incarnation that delivered),
+    acc_at (the node and incarnation of the first acceptance), delivered_by (the first router that delivered),
     echoes (the origins' `remote` echoes of a resolution), echo_acc (of an acceptance)."""
     ev = _c("ev")
     own = _not_echo()
@@ -107,6 +108,10 @@ def pair_evidence(events: DataFrame) -> DataFrame:
                  F.min(F.when((ev == "rejected") & own, _c("ts"))).alias("t_rej"),
                  F.min(F.when((ev == "ended") & own, _c("ts"))).alias("t_end"),
                  F.collect_list(F.when(is_dl, _c("ts"))).alias("dl"),
+                 F.collect_list(F.when(is_dl, F.struct(_c("ts").alias("ts"), _c("node").alias("node"),
+                                                       _c("inc").alias("inc")))).alias("dls"),
+                 F.min_by(F.when((ev == "accepted") & own, F.struct(_c("node").alias("node"), _c("inc").alias("inc"))),
+                          F.when((ev == "accepted") & own, _c("ts"))).alias("acc_at"),
                  F.min_by(F.when(is_dl, _c("node")), F.when(is_dl, _c("ts"))).alias("delivered_by"),
                  F.sum((ev.isin(*RESOLVING) & ~own).cast("long")).alias("echoes"),
                  F.first(F.when(ev.isin(*RESOLVING) & own, _c("node")), ignorenulls=True).alias("resolved_at")))
@@ -189,6 +194,22 @@ def router_pairs(events: DataFrame, router_lives: DataFrame, skew: float = 0.0,
     t_acc = _c("t_acc")
     after = F.size(F.filter("dl", lambda t: t > t_acc + F.lit(skew)))
     p = p.withColumn("delivered_after", F.when(t_acc.isNotNull(), after).otherwise(F.lit(0)))
+    # a hand-over again after the acceptance, by another router or a later life only, once the life
+    # that took the acceptance had crashed (no clean stop) with no other router told of it: the
+    # acceptance died with that router, as if lost on the wire (promise 1: redelivered under the
+    # same id to a client that reattaches, which deduplicates by it)
+    lives = (_router(events).groupBy("node", "inc")
+             .agg(F.max("ts").alias("life_end"), F.max((_c("ev") == "router_stopped").cast("int")).alias("life_stopped")))
+    p = p.join(F.broadcast(lives.select(_c("node").alias("acc_node"), _c("inc").alias("acc_inc"), "life_end",
+                                        "life_stopped")),
+               (_c("acc_at.node") == _c("acc_node")) & (_c("acc_at.inc") == _c("acc_inc")), "left")
+    later = F.filter("dls", lambda d: d["ts"] > t_acc + F.lit(skew))
+    elsewhere = F.forall(later, lambda d: (d["node"] != _c("acc_at.node")) | (d["inc"] != _c("acc_at.inc")))
+    first_later = F.array_min(F.transform(later, lambda d: d["ts"]))
+    p = p.withColumn("in_doubt_again", F.coalesce(
+        (_c("delivered_after") > 0) & elsewhere & (_c("life_stopped") == 0)
+        & (_c("life_end") <= first_later + F.lit(skew)) & (F.coalesce(_c("echoes"), F.lit(0)) == 0)
+        & (F.coalesce(_c("dispositions"), F.lit(0)) <= 1 + _c("delivered_after")), F.lit(False)))
     cls = classify(skew)
     return p.select(
         "gid", "sub", "topic", cls.alias("class"), unjudged_reason().alias("reason"),
@@ -216,7 +237,10 @@ def classify(skew: float = 0.0) -> Column:
     0. unjudged      see `unjudged_reason`
     1. unexpected    delivered, accepted on a link or rejected, yet neither owed by an origin
                      nor in force
-    2. duplicated    two dispositions, or delivered again after it was accepted
+    2. redelivered   delivered again after it was accepted, but only by another router or a later
+                     life, after the life that took the acceptance crashed before telling anyone:
+                     in doubt (promise 1), the client deduplicates by id; not a failure
+       duplicated    two dispositions, or delivered again after it was accepted
     3. false_accept  an origin decided ACCEPTED at t_told; the pair resolved only after it
     4. ok            accepted, or rejected by this subscription
     5. ended         its subscription ended before it resolved (and before the outcome)
@@ -228,10 +252,14 @@ def classify(skew: float = 0.0) -> Column:
     # handed (or answered) by a router: a client presenting an id on resume is no hand-over
     touched = (F.coalesce(F.size("dl"), F.lit(0)) > 0) | (F.coalesce(_c("dispositions"), F.lit(0)) > 0) | rej
     t_res = F.least(_c("t_acc"), _c("t_rej"), _c("t_end"))
+    false_accept = F.coalesce(_c("t_told").isNotNull() & t_res.isNotNull() & (t_res > _c("t_told") + F.lit(skew)),
+                              F.lit(False))
     return (F.when(unjudged_reason().isNotNull(), UNJUDGED)
             .when(~owed & touched, "unexpected")
-            .when((F.coalesce(_c("dispositions"), F.lit(0)) > 1) | (_c("delivered_after") > 0), "duplicated")
-            .when(_c("t_told").isNotNull() & t_res.isNotNull() & (t_res > _c("t_told") + F.lit(skew)), "false_accept")
+            .when(_c("in_doubt_again") & ~false_accept, "redelivered")
+            .when(~_c("in_doubt_again")
+                  & ((F.coalesce(_c("dispositions"), F.lit(0)) > 1) | (_c("delivered_after") > 0)), "duplicated")
+            .when(false_accept, "false_accept")
             .when(acc | rej, "ok")
             .when(end, "ended")
             .when(_c("outcome").isNull(), "unresolved")
