@@ -199,6 +199,10 @@ def submitted() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+RETAIN = {"spark.sql.ui.retainedExecutions": "20", "spark.ui.retainedJobs": "100",
+          "spark.ui.retainedStages": "100", "spark.ui.retainedTasks": "1000"}
+
+
 def spark_session(master: str | None = None, driver_memory: str | None = None,
                   shuffle_partitions: int | None = None, app_name: str = "oncemesh-reconcile",
                   ) -> tuple[SparkSession, bool]:
@@ -233,6 +237,12 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
          .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile={log4j.as_uri()}")
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.debug.maxToStringFields", "200"))
+    # what the status store keeps of finished queries, jobs and stages (the UI is off, the store is
+    # not): with the defaults (1,000 SQL executions and their plan metrics) a session that runs many
+    # wide queries -- the live audit's micro-batches, the test suite -- filled a 2 GB heap with them
+    # (SQLPlanMetric, metric arrays) and spent its time in GC
+    for key, value in RETAIN.items():
+        b = b.config(key, value)
     if is_local(master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         cores = local_cores(master)
