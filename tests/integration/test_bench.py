@@ -168,6 +168,7 @@ def test_callgrind_total_is_read_from_the_summary_line(tmp_path: Path) -> None:
     assert _callgrind_total(out) == 123456
 
 
+@pytest.mark.slow  # ~55 s under valgrind; the parsing of its output is checked above in the default run
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_bench_counts_the_routers_instructions_per_message_under_callgrind() -> None:
     rep = bench("--no-main", "--instructions", "100", timeout=400)
