@@ -571,11 +571,7 @@ def topic_causal(causal: DataFrame, dependents: DataFrame) -> DataFrame:
 def incarnations(events: DataFrame) -> DataFrame:
     """node, inc, first_ts, last_ts, state: `live` unless a later incarnation of the same router
     started or this one logged `router_stopped` (then `dead`: what it held is gone)."""
-    r = events.where(_c("src") == S.ROUTER)
-    inc = (r.groupBy("node", "inc")
-           .agg(F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"),
-                F.max((_c("ev") == "router_stopped").cast("int")).alias("stopped"),
-                F.min(F.when(_c("ev") == "router_started", _c("ts"))).alias("started")))
+    inc = RV.incarnation_facts(events)
     w = Window.partitionBy("node").orderBy(F.coalesce(_c("started"), _c("first_ts")), _c("inc"))
     later = F.lead("inc").over(w).isNotNull()
     return inc.select("node", "inc", "first_ts", "last_ts",

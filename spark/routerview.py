@@ -107,14 +107,14 @@ def pair_evidence(events: DataFrame) -> DataFrame:
                  F.min(F.when((ev == "accepted") & own, _c("ts"))).alias("t_acc"),
                  F.min(F.when((ev == "rejected") & own, _c("ts"))).alias("t_rej"),
                  F.min(F.when((ev == "ended") & own, _c("ts"))).alias("t_end"),
-                 F.collect_list(F.when(is_dl, _c("ts"))).alias("dl"),
                  F.collect_list(F.when(is_dl, F.struct(_c("ts").alias("ts"), _c("node").alias("node"),
                                                        _c("inc").alias("inc")))).alias("dls"),
                  F.min_by(F.when((ev == "accepted") & own, F.struct(_c("node").alias("node"), _c("inc").alias("inc"))),
                           F.when((ev == "accepted") & own, _c("ts"))).alias("acc_at"),
                  F.min_by(F.when(is_dl, _c("node")), F.when(is_dl, _c("ts"))).alias("delivered_by"),
                  F.sum((ev.isin(*RESOLVING) & ~own).cast("long")).alias("echoes"),
-                 F.first(F.when(ev.isin(*RESOLVING) & own, _c("node")), ignorenulls=True).alias("resolved_at")))
+                 F.first(F.when(ev.isin(*RESOLVING) & own, _c("node")), ignorenulls=True).alias("resolved_at"))
+            .withColumn("dl", F.transform("dls", lambda d: d["ts"])))
 
 
 def in_force(msgs: DataFrame, router_lives: DataFrame, skew: float = 0.0) -> DataFrame:
@@ -130,6 +130,16 @@ def in_force(msgs: DataFrame, router_lives: DataFrame, skew: float = 0.0) -> Dat
 
 
 # ================================================================ 4. is the evidence whole?
+def incarnation_facts(events: DataFrame) -> DataFrame:
+    """node, inc, first_ts, last_ts, stopped (1 if it logged `router_stopped`: a clean stop, else
+    0), started (its `router_started` time): one row per router incarnation."""
+    ev = _c("ev")
+    return (_router(events).groupBy("node", "inc")
+            .agg(F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"),
+                 F.max((ev == "router_stopped").cast("int")).alias("stopped"),
+                 F.min(F.when(ev == "router_started", _c("ts"))).alias("started")))
+
+
 def incarnation_gaps(events: DataFrame) -> DataFrame:
     """Incarnations whose log is cut short: node, inc, reason. A segment number missing (deleted
     or lost), a closed segment without its trailer (cut), or the last one without it although the
@@ -198,10 +208,9 @@ def router_pairs(events: DataFrame, router_lives: DataFrame, skew: float = 0.0,
     # that took the acceptance had crashed (no clean stop) with no other router told of it: the
     # acceptance died with that router, as if lost on the wire (promise 1: redelivered under the
     # same id to a client that reattaches, which deduplicates by it)
-    lives = (_router(events).groupBy("node", "inc")
-             .agg(F.max("ts").alias("life_end"), F.max((_c("ev") == "router_stopped").cast("int")).alias("life_stopped")))
-    p = p.join(F.broadcast(lives.select(_c("node").alias("acc_node"), _c("inc").alias("acc_inc"), "life_end",
-                                        "life_stopped")),
+    lives = incarnation_facts(events).select(_c("node").alias("acc_node"), _c("inc").alias("acc_inc"),
+                                             _c("last_ts").alias("life_end"), _c("stopped").alias("life_stopped"))
+    p = p.join(F.broadcast(lives),
                (_c("acc_at.node") == _c("acc_node")) & (_c("acc_at.inc") == _c("acc_inc")), "left")
     later = F.filter("dls", lambda d: d["ts"] > t_acc + F.lit(skew))
     elsewhere = F.forall(later, lambda d: (d["node"] != _c("acc_at.node")) | (d["inc"] != _c("acc_at.inc")))
