@@ -343,6 +343,7 @@ class SoakConfig:
     reconcile_router_logs: bool = False
     workdir: Path | None = None
     router_settings: tuple[tuple[str, str], ...] = ()
+    insecure_mesh: bool = False  # a topology's inter-router connections without TLS (to compare)
 
     @property
     def warmup_s(self) -> float:
@@ -496,7 +497,7 @@ class _Run:
             except (ChaosError, TopologyError, ValueError) as exc:
                 raise SoakError(str(exc)) from None
             try:
-                mesh = MeshServer(topo, self.wd / "mesh", timeout=SETUP_TIMEOUT)
+                mesh = MeshServer(topo, self.wd / "mesh", timeout=SETUP_TIMEOUT, insecure_mesh=cfg.insecure_mesh)
             except Exception as exc:  # MeshError, RouterStartError, TimeoutError: it was stopped
                 raise SoakError(f"the mesh did not start: {exc}") from None
             self.server = mesh
@@ -908,6 +909,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--reconcile-router-logs", action="store_true",
                    help="reconcile the routers' settlement logs too (their lines for the bench load make "
                         "this slow on long runs; the verdict comes from the client logs either way)")
+    p.add_argument("--insecure-mesh", action="store_true",
+                   help="a topology's inter-router connections without TLS (default: mutual TLS with a CA "
+                        "made for the run), to compare the two side by side")
     p.add_argument("--json", action="store_true", help="print the result (samples included) as JSON on stdout; "
                                                        "progress and the table on stderr")
     p.add_argument("--chart", type=Path, default=None, metavar="PNG",
@@ -937,7 +941,7 @@ def cmd_soak(args: argparse.Namespace) -> int:
                          tuple(x for x in args.pub_at.split(",") if x), tuple(x for x in args.sub_at.split(",") if x),
                          args.size, args.interval, args.warmup, args.witness_rate, not args.no_reconcile,
                          args.reconcile_router_logs, args.workdir,
-                         settings)
+                         settings, args.insecure_mesh)
         result = run_soak(cfg, say)
     except SoakError as exc:
         print(f"oncemesh soak: {exc}", file=sys.stderr)

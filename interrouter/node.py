@@ -63,8 +63,31 @@ from .messages import (
     TableSync,
 )
 
-MAX_CONTROL_BATCH = 2000
+# Bytes of one control frame (one Proton delivery on the inter-router link), and gids per message
+# of the list-carrying kinds (Acks, Finals, Probes, Holds, Queries). Proton keeps a connection's
+# delivery objects in a pool with their byte buffers at the largest size each ever held (pn_delivery
+# reuses them; pn_buffer_clear keeps the capacity), so one large frame leaves a large buffer behind
+# for the life of the connection: under saturation, frames of 100+ KB made a router's RSS climb by
+# ~100 MB/min (heaptrack: pn_buffer_append from pn_do_transfer and pn_link_send). Small frames keep
+# that pool at (deliveries alive at once) x (a few KB). docs/operations.md, "Memory".
+MAX_CONTROL_FRAME = 8192
+MAX_CONTROL_ITEMS = 64
 FLOOR_INTERVAL = 1.0  # seconds between two reports of the total-order floors (and compactions)
+
+
+def control_frames(msgs: list[Any], limit: int = MAX_CONTROL_FRAME) -> list[bytes]:
+    """`msgs` in control frames of at most `limit` bytes each, in order (a single message larger than
+    that goes alone). Encoded once when they fit (nearly always below saturation); else split into
+    as many runs as the size asks for, and any run still too large split again."""
+    frame = codec.encode_control(msgs)
+    if len(frame) <= limit or len(msgs) == 1:
+        return [frame]
+    parts = min(len(msgs), -(-len(frame) // limit) + 1)
+    step = -(-len(msgs) // parts)
+    out: list[bytes] = []
+    for i in range(0, len(msgs), step):
+        out.extend(control_frames(msgs[i:i + step], limit))
+    return out
 
 
 def lamport_incarnation(inc: str) -> int:
@@ -338,25 +361,32 @@ class MeshNode:
         for topic, ses in self._lam_sessions.items():
             ses.flush_acks()
             self._lamport_frames(topic, ses)
+        n = MAX_CONTROL_ITEMS
         for dst, items in self._acks.items():
-            self._route_control(Acks(self.me, dst, items))
+            for i in range(0, len(items), n):
+                self._route_control(Acks(self.me, dst, items[i:i + n]))
         notes = self.core.final_notes
         for dst, gids in self._finals.items():
             # (what a resend of a message the router settled in mode first is answered with: identity.py)
-            self._route_control(Finals(self.me, dst, gids, self.core.notes_on(gids) if notes else ()))
+            for i in range(0, len(gids), n):
+                part = gids[i:i + n]
+                self._route_control(Finals(self.me, dst, part, self.core.notes_on(part) if notes else ()))
         for (dst, inc), gids in self._probes.items():
-            self._route_control(Probes(self.me, dst, gids, inc))
+            for i in range(0, len(gids), n):
+                self._route_control(Probes(self.me, dst, gids[i:i + n], inc))
         for dst, gids in self._holds.items():
-            self._route_control(Holds(self.me, dst, gids))
+            for i in range(0, len(gids), n):
+                self._route_control(Holds(self.me, dst, gids[i:i + n]))
         for dst, gids in self._queries.items():
-            self._route_control(Queries(self.me, dst, gids))
+            for i in range(0, len(gids), n):
+                self._route_control(Queries(self.me, dst, gids[i:i + n]))
         self._acks, self._finals, self._probes, self._holds, self._queries = {}, {}, {}, {}, {}
         control, self._control = self._control, {}
         for hop, msgs in control.items():
             if hop in self.connected:
                 self.stats["control_out"] += len(msgs)
-                for i in range(0, len(msgs), MAX_CONTROL_BATCH):
-                    self.sends.append((hop, codec.encode_control(msgs[i:i + MAX_CONTROL_BATCH])))
+                for frame in control_frames(msgs):
+                    self.sends.append((hop, frame))
 
     @property
     def has_pending(self) -> bool:

@@ -247,6 +247,49 @@ def test_copies_round_trip_with_their_payload_untouched(payload: bytes, dests: d
     assert codec.decode_copy(codec.encode_copy(c)) == c
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["Q", "F", "H"]), st.lists(st.text(min_size=1, max_size=60), max_size=40)),
+                min_size=1, max_size=120), st.integers(min_value=64, max_value=4096))
+def test_control_frames_keep_every_message_in_order_within_the_size_limit(
+        spec: list[tuple[str, list[str]]], limit: int) -> None:
+    from oncemesh.interrouter.node import control_frames
+
+    kinds = {"Q": lambda g: Queries("A", "B", g), "F": lambda g: Finals("A", "B", g), "H": lambda g: Holds("A", "B", g)}
+    msgs = [kinds[k](gids) for k, gids in spec]
+    frames = control_frames(msgs, limit)
+    decoded = [codec.decode_control(f) for f in frames]
+    assert [m for ms in decoded for m in ms] == msgs  # nothing lost, repeated or reordered
+    for f, ms in zip(frames, decoded, strict=True):
+        assert len(f) <= limit or len(ms) == 1  # only a single message larger than the limit goes over it
+
+
+def test_a_busy_pass_sends_small_control_frames() -> None:
+    """Proton keeps each delivery's buffer at the largest size it ever held (its delivery pool), so
+    large frames leave large buffers behind: a pass with thousands of acknowledgements and finals
+    must still go out in frames of at most MAX_CONTROL_FRAME bytes (each message at most
+    MAX_CONTROL_ITEMS gids), all of them delivered."""
+    from oncemesh.interrouter.node import MAX_CONTROL_FRAME, MAX_CONTROL_ITEMS, MeshNode
+    from oncemesh.router.core import CoreConfig, DeliveryCore
+
+    core = DeliveryCore("A", SubscriptionTable(), CoreConfig())
+    node = MeshNode("A", "2000", core, {"A", "B"}, {"B": 1.0}, 1.0, 3.0, 0.0)
+    node.peer_up("B", "1000", 0.0)
+    node.frame("B", codec.encode_control([LinkState("B", "1000", 1, {"A": 1.0})]), 0.1)
+    node.sends.clear()
+    gids = [f"{'p' * 20}:{i:08d}" for i in range(3000)]
+    node._acks["B"] = [(g, "sub-1", 2, None) for g in gids]
+    node._finals["B"] = list(gids)
+    node.flush()
+    frames = [f for peer, f in node.sends if peer == "B"]
+    assert len(frames) > 10 and all(len(f) <= MAX_CONTROL_FRAME for f in frames)
+    msgs = [m for f in frames for m in codec.decode_control(f)]
+    acks = [i for m in msgs if isinstance(m, Acks) for i in m.items]
+    finals = [g for m in msgs if isinstance(m, Finals) for g in m.gids]
+    assert [a[0] for a in acks] == gids and finals == gids
+    assert max(len(m.items) if isinstance(m, Acks) else len(m.gids) for m in msgs
+               if isinstance(m, Acks | Finals)) <= MAX_CONTROL_ITEMS
+
+
 # ---------------------------------------------------------------------- probes
 
 
