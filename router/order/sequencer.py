@@ -481,7 +481,7 @@ class SequencerNode:
                 if self.lead is not Lead.IDLE and ballot == self.ballot and promised > self.ballot:
                     self._preempted(promised, now)
             case Accept(ballot, entry):
-                self._accept(frm, ballot, entry, now)
+                self._accept(frm, msg.life, ballot, entry, now)
             case Accepted(ballot, slot, frontier):
                 self.known[frm] = frontier
                 if self.lead is Lead.LEADING and ballot == self.ballot and slot in self.inflight:
@@ -808,7 +808,8 @@ class SequencerNode:
         self._learn(e)
         self._deliver()
         for m in self.others:
-            self._sync_to(m, min(self.known.get(m, slot), slot), False)
+            if self.known.get(m, slot) <= slot:  # (one that delivered it learned it from our ACCEPT)
+                self._sync_to(m, min(self.known.get(m, slot), slot), False)
         self._propose_new()
 
     def _preempted(self, higher: Ballot, now: float) -> None:
@@ -842,7 +843,7 @@ class SequencerNode:
                 self._preempted(ballot, now)
         self._send(frm, self._promise(ballot, from_slot))  # again if equal: our promise was lost
 
-    def _accept(self, frm: str, ballot: Ballot, e: Entry, now: float) -> None:
+    def _accept(self, frm: str, life: int, ballot: Ballot, e: Entry, now: float) -> None:
         self.top_round = max(self.top_round, ballot[0])
         if ballot < self.promised:
             self._send(frm, Nack(ballot, self.promised))
@@ -857,6 +858,11 @@ class SequencerNode:
                 self._preempted(ballot, now)
         self.acc[e.slot] = e
         self._note(Voted((e,)))
+        if self.quorum <= 2 and self.idx[frm] == ballot[1] and life == ballot[2]:
+            # the leader's vote (it accepted `e` in its ballot before sending it) and ours make a
+            # quorum: `e` is committed, learn it now rather than from the leader's SYNC (3.)
+            self._learn(e)
+            self._deliver()
         self._send(frm, Accepted(ballot, e.slot, self.next_slot))
 
     def _learn(self, e: Entry) -> None:
