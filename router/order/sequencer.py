@@ -27,6 +27,22 @@ restart of the coordinator (its first message of a new life) starts an election.
    only if it is not committed, in flight or queued, and the leader knows every committed slot below
    the new one: a resent gid keeps its number. A REQUEST carries the requester's delivery frontier;
    the leader ignores one from behind its compaction base (below), where it could not tell.
+   Learning at the acceptor (N <= 3, so Q <= 2). The ballot's owner accepted an entry in that ballot
+   before it sent the ACCEPT (`_propose`; with disk its vote is journaled in that pass), so a member
+   that accepts an ACCEPT sent by the owner in the ballot's life holds a quorum of two votes: it
+   learns and delivers the entry at once instead of from the SYNC, which follows the leader's round
+   trip (two hops sooner; line3, leader C, at A: 2 hops after the proposal, not 4). It counts as
+   the leader would (4.): the owner's vote in a life older than the newest known is dropped on
+   arrival, its own vote is of its current life; with disk its vote is on disk before anything it
+   delivered leaves the router (the embedding fsyncs the pass's journal before the pass's output:
+   `MeshNode.flush`, before the engine flushes connections). Its ACCEPTED reports a frontier past
+   the slot, and the leader sends it no SYNC for it. Larger groups learn from the SYNC (an acceptor
+   would need Q - 2 more ACCEPTEDs: N^2 messages per batch).
+   Why one batch in flight: the first number of slot s+1 is only known from slot s's size; with two
+   slots in flight a new leader could find s+1 accepted and s in none of its promises, and neither a
+   no-op nor a re-proposal of s could keep s+1's numbers without a gap. Pipelining would need a rule
+   that makes that impossible (an acceptor accepts s+1 only holding s of the same ballot) and a proof
+   that re-proposed neighbours stay consistent across ballots; not done.
 4. Amnesia. A restarted router has lost its promises and acceptances; counting its old and its new
    votes alike could make two quorums that do not intersect. Rules (crash vectors, after Michael,
    Ports, Sharma, Szekeres, DISC 2017):
@@ -39,7 +55,8 @@ restart of the coordinator (its first message of a new life) starts an election.
      raise their crash vectors (from then on they ignore and discount its old incarnation) and answer
      with their promise and entries. With K answers it adopts the highest promise, every committed
      entry and the highest-ballot accepted entry per slot; only then does it vote or stand for
-     election. Why safe: a quorum that counted an old vote has Q - 1 other members, and
+     election. Why safe (whoever counted: the leader, or an acceptor learning at once, 3.): a
+     quorum that counted an old vote has Q - 1 other members, and
      K + Q - 1 > N - 1, so one of them answered RECOVER. If it voted before answering, its answer
      brought that ballot or entry to the new life; if after, its vote carried the new crash vector and
      the leader discounted the old vote.
@@ -63,7 +80,8 @@ others (a base above its own comes with a checkpoint). A journal of a life that 
 restores nothing (it was amnesic then; it recovers again).
 
 Cost in messages. Steady state, per batch of B gids: up to B REQUESTs (gids taken at routers other
-than the leader), N-1 ACCEPT, N-1 ACCEPTED and N-1 SYNC: 3(N-1) + B, so 3N-2 per gid unbatched; plus
+than the leader), N-1 ACCEPT, N-1 ACCEPTED and N-1 SYNC: 3(N-1) + B, so 3N-2 per gid unbatched (for
+N = 3 one SYNC fewer: the member whose ACCEPTED committed the batch learned it already); plus
 2(N-1) per heartbeat. Per election: N-1 COORDINATOR when the highest live router starts it, O(N^2)
 ELECTION/ANSWER when the lowest does; then 2(N-1) for the promise round and 3(N-1) per re-proposed
 slot. A restart costs 4(N-1), the answers carrying the retained log. Numbering needs Q routers up and
@@ -481,7 +499,7 @@ class SequencerNode:
                 if self.lead is not Lead.IDLE and ballot == self.ballot and promised > self.ballot:
                     self._preempted(promised, now)
             case Accept(ballot, entry):
-                self._accept(frm, ballot, entry, now)
+                self._accept(frm, msg.life, ballot, entry, now)
             case Accepted(ballot, slot, frontier):
                 self.known[frm] = frontier
                 if self.lead is Lead.LEADING and ballot == self.ballot and slot in self.inflight:
@@ -808,7 +826,8 @@ class SequencerNode:
         self._learn(e)
         self._deliver()
         for m in self.others:
-            self._sync_to(m, min(self.known.get(m, slot), slot), False)
+            if self.known.get(m, slot) <= slot:  # (one that delivered it learned it from our ACCEPT)
+                self._sync_to(m, min(self.known.get(m, slot), slot), False)
         self._propose_new()
 
     def _preempted(self, higher: Ballot, now: float) -> None:
@@ -842,7 +861,7 @@ class SequencerNode:
                 self._preempted(ballot, now)
         self._send(frm, self._promise(ballot, from_slot))  # again if equal: our promise was lost
 
-    def _accept(self, frm: str, ballot: Ballot, e: Entry, now: float) -> None:
+    def _accept(self, frm: str, life: int, ballot: Ballot, e: Entry, now: float) -> None:
         self.top_round = max(self.top_round, ballot[0])
         if ballot < self.promised:
             self._send(frm, Nack(ballot, self.promised))
@@ -857,6 +876,11 @@ class SequencerNode:
                 self._preempted(ballot, now)
         self.acc[e.slot] = e
         self._note(Voted((e,)))
+        if self.quorum <= 2 and self.idx[frm] == ballot[1] and life == ballot[2]:
+            # the leader's vote (it accepted `e` in its ballot before sending it) and ours make a
+            # quorum: `e` is committed, learn it now rather than from the leader's SYNC (3.)
+            self._learn(e)
+            self._deliver()
         self._send(frm, Accepted(ballot, e.slot, self.next_slot))
 
     def _learn(self, e: Entry) -> None:

@@ -37,6 +37,7 @@ from oncemesh.router.order.sequencer import (
     SeqState,
     SequencerNode,
     Status,
+    Sync,
     UnknownMember,
     Unresolved,
     Wire,
@@ -253,7 +254,9 @@ ops = st.lists(st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(ops)
 def test_acceptor_promises_only_upward_and_reports_what_it_accepted(steps: list[tuple[str, tuple[int, int, int], int]]) -> None:
-    node = SequencerNode("A", "ABC", "A.0", 0.0, bootstrap=True)
+    # five members: an acceptor's vote and the leader's are not a quorum (Q = 3), so it only votes
+    # (in a group of three it also learns: test_an_acceptor_of_three_learns_from_the_accept)
+    node = SequencerNode("A", "ABCDE", "A.0", 0.0, bootstrap=True)
     promised = node.promised
     accepted: dict[int, Entry] = {}
     for kind, ballot, slot in steps:
@@ -261,7 +264,7 @@ def test_acceptor_promises_only_upward_and_reports_what_it_accepted(steps: list[
         frm = "ABC"[ballot[1]]
         entry = Entry(slot, ballot, slot, (f"{ballot}{slot}",))
         body: Body = Prepare(ballot, slot) if kind == "prepare" else Accept(ballot, entry)
-        node.handle(frm, Wire(0, (0, 0, 0), body), 1.0)
+        node.handle(frm, Wire(0, (0,) * 5, body), 1.0)
         (reply,) = [a.msg.body for a in node.out if isinstance(a, SendTo) and a.to == frm]
         if ballot < promised:
             assert reply == Nack(ballot, promised)
@@ -274,6 +277,54 @@ def test_acceptor_promises_only_upward_and_reports_what_it_accepted(steps: list[
             assert reply == Accepted(ballot, slot, 1)
             accepted[slot] = entry
         assert node.promised == promised
+
+
+def test_an_acceptor_of_three_learns_from_the_accept() -> None:
+    """N = 3: the leader's vote and the acceptor's are a quorum (Q = 2), so an acceptor learns the
+    entry when it accepts it (one hop after the proposal, not three); the leader sends no SYNC to
+    a member whose ACCEPTED says it delivered the slot. N = 5 (Q = 3): it only votes."""
+    net, t = settled("ABC")
+    assert net.node("C").coordinator == "C"
+    net.flush("ABC", t)
+    net.submit("A", "g1", t)
+    assert net.step("A", "C", t) is Request
+    assert [type(w.body) for w in net.chan[("C", "A")]] == [Accept]
+    assert net.step("C", "A", t) is Accept  # A accepts: committed, A learns and delivers at once
+    assert net.delivered[net.inc("A")][-1][1] == "g1" and net.told["g1"] == net.delivered[net.inc("A")][-1][0]
+    assert [type(w.body) for w in net.chan[("A", "C")]] == [Accepted]
+    assert net.step("A", "C", t) is Accepted  # the leader commits; A reported frontier past it: no SYNC
+    assert [type(w.body) for w in net.chan[("C", "A")]] == []
+    assert net.delivered[net.inc("C")][-1][1] == "g1"
+    assert [type(w.body) for w in net.chan[("C", "B")]] == [Accept, Sync]  # B has not answered yet
+    net.step("C", "B", t)
+    assert net.delivered[net.inc("B")][-1][1] == "g1"
+    net.flush("ABC", t)
+    assert {r: [g for _, g in net.delivered[net.inc(r)]][-1] for r in "ABC"} == dict.fromkeys("ABC", "g1")
+
+    net5, t = settled("ABCDE")
+    net5.flush("ABCDE", t)
+    net5.submit("E", "h1", t)
+    assert net5.step("E", "A", t) is Accept
+    assert "h1" not in [g for _, g in net5.delivered[net5.inc("A")]]  # own vote and E's: 2 of Q = 3
+    net5.flush("ABCDE", t)
+    assert [g for _, g in net5.delivered[net5.inc("A")]][-1] == "h1"
+
+
+def test_an_accept_not_from_its_ballots_owner_is_not_learned() -> None:
+    """Learning from an ACCEPT counts the sender's vote as the ballot owner's: only its owner, in the
+    ballot's life, voted for it (an ACCEPT of another member's ballot, or of an older life, is a vote
+    of ours only)."""
+    node = SequencerNode("A", "ABC", "A.0", 0.0, bootstrap=True)
+    e = Entry(1, (1, 2, 0), 1, ("g",))
+    node.handle("B", Wire(0, (0, 0, 0), Accept((1, 2, 0), e)), 1.0)  # B sends C's ballot
+    assert not any(isinstance(a, Delivered) for a in node.out) and node.acc[1] == e
+    node.out.clear()
+    node.handle("C", Wire(1, (0, 0, 1), Accept((1, 2, 0), e)), 1.0)  # C's life 1 sends its life 0's ballot
+    assert not any(isinstance(a, Delivered) for a in node.out)
+    node.out.clear()
+    e2 = Entry(1, (2, 2, 1), 1, ("g",))
+    node.handle("C", Wire(1, (0, 0, 1), Accept((2, 2, 1), e2)), 1.0)
+    assert [a for a in node.out if isinstance(a, Delivered)] == [Delivered(1, "g")]
 
 
 # ---------------------------------------------------------------------- amnesia
