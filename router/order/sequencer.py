@@ -353,7 +353,11 @@ class Timing:
     answer: float = 0.3  # bully: wait this long for an ANSWER
     coordinator: float = 1.0  # bully: then this long for COORDINATOR
     batch: int = 64
-    sync_cap: int = 64
+    sync_cap: int = 64  # entries per SYNC at most ...
+    # ... and gids at most (a first entry goes even if larger): a SYNC is one control message, and
+    # Proton keeps a pooled delivery's buffer at the largest frame it carried (interrouter/node.py,
+    # MAX_CONTROL_FRAME): 64 entries of 64 gids made SYNCs of ~160 KB for a member behind
+    sync_gids: int = 128
 
 
 class SequencerNode:
@@ -947,7 +951,17 @@ class SequencerNode:
     def _sync_to(self, m: str, start: int, beat: bool) -> None:
         cp = self.cp if start < self.base else None  # it is behind our base: it goes on from there
         start = max(start, self.base)
-        entries = tuple(self.chosen[s] for s in range(start, start + self.t.sync_cap) if s in self.chosen)
+        picked: list[Entry] = []
+        gids = 0
+        for s in range(start, start + self.t.sync_cap):
+            e = self.chosen.get(s)
+            if e is None:
+                continue
+            if picked and gids + len(e.gids) > self.t.sync_gids:
+                break
+            picked.append(e)
+            gids += len(e.gids)
+        entries = tuple(picked)
         if self.lead is Lead.LEADING:
             self.stable = min([self.next_slot] + [self.known.get(o, self.base) for o in self.others])
         self._send(m, Sync(entries, self.next_slot, self.stable, self.base, self.base_num, beat, cp))

@@ -472,6 +472,32 @@ def test_the_minority_side_commits_nothing_and_catches_up_after_healing() -> Non
         assert net.delivered[net.inc(r)] == [(1, "majority"), (2, "minority")]
 
 
+def test_a_member_far_behind_catches_up_in_syncs_of_bounded_size() -> None:
+    """A SYNC is one control message: it carries at most `sync_gids` gids (or one entry), so a
+    member that missed many batches is caught up in many small messages, not one of ~160 KB."""
+    net, t = settled("ABCDE")
+    net.view("BCDE", "A", now=t)
+    for i in range(700):
+        net.submit("B", f"g{i}", t)
+    t = net.run("BCDE", t, t + 4.0)
+    assert len(net.committed) == 700 and not net.delivered[net.inc("A")]
+    seen: list[tuple[int, int]] = []  # (gids, entries) of each SYNC with entries to A
+    step = net.step
+
+    def watching(src: str, dst: str, now: float = 1.0) -> type:
+        body = net.chan[(src, dst)][0].body
+        if dst == "A" and isinstance(body, Sync) and body.entries:
+            seen.append((sum(len(e.gids) for e in body.entries), len(body.entries)))
+        return step(src, dst, now)
+
+    net.step = watching  # type: ignore[method-assign]
+    net.view("ABCDE", now=t)
+    net.run("ABCDE", t, t + 6.0)
+    assert [g for _, g in net.delivered[net.inc("A")]] == [net.committed[n] for n in range(1, 701)]
+    cap = net.node("E").t.sync_gids
+    assert len(seen) > 1 and all(gids <= cap or entries == 1 for gids, entries in seen), seen
+
+
 def test_compaction_drops_what_everyone_delivered_and_late_requests_from_behind_it() -> None:
     net, t = settled()
     for k in range(6):
