@@ -94,7 +94,7 @@ def test_engines_of_one_loop_share_the_hook_and_direct_flushes_stay_safe() -> No
         await asyncio.sleep(0.01)
 
     asyncio.run(main())
-    assert order == ["a", "b", "b2"]
+    assert order[0] == "a" and sorted(order[1:]) == ["b", "b2"]  # (b's two in its dirty set: any order)
 
 
 def test_a_failing_flush_is_contained(caplog: Any) -> None:
