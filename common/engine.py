@@ -6,8 +6,12 @@ Each connection owns a Proton connection, transport and collector. Bytes from th
 pushed into the transport; the collector's events are translated into calls on a
 `ConnectionHandler` (the router or a client), which act on `Link` objects. Output is never written
 from inside a handler: a connection that has something to say marks itself dirty, and the `Engine`
-flushes every dirty connection once per event-loop pass (one `call_soon`), so that a burst of
-messages from one publisher becomes one write per subscriber connection.
+flushes every dirty connection once per event-loop pass, so that a burst of messages from one
+publisher becomes one write per subscriber connection. The flush runs at the end of the pass that
+made the output, just before the loop waits for I/O again (`_PassEnd`, a wrapper of the loop's
+selector), not in a pass of its own: a `call_soon` cost a second pass per pass (a selector poll
+and asyncio's bookkeeping), ~4.6 `epoll_wait` per message at 1,000 msg/s (docs/performance.md,
+"Issue 19").
 
 Handlers see our own `Link` objects and raw delivery pointers; nothing above this module touches
 cffi. A handler exception is contained here (the one supervision point of a connection): the
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import selectors
 import ssl
 import time
 from collections.abc import Callable
@@ -86,11 +91,83 @@ class ConnectionHandler(Protocol):
     def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None: ...
 
 
+class _PassEnd(selectors.BaseSelector):
+    """The loop's selector, wrapped: before the loop waits for I/O (the end of a pass: every ready
+    callback of the pass has run) the engines of this loop that have output flush it. Without this
+    the flush was a `call_soon`, which asyncio runs in the next pass, after one more poll of the
+    selector: two passes per pass. Output still leaves in the pass that made it, after its
+    after-pass work and the write-ahead hooks, and nothing waits longer: when the flush scheduled
+    something (a ready callback, a timer, a stop), the wait is shortened as asyncio would have.
+
+    It relies on asyncio's selector loop (`_selector`, `_ready`, `_scheduled`, `_stopping`, all
+    of CPython 3.11 to 3.13); on any other loop the engine falls back to `call_soon`."""
+
+    def __init__(self, loop: Any, inner: selectors.BaseSelector) -> None:
+        self.loop = loop
+        self.inner = inner
+        self.pending: list[Engine] = []  # engines with a flush due at the end of this pass
+
+    @classmethod
+    def install(cls, loop: asyncio.AbstractEventLoop) -> _PassEnd | None:
+        sel = getattr(loop, "_selector", None)
+        if isinstance(sel, _PassEnd):
+            return sel
+        if not isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop) or not isinstance(
+                sel, selectors.BaseSelector) or not all(
+                hasattr(loop, a) for a in ("_ready", "_scheduled", "_stopping")):
+            return None
+        hook = cls(loop, sel)
+        loop._selector = hook  # type: ignore[attr-defined]
+        return hook
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if self.pending:
+            self.run_pending()
+            loop = self.loop
+            if loop._ready or loop._stopping:
+                timeout = 0
+            elif loop._scheduled and timeout != 0:  # (a timer the flush started, due before the wait ends)
+                due = max(0.0, loop._scheduled[0]._when - loop.time())
+                timeout = due if timeout is None else min(timeout, due)
+        return self.inner.select(timeout)
+
+    def run_pending(self) -> None:
+        while self.pending:  # (a flush can make output on another engine of the loop)
+            engines, self.pending = self.pending, []
+            for eng in engines:
+                if eng._scheduled:
+                    try:
+                        eng._flush_all()
+                    except Exception:  # supervision point: as asyncio's for a failed callback
+                        log.exception("engine.flush_failed")
+
+    # the rest of the selector's interface, as it is
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self.inner.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self.inner.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self.inner.modify(fileobj, events, data)
+
+    def close(self) -> None:
+        self.pending.clear()
+        self.inner.close()
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self.inner.get_key(fileobj)
+
+    def get_map(self) -> Any:
+        return self.inner.get_map()
+
+
 class Engine:
     """Per-loop state shared by all connections: the dirty set flushed once per loop pass."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.loop = loop or asyncio.get_event_loop()
+        self._pass_end = _PassEnd.install(self.loop)  # None: a `call_soon` per pass instead
         # one output buffer for every connection: flushing is synchronous, one at a time
         self.out_buf, self.out_cbuf = F.new_buffer(_READ_CHUNK)
         self.out_view = memoryview(self.out_buf)
@@ -109,14 +186,19 @@ class Engine:
         """(`AmqpConnection.touch` calls this once per pass: the connection remembers it is dirty.)"""
         self._dirty.add(conn)
         if not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self._flush_all)
+            self._schedule()
 
     def call_after_pass(self, fn: Callable[[], None]) -> None:
         """Run `fn` once at the end of this loop pass, before output is flushed."""
         self._after_pass.append(fn)
         if not self._scheduled:
-            self._scheduled = True
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        if self._pass_end is not None:
+            self._pass_end.pending.append(self)
+        else:
             self.loop.call_soon(self._flush_all)
 
     def _flush_all(self) -> None:

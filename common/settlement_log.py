@@ -156,6 +156,8 @@ def _groupable(gid: str) -> bool:
 def _gid_groups(gids: list[str]) -> str:
     """The JSON array of a v2 line's ids: runs of ids sharing their first GID_PREFIX characters
     become one string, the first id whole, the others without that prefix ("p:1 2 3")."""
+    if len(gids) == 1:  # (the common case at moderate rates: a message per loop pass)
+        return '["' + gids[0] + '"]'
     runs: list[list[str]] = []
     cur = None
     toks: list[str] = []
@@ -763,11 +765,12 @@ class SettlementLog:
             return
         self._keeper.submit(closed)
 
-    def _maybe_rotate(self) -> None:
+    def _maybe_rotate(self, now: float | None = None) -> None:
         p = self.segments
         if p is None or self._pending or self._seg_bytes == 0:
             return
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         if now < self._rotate_retry_at:
             return
         if ((p.max_bytes and self._seg_bytes >= p.max_bytes)
@@ -833,13 +836,16 @@ class SettlementLog:
                 if not self.hold:
                     raise OSError(errno.ENOSPC, f"settlement log held: {self.block_reason}")
                 return
-        view = memoryview(self._pending)
+        pending = self._pending
         written = 0
         try:
-            while written < len(view):
-                written += self._write_fn(self._fd, view[written:])
+            # one write, the usual (a pass's lines are a few hundred bytes); a short one goes on
+            with memoryview(pending) as view:
+                written = self._write_fn(self._fd, view)
+                while written < len(view):
+                    written += self._write_fn(self._fd, view[written:])
         except OSError as exc:
-            self._pending = bytes(view[written:])
+            self._pending = pending[written:]
             self._seg_bytes += written
             if exc.errno not in NO_SPACE:
                 raise
@@ -847,13 +853,12 @@ class SettlementLog:
             if not self.hold:
                 raise
             return
-        finally:
-            del view
         self._seg_bytes += written
         self._pending = b""
-        self.last_flush = time.monotonic()
-        self._set_writable(True)
-        self._maybe_rotate()
+        self.last_flush = now = time.monotonic()
+        if not self.writable:
+            self._set_writable(True)
+        self._maybe_rotate(now)
 
     def close(self, wait: bool = True) -> None:
         """Flush, close the open segment (compressed by the worker) and, with `wait`, wait until

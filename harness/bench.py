@@ -1182,7 +1182,10 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
     if shutil.which("valgrind") is None:
         return {"error": "valgrind is not installed (apt-get install valgrind): no instruction count"}
     n = args.instructions
-    case = Case.fan("instructions", "router", 1, 1)
+    # (with --instructions-rate the publisher is paced: a message or so per loop pass, the regime of
+    # moderate rates whose fixed costs per pass the saturated count hides; docs/performance.md)
+    rate = getattr(args, "instructions_rate", 0.0)
+    case = Case.fan("instructions", "router", 1, 1, rate)
     totals: dict[int, tuple[int, int]] = {}
     for count in (n, 6 * n):
         wd = workdir / f"instructions-{count}"
@@ -1204,7 +1207,7 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
     loop, workers = ((totals[6 * n][i] - totals[n][i]) / (5 * n) for i in (0, 1))
     return {"messages": [n, 6 * n], "instructions": [sum(totals[n]), sum(totals[6 * n])],
             "per_message": round(loop + workers), "per_message_loop": round(loop),
-            "per_message_workers": round(workers)}
+            "per_message_workers": round(workers), "rate": rate or None}
 
 
 def profile_router(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
@@ -1453,7 +1456,8 @@ def format_report(rep: dict[str, Any]) -> str:
     if ins:
         if "per_message" in ins:
             lines += [f"router instructions per message (callgrind, 1:1 exactly-once, runs of "
-                      f"{ins['messages'][0]:,} and {ins['messages'][1]:,} messages): {ins['per_message']:,}"
+                      f"{ins['messages'][0]:,} and {ins['messages'][1]:,} messages"
+                      + (f" at {ins['rate']:g} msg/s" if ins.get("rate") else "") + f"): {ins['per_message']:,}"
                       + (f" ({ins['per_message_loop']:,} on the event loop's thread, {ins['per_message_workers']:,} "
                          f"on worker threads: the settlement log's compression)" if "per_message_loop" in ins else ""),
                       ""]
@@ -1524,6 +1528,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help="also: instructions the router executes per message (1:1 exactly-once), counted by "
                         "valgrind's callgrind over N and 6N messages (repeatable on a noisy machine: use it "
                         "to compare versions; 2000 takes ~2 min)")
+    p.add_argument("--instructions-rate", type=float, default=0.0, metavar="MSG_S",
+                   help="the publisher's rate in the --instructions runs (default 0: as fast as it goes, large "
+                        "batches; e.g. 40: about one message per loop pass under callgrind, the moderate-rate regime)")
     p.add_argument("--no-main", action="store_true", help="skip the scenario and its baselines (run only "
                                                         "--scale-out / --memory / --profile / --instructions / "
                                                         "--latency-curve)")
