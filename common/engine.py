@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import selectors
 import ssl
 import time
@@ -165,9 +166,15 @@ class _PassEnd(selectors.BaseSelector):
 class Engine:
     """Per-loop state shared by all connections: the dirty set flushed once per loop pass."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None, pass_end: bool | None = None) -> None:
         self.loop = loop or asyncio.get_event_loop()
-        self._pass_end = _PassEnd.install(self.loop)  # None: a `call_soon` per pass instead
+        # The flush at the end of the pass (`_PassEnd`) is off unless asked for (`pass_end`, or
+        # ONCEMESH_PASS_END=1 in the environment): it saves ~6 % of the instructions per message at
+        # moderate rates, but it wraps asyncio's private selector loop and its effect on CPU and
+        # latency has not been measured on a quiet machine yet (docs/performance.md, "Issue 19").
+        if pass_end is None:
+            pass_end = os.environ.get("ONCEMESH_PASS_END") == "1"
+        self._pass_end = _PassEnd.install(self.loop) if pass_end else None  # None: a `call_soon` per pass
         # one output buffer for every connection: flushing is synchronous, one at a time
         self.out_buf, self.out_cbuf = F.new_buffer(_READ_CHUNK)
         self.out_view = memoryview(self.out_buf)

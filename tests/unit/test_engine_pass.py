@@ -43,7 +43,7 @@ def test_output_leaves_in_the_pass_that_made_it() -> None:
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        eng = Engine(loop)
+        eng = Engine(loop, pass_end=True)
         polls = _count_polls(loop)
         eng.before_output.append(lambda: order.append(f"log written (polls {len(polls)})"))
         seen: list[int] = []
@@ -67,7 +67,7 @@ def test_what_the_flush_starts_does_not_wait() -> None:
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        eng = Engine(loop)
+        eng = Engine(loop, pass_end=True)
         soon = loop.create_future()
         later = loop.create_future()
         eng.call_after_pass(lambda: loop.call_soon(soon.set_result, time.monotonic()))
@@ -85,7 +85,7 @@ def test_engines_of_one_loop_share_the_hook_and_direct_flushes_stay_safe() -> No
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        a, b = Engine(loop), Engine(loop)
+        a, b = Engine(loop, pass_end=True), Engine(loop, pass_end=True)
         assert a._pass_end is b._pass_end is loop._selector  # type: ignore[attr-defined]
         a.mark_dirty(Conn(order, "a"))  # type: ignore[arg-type]
         b.mark_dirty(Conn(order, "b"))  # type: ignore[arg-type]
@@ -100,7 +100,7 @@ def test_engines_of_one_loop_share_the_hook_and_direct_flushes_stay_safe() -> No
 def test_a_failing_flush_is_contained(caplog: Any) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        eng = Engine(loop)
+        eng = Engine(loop, pass_end=True)
         eng._flush_all = lambda: 1 / 0  # type: ignore[method-assign]
         eng._schedule()
         await asyncio.sleep(0.01)
@@ -117,7 +117,22 @@ def test_other_loops_fall_back_to_call_soon() -> None:
         def call_soon(self, fn: Any) -> None:
             order.append("call_soon")
 
-    eng = Engine(Loop())  # type: ignore[arg-type]
+    eng = Engine(Loop(), pass_end=True)  # type: ignore[arg-type]
     assert eng._pass_end is None
     eng.mark_dirty(Conn(order))  # type: ignore[arg-type]
     assert order == ["call_soon"]
+
+
+def test_off_unless_asked_for() -> None:
+    """The default engine flushes in a `call_soon` pass (the hook wraps asyncio's private loop
+    internals: opt-in until measured, ONCEMESH_PASS_END=1)."""
+    loop = asyncio.new_event_loop()
+    try:
+        eng = Engine(loop, pass_end=False)
+        assert eng._pass_end is None and not isinstance(loop._selector, _PassEnd)  # type: ignore[attr-defined]
+        out: list[str] = []
+        eng.mark_dirty(Conn(out))  # type: ignore[arg-type]
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert out == ["output"]
+    finally:
+        loop.close()
