@@ -125,6 +125,12 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
 
     def on_disconnected(self, event: Any) -> None:
         self.up = False
+        # What we sent that had not left before the connection broke, Proton would send by itself
+        # on the next connection, and our resend of it (in doubt) would be a second transfer under
+        # a tag still open there: another message to a router. Abort them all (Proton drops an
+        # aborted delivery it never sent); every one is resent once, from `resend`, on reattach.
+        for d in self.unsettled.values():
+            d.abort()
         self.rep.line("disconnected", error=str(event.transport.condition if event.transport else None))
 
     def on_link_error(self, event: Any) -> None:
