@@ -69,10 +69,16 @@ from .messages import (
 # reuses them; pn_buffer_clear keeps the capacity), so one large frame leaves a large buffer behind
 # for the life of the connection: under saturation, frames of 100+ KB made a router's RSS climb by
 # ~100 MB/min (heaptrack: pn_buffer_append from pn_do_transfer and pn_link_send). Small frames keep
-# that pool at (deliveries alive at once) x (a few KB). docs/operations.md, "Memory".
+# that pool at (deliveries alive at once) x (a few KB). docs/operations.md, "What can grow".
 MAX_CONTROL_FRAME = 8192
 MAX_CONTROL_ITEMS = 64
 FLOOR_INTERVAL = 1.0  # seconds between two reports of the total-order floors (and compactions)
+
+
+def _runs(items: list[Any]) -> list[list[Any]]:
+    """`items` in runs of at most MAX_CONTROL_ITEMS (one run, the list itself, when it fits)."""
+    n = MAX_CONTROL_ITEMS
+    return [items] if len(items) <= n else [items[i:i + n] for i in range(0, len(items), n)]
 
 
 def control_frames(msgs: list[Any], limit: int = MAX_CONTROL_FRAME) -> list[bytes]:
@@ -361,25 +367,23 @@ class MeshNode:
         for topic, ses in self._lam_sessions.items():
             ses.flush_acks()
             self._lamport_frames(topic, ses)
-        n = MAX_CONTROL_ITEMS
         for dst, items in self._acks.items():
-            for i in range(0, len(items), n):
-                self._route_control(Acks(self.me, dst, items[i:i + n]))
+            for part in _runs(items):
+                self._route_control(Acks(self.me, dst, part))
         notes = self.core.final_notes
         for dst, gids in self._finals.items():
             # (what a resend of a message the router settled in mode first is answered with: identity.py)
-            for i in range(0, len(gids), n):
-                part = gids[i:i + n]
+            for part in _runs(gids):
                 self._route_control(Finals(self.me, dst, part, self.core.notes_on(part) if notes else ()))
         for (dst, inc), gids in self._probes.items():
-            for i in range(0, len(gids), n):
-                self._route_control(Probes(self.me, dst, gids[i:i + n], inc))
+            for part in _runs(gids):
+                self._route_control(Probes(self.me, dst, part, inc))
         for dst, gids in self._holds.items():
-            for i in range(0, len(gids), n):
-                self._route_control(Holds(self.me, dst, gids[i:i + n]))
+            for part in _runs(gids):
+                self._route_control(Holds(self.me, dst, part))
         for dst, gids in self._queries.items():
-            for i in range(0, len(gids), n):
-                self._route_control(Queries(self.me, dst, gids[i:i + n]))
+            for part in _runs(gids):
+                self._route_control(Queries(self.me, dst, part))
         self._acks, self._finals, self._probes, self._holds, self._queries = {}, {}, {}, {}, {}
         control, self._control = self._control, {}
         for hop, msgs in control.items():

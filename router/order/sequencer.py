@@ -830,8 +830,9 @@ class SequencerNode:
         self._learn(e)
         self._deliver()
         for m in self.others:
-            if self.known.get(m, slot) <= slot:  # (one that delivered it learned it from our ACCEPT)
-                self._sync_to(m, min(self.known.get(m, slot), slot), False)
+            start = self.known.get(m, slot)
+            if start <= slot:  # (one past it delivered it: it learned it from our ACCEPT)
+                self._sync_to(m, start, False)
         self._propose_new()
 
     def _preempted(self, higher: Ballot, now: float) -> None:
