@@ -168,12 +168,13 @@ class Engine:
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None, pass_end: bool | None = None) -> None:
         self.loop = loop or asyncio.get_event_loop()
-        # The flush at the end of the pass (`_PassEnd`) is off unless asked for (`pass_end`, or
-        # ONCEMESH_PASS_END=1 in the environment): it saves ~6 % of the instructions per message at
-        # moderate rates, but it wraps asyncio's private selector loop and its effect on CPU and
-        # latency has not been measured on a quiet machine yet (docs/performance.md, "Issue 19").
+        # The flush at the end of the pass (`_PassEnd`) is on unless turned off (`pass_end=False`, or
+        # ONCEMESH_PASS_END=0 in the environment): one loop pass per pass with output instead of two
+        # (~6 % fewer instructions per message at moderate rates, lower p99 on a quiet machine:
+        # docs/performance.md, "Issue 19"). It wraps asyncio's private selector loop; any other loop
+        # falls back to a `call_soon` per pass by itself.
         if pass_end is None:
-            pass_end = os.environ.get("ONCEMESH_PASS_END") == "1"
+            pass_end = os.environ.get("ONCEMESH_PASS_END", "1") != "0"
         self._pass_end = _PassEnd.install(self.loop) if pass_end else None  # None: a `call_soon` per pass
         # one output buffer for every connection: flushing is synchronous, one at a time
         self.out_buf, self.out_cbuf = F.new_buffer(_READ_CHUNK)

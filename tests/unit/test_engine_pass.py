@@ -123,16 +123,26 @@ def test_other_loops_fall_back_to_call_soon() -> None:
     assert order == ["call_soon"]
 
 
-def test_off_unless_asked_for() -> None:
-    """The default engine flushes in a `call_soon` pass (the hook wraps asyncio's private loop
-    internals: opt-in until measured, ONCEMESH_PASS_END=1)."""
+def test_on_by_default_and_off_with_the_environment(monkeypatch: Any) -> None:
+    """The default engine flushes at the end of the pass; ONCEMESH_PASS_END=0 (or `pass_end=False`)
+    goes back to a `call_soon` pass, which still flushes."""
+    monkeypatch.delenv("ONCEMESH_PASS_END", raising=False)
     loop = asyncio.new_event_loop()
     try:
-        eng = Engine(loop, pass_end=False)
-        assert eng._pass_end is None and not isinstance(loop._selector, _PassEnd)  # type: ignore[attr-defined]
-        out: list[str] = []
-        eng.mark_dirty(Conn(out))  # type: ignore[arg-type]
-        loop.run_until_complete(asyncio.sleep(0.01))
-        assert out == ["output"]
+        eng = Engine(loop)
+        assert isinstance(eng._pass_end, _PassEnd) and loop._selector is eng._pass_end  # type: ignore[attr-defined]
     finally:
         loop.close()
+    for off in ({"env": "0"}, {"arg": False}):
+        if "env" in off:
+            monkeypatch.setenv("ONCEMESH_PASS_END", off["env"])
+        loop = asyncio.new_event_loop()
+        try:
+            eng = Engine(loop, pass_end=off.get("arg"))  # type: ignore[arg-type]
+            assert eng._pass_end is None and not isinstance(loop._selector, _PassEnd)  # type: ignore[attr-defined]
+            out: list[str] = []
+            eng.mark_dirty(Conn(out))  # type: ignore[arg-type]
+            loop.run_until_complete(asyncio.sleep(0.01))
+            assert out == ["output"]
+        finally:
+            loop.close()
