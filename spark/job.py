@@ -229,7 +229,11 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
     conf_dir.mkdir(parents=True, exist_ok=True)
     log4j = conf_dir / "log4j2.properties"
     if not log4j.exists() or log4j.read_text() != _LOG4J:
-        log4j.write_text(_LOG4J)
+        # written whole and renamed into place: another process starting a session at the same
+        # moment (the test run's workers) reads the old file or the new one, never half of one
+        tmp = conf_dir / f".log4j2.{os.getpid()}.tmp"
+        tmp.write_text(_LOG4J)
+        os.replace(tmp, log4j)
     b = (SparkSession.builder.appName(app_name).master(master)
          .config("spark.ui.showConsoleProgress", "false")
          # -Xss: Spark compiles generated code on the thread that runs a query, a stream's among

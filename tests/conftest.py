@@ -23,6 +23,30 @@ settings.register_profile("oncemesh", deadline=None)
 settings.load_profile("oncemesh")
 
 
+# The default run goes on two pytest-xdist workers (pyproject: `-n auto --dist loadgroup`): most
+# tests wait on processes they started (routers, clients, a JVM) and left one core idle. Each test
+# runs in the group of its module, so a module's fixtures are set up once, in one worker; every
+# test that needs the JVM (tests/spark, tests/foreign: the Spark session, the foreign clients'
+# builds) is in one group "jvm", first in the queue: one Spark session, started once, and the
+# longest unit of work begins first. `-n 0` runs everything in one process.
+JVM_DIRS = ("spark", "foreign")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    jvm: list[pytest.Item] = []
+    rest: list[pytest.Item] = []
+    for item in items:
+        rel = item.path.relative_to(tests) if item.path.is_relative_to(tests) else item.path
+        if rel.parts[0] in JVM_DIRS:
+            item.add_marker(pytest.mark.xdist_group("jvm"))
+            jvm.append(item)
+        else:
+            item.add_marker(pytest.mark.xdist_group(str(rel)))
+            rest.append(item)
+    items[:] = jvm + rest
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
     outcome = yield

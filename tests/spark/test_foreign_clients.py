@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,12 +89,14 @@ def test_plain_proton_clients_are_judged_by_the_router_view(spark: SparkSession,
     assert all(per[x].home_pairs == per[x].judged_pairs == N for x in "ABC")
 
     # a router that took part without its log: its subscription's pairs cannot be judged, and the
-    # run is partial (exit 3), not a pass -- unless the operator accepts partial evidence
+    # run is partial (exit 3), not a pass -- unless the operator accepts partial evidence. One
+    # reconciliation for both verdicts: `accept_partial` is passed down to the summary and read only by
+    # its verdict (Summary.exit_status), so the same summary without it is the operator's default
     cut = tmp_path / "without-C"
     shutil.copytree(logs, cut, ignore=lambda d, names: [x for x in names if x.startswith("C.settlement.")])
-    s = reconcile_paths([cut], spark=spark, chart=False)
+    accepted = reconcile_paths([cut], spark=spark, chart=False, accept_partial=True)
+    s = replace(accepted, accept_partial=False)
     assert s.router_view.missing_routers == ("C",)
     assert dict(s.router_view.reasons)["missing_log"] == N and s.router_view.judged == 2 * N
     assert s.unjudged_pairs == N and s.exit_status == 3 and s.verdict == "partial"
-    s = reconcile_paths([cut], spark=spark, chart=False, accept_partial=True)
-    assert s.exit_status == 0 and s.judged_pairs == 2 * N
+    assert accepted.accept_partial and accepted.exit_status == 0 and accepted.judged_pairs == 2 * N
