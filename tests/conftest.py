@@ -154,3 +154,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--sim-total", action="store_true", help="the topic in total order (sequencer) for --sim-seed")
     g.addoption("--sim-lamport", action="store_true", help="the topic in total order (Lamport) for --sim-seed")
     g.addoption("--sim-causal", action="store_true", help="the topic in causal order for --sim-seed")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """(pytest-xdist, on the controller) a worker's foreign-client set-up times, for the summary."""
+    import json
+
+    from tests.foreign.clients import SETUP
+
+    got = getattr(node, "workeroutput", {}).get("foreign_setup")
+    if got:
+        node.config.stash.setdefault(SETUP, {}).update({k: (v[0], v[1]) for k, v in json.loads(got).items()})
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    from tests.foreign.clients import SETUP
+
+    setup = config.stash.get(SETUP, None)
+    if setup:
+        terminalreporter.write_line("foreign clients: " + "; ".join(
+            f"{n} {v} (set-up {s:.1f} s)" for n, (v, s) in sorted(setup.items())))
