@@ -230,7 +230,7 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
     log4j = conf_dir / "log4j2.properties"
     if not log4j.exists() or log4j.read_text() != _LOG4J:
         # written whole and renamed into place: another process starting a session at the same
-        # moment (the test run's workers) reads the old file or the new one, never half of one
+        # moment reads the old file or the new one, never half of one
         tmp = conf_dir / f".log4j2.{os.getpid()}.tmp"
         tmp.write_text(_LOG4J)
         os.replace(tmp, log4j)

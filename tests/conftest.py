@@ -23,30 +23,6 @@ settings.register_profile("oncemesh", deadline=None)
 settings.load_profile("oncemesh")
 
 
-# The default run goes on two pytest-xdist workers (pyproject: `-n auto --dist loadgroup`): most
-# tests wait on processes they started (routers, clients, a JVM) and left one core idle. Each test
-# runs in the group of its module, so a module's fixtures are set up once, in one worker; every
-# test that needs the JVM (tests/spark, tests/foreign: the Spark session, the foreign clients'
-# builds) is in one group "jvm", first in the queue: one Spark session, started once, and the
-# longest unit of work begins first. `-n 0` runs everything in one process.
-JVM_DIRS = ("spark", "foreign")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests = Path(__file__).parent
-    jvm: list[pytest.Item] = []
-    rest: list[pytest.Item] = []
-    for item in items:
-        rel = item.path.relative_to(tests) if item.path.is_relative_to(tests) else item.path
-        if rel.parts[0] in JVM_DIRS:
-            item.add_marker(pytest.mark.xdist_group("jvm"))
-            jvm.append(item)
-        else:
-            item.add_marker(pytest.mark.xdist_group(str(rel)))
-            rest.append(item)
-    items[:] = jvm + rest
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
     outcome = yield
@@ -154,24 +130,3 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--sim-total", action="store_true", help="the topic in total order (sequencer) for --sim-seed")
     g.addoption("--sim-lamport", action="store_true", help="the topic in total order (Lamport) for --sim-seed")
     g.addoption("--sim-causal", action="store_true", help="the topic in causal order for --sim-seed")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
-    """(pytest-xdist, on the controller) a worker's foreign-client set-up times, for the summary."""
-    import json
-
-    from tests.foreign.clients import SETUP
-
-    got = getattr(node, "workeroutput", {}).get("foreign_setup")
-    if got:
-        node.config.stash.setdefault(SETUP, {}).update({k: (v[0], v[1]) for k, v in json.loads(got).items()})
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    from tests.foreign.clients import SETUP
-
-    setup = config.stash.get(SETUP, None)
-    if setup:
-        terminalreporter.write_line("foreign clients: " + "; ".join(
-            f"{n} {v} (set-up {s:.1f} s)" for n, (v, s) in sorted(setup.items())))

@@ -41,9 +41,6 @@ from typing import Any
 
 import pytest
 
-# the set-up time and version of each family this run used: the terminal summary prints them
-SETUP = pytest.StashKey[dict[str, tuple[str, float]]]()
-
 HERE = Path(__file__).resolve().parent
 SKIP_ENV = "ONCEMESH_FOREIGN_SKIP"
 CACHE_ENV = "ONCEMESH_FOREIGN_CACHE"

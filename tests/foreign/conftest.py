@@ -7,12 +7,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import pytest
 
-from tests.foreign.clients import SETUP, Family, family
+from tests.foreign.clients import Family, family
+
+SETUP = pytest.StashKey[dict[str, tuple[str, float]]]()
 
 
 def _family(name: str, request: pytest.FixtureRequest) -> Family:
@@ -57,10 +58,8 @@ def spark() -> Iterator[object]:
             session.stop()
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """On a pytest-xdist worker: hand the set-up times to the controller, which prints them
-    (tests/conftest.py: this conftest is loaded only where the tests are collected)."""
-    out = getattr(session.config, "workeroutput", None)
-    setup = session.config.stash.get(SETUP, None)
-    if out is not None and setup:
-        out["foreign_setup"] = json.dumps(setup)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    setup = config.stash.get(SETUP, None)
+    if setup:
+        terminalreporter.write_line("foreign clients: " + "; ".join(
+            f"{n} {v} (set-up {s:.1f} s)" for n, (v, s) in sorted(setup.items())))
