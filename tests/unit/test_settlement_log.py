@@ -314,6 +314,17 @@ def test_the_core_grants_no_publisher_credit_while_the_log_cannot_be_written() -
     assert credit() == 8
 
 
+def _rotated_ten_times(tmp_path: Path) -> SettlementLog:
+    """A segmented log that rotated (and handed closed segments to its worker) about ten times, closed."""
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(max_bytes=300, max_seconds=0))
+    for i in range(10):
+        log.write_core_events(1.0 + i, [("delivered", f"p:{i}", "t", "s" * 16, None)] * 2)
+        log.flush()
+    log.close()
+    return log
+
+
 def test_compression_runs_on_the_housekeeping_thread_not_the_writers(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
@@ -328,12 +339,7 @@ def test_compression_runs_on_the_housekeeping_thread_not_the_writers(tmp_path: P
         return real(path)
 
     monkeypatch.setattr(sl, "compress_segment", spy)
-    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
-                        segments=Segments(max_bytes=300, max_seconds=0))
-    for i in range(10):
-        log.write_core_events(1.0 + i, [("delivered", f"p:{i}", "t", "s" * 16, None)] * 2)
-        log.flush()
-    log.close()
+    _rotated_ten_times(tmp_path)
     assert len(threads) >= 3 and threading.get_ident() not in threads
 
 
@@ -351,12 +357,7 @@ def test_the_housekeeper_hands_freed_memory_back_after_each_job(tmp_path: Path,
         assert sl.release_free_memory is not None and sl.release_free_memory() in (0, 1)
     trimmed: list[int] = []
     monkeypatch.setattr(sl, "release_free_memory", lambda: trimmed.append(threading.get_ident()) or 1)
-    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
-                        segments=Segments(max_bytes=300, max_seconds=0))
-    for i in range(10):
-        log.write_core_events(1.0 + i, [("delivered", f"p:{i}", "t", "s" * 16, None)] * 2)
-        log.flush()
-    log.close()
+    log = _rotated_ten_times(tmp_path)
     compressed = [f for f in tmp_path.iterdir() if f.name.endswith(".jsonl.gz")]
     assert len(trimmed) >= len(compressed) >= 3 and threading.get_ident() not in trimmed
     assert log._keeper is not None and log._keeper.trims == len(trimmed)
