@@ -345,7 +345,6 @@ class _Housekeeper:
         self.jobs: queue.Queue[Path | None] = queue.Queue()
         self.compressed = 0
         self.deleted = 0
-        self.trims = 0  # jobs after which the freed memory was handed back (release_free_memory)
         self.name = f"slog-{stem}"
         self._lock = threading.Lock()
         self._running = False
@@ -378,7 +377,6 @@ class _Housekeeper:
             finally:
                 if release_free_memory is not None:
                     release_free_memory()
-                    self.trims += 1
                 self.jobs.task_done()
 
     def segments(self) -> list[tuple[float, str, Path, int]]:

@@ -133,12 +133,12 @@ def test_on_by_default_and_off_with_the_environment(monkeypatch: Any) -> None:
         assert isinstance(eng._pass_end, _PassEnd) and loop._selector is eng._pass_end  # type: ignore[attr-defined]
     finally:
         loop.close()
-    for off in ({"env": "0"}, {"arg": False}):
-        if "env" in off:
-            monkeypatch.setenv("ONCEMESH_PASS_END", off["env"])
+    for env, arg in (("0", None), (None, False)):  # off by the environment, off by the argument
+        if env is not None:
+            monkeypatch.setenv("ONCEMESH_PASS_END", env)
         loop = asyncio.new_event_loop()
         try:
-            eng = Engine(loop, pass_end=off.get("arg"))  # type: ignore[arg-type]
+            eng = Engine(loop, pass_end=arg)
             assert eng._pass_end is None and not isinstance(loop._selector, _PassEnd)  # type: ignore[attr-defined]
             out: list[str] = []
             eng.mark_dirty(Conn(out))  # type: ignore[arg-type]
