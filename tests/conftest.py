@@ -15,12 +15,37 @@ from hypothesis import settings
 
 from oncemesh.harness.testing import Proc, RouterProcess
 from oncemesh.topology.load import example_path
+from tests import workers
 
 # Hypothesis' per-example deadline times examples by the wall clock; on a shared 2-core machine a
 # loaded moment fails a correct test (seen: test_lamportcodec under load). Property tests assert
 # properties; speed is measured by benchmarks.
 settings.register_profile("oncemesh", deadline=None)
 settings.load_profile("oncemesh")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> workers.ModuleScheduling:
+    return workers.ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workers.jvm_first(items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workers.hand_over(session)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    workers.take_over(node.config, node)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    line = workers.summary_line(config)
+    if line:
+        terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -12,14 +12,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests.foreign.clients import Family, family
-
-SETUP = pytest.StashKey[dict[str, tuple[str, float]]]()
+from tests.workers import FOREIGN_SETUP
 
 
 def _family(name: str, request: pytest.FixtureRequest) -> Family:
     fam = family(name)
-    # the set-up time is part of the module's budget: the summary says what it was
-    request.config.stash.setdefault(SETUP, {})[fam.name] = (fam.version, fam.setup_seconds)
+    # the set-up time is part of the module's budget: the summary says what it was (tests/conftest.py)
+    request.config.stash.setdefault(FOREIGN_SETUP, {})[fam.name] = (fam.version, fam.setup_seconds)
     return fam
 
 
@@ -57,9 +56,3 @@ def spark() -> Iterator[object]:
         if created:
             session.stop()
 
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    setup = config.stash.get(SETUP, None)
-    if setup:
-        terminalreporter.write_line("foreign clients: " + "; ".join(
-            f"{n} {v} (set-up {s:.1f} s)" for n, (v, s) in sorted(setup.items())))

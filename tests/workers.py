@@ -1,0 +1,73 @@
+"""How the default run is split between pytest-xdist workers (`-n auto`, pyproject.toml).
+
+One unit of work per test module, so a module's fixtures are set up once; the tests that need the
+JVM are two units, handed out first because they are the longest: tests/spark (~10 minutes,
+its session-wide Spark session set up once) and tests/foreign (the foreign clients' builds and
+their own Spark session). Each runs on one worker from its start while the workers that finish
+theirs take the modules that need no JVM. (One JVM unit of both was measured at 21 minutes for
+the whole run: the worker holding it finished last, long after the other.) pytest-xdist's own `--dist loadgroup` cannot group them: it rewrites
+a node's `_nodeid`, and pytest 9 reads `_id`.
+
+Set-up figures that a worker gathers (the foreign clients' versions and set-up times) travel to
+the controller through `workeroutput`, so the summary prints them with or without workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+# the units that need the JVM, longest first: (folder, unit name)
+JVM_UNITS = (("tests/spark/", "spark"), ("tests/foreign/", "foreign"))
+
+# client family -> (version, set-up seconds); filled by tests/foreign/conftest.py
+FOREIGN_SETUP = pytest.StashKey[dict[str, tuple[str, float]]]()
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: "spark", "foreign", or its module's path."""
+    path = nodeid.split("::", 1)[0]
+    return next((unit for folder, unit in JVM_UNITS if path.startswith(folder)), path)
+
+
+def _rank(unit: str) -> int:
+    return next((i for i, (_, name) in enumerate(JVM_UNITS) if name == unit), len(JVM_UNITS))
+
+
+class ModuleScheduling(LoadScopeScheduling):
+    """`--dist loadscope` with our units: a module, or a folder of tests that need the JVM."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return unit_of(nodeid)
+
+
+def jvm_first(items: list[pytest.Item]) -> None:
+    """Put the JVM units first, longest first (a stable sort: every worker collects the same
+    order; units are handed out in that order), so the longest units start at once."""
+    items.sort(key=lambda item: _rank(unit_of(item.nodeid)))
+
+
+def hand_over(session: pytest.Session) -> None:
+    """On a worker: pass the gathered set-up figures to the controller."""
+    out: dict[str, Any] | None = getattr(session.config, "workeroutput", None)
+    setup = session.config.stash.get(FOREIGN_SETUP, None)
+    if out is not None and setup:
+        out["foreign_setup"] = setup
+
+
+def take_over(config: pytest.Config, node: Any) -> None:
+    """On the controller: merge what a finished worker handed over."""
+    setup = getattr(node, "workeroutput", {}).get("foreign_setup")
+    if setup:
+        config.stash.setdefault(FOREIGN_SETUP, {}).update(
+            {name: (str(v), float(s)) for name, (v, s) in setup.items()})
+
+
+def summary_line(config: pytest.Config) -> str | None:
+    setup = config.stash.get(FOREIGN_SETUP, None)
+    if not setup:
+        return None
+    return "foreign clients: " + "; ".join(
+        f"{n} {v} (set-up {s:.1f} s)" for n, (v, s) in sorted(setup.items()))
