@@ -292,6 +292,32 @@ def _max(values: Sequence[float | int | None]) -> float | None:
     return max(got) if got else None
 
 
+def rss_growth_at_highs(samples: Sequence[Sample], warmup: float) -> tuple[float, float] | None:
+    """(RSS growth after the warm-up, the part of it in steps at new in-flight highs), MB.
+
+    A router's memory follows the most it ever held in flight: Python's dicts keep the capacity
+    they grew to, Proton keeps a connection's delivery objects and their buffers at the largest
+    number alive at once. Both are bounded by the in-flight limits (docs/operations.md, "What can
+    grow"). A step of RSS is counted "at a new high" when the sample before it, its own or the
+    next saw more records in flight than every sample before them (samples a second apart can
+    lag the spike by one); the rest is growth at levels seen before, which is what a leak adds."""
+    points = [(s.t, s.rss_kb / 1024, s.records) for s in samples if s.rss_kb is not None]
+    highs: list[bool] = []
+    top = -1
+    for _, _, rec in points:
+        highs.append(rec is not None and rec > top)
+        if rec is not None:
+            top = max(top, rec)
+    start = next((i for i, (t, _, _) in enumerate(points) if t >= warmup), None)
+    if start is None or start + 1 >= len(points):
+        return None
+    at_highs = 0.0
+    for i in range(start + 1, len(points)):
+        if any(highs[j] for j in (i - 1, i, i + 1) if j < len(points)):
+            at_highs += points[i][1] - points[i - 1][1]
+    return points[-1][1] - points[start][1], at_highs
+
+
 def router_figures(samples: Sequence[Sample], warmup: float) -> dict[str, Any]:
     """Maxima and slopes of one router's samples (JSON-ready)."""
     rss = [(s.t, s.rss_kb / 1024) for s in samples if s.rss_kb is not None]
@@ -322,6 +348,9 @@ def router_figures(samples: Sequence[Sample], warmup: float) -> dict[str, Any]:
         out[f"{key}_residual_std_mb"] = round(fit.residual_std, 4) if fit else None
         out[f"{key}_slope_within_noise"] = per_min.within_noise if per_min else None
         out[f"{key}_fit_samples"] = fit.n if fit else len(xs)
+    split = rss_growth_at_highs(samples, warmup)
+    out["rss_growth_after_warmup_mb"] = round(split[0], 2) if split else None
+    out["rss_growth_at_inflight_highs_mb"] = round(split[1], 2) if split else None
     return out
 
 
@@ -779,6 +808,12 @@ def format_report(r: SoakResult) -> str:
              for row in rows]
     lines.append(f"(slopes: least squares after the first {c.warmup_s:g}s; 'flat': 0 lies in the 95% interval; "
                  f"lag max: the worst since the router started)")
+    grown = [(rid, f) for rid, f in sorted(r.routers.items()) if f.get("rss_growth_after_warmup_mb") is not None]
+    if grown:
+        lines.append("RSS after the warm-up: " + "; ".join(
+            f"{rid} {f['rss_growth_after_warmup_mb']:+.1f} MB ({f['rss_growth_at_inflight_highs_mb']:+.1f} in steps "
+            f"at new in-flight highs, {f['rss_growth_after_warmup_mb'] - f['rss_growth_at_inflight_highs_mb']:+.1f} "
+            f"elsewhere)" for rid, f in grown))
     if r.load:
         ld = r.load
         lines.append(f"load: {_f(ld.get('sent'))} sent, {_f(ld.get('accepted'))} ACCEPTED, {_f(ld.get('delivered'))} "

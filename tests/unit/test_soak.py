@@ -24,6 +24,7 @@ from oncemesh.harness.soak import (
     dir_bytes,
     fit_line,
     router_figures,
+    rss_growth_at_highs,
     run_soak,
     t975,
 )
@@ -137,6 +138,29 @@ def test_router_figures_give_maxima_and_slopes_after_the_warmup() -> None:
     assert f["exited"] is False and f["log_segments_deleted"] is None
     # the same run without a warm-up: the early climb is a slope
     assert router_figures(samples, warmup=0)["rss_slope_within_noise"] is False
+
+
+def test_rss_growth_is_split_into_steps_at_new_in_flight_highs_and_the_rest() -> None:
+    """Flat at 60 MB after the warm-up; +2 MB when records reach a new high (300, the sample after
+    the step), +0.5 MB at a level of records seen before (a leak's kind of step), then a spike to
+    200 records (not a new high: 300 came first) with a 1 MB step that stays."""
+    records = {0: 10, 30: 250}  # the warm-up's high: 250
+    rss = 60.0
+    samples = []
+    for t in range(0, 120):
+        rss += {70: 2.0, 90: 0.5, 105: 1.0}.get(t, 0.0)
+        rec = {71: 300, 105: 200}.get(t, records.get(t, 20))
+        samples.append(_sample(t, rss, records=rec))
+    grown, at_highs = rss_growth_at_highs(samples, warmup=60)  # type: ignore[misc]
+    assert grown == pytest.approx(3.5) and at_highs == pytest.approx(2.0)
+    f = router_figures(samples, warmup=60)
+    assert f["rss_growth_after_warmup_mb"] == 3.5 and f["rss_growth_at_inflight_highs_mb"] == 2.0
+    # a high in the warm-up counts against later spikes: the same run whose warm-up saw 400
+    samples[30] = _sample(30, samples[30].rss_kb / 1024, records=400)  # type: ignore[operator]
+    assert rss_growth_at_highs(samples, warmup=60) == (pytest.approx(3.5), 0.0)
+    # nothing after the warm-up: no figure
+    assert rss_growth_at_highs(samples, warmup=200) is None
+    assert router_figures(samples, warmup=200)["rss_growth_after_warmup_mb"] is None
 
 
 def test_a_router_that_exited_is_noted() -> None:
