@@ -1,12 +1,12 @@
 """How the default run is split between pytest-xdist workers (`-n auto`, pyproject.toml).
 
 One unit of work per test module, so a module's fixtures are set up once; the tests that need the
-JVM are two units, handed out first because they are the longest: tests/spark (~10 minutes,
-its session-wide Spark session set up once) and tests/foreign (the foreign clients' builds and
-their own Spark session). Each runs on one worker from its start while the workers that finish
-theirs take the modules that need no JVM. (One JVM unit of both was measured at 21 minutes for
-the whole run: the worker holding it finished last, long after the other.) pytest-xdist's own `--dist loadgroup` cannot group them: it rewrites
-a node's `_nodeid`, and pytest 9 reads `_id`.
+JVM are two units, handed out first because they are the longest: tests/spark (its session-wide
+Spark session set up once) and tests/foreign (the foreign clients' builds and a Spark session of
+their own). Each runs on one worker from its start while the workers that finish theirs take the
+modules that need no JVM. Figures, and what was not settled (one JVM unit or two): docs/testing.md.
+pytest-xdist's own `--dist loadgroup` cannot group them: it rewrites a node's `_nodeid`, and
+pytest 9 reads `_id`.
 
 Set-up figures that a worker gathers (the foreign clients' versions and set-up times) travel to
 the controller through `workeroutput`, so the summary prints them with or without workers.
