@@ -32,8 +32,8 @@ def unit_of(nodeid: str) -> str:
     return next((unit for folder, unit in JVM_UNITS if path.startswith(folder)), path)
 
 
-def _rank(unit: str) -> int:
-    return next((i for i, (_, name) in enumerate(JVM_UNITS) if name == unit), len(JVM_UNITS))
+# where a unit goes in the order tests are handed out: the JVM units first, in JVM_UNITS' order
+_RANK = {unit: i for i, (_, unit) in enumerate(JVM_UNITS)}
 
 
 class ModuleScheduling(LoadScopeScheduling):
@@ -46,7 +46,7 @@ class ModuleScheduling(LoadScopeScheduling):
 def jvm_first(items: list[pytest.Item]) -> None:
     """Put the JVM units first, longest first (a stable sort: every worker collects the same
     order; units are handed out in that order), so the longest units start at once."""
-    items.sort(key=lambda item: _rank(unit_of(item.nodeid)))
+    items.sort(key=lambda item: _RANK.get(unit_of(item.nodeid), len(JVM_UNITS)))
 
 
 def hand_over(session: pytest.Session) -> None:
