@@ -113,6 +113,7 @@ class ChaosResult:
     interrupted: bool = False
     error: str | None = None
     order: str = "fifo"  # the chaos topic's order (what order_failures counts)
+    router_evidence: list[str] = field(default_factory=list)  # the log lines of failing router-view pairs
 
     @property
     def safety_failures(self) -> int:
@@ -165,6 +166,7 @@ class ChaosResult:
             "total_order_disagreements": self.summary.total_order_disagreements if self.summary is not None else 0,
             "order": self.order,
             "subscriptions": self.subscriptions, "interrupted": self.interrupted, "error": self.error,
+            "router_evidence": self.router_evidence,
             "reconciliation": self.summary.to_dict() if self.summary is not None else None,
         }
 
@@ -241,6 +243,7 @@ class _Run:
         self.expect: dict[str, str] = dict.fromkeys(self.routers, "up")  # up | killed | frozen
         self.down_links: set[tuple[str, str]] = set()
         self.t0 = 0.0
+        self.t0_wall = 0.0  # (the wall clock at t0: log lines carry wall-clock times)
         self.deadline = 0.0
         self._reported_dups: set[str] = set()
         self._events = (self.state / "chaos-events.log").open("a")
@@ -339,6 +342,7 @@ class _Run:
     def play(self) -> None:
         cfg = self.cfg
         self.t0 = time.monotonic()
+        self.t0_wall = time.time()
         for c in self.clients:
             if c.kind == "publish":
                 c.start()
@@ -576,9 +580,20 @@ class _Run:
         if not self.cfg.reconcile:
             return
         self.say("reconciling every settlement log of the run with Spark ...")
+        from pyspark.sql import SparkSession
+
         from ..spark.job import reconcile_paths
 
-        summary = reconcile_paths([self.state], out=self.state / "reconcile", chart=False)
+        ours = SparkSession.getActiveSession() is None  # (a session the caller runs is left running)
+        summary = reconcile_paths([self.state], out=self.state / "reconcile", chart=False, keep_session=True)
+        try:
+            if summary.router_view.failures:
+                rows = failing_router_pairs(self.state / "reconcile")
+                r.router_evidence = router_evidence(rows, self.state / "logs", self.t0_wall)
+        finally:
+            session = SparkSession.getActiveSession()
+            if ours and session is not None:
+                session.stop()
         r.summary = summary
         for sc in summary.per_subscription:
             r.subscriptions[names.get(sc.sub, sc.sub)] = dict(sc.counts)
@@ -604,6 +619,11 @@ class _Run:
             if self.cfg.order in ("total", "lamport"):
                 self.say(f"  total order: {s.total_order_disagreements} pair(s) of subscriptions handed messages "
                          f"in opposite orders")
+            rv = s.router_view
+            self.say(f"  router view (the routers' logs alone): {rv.pairs} pairs, "
+                     + ", ".join(f"{c} {n}" for c, n in rv.counts if n or c in ("ok", "lost", "duplicated")))
+            for line in r.router_evidence:
+                self.say(f"    {line}")
         for v in r.client_violations:
             self.say(f"  VIOLATION (client logs): {v}")
         for c in r.crashes:
@@ -616,6 +636,69 @@ class _Run:
                  + (f" --order {self.cfg.order}" if self.cfg.order != "fifo" else "")
                  + (f" --mean-gap {self.cfg.limits.mean_gap:g}" if self.cfg.limits.mean_gap != Limits().mean_gap
                     else ""))
+
+
+def failing_router_pairs(reconcile_dir: Path, n: int = 3) -> list[dict[str, Any]]:
+    """The first `n` failing pairs of the router view, from the anomalies `reconcile` wrote there
+    (the active Spark session reads them)."""
+    from pyspark.sql import SparkSession
+
+    from ..spark.routerview import FAILURES
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        return []
+    return [r.asDict() for r in spark.read.parquet(str(reconcile_dir / "router_anomalies.parquet"))
+            .where(f"class in ({', '.join(repr(c) for c in FAILURES)})").orderBy("t_recv", "gid", "sub")
+            .limit(n).collect()]
+
+
+_LIFECYCLE = ("subscribed", "resumed", "suspended", "unsubscribed", "expired")
+_ROUTER_LIFE = ("router_started", "router_stopped", "peer_up", "peer_down")
+
+
+def router_evidence(rows: Sequence[dict[str, Any]], log_dir: Path, t0: float, margin: float = 5.0) -> list[str]:
+    """The routers' log lines of the router view's pairs `rows` (gid, sub, class, home, origin and
+    counts, as in its anomalies), in time order, times in seconds from `t0`: every line of the
+    message for that subscription, the subscription's lifecycle lines (where it was attached when),
+    and the routers' starts, stops and peers coming and going within `margin` seconds of the
+    message. What a finding starts from, printed in the report since the run's directory may be gone
+    when someone looks."""
+    from ..common.settlement_log import log_files, read_events
+
+    wanted = {r["gid"]: r for r in rows}
+    subs = {r["sub"] for r in rows}
+    found: dict[str, list[tuple[float, str]]] = {g: [] for g in wanted}
+    lifecycle: dict[str, list[tuple[float, str]]] = {s: [] for s in subs}
+    routers: list[tuple[float, str]] = []
+
+    def text(ev: dict[str, Any]) -> str:
+        fields = " ".join(f"{k}={ev[k]}" for k in ("peer", "outcome", "info") if ev.get(k))
+        return f"{ev['node']}/{str(ev.get('inc'))[-6:]} {ev['ev']} {fields}".rstrip()
+
+    for path in log_files(log_dir):
+        for ev in read_events(path):
+            ts, name = ev.get("ts"), ev.get("ev")
+            if not isinstance(ts, float) or ev.get("src") not in (None, "router"):
+                continue
+            g, sub = str(ev.get("gid")), str(ev.get("sub"))
+            if g in wanted and ev.get("sub") in (None, wanted[g]["sub"]):
+                found[g].append((ts, text(ev)))
+            elif name in _LIFECYCLE and sub in subs:
+                lifecycle[sub].append((ts, text(ev)))
+            elif name in _ROUTER_LIFE:
+                routers.append((ts, text(ev)))
+    out = []
+    for g, row in wanted.items():
+        out.append(f"{row['class']}: {g} for {row['sub']} (home {row['home']}, origin {row['origin']}; "
+                   f"{row['deliveries']} deliveries, {row['dispositions']} dispositions, "
+                   f"{row['delivered_after']} after the acceptance):")
+        mine = found[g]
+        if mine:
+            lo, hi = min(t for t, _ in mine) - margin, max(t for t, _ in mine) + margin
+            mine = mine + [x for x in routers if lo <= x[0] <= hi]
+        out += [f"  {ts - t0:9.3f}s  {line}" for ts, line in sorted(mine + lifecycle[row["sub"]])]
+    return out
 
 
 def _code_version() -> str:

@@ -75,6 +75,7 @@ from .actions import (
 from .config import RouterConfig, client_url_of, parse_hostport
 from .core import DeliveryCore, SubscriberAttach
 from .drain import ConnView, Dependents, Drain, DrainPhase, core_dependents
+from .heapprobe import HeapProbe, interval_from_env
 from .http import HttpEndpoint
 from .looplag import LagSummary, LoopLag
 from .meshport import MeshPort
@@ -227,6 +228,9 @@ class Router:
         self._drain_told: set[AmqpConnection] = set()  # connections told to move
         self._drain_logged = 0.0
         self.mesh: MeshPort | None = mesh(self) if mesh is not None else None
+        probe_every = interval_from_env()  # ONCEMESH_HEAP_PROBE (diagnosis only: router/heapprobe.py)
+        self.heap_probe = HeapProbe(cfg.log_dir / f"{cfg.id}.heap.jsonl", probe_every, lambda: {"router": self}) \
+            if probe_every is not None and cfg.log_dir is not None else None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -559,6 +563,8 @@ class Router:
             else:
                 self.core.tick(now)
             self.drain()
+            if self.heap_probe is not None:
+                self.heap_probe.maybe_sample(time.monotonic())
             # The log's flush and the status go in passes of their own, one after the other: what
             # the network brought meanwhile is handled in between, a message waits for one of the
             # three parts, not for all of them (each took 1-3 ms at 1,000 msg/s: a tail of the

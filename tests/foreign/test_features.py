@@ -88,6 +88,15 @@ class Clients:
         assert proc.wait(30) == 0, proc.tail()
         return report
 
+    def dump(self) -> str:
+        """The clients' reports and the router's log lines of this test's connections (on failure)."""
+        parts = [f"--- report {p.name} ---\n{_tail(p, 40)}" for p in sorted(self.tmp.glob("*.jsonl"))]
+        log = self.secured.router.log_dir / f"{self.secured.router.id}.router.log"
+        parts.append(f"--- router {self.secured.router.id}, lines naming {self.topic} ---\n"
+                     f"{_tail(log, 60, lambda line: self.topic in line)}")
+        parts.append(f"--- router {self.secured.router.id}, its last lines ---\n{_tail(log, 30)}")
+        return "\n".join(parts)
+
     def verdict(self, pub: Path, subs: dict[str, Path]) -> Any:
         v = client_verdict("pub", read_report(pub), {n: read_report(p) for n, p in subs.items()},
                            gid_for(f"{self.topic}-pub", "pub") if self.fam.tags else None, by_tag=self.fam.tags)
@@ -96,11 +105,23 @@ class Clients:
 
 
 @pytest.fixture(params=FAMILIES)
-def clients(request: pytest.FixtureRequest, secured: Secured, procs: Any, tmp_path: Path) -> Clients:
+def clients(request: pytest.FixtureRequest, secured: Secured, procs: Any, tmp_path: Path) -> Iterator[Clients]:
     fam: Family = request.getfixturevalue(request.param)
     if fam.truststore and secured.truststore is None:
         pytest.fail("keytool (the JDK's) is needed to give Qpid JMS the CA")
-    return Clients(fam, secured, procs, tmp_path, f"feat.{request.node.originalname}.{request.param}")
+    c = Clients(fam, secured, procs, tmp_path, f"feat.{request.node.originalname}.{request.param}")
+    yield c
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:  # the module's router is not the test's: what it said of this test
+        print(c.dump())
+
+
+def _tail(path: Path, n: int, keep: Any = None) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(none)"
+    return "\n".join([line for line in lines if keep is None or keep(line)][-n:])
 
 
 def test_large_messages_over_tls_with_a_plain_login(clients: Clients) -> None:
