@@ -27,6 +27,7 @@ import os
 import selectors
 import ssl
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -188,7 +189,19 @@ class Engine:
         self.before_output: list[Callable[[], None]] = []
         self.checks: set[asyncio.Task[None]] = set()  # PLAIN passwords being checked off the loop
         # security events of the connections driven here (the router's status shows them)
-        self.counters: dict[str, int] = {"logins": 0, "login_failures": 0, "tls_handshake_failures": 0}
+        self.counters: dict[str, int] = {"logins": 0, "login_failures": 0, "tls_handshake_failures": 0,
+                                         "pooled_deliveries_freed": 0}
+        # every connection whose Proton objects live (weakly: one whose socket never came up is not
+        # released, and must not be kept for that)
+        self.connections: weakref.WeakSet[AmqpConnection] = weakref.WeakSet()
+
+    def trim_delivery_pools(self, keep: int) -> int:
+        """Cut every connection's pool of freed deliveries to its newest `keep` (`F.trim_delivery_pool`:
+        what a burst left behind, each with a buffer as large as its largest message). Returns how
+        many were freed."""
+        freed = sum(F.trim_delivery_pool(conn.pn_conn, keep) for conn in list(self.connections))
+        self.counters["pooled_deliveries_freed"] += freed
+        return freed
 
     def mark_dirty(self, conn: AmqpConnection) -> None:
         """(`AmqpConnection.touch` calls this once per pass: the connection remembers it is dirty.)"""
@@ -346,6 +359,10 @@ class Link:
     def unsettled(self) -> int:
         return int(lib.pn_link_unsettled(self.ptr))
 
+    def probe_fields(self) -> dict[str, int]:
+        """What Proton holds for this link (router/heapprobe.py, a diagnosis tool)."""
+        return {} if self.freed else {"unsettled": self.unsettled, "queued": self.queued}
+
     def flow(self, n: int) -> None:
         if n > 0:
             lib.pn_link_flow(self.ptr, n)
@@ -468,6 +485,7 @@ class AmqpConnection(asyncio.Protocol):
         self.auth_error: str | None = None  # why our login failed (client side)
 
         self.pn_conn = lib.pn_connection()
+        engine.connections.add(self)
         self.pn_transport = lib.pn_transport()
         self.pn_collector = lib.pn_collector()
         lib.pn_connection_collect(self.pn_conn, self.pn_collector)
@@ -488,6 +506,10 @@ class AmqpConnection(asyncio.Protocol):
         lib.pn_transport_bind(self.pn_transport, self.pn_conn)
         if not server:
             lib.pn_connection_open(self.pn_conn)
+
+    def probe_fields(self) -> dict[str, int]:
+        """What Proton holds for this connection (router/heapprobe.py, a diagnosis tool)."""
+        return {"delivery_pool": F.pool_size(self.pn_conn)} if self.pn_conn != F.NULL else {}
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -910,6 +932,7 @@ class AmqpConnection(asyncio.Protocol):
         self.pn_conn = F.NULL
         self.pn_transport = F.NULL
         self.pn_collector = F.NULL
+        self.engine.connections.discard(self)
 
 
 def tune_gc(threshold: int = GC_THRESHOLD) -> None:

@@ -132,4 +132,71 @@ def from_buffer(b: bytes | bytearray | memoryview) -> Any:
     return ffi.from_buffer(b)
 
 
+# ------------------------------------------------------------------ the delivery pool
+# Proton keeps a connection's freed deliveries in a pool (pn_delivery pops the newest first) and
+# each pooled delivery keeps its byte buffer at the largest message it ever carried
+# (pn_buffer_clear keeps the capacity), for the life of the connection. The pool is as deep as the
+# most deliveries the connection ever had alive at once (a burst of frames to a neighbour, a
+# publisher's window), and over hours more and more of its deep members have carried a large
+# message: a slow climb of the router's memory towards depth x largest message (measured: line3
+# in total order, inter-router pools of 400-600 deliveries, a third of them at 8 KB after 7
+# minutes, ~0.2 MB/min). Proton has no call to shrink a pool, so `trim_delivery_pool` frees what
+# lies beyond the newest `keep`: it reads the connection's pool pointer from its struct (0.40.0's
+# layout, checked against two fields Proton's public getters return before it is trusted) and
+# pops with Proton's own list and reference-count functions (exported by the shared object, not
+# by cffi's `lib`: reached in ABI mode, as ../shared/notes/proton-engine.md describes).
+_CONNECTION_POOL = 368  # offsetof(pn_connection_t, delivery_pool), 0.40.0, LP64
+_CONNECTION_CHECKS = ((176, "pn_connection_transport"), (360, "pn_connection_attachments"))  # (pure getters)
+_abi_lib: Any = None
+
+
+def _abi() -> Any:
+    global _abi_lib
+    if _abi_lib is None:
+        import cffi
+        import cproton_ffi
+
+        abi = cffi.FFI()
+        abi.cdef("void *pn_list_pop(void *list); size_t pn_list_size(void *list);")
+        _abi_lib = abi.dlopen(cproton_ffi.__file__)
+    return _abi_lib
+
+
+def _field(conn: Any, offset: int) -> Any:
+    return ffi.cast("void **", ffi.cast("char *", conn) + offset)[0]
+
+
+def delivery_pool(conn: Any) -> Any:
+    """The delivery pool (a `pn_list_t *`) of a live `pn_connection_t *`, or NULL when the layout
+    is not the one this was written for (another platform or build: then nothing is trimmed)."""
+    if ffi.sizeof("void *") != 8 or conn == NULL:
+        return NULL
+    for offset, getter in _CONNECTION_CHECKS:
+        if ptr_key(_field(conn, offset)) != ptr_key(getattr(lib, getter)(conn)):
+            return NULL
+    return _field(conn, _CONNECTION_POOL)
+
+
+def pool_size(conn: Any) -> int:
+    """Deliveries in the connection's pool (0 when the layout check fails)."""
+    pool = delivery_pool(conn)
+    return int(_abi().pn_list_size(pool)) if pool != NULL else 0
+
+
+def trim_delivery_pool(conn: Any, keep: int) -> int:
+    """Free the pooled deliveries of `conn` beyond the newest `keep` (their buffers with them).
+    Returns how many were freed. A pooled delivery belongs to no link (Proton clears it when it
+    pools one): its last reference is the pool's, so dropping it frees the delivery."""
+    pool = delivery_pool(conn)
+    if pool == NULL:
+        return 0
+    abi = _abi()
+    freed = 0
+    while abi.pn_list_size(pool) > keep:
+        d = abi.pn_list_pop(pool)
+        lib.pn_decref(ffi.cast("void *", d))
+        freed += 1
+    return freed
+
+
 __all__ = ["ffi", "lib"]

@@ -120,6 +120,11 @@ class RouterConfig:
     log_compress: str = "gzip"
     log_free_floor_bytes: int = 0  # below this free space the log is held as on a full disk
     tick_interval: float = 0.5
+    # every this many seconds each connection's pool of freed Proton deliveries is cut to its newest
+    # delivery_pool_keep (each keeps a buffer as large as the largest message it carried: what a burst
+    # left behind would otherwise stay for the connection's life; common/ffi.py); 0 turns it off
+    delivery_pool_trim_interval: float = 60.0
+    delivery_pool_keep: int = 64
     loop_lag_window: float = 60.0  # seconds summarised per loop-lag report (status, log)
     loop_stall: float = 0.5  # a loop lag or GC pause this long is logged at once
     core: CoreConfig = field(default_factory=CoreConfig)

@@ -7,7 +7,8 @@
   router through attributes of our own objects (dotted paths, e.g. `core.records`,
   `mesh.node.streams[news].seq`), at least `MIN_LEN` long. Small dicts and lists are entered
   (a topic's stream, a connection); large ones are only measured: a walk never visits one object
-  per message.
+  per message. Objects of ours with a `probe_fields()` add what they hold outside Python (a
+  Proton link's unsettled and queued deliveries: `...links[NAME].unsettled`).
 - `blocks`: `sys.getallocatedblocks()`, the interpreter's live memory blocks (Python objects);
   `objects`: how many objects the cyclic collector tracks, and the most numerous types among them
   (one pass of `gc.get_objects()`, tens of milliseconds on a large heap: a diagnosis tool, not a
@@ -67,6 +68,15 @@ def _attrs(obj: Any) -> Iterator[tuple[str, Any]]:
                 yield name, getattr(obj, name)
 
 
+def _label(key: Any, value: Any) -> str:
+    """A dict key in a path: itself when it is a string or a number, else the value's name (a
+    link keyed by its Proton pointer is named by its link name)."""
+    if isinstance(key, str | int):
+        return str(key)
+    name = getattr(value, "name", None)
+    return str(name) if isinstance(name, str) else type(key).__name__
+
+
 def container_sizes(roots: dict[str, Any], min_len: int = MIN_LEN) -> dict[str, int]:
     """Lengths of the containers reachable from `roots` (see the module's docstring), by path.
     Each object is visited once (the first path that reaches it names it)."""
@@ -85,7 +95,7 @@ def container_sizes(roots: dict[str, Any], min_len: int = MIN_LEN) -> dict[str, 
             if n <= ENTER_LEN and isinstance(obj, dict):
                 for k, v in obj.items():
                     if _ours(v) or isinstance(v, _SIZED):
-                        stack.append((f"{path}[{k}]", v, depth + 1))
+                        stack.append((f"{path}[{_label(k, v)}]", v, depth + 1))
             elif n <= ENTER_LEN and isinstance(obj, list | deque):
                 for i, v in enumerate(obj):
                     if _ours(v) or isinstance(v, _SIZED):
@@ -93,6 +103,9 @@ def container_sizes(roots: dict[str, Any], min_len: int = MIN_LEN) -> dict[str, 
             continue
         if not _ours(obj):
             continue
+        fields = getattr(obj, "probe_fields", None)  # what an object of ours holds outside Python (Proton's)
+        if callable(fields):
+            out.update({f"{path}.{k}": n for k, n in fields().items() if n})
         for name, v in _attrs(obj):
             if isinstance(v, _SIZED) or _ours(v):
                 stack.append((f"{path}.{name}", v, depth + 1))

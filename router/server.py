@@ -216,6 +216,7 @@ class Router:
         self._tick_due = 0.0  # loop time the tick was asked for: how late it runs is the loop's lag
         self.lag = LoopLag(cfg.loop_lag_window, cfg.loop_stall)
         self._gc_started = 0.0
+        self._pools_trimmed = time.monotonic()  # (the first trim one interval after the start)
         self._stopped = asyncio.Event()
         self._pending_opens: list[Link] = []
         self._status_written = 0.0
@@ -526,6 +527,15 @@ class Router:
         self._tick_due = loop.time() + self.cfg.tick_interval
         self._tick_handle = loop.call_later(self.cfg.tick_interval, self._on_tick)
 
+    def _maybe_trim_pools(self, now: float) -> None:
+        every = self.cfg.delivery_pool_trim_interval
+        if every <= 0 or self.engine is None or now < self._pools_trimmed + every:
+            return
+        self._pools_trimmed = now
+        freed = self.engine.trim_delivery_pools(self.cfg.delivery_pool_keep)
+        if freed:
+            log.debug("router.delivery_pools_trimmed freed=%d", freed)
+
     def _measure_lag(self) -> bool:
         """How late this tick runs. Returns True when a minute's summary was completed."""
         lag = asyncio.get_running_loop().time() - self._tick_due
@@ -565,6 +575,7 @@ class Router:
             self.drain()
             if self.heap_probe is not None:
                 self.heap_probe.maybe_sample(time.monotonic())
+            self._maybe_trim_pools(time.monotonic())
             # The log's flush and the status go in passes of their own, one after the other: what
             # the network brought meanwhile is handled in between, a message waits for one of the
             # three parts, not for all of them (each took 1-3 ms at 1,000 msg/s: a tail of the

@@ -381,3 +381,31 @@ def test_the_router_reports_a_stall_of_its_event_loop_in_its_log_and_status(make
     [summary, *_] = wait_for(lambda: lines("router.loop_lag ", "max_ms="), 10, "the window's summary")
     assert "p99_ms=" in summary["event"] and "gc_pause_max_ms=" in summary["event"]
     assert r.stats()["loop_lag_max_ms"] >= 0 and "gc_pause_max_ms" in r.stats()
+
+
+def test_delivery_pools_cut_back_under_traffic_lose_nothing(make_router: Any, tmp_path: Path) -> None:
+    """The router cuts every connection's pool of freed Proton deliveries (here to nothing, every
+    50 ms) while messages large and small cross it: each is handed once and intact, and the pools
+    were cut (the status counts the deliveries freed)."""
+    r: RouterProcess = make_router("POOL", settings={"delivery_pool_trim_interval": 0.05, "delivery_pool_keep": 0})
+    sizes = [10, 70_000, 200, 5_000, 1]
+
+    async def main() -> None:
+        sc = await client(r.url, tmp_path, "sub")
+        sub = sc.subscriber("pool", "s")
+        await sub.wait_attached(10)
+        pc = await client(r.url, tmp_path, "pub")
+        pub = pc.publisher("pool", "p")
+        for rnd in range(6):  # bursts with pauses between them: trims during and between the bursts
+            bodies = [bytes((rnd + i + k) % 251 for k in range(sizes[(rnd + i) % len(sizes)])) for i in range(60)]
+            futs = [await pub.send(b) for b in bodies]
+            got = await sub.get_many(len(bodies), timeout=20)
+            assert [m.body for m in got] == bodies
+            assert all(x.outcome is Outcome.ACCEPTED for x in await asyncio.gather(*futs))
+            await asyncio.sleep(0.12)
+        assert await sub.get(timeout=0.3) is None
+        await sc.close()
+        await pc.close()
+
+    run(main())
+    assert r.stats()["pooled_deliveries_freed"] > 0

@@ -70,3 +70,24 @@ def test_the_probe_appends_a_line_per_interval(tmp_path: Path) -> None:
     assert len(lines) == 2
     assert lines[0]["containers"]["r._lags"] == 64
     assert lines[0]["blocks"] > 0 and lines[0]["objects"] > 0 and "dict" in lines[0]["types"]
+
+
+class _Link:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def probe_fields(self) -> dict[str, int]:
+        return {"unsettled": 7, "queued": 0}
+
+
+_Link.__module__ = "oncemesh.test"
+
+
+def test_what_an_object_holds_outside_python_is_reported_under_its_name() -> None:
+    root = LoopLag()
+    root.links = {object(): _Link("control")}  # type: ignore[attr-defined]
+    sizes = container_sizes({"r": root})
+    assert sizes["r.links[control].unsettled"] == 7
+    assert "r.links[control].queued" not in sizes  # (nothing held: not reported)
