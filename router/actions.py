@@ -34,6 +34,16 @@ class SettleDelivery:
 
 @final
 @dataclass(slots=True)
+class DrainCredit:
+    """The subscription's link asked for a drain and nothing more can be sent now: use up the
+    credit left (the client learns the drain is done; AMQP's drain, answered whenever the queue
+    empties, not only when the credit came)."""
+
+    sid: str
+
+
+@final
+@dataclass(slots=True)
 class NotifyFinal:
     """Tell a subscription (one of our clients) that ids it accepted on an earlier link are final."""
 
@@ -178,7 +188,7 @@ class SubmitOrder:
 # what the router's own adapter performs on client links
 # Every action class is final: a router dispatches on `type(act) is C` (mypy narrows that, and
 # checks with assert_never that every action is handled, only for final classes).
-ClientAction = Deliver | SettleDelivery | NotifyFinal | SendOutcome | SettlePublisher | GrantCredit | DetachLink
+ClientAction = Deliver | SettleDelivery | DrainCredit | NotifyFinal | SendOutcome | SettlePublisher | GrantCredit | DetachLink
 # what the mesh layer performs (a standalone router has no use for them but Announce, which it drops)
 MeshAction = (Forward | SendAck | SendFinal | SendProbe | Announce | DeclarePublisher | SendHold | SendQuery
               | SubmitOrder)

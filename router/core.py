@@ -56,6 +56,7 @@ from .actions import (
     Announce,
     DeclarePublisher,
     Deliver,
+    DrainCredit,
     GrantCredit,
     NotifyFinal,
     SendAck,
@@ -773,11 +774,15 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         for rec in list(rt.owed.values()):
             self._resolve(rec, sid, S_ENDED, None, now, reason)
 
-    def subscriber_credit(self, sid: str, credit: int) -> None:
+    def subscriber_credit(self, sid: str, credit: int, drain: bool = False) -> None:
+        """The subscription's link has `credit` (the adapter's count); `drain`: its client asked to
+        drain (a pull consumer): what cannot be sent now uses up the credit (`DrainCredit`), here
+        or whenever its queue empties later."""
         rt = self.subs.get(sid)
         if rt is None or rt.link is None:
             return
         rt.credit = credit
+        rt.drain = drain
         self._pump(rt)
 
     def _pump(self, rt: SubRuntime) -> None:
@@ -863,6 +868,9 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                     self._ask_ahead(rt, ttopic, nxt)
                     break
                 self._send(rt, rec, bool(rec.redeliveries and sid in rec.redeliveries))
+        if rt.drain and rt.credit > 0 and not q and not rt.notify:
+            rt.credit = 0
+            self.out.append(DrainCredit(sid))
 
     def _send(self, rt: SubRuntime, rec: Record, redelivery: bool) -> None:
         """Hand `rec` (QUEUED for `rt`: the callers check it) to the subscription's link."""
@@ -881,10 +889,6 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             group = self.causal.get(rec.topic) if rt.client else None
             if group is not None:
                 self._causal_note(rt.client, group, gid, rec.topic, rec.deps)
-
-    def queued(self, sid: str) -> int:
-        rt = self.subs.get(sid)
-        return len(rt.queue) + len(rt.notify) if rt is not None else 0
 
     def subscriber_outcome(self, sid: str, gid: str, outcome: Outcome, settled: bool,
                            error: tuple[str, str] | None, undeliverable: bool, now: float) -> None:

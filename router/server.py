@@ -59,6 +59,7 @@ from .actions import (
     DeclarePublisher,
     Deliver,
     DetachLink,
+    DrainCredit,
     Forward,
     GrantCredit,
     NotifyFinal,
@@ -821,10 +822,9 @@ class Router:
             self.drain()
             return
         if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link and not link.local_uninit:
-            self.core.subscriber_credit(ctx.sid, max(credit, 0))
+            # (a drain is answered by the core whenever nothing more can be sent: `DrainCredit`)
+            self.core.subscriber_credit(ctx.sid, max(credit, 0), link.draining)
             self.drain()
-            if link.draining and self.core.queued(ctx.sid) == 0:
-                link.drained()
 
     def on_message(self, link: Link, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None:
         ctx = link.ctx
@@ -1021,7 +1021,7 @@ class Router:
         self.slog.write("resumed" if ctx.resumed else "subscribed", time.time(), None, ctx.topic, ctx.sid,
                         container=link.conn.ctx.container, link=link.name, count=epoch)
         self.slog.flush()
-        self.core.subscriber_credit(ctx.sid, link.credit)
+        self.core.subscriber_credit(ctx.sid, link.credit, link.draining)
 
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:
         """The mesh acknowledged (or refused) the announcement of a subscriber's attach."""
@@ -1119,6 +1119,10 @@ class Router:
                 link = act.link
                 if link.ctx is not None and link.local_active:
                     link.flow(act.credit)
+            elif type(act) is DrainCredit:
+                link = self.sub_links.get(act.sid)
+                if link is not None:
+                    link.drained()
             elif type(act) is NotifyFinal:
                 link = self.sub_links.get(act.sid)
                 if link is None:

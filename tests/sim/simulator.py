@@ -49,6 +49,7 @@ from oncemesh.interrouter.node import MeshNode
 from oncemesh.router.actions import (
     Deliver,
     DetachLink,
+    DrainCredit,
     GrantCredit,
     NotifyFinal,
     SendOutcome,
@@ -215,6 +216,8 @@ class SimRouter:
             if entry is not None:
                 link, sub = entry
                 sim.client_event(lambda: sim.sub_final(sub, link, [a.gid], settle=True), link)
+        elif t is DrainCredit:
+            pass  # (simulated subscribers never drain)
         elif t is NotifyFinal:
             entry = self.sub_links.get(a.sid)
             if entry is not None:

@@ -11,6 +11,7 @@ from oncemesh.common.ids import counter_seq, counter_tag, global_id, publisher_l
 from oncemesh.common.vocab import Outcome
 from oncemesh.router.actions import (
     Deliver,
+    DrainCredit,
     GrantCredit,
     NotifyFinal,
     SendAck,
@@ -654,3 +655,57 @@ def test_a_fresh_message_in_a_mesh_is_handed_to_a_local_subscription_at_once() -
         _, gid, acts = h.publish(tag)
         assert delivered(acts) == [(sid, gid)]
         assert not [a for a in acts if isinstance(a, SendQuery)]
+
+
+# ---------------------------------------------------------------- drain (a pull consumer)
+def drains(acts: list[object]) -> list[str]:
+    return [a.sid for a in acts if isinstance(a, DrainCredit)]
+
+
+def test_a_drain_with_nothing_queued_uses_up_the_credit_at_once() -> None:
+    h = Harness()
+    s1, _, _ = h.sub("a", credit=0)
+    h.core.subscriber_credit(s1, 3, drain=True)
+    assert drains(h.take()) == [s1]
+    h.attach_pub()
+    _, gid, acts = h.publish(b"1")
+    assert delivered(acts) == []  # the credit was used up: it waits for the next grant
+    h.core.subscriber_credit(s1, 3, drain=True)
+    acts = h.take()
+    assert delivered(acts) == [(s1, gid)] and drains(acts) == [s1]
+    assert isinstance(acts[-1], DrainCredit)  # what could go went first
+
+
+def test_a_drain_is_answered_only_when_the_queue_is_empty() -> None:
+    h = Harness()
+    s1, _, _ = h.sub("a", credit=0)
+    h.attach_pub()
+    gids = [h.publish(str(i).encode())[1] for i in range(5)]
+    h.core.subscriber_credit(s1, 3, drain=True)
+    acts = h.take()
+    assert delivered(acts) == [(s1, g) for g in gids[:3]] and drains(acts) == []  # credit used by messages
+    h.core.subscriber_credit(s1, 3, drain=True)
+    acts = h.take()
+    assert delivered(acts) == [(s1, g) for g in gids[3:]] and drains(acts) == [s1]
+    h.core.subscriber_credit(s1, 3, drain=False)  # no drain asked: the credit waits for messages
+    assert drains(h.take()) == []
+
+
+def test_a_drain_is_answered_when_a_message_that_had_to_wait_has_gone() -> None:
+    """A message held back when the credit came (its publisher left; in a mesh the router asks the
+    others whether it is final before it hands it) goes later, from a tick: the drain is answered
+    then, or the client would hold credit it believes is being drained and never ask again (rhea's
+    pull consumer stalled so)."""
+    h = Harness(stale_wait=0.5)
+    h.core.mesh_size = 2
+    s1, _, _ = h.sub("a", credit=0)
+    h.attach_pub()
+    _, gid, _ = h.publish(b"1")
+    h.core.detach_publisher(h.pub_link)  # it left before the message was handed
+    h.core.subscriber_credit(s1, 3, drain=True)
+    acts = h.take()
+    assert delivered(acts) == [] and drains(acts) == []  # held back: the queue is not empty
+    h.now += 1.0
+    h.core.tick(h.now)
+    acts = h.take()
+    assert delivered(acts) == [(s1, gid)] and drains(acts) == [s1]
