@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from oncemesh.common.pki import issue, make_ca
+from oncemesh.common.settlement_log import log_files, read_events
 from oncemesh.harness.testing import Proc, RouterProcess, log_has
 from tests.foreign.clients import Family, read_report, wait_progress
 from tests.foreign.verdict import client_verdict, gid_for
@@ -95,6 +96,11 @@ class Clients:
         parts.append(f"--- router {self.secured.router.id}, lines naming {self.topic} ---\n"
                      f"{_tail(log, 60, lambda line: self.topic in line)}")
         parts.append(f"--- router {self.secured.router.id}, its last lines ---\n{_tail(log, 30)}")
+        events = [e for f in log_files(self.secured.router.log_dir) for e in read_events(f)
+                  if e.get("topic") == self.topic or self.topic in str(e.get("container", ""))]
+        parts.append(f"--- router {self.secured.router.id}, its settlement log on {self.topic} ---\n" + "\n".join(
+            " ".join(f"{k}={e[k]}" for k in ("ts", "ev", "sub", "gid", "container", "link", "outcome", "info") if e.get(k))
+            for e in events[-60:]))
         return "\n".join(parts)
 
     def verdict(self, pub: Path, subs: dict[str, Path]) -> Any:
