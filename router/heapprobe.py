@@ -118,7 +118,9 @@ class _MallInfo2(ctypes.Structure):
                  "keepcost")]
 
 
-def _mallinfo2() -> Callable[[], dict[str, int]] | None:
+def mallinfo_reader() -> Callable[[], dict[str, int]] | None:
+    """A function that reads glibc's `mallinfo2()` (bytes of the C heap: `arena`, `in_use`, `free`,
+    `mmapped`, `top_free`), or None where there is none (not glibc, or glibc before 2.33)."""
     try:
         fn = ctypes.CDLL(None).mallinfo2
     except (AttributeError, OSError):  # not glibc, or glibc before 2.33
@@ -140,7 +142,7 @@ class HeapProbe:
         self.interval = interval
         self.roots = roots
         self._next = 0.0
-        self._mallinfo = _mallinfo2()
+        self._mallinfo = mallinfo_reader()
 
     def maybe_sample(self, now: float) -> bool:
         if now < self._next:

@@ -13,7 +13,7 @@ import pytest
 from cproton_ffi import ffi, lib
 
 from oncemesh.common import ffi as F
-from oncemesh.router.heapprobe import _mallinfo2
+from oncemesh.router.heapprobe import mallinfo_reader
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_settled_deliveries_are_pooled_and_the_trim_keeps_the_newest(link: tuple
 
 def test_a_trim_gives_the_large_buffers_back_to_the_c_heap(link: tuple[Any, Any]) -> None:
     """The reason for the trim: a pooled delivery keeps a buffer as large as its largest message."""
-    mallinfo = _mallinfo2()
+    mallinfo = mallinfo_reader()
     if mallinfo is None:
         pytest.skip("glibc's mallinfo2 is needed to see the C heap")
     conn, snd = link
