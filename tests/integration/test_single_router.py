@@ -387,7 +387,8 @@ def test_delivery_pools_cut_back_under_traffic_lose_nothing(make_router: Any, tm
     """The router cuts every connection's pool of freed Proton deliveries (here to nothing, every
     50 ms) while messages large and small cross it: each is handed once and intact, and the pools
     were cut (the status counts the deliveries freed)."""
-    r: RouterProcess = make_router("POOL", settings={"delivery_pool_trim_interval": 0.05, "delivery_pool_keep": 0})
+    r: RouterProcess = make_router("POOL", settings={"delivery_pool_trim_interval": 0.05, "delivery_pool_keep": 0,
+                                                     "tick_interval": 0.05})
     sizes = [10, 70_000, 200, 5_000, 1]
 
     async def main() -> None:
