@@ -155,7 +155,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         except TlsConfigError as exc:
             print(f"oncemesh router: inter-router TLS: {exc}", file=sys.stderr)
             return 2
-    configure_logging(cfg.log_dir, cfg.id, args.log_level)
+    configure_logging(cfg.log_dir, cfg.id, args.log_level, cfg.router_log_bytes, cfg.router_log_backups)
     try:
         asyncio.run(run_router(cfg, topo, mesh_tls))
     except ValueError as exc:  # (TlsConfigError: the client listener's files)

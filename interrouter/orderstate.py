@@ -39,6 +39,7 @@ from .lamportcodec import decisions_from_json, decisions_to_json, snapshot_from_
 from .ordercodec import journal_to_json, seqstate_from_json, seqstate_to_json
 
 log = logging.getLogger("oncemesh.router")
+SLOW_WRITE_MS = 100.0  # a state write (fsynced) slower than this is logged as a warning
 
 
 class OrderStateError(OncemeshError):
@@ -163,7 +164,10 @@ class OrderStore:
         finally:
             os.close(dfd)
         ms = self._measure(t0, len(data))
-        log.info("order.state_written topic=%s part=%s bytes=%d ms=%.2f", topic, part, len(data), ms)
+        # (once a second per ordered topic while it numbers: routine, not for the operational log at
+        # INFO, which it filled by ~25 MB a day on its own; a slow write is worth a warning)
+        log.log(logging.WARNING if ms >= SLOW_WRITE_MS else logging.DEBUG,
+                "order.state_written topic=%s part=%s bytes=%d ms=%.2f", topic, part, len(data), ms)
 
     def _measure(self, t0: float, n: int) -> float:
         ms = (time.perf_counter() - t0) * 1000

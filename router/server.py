@@ -13,6 +13,7 @@ import collections
 import gc
 import json
 import logging
+import logging.handlers
 import math
 import os
 import time
@@ -1168,8 +1169,11 @@ def _rss_kb() -> int:
         return 0
 
 
-def configure_logging(log_dir: Path | None, router_id: str, level: str = "INFO") -> None:
-    """Operational log: one JSON object per line (stderr, and router.log in the log directory)."""
+def configure_logging(log_dir: Path | None, router_id: str, level: str = "INFO", max_bytes: int = 0,
+                      backups: int = 0) -> None:
+    """Operational log: one JSON object per line (stderr, and router.log in the log directory).
+    `max_bytes` > 0: the file is rotated at that size (router.log.1, .2, ... up to `backups`, the
+    oldest dropped), so that the operational log, like the settlement log, has a bound on disk."""
 
     class JsonFormatter(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
@@ -1188,6 +1192,8 @@ def configure_logging(log_dir: Path | None, router_id: str, level: str = "INFO")
     root.addHandler(sh)
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(log_dir / f"{router_id}.router.log")
+        path = log_dir / f"{router_id}.router.log"
+        fh: logging.Handler = (logging.handlers.RotatingFileHandler(path, maxBytes=max_bytes, backupCount=max(backups, 1))
+                               if max_bytes > 0 else logging.FileHandler(path))
         fh.setFormatter(JsonFormatter())
         root.addHandler(fh)
