@@ -176,6 +176,7 @@ async def run_router(cfg: RouterConfig, topo: Topology | None = None, mesh_tls: 
     from .interrouter.mesh import Mesh, total_topics
     from .router.server import Router
 
+    tune_malloc(cfg.malloc_mmap_threshold)
     mesh: Callable[[Router], MeshPort] | None = None
     if topo is not None:
         mesh_topo = topo
@@ -200,6 +201,27 @@ async def run_router(cfg: RouterConfig, topo: Topology | None = None, mesh_tls: 
     await router.start()
     tune_gc()
     await router.serve_forever()
+
+
+def tune_malloc(mmap_threshold: int) -> None:
+    """Fix the C allocator's mmap threshold for this router process (`malloc_mmap_threshold`; 0
+    leaves glibc's own). Before the router allocates its tables, so that every large one is mmapped."""
+    import logging
+
+    from .common.cmalloc import MAX_MMAP_THRESHOLD, set_mmap_threshold
+
+    log = logging.getLogger("oncemesh.router")
+    if not mmap_threshold:
+        log.info("router.malloc mmap_threshold=glibc")
+        return
+    if not 0 < mmap_threshold <= MAX_MMAP_THRESHOLD:
+        raise ValueError(f"malloc_mmap_threshold: {mmap_threshold} is not 0 (glibc's own) or in "
+                         f"1..{MAX_MMAP_THRESHOLD} bytes")
+    if set_mmap_threshold(mmap_threshold):
+        log.info("router.malloc mmap_threshold=%d", mmap_threshold)
+    else:
+        log.warning("router.malloc mmap_threshold=%d not applied: the C library has no mallopt (not glibc); "
+                    "large freed blocks may stay resident", mmap_threshold)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,7 +35,6 @@ going; otherwise (clients, which flush before they act) `flush` raises after kee
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import gzip
 import json
@@ -49,6 +48,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .cmalloc import trimmer
 
 SCHEMA_VERSION = 2  # what segmented logs (routers) write; readers read 1 and 2
 V1 = 1  # what unsegmented logs (clients) still write
@@ -315,22 +316,11 @@ def _free_bytes(directory: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def _malloc_trim() -> Callable[[], Any] | None:
-    """glibc's `malloc_trim(0)`, or None where the C library has none (musl, macOS)."""
-    try:
-        fn = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return lambda: fn(0)
-
-
 # After each job the housekeeper hands the memory it freed back to the system. Each worker thread
 # is new and glibc may give it a malloc arena of its own; what a compression allocated there (its
 # read and output chunks, zlib's state) stayed resident after it was freed: line3 routers at 2,000
 # msg/s gained ~2-7 MB per new arena over a 20-minute soak (docs/operations.md, "What can grow").
-release_free_memory = _malloc_trim()
+release_free_memory = trimmer()
 
 
 class _Housekeeper:

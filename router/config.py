@@ -129,6 +129,10 @@ class RouterConfig:
     # left behind would otherwise stay for the connection's life; common/ffi.py); 0 turns it off
     delivery_pool_trim_interval: float = 60.0
     delivery_pool_keep: int = 64
+    # glibc's mmap threshold, fixed at start (common/cmalloc.py): blocks this large or larger get pages
+    # of their own and go back to the system when freed; 0 leaves glibc's threshold, which rises with
+    # every large block freed and lets the heap fragment (docs/operations.md, "What can grow")
+    malloc_mmap_threshold: int = 128 * 1024
     loop_lag_window: float = 60.0  # seconds summarised per loop-lag report (status, log)
     loop_stall: float = 0.5  # a loop lag or GC pause this long is logged at once
     core: CoreConfig = field(default_factory=CoreConfig)

@@ -22,7 +22,6 @@ library keeps; growth of one container is a structure that is not bounded. Off b
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
@@ -32,6 +31,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from ..common.cmalloc import mallinfo_reader
 
 ENV = "ONCEMESH_HEAP_PROBE"
 MIN_LEN = 32  # containers shorter than this are not reported
@@ -110,28 +111,6 @@ def container_sizes(roots: dict[str, Any], min_len: int = MIN_LEN) -> dict[str, 
             if isinstance(v, _SIZED) or _ours(v):
                 stack.append((f"{path}.{name}", v, depth + 1))
     return out
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-def mallinfo_reader() -> Callable[[], dict[str, int]] | None:
-    """A function that reads glibc's `mallinfo2()` (bytes of the C heap: `arena`, `in_use`, `free`,
-    `mmapped`, `top_free`), or None where there is none (not glibc, or glibc before 2.33)."""
-    try:
-        fn = ctypes.CDLL(None).mallinfo2
-    except (AttributeError, OSError):  # not glibc, or glibc before 2.33
-        return None
-    fn.restype = _MallInfo2
-
-    def read() -> dict[str, int]:
-        m = fn()
-        return {"arena": m.arena, "in_use": m.uordblks, "free": m.fordblks, "mmapped": m.hblkhd,
-                "top_free": m.keepcost}
-    return read
 
 
 class HeapProbe:

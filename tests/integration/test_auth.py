@@ -319,3 +319,9 @@ def test_an_open_router_of_the_mesh_does_not_hand_a_subscription_to_anonymous_cl
             await alice.close()
 
     run(main(), timeout=90)
+
+
+def test_a_bad_malloc_threshold_is_refused_at_start(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "oncemesh", "router", "--id", "X", "--listen", "127.0.0.1:0", "--allow-anonymous"]
+    out = subprocess.run([*base, "--set", "malloc_mmap_threshold=-5"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "malloc_mmap_threshold: -5 is not 0" in out.stderr

@@ -359,6 +359,16 @@ async def wait_until(cond: Any, timeout: float) -> None:
         await asyncio.sleep(0.02)
 
 
+def test_the_router_fixes_the_c_allocators_mmap_threshold_at_start(make_router: Any) -> None:
+    """`malloc_mmap_threshold` reaches glibc (common/cmalloc.py) and the log says so; 0 leaves glibc's own."""
+    for rid, value, said in (("MM", 262144, "mmap_threshold=262144"), ("MG", 0, "mmap_threshold=glibc")):
+        r: RouterProcess = make_router(rid, settings={"malloc_mmap_threshold": value})
+        log = r.log_dir / f"{rid}.router.log"
+        [line] = wait_for(lambda: [x for x in log.read_text().splitlines() if "router.malloc" in x], 10,  # noqa: B023
+                          "the allocator's line in the log")
+        assert said in line and json.loads(line)["level"] == "INFO"
+
+
 def test_the_router_reports_a_stall_of_its_event_loop_in_its_log_and_status(make_router: Any) -> None:
     """A router frozen for a while (SIGSTOP: the event loop runs nothing) reports the lag at once in
     its log, then in the window's summary, and in its status."""

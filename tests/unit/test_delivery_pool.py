@@ -13,7 +13,7 @@ import pytest
 from cproton_ffi import ffi, lib
 
 from oncemesh.common import ffi as F
-from oncemesh.router.heapprobe import mallinfo_reader
+from oncemesh.common.cmalloc import mallinfo_reader
 
 
 @pytest.fixture
