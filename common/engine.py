@@ -33,9 +33,12 @@ from typing import Any, Protocol
 
 from . import errors
 from . import ffi as F
+from .cmalloc import trimmer
 from .ffi import ffi, lib
 from .sasl import SaslClient, SaslError, SaslServer
 from .tls import TlsProvider, peer_common_name, peer_names
+
+_release_c_heap = trimmer()  # glibc's malloc_trim(0); None elsewhere
 
 log = logging.getLogger("oncemesh.engine")
 MAX_PASSWORD_CHECKS = 16  # PLAIN logins checked at once; more get "try again" (a login storm must not queue)
@@ -190,7 +193,7 @@ class Engine:
         self.checks: set[asyncio.Task[None]] = set()  # PLAIN passwords being checked off the loop
         # security events of the connections driven here (the router's status shows them)
         self.counters: dict[str, int] = {"logins": 0, "login_failures": 0, "tls_handshake_failures": 0,
-                                         "pooled_deliveries_freed": 0}
+                                         "pooled_deliveries_freed": 0, "c_heap_trims": 0}
         # every connection whose Proton objects live (weakly: one whose socket never came up is not
         # released, and must not be kept for that)
         self.connections: weakref.WeakSet[AmqpConnection] = weakref.WeakSet()
@@ -201,6 +204,12 @@ class Engine:
         many were freed."""
         freed = sum(F.trim_delivery_pool(conn.pn_conn, keep) for conn in list(self.connections))
         self.counters["pooled_deliveries_freed"] += freed
+        if _release_c_heap is not None:
+            # what the burst's deliveries, buffers and tables held is free in the C heap now, in
+            # pages glibc keeps: hand them back (malloc_trim, ~0.5-3 ms on a router's heap), or a
+            # router's RSS keeps the high-water mark of every burst (docs/operations.md, "What can grow")
+            _release_c_heap()
+            self.counters["c_heap_trims"] += 1
         return freed
 
     def mark_dirty(self, conn: AmqpConnection) -> None:
