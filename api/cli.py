@@ -77,7 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help="run a mesh without inter-router TLS: any process that reaches the inter-router "
                         "port can join as a router and forge acknowledgements. For experiments only; "
                         "logged and shown in the status as INSECURE")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="the operational log's level (default INFO)")
+    p.add_argument("--stderr-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="the least level also written to stderr (default: WARNING with --log-dir, whose "
+                        "ID.router.log has every line and rotates; else the --log-level): under 'oncemesh up' "
+                        "stderr goes to logs/ID.out, which does not rotate")
     p.set_defaults(func=cmd_router)
 
 
@@ -155,7 +160,9 @@ def cmd_router(args: argparse.Namespace) -> int:
         except TlsConfigError as exc:
             print(f"oncemesh router: inter-router TLS: {exc}", file=sys.stderr)
             return 2
-    configure_logging(cfg.log_dir, cfg.id, args.log_level, cfg.router_log_bytes, cfg.router_log_backups)
+    stderr_level = args.stderr_level or ("WARNING" if cfg.log_dir is not None else None)
+    configure_logging(cfg.log_dir, cfg.id, args.log_level, cfg.router_log_bytes, cfg.router_log_backups,
+                      stderr_level)
     try:
         asyncio.run(run_router(cfg, topo, mesh_tls))
     except ValueError as exc:  # (TlsConfigError: the client listener's files)

@@ -1170,10 +1170,12 @@ def _rss_kb() -> int:
 
 
 def configure_logging(log_dir: Path | None, router_id: str, level: str = "INFO", max_bytes: int = 0,
-                      backups: int = 0) -> None:
+                      backups: int = 0, stderr_level: str | None = None) -> None:
     """Operational log: one JSON object per line (stderr, and router.log in the log directory).
     `max_bytes` > 0: the file is rotated at that size (router.log.1, .2, ... up to `backups`, the
-    oldest dropped), so that the operational log, like the settlement log, has a bound on disk."""
+    oldest dropped), so that the operational log, like the settlement log, has a bound on disk.
+    `stderr_level`: the least level that also goes to stderr (None: every line logged), so that a
+    stderr kept in a file that does not rotate (`oncemesh up`'s ID.out) is not a second copy."""
 
     class JsonFormatter(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
@@ -1189,6 +1191,8 @@ def configure_logging(log_dir: Path | None, router_id: str, level: str = "INFO",
         root.removeHandler(h)
     sh = logging.StreamHandler()
     sh.setFormatter(JsonFormatter())
+    if stderr_level is not None:
+        sh.setLevel(stderr_level)
     root.addHandler(sh)
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)

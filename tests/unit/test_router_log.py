@@ -48,3 +48,20 @@ def test_rotation_is_on_by_default_and_zero_turns_it_off(tmp_path: Path, restore
     for i in range(200):
         log.info("test.line n=%d %s", i, "x" * 40)
     assert [p.name for p in tmp_path.iterdir()] == ["A.router.log"]
+
+
+def test_stderr_can_carry_only_warnings_while_the_file_has_every_line(tmp_path: Path, restore_root_logging: None,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """With a log directory the router writes only warnings and errors to stderr (`--stderr-level`,
+    default WARNING there): `oncemesh up` keeps stderr in ID.out, which does not rotate."""
+    configure_logging(tmp_path, "A", "INFO", max_bytes=1 << 20, backups=1, stderr_level="WARNING")
+    log = logging.getLogger("oncemesh.router")
+    log.info("test.routine n=1")
+    log.warning("test.problem n=2")
+    err = capsys.readouterr().err
+    assert "test.problem" in err and "test.routine" not in err
+    events = [json.loads(x)["event"] for x in (tmp_path / "A.router.log").read_text().splitlines()]
+    assert events == ["test.routine n=1", "test.problem n=2"]
+    configure_logging(None, "A", "INFO")  # no directory: stderr is the log, every line
+    log.info("test.routine n=3")
+    assert "test.routine n=3" in capsys.readouterr().err
