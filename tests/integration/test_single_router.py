@@ -35,6 +35,16 @@ async def client(url: str, tmp: Path, name: str, **kw: Any) -> Client:
     return await c.start()
 
 
+async def pub_and_sub(url: str, tmp: Path, topic: str) -> tuple[Client, Any, Client, Any]:
+    """A subscriber client with subscription "s" on `topic` (attached), then a publisher client
+    with publisher "p": (sub client, subscriber, pub client, publisher)."""
+    sc = await client(url, tmp, "sub")
+    sub = sc.subscriber(topic, "s")
+    await sub.wait_attached(10)
+    pc = await client(url, tmp, "pub")
+    return sc, sub, pc, pc.publisher(topic, "p")
+
+
 def test_several_publishers_and_subscribers_get_everything_exactly_once(router: RouterProcess,
                                                                        tmp_path: Path) -> None:
     async def main() -> None:
@@ -306,11 +316,7 @@ def test_messages_of_every_size_cross_the_router_intact(router: RouterProcess, t
     sizes = [0, 1, 65_000, 65_536, 65_537, 300_000]
 
     async def main() -> None:
-        sc = await client(router.url, tmp_path, "sub")
-        sub = sc.subscriber("sizes", "s")
-        await sub.wait_attached(10)
-        pc = await client(router.url, tmp_path, "pub")
-        pub = pc.publisher("sizes", "p")
+        sc, sub, pc, pub = await pub_and_sub(router.url, tmp_path, "sizes")
         bodies = [bytes((i * 7 + k) % 251 for k in range(n)) for i, n in enumerate(sizes)]
         futs = [await pub.send(b) for b in bodies]
         got = await sub.get_many(len(bodies), timeout=20)
@@ -403,11 +409,7 @@ def test_delivery_pools_cut_back_under_traffic_lose_nothing(make_router: Any, tm
     sizes = [10, 70_000, 200, 5_000, 1]
 
     async def main() -> None:
-        sc = await client(r.url, tmp_path, "sub")
-        sub = sc.subscriber("pool", "s")
-        await sub.wait_attached(10)
-        pc = await client(r.url, tmp_path, "pub")
-        pub = pc.publisher("pool", "p")
+        sc, sub, pc, pub = await pub_and_sub(r.url, tmp_path, "pool")
         for rnd in range(6):  # bursts with pauses between them: trims during and between the bursts
             bodies = [bytes((rnd + i + k) % 251 for k in range(sizes[(rnd + i) % len(sizes)])) for i in range(60)]
             futs = [await pub.send(b) for b in bodies]
