@@ -221,10 +221,12 @@ def tune_malloc(mmap_threshold: int) -> None:
     if not mmap_threshold:
         log.info("router.malloc mmap_threshold=glibc")
         return
-    if not 0 < mmap_threshold <= MAX_MMAP_THRESHOLD:
+    try:
+        applied = set_mmap_threshold(mmap_threshold)
+    except ValueError:
         raise ValueError(f"malloc_mmap_threshold: {mmap_threshold} is not 0 (glibc's own) or in "
-                         f"1..{MAX_MMAP_THRESHOLD} bytes")
-    if set_mmap_threshold(mmap_threshold):
+                         f"1..{MAX_MMAP_THRESHOLD} bytes") from None
+    if applied:
         log.info("router.malloc mmap_threshold=%d", mmap_threshold)
     else:
         log.warning("router.malloc mmap_threshold=%d not applied: the C library has no mallopt (not glibc); "
