@@ -120,7 +120,7 @@ class RouterConfig:
     log_compress: str = "gzip"
     log_free_floor_bytes: int = 0  # below this free space the log is held as on a full disk
     # the operational log (ID.router.log) is rotated at this size into ID.router.log.1 .. .N (N =
-    # router_log_backups, the oldest dropped); 0: one file that grows for ever
+    # router_log_backups, at least 1; the oldest dropped); router_log_bytes 0: one file that grows for ever
     router_log_bytes: int = 64 * 1024 * 1024
     router_log_backups: int = 4
     tick_interval: float = 0.5

@@ -163,3 +163,23 @@ def test_a_sequencer_journal_that_does_not_parse_stops_the_start(tmp_path: Path)
     f.write_text('{"version": 1, "sequencer": []}\n')
     with pytest.raises(OrderStateError, match="version"):
         store.sequencer_restore([T])
+
+
+def test_a_routine_state_write_is_not_logged_at_info_and_a_slow_one_is_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream's state is written once a second per ordered topic: at INFO it alone filled the
+    operational log by ~25 MB a day. Routine writes are DEBUG; one slower than SLOW_WRITE_MS warns."""
+    import logging
+
+    from oncemesh.interrouter import orderstate
+
+    store = OrderStore(tmp_path, "B")
+    caplog.set_level(logging.DEBUG, logger="oncemesh.router")
+    store.save(T, {"n": 1})
+    [routine] = [r for r in caplog.records if "order.state_written" in r.getMessage()]
+    assert routine.levelno == logging.DEBUG
+    caplog.clear()
+    monkeypatch.setattr(orderstate, "SLOW_WRITE_MS", 0.0)  # (every write is "slow" now)
+    store.save(T, {"n": 2})
+    [slow] = [r for r in caplog.records if "order.state_written" in r.getMessage()]
+    assert slow.levelno == logging.WARNING and store.load(T) == {"n": 2}
