@@ -72,6 +72,7 @@ _E_DELIVERY = F.E_DELIVERY
 _E_LINK_FLOW = F.E_LINK_FLOW
 
 DEFAULT_IDLE_TIMEOUT = 2.0
+STALL_GAP = 0.1  # seconds: held mesh input older than this at the end of its pass waits for one more poll
 GC_THRESHOLD = 50_000  # young-generation allocations between cyclic collections (see tune_gc)
 DEFAULT_MAX_FRAME = 1024 * 1024
 _READ_CHUNK = 64 * 1024
@@ -489,6 +490,15 @@ class AmqpConnection(asyncio.Protocol):
         self._close_reported = False
         self._sasl_factory = sasl
         self._early = b""  # bytes that came before connection_made (a TLS upgrade can deliver them first)
+        # Read now, processed at the end of the pass (`defer_input`): the routers' mesh links. A
+        # router that stalled (frozen, starved) finds a peer's messages and a client's goodbye both
+        # waiting; its clients' input must be taken first, or it hands messages into a link whose
+        # client has already left (and, failed over, accepted them elsewhere): a hand-over no one
+        # receives, yet on record as a second delivery (docs/architecture.md, "Input order").
+        self.defer_input = False
+        self._deferred: list[bytes] = []
+        self._eof_held = False  # an EOF that came after held input: it follows that input
+        self._deferred_at = 0.0  # (monotonic) when the held input's first part was read
         self.sasl: SaslServer | SaslClient | None = None
         self.user: str | None = None  # who logged in (SASL), None before or without
         self.auth_error: str | None = None  # why our login failed (client side)
@@ -580,7 +590,37 @@ class AmqpConnection(asyncio.Protocol):
         if sasl is not None and (not sasl.done or (isinstance(sasl, SaslServer) and sasl.check is not None)):
             self._sasl_received(data)
             return
+        if self.defer_input:
+            if not self._deferred:
+                self._deferred_at = time.monotonic()
+                self.engine.call_after_pass(self._deferred_at_pass_end)
+            self._deferred.append(data)
+            return
         self._push(data)
+
+    def _deferred_at_pass_end(self) -> None:
+        if self._deferred and not self.closed and time.monotonic() - self._deferred_at > STALL_GAP:
+            # the process stalled (frozen, starved) between the read and now: its clients may have
+            # said something meanwhile that is not read yet; let the loop poll once more first
+            # (the callback runs ahead of that poll's reads, the pass end after them)
+            self._deferred_at = time.monotonic()
+            self.engine.loop.call_soon(self.engine.call_after_pass, self._deferred_at_pass_end)
+            return
+        self._take_deferred()
+
+    def _take_deferred(self) -> None:
+        """Process the input `defer_input` held back in this pass (in the order it came), then the
+        EOF that came after it, if one did."""
+        if not self._deferred:
+            return
+        chunks, self._deferred = self._deferred, []
+        if not self.closed:
+            self._push(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        if self._eof_held:
+            self._eof_held = False
+            if not self.closed:
+                lib.pn_transport_close_tail(self.pn_transport)
+                self._process()
 
     # -- SASL (before AMQP) ----------------------------------------------------------------------
     def _sasl_received(self, data: bytes) -> None:
@@ -670,11 +710,15 @@ class AmqpConnection(asyncio.Protocol):
             sasl.done = True
             self.sock.close()
             return False
+        if self._deferred:  # the end waits behind the input it follows (`defer_input`)
+            self._eof_held = True
+            return False
         lib.pn_transport_close_tail(self.pn_transport)
         self._process()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._take_deferred()  # (what was read before the loss, first)
         self.closed = True
         if self._timer:
             self._timer.cancel()
@@ -899,6 +943,10 @@ class AmqpConnection(asyncio.Protocol):
     def _on_timer(self) -> None:
         self._timer = None
         if not self.closed:
+            if self._deferred:
+                if time.monotonic() - self._deferred_at > STALL_GAP:
+                    return  # (stalled since the read: the pass end takes it after one more poll, then ticks)
+                self._take_deferred()  # (held input first: the idle check must not miss what came)
             self._process()
 
     def flush(self) -> None:

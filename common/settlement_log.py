@@ -55,6 +55,7 @@ SCHEMA_VERSION = 2  # what segmented logs (routers) write; readers read 1 and 2
 V1 = 1  # what unsegmented logs (clients) still write
 GID_PREFIX = 13  # a v2 gid group: the ids after the first are written as what follows its first 13 chars
 ROTATE_RETRY = 60.0  # seconds between attempts to start a new segment after one failed
+STALL_GAP = 0.1  # v2: core events more than this apart within one flush are not stamped as one (what a stall split)
 
 
 class SizeCount(tuple[int, int]):
@@ -563,6 +564,11 @@ class SettlementLog:
         subscription's lifecycle (an entry without gid) is written at once, after what came before."""
         groups = self._groups
         if ts > self._groups_ts:
+            if groups and ts - self._groups_ts > STALL_GAP:
+                # what was gathered keeps its own time: events decided before a stall (a freeze, a
+                # starved CPU) in the middle of a pass are not dated after it ("Times")
+                self._render()
+                groups = self._groups
             self._groups_ts = ts
         n = 0
         for entry in entries:

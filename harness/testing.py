@@ -246,6 +246,29 @@ def iter_log_lines(*dirs: Path) -> Iterator[dict[str, Any]]:
             yield from read_events(path)
 
 
+def deliveries_after_acceptance(*dirs: Path) -> list[tuple[str, str, str, float, str, float]]:
+    """Every hand-over the routers' logs under `dirs` show after the (message, subscription) pair
+    was first accepted: (gid, subscription, router, delivered at, accepted at router, accepted at).
+    With no router crashed, each is a duplicate by the router view's rules (docs/reconcile.md)."""
+    accepted: dict[tuple[str, str], tuple[float, str]] = {}
+    delivered: list[tuple[str, str, str, float]] = []
+    for ev in iter_log_lines(*dirs):
+        if ev.get("src") != "router" or not ev.get("sub") or not ev.get("gid"):
+            continue
+        key = (ev["gid"], ev["sub"])
+        if ev["ev"] == "accepted":
+            if key not in accepted or ev["ts"] < accepted[key][0]:
+                accepted[key] = (ev["ts"], ev["node"])
+        elif ev["ev"] == "delivered":
+            delivered.append((ev["gid"], ev["sub"], ev["node"], ev["ts"]))
+    late = []
+    for gid, sub, node, ts in delivered:
+        first = accepted.get((gid, sub))
+        if first is not None and ts > first[0]:
+            late.append((gid, sub, node, ts, first[1], first[0]))
+    return sorted(late, key=lambda x: x[3])
+
+
 class LogSummary:
     """A quick, in-process reading of client settlement logs (the Spark job is the full judge)."""
 

@@ -104,8 +104,11 @@ class PeerHandler:
                                  PROP_VERSION: self.version}
         if self.client_url:
             props[PROP_CLIENT_URL] = self.client_url
-        return AmqpConnection(engine, self, server=server, container_id=f"oncemesh-router-{self.me}",
+        conn = AmqpConnection(engine, self, server=server, container_id=f"oncemesh-router-{self.me}",
                               idle_timeout=idle_timeout, properties=props)
+        # a peer's input after the clients' input of the same pass (common/engine.py, `defer_input`)
+        conn.defer_input = True
+        return conn
 
     # -- engine events ---------------------------------------------------------------------------
     def on_connection_open(self, conn: AmqpConnection) -> None:

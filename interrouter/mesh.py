@@ -233,15 +233,18 @@ class Mesh:
     def _on_frame(self, peer: Peer, frame: bytes) -> None:
         if self.peers.get(peer.id) is not peer:
             return  # a replaced connection's leftovers
+        now = time.time()
         try:
-            self.node.frame(peer.id, frame, time.time())
+            self.node.frame(peer.id, frame, now)
         except FrameError as exc:
             log.error("mesh.bad_frame peer=%s error=%s", peer.id, exc)
             peer.conn.close(errors.DecodeError.condition, str(exc))
-        self._after_input()
+        self._after_input(now)
 
-    def _after_input(self) -> None:
-        self.router.drain()  # performs the core's actions, mesh ones come back through perform()
+    def _after_input(self, decided: float | None = None) -> None:
+        # performs the core's actions (mesh ones come back through perform()); what the frame made
+        # the core decide is stamped with the time the frame was taken (Router.drain)
+        self.router.drain(decided)
         self._drain_node()
 
     def _drain_node(self) -> None:

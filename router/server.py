@@ -984,21 +984,34 @@ class Router:
         self._drain_scheduled = False
         self.drain()
 
-    def drain(self) -> None:
-        """Perform the core's actions and write its log events."""
+    def drain(self, decided: float | None = None) -> None:
+        """Perform the core's actions and write its log events.
+
+        The events the core had decided when the drain began are written first, stamped with that
+        time (or with `decided`: the time the input that made them was taken), not after their
+        actions were performed: a router frozen (SIGSTOP) in between must not date a hand-over it
+        decided before the freeze to after it, when its subscriber, gone meanwhile, may have
+        accepted the message at another router (docs/settlement-log.md, "Times"). Events the
+        actions made are stamped after them."""
         core = self.core
+        if core.log:
+            entries, core.log = core.log, []
+            self._write_core_log(decided if decided is not None else time.time(), entries)
         while core.out:  # (a mesh action can make more: a number from a one-router sequencer group)
             out, core.out = core.out, []
             self._perform(out)
         if core.log:
             entries, core.log = core.log, []
-            # the metrics' event counters, by Counter.update's C helper itself (update's own frame and
-            # its isinstance test of an abstract Mapping cost about as much as the count, per pass)
-            _count_elements(self.event_counts, map(_first, entries))
-            self.slog.write_core_events(time.time(), entries)  # flushes subscription lifecycle lines at once
+            self._write_core_log(time.time(), entries)
         if self._pending_opens or self.table.version != self._saved_version:
             assert self.engine is not None
             self.engine.call_after_pass(self._after_pass)
+
+    def _write_core_log(self, stamp: float, entries: list[Any]) -> None:
+        # the metrics' event counters, by Counter.update's C helper itself (update's own frame and
+        # its isinstance test of an abstract Mapping cost about as much as the count, per pass)
+        _count_elements(self.event_counts, map(_first, entries))
+        self.slog.write_core_events(stamp, entries)  # flushes subscription lifecycle lines at once
 
     def _after_pass(self) -> None:
         self._save_table()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from oncemesh.harness.testing import LogSummary, Proc, python_cmd, wait_for
+from oncemesh.harness.testing import LogSummary, Proc, deliveries_after_acceptance, python_cmd, wait_for
 
 
 def consumer(tmp: Path, logs: Path, urls: list[str], name: str, count: int) -> Proc:
@@ -134,4 +134,9 @@ def test_frozen_router_is_left_by_its_clients_and_rejoins(mesh_of: Callable[...,
         sub.stop(5)
         mesh.thaw("B")
     verdict(logs, 1, n)
+    # and by the routers' own logs: B, thawed, found messages from its peers and its old client's
+    # goodbye both waiting; it must take the goodbye first, or it hands those messages into a link
+    # no one reads after they were accepted at C (common/engine.py, `defer_input`)
+    late = deliveries_after_acceptance(mesh.log_dir)
+    assert not late, f"{len(late)} hand-overs after the acceptance, e.g. {late[:3]}"
 

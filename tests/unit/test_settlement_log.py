@@ -491,3 +491,57 @@ def test_the_engine_writes_the_log_before_any_connection_is_flushed() -> None:
 
     asyncio.run(main())
     assert order == ["drain", "log written", "output"]
+
+
+def test_core_events_a_stall_split_keep_their_own_times(tmp_path: Path) -> None:
+    """Within one flush, events decided before a stall (SIGSTOP, a starved CPU) are not stamped
+    with the time of events after it: a router frozen mid-pass must not date a hand-over it decided
+    before the freeze to after the freeze (docs/settlement-log.md, "Times"). Events close together
+    still share one line."""
+    from oncemesh.common.settlement_log import STALL_GAP, log_files, read_events
+
+    log = SettlementLog(tmp_path / "A.settlement.jsonl", src="router", node="A", inc="7",
+                        segments=Segments(max_bytes=0, max_seconds=0, compress=False))
+    t = 1_800_000_000.0
+    log.write_core_events(t, [("delivered", "abcdefghijkl:1", "t", "s" * 16, None)])
+    log.write_core_events(t + STALL_GAP / 10, [("delivered", "abcdefghijkl:2", "t", "s" * 16, None)])
+    log.write_core_events(t + 3.8, [("delivered", "abcdefghijkl:3", "t", "s" * 16, None)])
+    log.flush()
+    log.close()
+    [f] = log_files(tmp_path)
+    got = {e["gid"]: e["ts"] for e in read_events(f) if e["ev"] == "delivered"}
+    assert got["abcdefghijkl:1"] == got["abcdefghijkl:2"] == pytest.approx(t + STALL_GAP / 10, abs=2e-6)
+    assert got["abcdefghijkl:3"] == pytest.approx(t + 3.8, abs=2e-6)
+
+
+def test_the_router_dates_what_it_decided_before_performing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Router.drain`: the core's events from before the drain are written first, stamped when
+    the drain began (or when the input that made them was taken); a freeze while the actions are
+    performed dates only what the actions made meanwhile after it."""
+    from types import SimpleNamespace
+
+    from oncemesh.router import server
+
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(server.time, "time", lambda: clock[0])
+    written: list[tuple[float, list[Any]]] = []
+
+    class Fake:
+        core = SimpleNamespace(log=[("delivered", "g:1", "t", "s", None)], out=[object()])
+        _pending_opens: list[Any] = []
+        table = SimpleNamespace(version=1)
+        _saved_version = 1
+
+        def _perform(self, out: list[Any]) -> None:
+            clock[0] += 3.8  # frozen while the hand-over is performed
+            self.core.log.append(("ended", "g:0", "t", "s", "final elsewhere"))
+
+        def _write_core_log(self, stamp: float, entries: list[Any]) -> None:
+            written.append((stamp, [e[0] for e in entries]))
+
+    server.Router.drain(Fake())  # type: ignore[arg-type]
+    assert written == [(1_800_000_000.0, ["delivered"]), (1_800_000_003.8, ["ended"])]
+    written.clear()
+    Fake.core.log.append(("delivered", "g:2", "t", "s", None))
+    server.Router.drain(Fake(), decided=1_800_000_001.0)  # type: ignore[arg-type]
+    assert written[0] == (1_800_000_001.0, ["delivered"])

@@ -1,0 +1,164 @@
+"""The order in which a router takes its input within one loop pass (common/engine.py,
+`defer_input`): a mesh link's input is read at once but processed at the end of the pass, after the
+input of every client connection read in the same pass.
+
+Why: a router that stalled (SIGSTOP, a starved CPU) wakes up to a peer's messages and a client's
+goodbye both waiting in its socket buffers. Taken in the order the kernel reports them, the peer's
+messages can be handed into the link of a client that has already left, failed over and accepted
+them at another router: no one receives that hand-over, yet the router's log shows a second
+delivery after the acceptance, and the router view of the reconciliation rightly calls it a
+duplicate (the short chaos run's failure of stops 24 and 26, docs/testing.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from oncemesh.common.engine import AmqpConnection, Engine
+
+
+class Sock:
+    """Enough of an asyncio transport for input to be taken."""
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+
+def _conn(eng: Engine, name: str, order: list[str], defer: bool) -> AmqpConnection:
+    conn = AmqpConnection(eng, Recorder(order), server=True, container_id=name)  # type: ignore[arg-type]
+    conn.sock = Sock()  # type: ignore[assignment]
+    conn.defer_input = defer
+    conn._push = lambda data: order.append(f"{name}:{data.decode()}")  # type: ignore[method-assign]
+    return conn
+
+
+def test_a_peers_input_waits_for_the_clients_input_of_the_same_pass() -> None:
+    order: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        eng = Engine(loop, pass_end=True)
+        mesh = _conn(eng, "mesh", order, defer=True)
+        client = _conn(eng, "client", order, defer=False)
+
+        def one_pass() -> None:  # the kernel reported the mesh socket first
+            mesh.data_received(b"m1")
+            client.data_received(b"bye")
+            mesh.data_received(b"m2")  # (a second read of the same pass: after the first, joined)
+            order.append("end of the reads")
+
+        loop.call_soon(one_pass)
+        await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    assert order == ["client:bye", "end of the reads", "mesh:m1m2"]
+
+
+def test_input_held_across_a_stall_waits_for_one_more_poll() -> None:
+    """Frozen between the read and the end of its pass, a router finds its clients' input of the
+    freeze not yet read: the held mesh input waits for one more poll (and its reads)."""
+    order: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        eng = Engine(loop, pass_end=True)
+        mesh = _conn(eng, "mesh", order, defer=True)
+        client = _conn(eng, "client", order, defer=False)
+
+        def stalled_pass() -> None:
+            mesh.data_received(b"m")
+            mesh._deferred_at -= 4.0  # (SIGSTOP for 4 s, here)
+            loop.call_soon(client.data_received, b"bye")  # read in the next pass
+
+        loop.call_soon(stalled_pass)
+        await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    assert order == ["client:bye", "mesh:m"]
+
+
+def test_without_deferral_input_is_taken_as_it_comes() -> None:
+    """(The client library and the router's client connections: nothing waits.)"""
+    order: list[str] = []
+
+    async def main() -> None:
+        eng = Engine(asyncio.get_running_loop(), pass_end=True)
+        a, b = _conn(eng, "a", order, defer=False), _conn(eng, "b", order, defer=False)
+        a.data_received(b"1")
+        b.data_received(b"2")
+        order.append("end of the reads")
+
+    asyncio.run(main())
+    assert order == ["a:1", "b:2", "end of the reads"]
+
+
+class Recorder:
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+
+    def on_connection_closed(self, conn: AmqpConnection, condition: Any) -> None:
+        self.order.append("closed")
+
+
+def test_an_eof_waits_behind_the_input_it_follows() -> None:
+    """An EOF read after held input is held behind it: a peer's last messages and its goodbye
+    both wait for the clients' input of the pass (and the EOF is not taken before the messages)."""
+    order: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        eng = Engine(loop, pass_end=True)
+        mesh = _conn(eng, "mesh", order, defer=True)
+        client = _conn(eng, "client", order, defer=False)
+
+        def one_pass() -> None:
+            mesh.data_received(b"last words")
+            assert mesh.eof_received() is False
+            client.data_received(b"bye")
+
+        loop.call_soon(one_pass)
+        await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    assert order == ["client:bye", "mesh:last words", "closed"]
+
+
+def test_held_input_comes_before_the_loss_of_its_connection() -> None:
+    order: list[str] = []
+
+    async def main() -> None:
+        eng = Engine(asyncio.get_running_loop(), pass_end=True)
+        mesh = _conn(eng, "mesh", order, defer=True)
+        mesh.data_received(b"last words")
+        mesh.connection_lost(ConnectionResetError())
+        await asyncio.sleep(0.01)  # (the end of the pass finds nothing left to process)
+
+    asyncio.run(main())
+    assert order == ["mesh:last words", "closed"]
+
+
+def test_the_idle_timer_takes_held_input_first_unless_a_stall_made_it_stale() -> None:
+    """The connection's idle check must not miss input it holds (a peer declared silent while
+    its frames wait); but input held across a stall waits for the poll, not for the timer."""
+    order: list[str] = []
+
+    async def main() -> None:
+        eng = Engine(asyncio.get_running_loop(), pass_end=True)
+        mesh = _conn(eng, "mesh", order, defer=True)
+        mesh.data_received(b"fresh")
+        mesh._on_timer()
+        assert order == ["mesh:fresh"]
+        mesh.data_received(b"stale")
+        mesh._deferred_at -= 4.0
+        mesh._on_timer()
+        assert order == ["mesh:fresh"]
+        await asyncio.sleep(0.02)  # (two passes: the re-poll, then the pass end takes it)
+        assert order == ["mesh:fresh", "mesh:stale"]
+
+    asyncio.run(main())
