@@ -72,7 +72,7 @@ _E_DELIVERY = F.E_DELIVERY
 _E_LINK_FLOW = F.E_LINK_FLOW
 
 DEFAULT_IDLE_TIMEOUT = 2.0
-STALL_GAP = 0.1  # seconds: held mesh input older than this at the end of its pass waits for one more poll
+STALL_GAP = 0.1  # seconds: held mesh input at the end of a pass this long (a stall) waits for one more poll
 GC_THRESHOLD = 50_000  # young-generation allocations between cyclic collections (see tune_gc)
 DEFAULT_MAX_FRAME = 1024 * 1024
 _READ_CHUNK = 64 * 1024
@@ -112,6 +112,7 @@ class _PassEnd(selectors.BaseSelector):
         self.loop = loop
         self.inner = inner
         self.pending: list[Engine] = []  # engines with a flush due at the end of this pass
+        self.polled_at = 0.0  # (monotonic) when the selector last returned: the start of this pass
 
     @classmethod
     def install(cls, loop: asyncio.AbstractEventLoop) -> _PassEnd | None:
@@ -135,7 +136,15 @@ class _PassEnd(selectors.BaseSelector):
             elif loop._scheduled and timeout != 0:  # (a timer the flush started, due before the wait ends)
                 due = max(0.0, loop._scheduled[0]._when - loop.time())
                 timeout = due if timeout is None else min(timeout, due)
-        return self.inner.select(timeout)
+        before = time.monotonic()
+        events = self.inner.select(timeout)
+        after = time.monotonic()
+        # A process stopped (SIGSTOP) while it waits here wakes with the events of the moment it was
+        # stopped, not of the moment it goes on: a poll that took longer than its timeout allowed
+        # dates from before it (`AmqpConnection._held_input_stale`)
+        late = timeout is not None and after - before > timeout + STALL_GAP
+        self.polled_at = before if late else after
+        return events
 
     def run_pending(self) -> None:
         while self.pending:  # (a flush can make output on another engine of the loop)
@@ -187,6 +196,10 @@ class Engine:
         self._dirty: set[AmqpConnection] = set()
         self._scheduled = False
         self._after_pass: list[Callable[[], None]] = []
+        # when the input being processed was taken (wall clock, set as each read is pushed): what
+        # it makes a handler decide dates from then, even if the process stalls before the decision
+        # (the router's mesh frames: docs/settlement-log.md, "Times")
+        self.input_at = 0.0
         # run at the end of every pass that has output, after the after-pass functions and before
         # any connection is flushed: what must be on record before the peers learn of it (the
         # router's settlement log: write-ahead evidence, docs/settlement-log.md)
@@ -499,6 +512,7 @@ class AmqpConnection(asyncio.Protocol):
         self._deferred: list[bytes] = []
         self._eof_held = False  # an EOF that came after held input: it follows that input
         self._deferred_at = 0.0  # (monotonic) when the held input's first part was read
+        self._repolled = False  # the held input already waited for one more poll
         self.sasl: SaslServer | SaslClient | None = None
         self.user: str | None = None  # who logged in (SASL), None before or without
         self.auth_error: str | None = None  # why our login failed (client side)
@@ -598,12 +612,22 @@ class AmqpConnection(asyncio.Protocol):
             return
         self._push(data)
 
+    def _held_input_stale(self) -> bool:
+        """Did the process stall (frozen, starved) since the held input was read, or since this
+        pass polled its sockets? Then its clients may have said something meanwhile that is not
+        read yet."""
+        since = self._deferred_at
+        pass_end = self.engine._pass_end
+        if pass_end is not None and 0.0 < pass_end.polled_at < since:
+            since = pass_end.polled_at
+        return time.monotonic() - since > STALL_GAP
+
     def _deferred_at_pass_end(self) -> None:
-        if self._deferred and not self.closed and time.monotonic() - self._deferred_at > STALL_GAP:
-            # the process stalled (frozen, starved) between the read and now: its clients may have
-            # said something meanwhile that is not read yet; let the loop poll once more first
-            # (the callback runs ahead of that poll's reads, the pass end after them)
-            self._deferred_at = time.monotonic()
+        if self._deferred and not self.closed and not self._repolled and self._held_input_stale():
+            # let the loop poll once more first (this callback then runs ahead of that poll's
+            # reads, the pass end after them); once only, or a loop whose every pass is slow would
+            # starve the mesh
+            self._repolled = True
             self.engine.loop.call_soon(self.engine.call_after_pass, self._deferred_at_pass_end)
             return
         self._take_deferred()
@@ -614,6 +638,7 @@ class AmqpConnection(asyncio.Protocol):
         if not self._deferred:
             return
         chunks, self._deferred = self._deferred, []
+        self._repolled = False
         if not self.closed:
             self._push(chunks[0] if len(chunks) == 1 else b"".join(chunks))
         if self._eof_held:
@@ -686,6 +711,7 @@ class AmqpConnection(asyncio.Protocol):
             self._process()
 
     def _push(self, data: bytes) -> None:
+        self.engine.input_at = time.time()
         view = memoryview(data)
         while view:
             n = lib.pn_transport_push(self.pn_transport, ffi.from_buffer(view), len(view))
@@ -944,8 +970,8 @@ class AmqpConnection(asyncio.Protocol):
         self._timer = None
         if not self.closed:
             if self._deferred:
-                if time.monotonic() - self._deferred_at > STALL_GAP:
-                    return  # (stalled since the read: the pass end takes it after one more poll, then ticks)
+                if not self._repolled and self._held_input_stale():
+                    return  # (stalled: the pass end takes it after one more poll, then ticks)
                 self._take_deferred()  # (held input first: the idle check must not miss what came)
             self._process()
 

@@ -233,7 +233,9 @@ class Mesh:
     def _on_frame(self, peer: Peer, frame: bytes) -> None:
         if self.peers.get(peer.id) is not peer:
             return  # a replaced connection's leftovers
-        now = time.time()
+        # dated when its read was taken, not now: a router frozen while it works through a read
+        # decides the rest of it after the freeze, yet from input it had before (Router.drain)
+        now = self.engine.input_at if self.engine is not None and self.engine.input_at else time.time()
         try:
             self.node.frame(peer.id, frame, now)
         except FrameError as exc:

@@ -162,3 +162,75 @@ def test_the_idle_timer_takes_held_input_first_unless_a_stall_made_it_stale() ->
         assert order == ["mesh:fresh", "mesh:stale"]
 
     asyncio.run(main())
+
+
+def test_a_pass_stalled_before_the_read_also_waits_for_one_more_poll() -> None:
+    """Frozen in the middle of a pass whose poll came before the freeze: the mesh socket's read,
+    due from that poll, brings all the freeze left waiting; the clients' sockets were not in that
+    poll. The pass's own start tells the stall, not the read's time."""
+    order: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        eng = Engine(loop, pass_end=True)
+        mesh = _conn(eng, "mesh", order, defer=True)
+        client = _conn(eng, "client", order, defer=False)
+
+        def stalled_pass() -> None:
+            assert eng._pass_end is not None
+            eng._pass_end.polled_at -= 4.0  # (the poll was 4 s ago: SIGSTOP since)
+            mesh.data_received(b"m")  # read just now
+            loop.call_soon(client.data_received, b"bye")  # in the next poll
+
+        loop.call_soon(stalled_pass)
+        await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    assert order == ["client:bye", "mesh:m"]
+
+
+def test_held_input_waits_for_one_more_poll_at_most() -> None:
+    """A loop whose every pass is slow (overload, not a freeze) does not starve the mesh: held
+    input waits for one more poll once, then is taken."""
+    order: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        eng = Engine(loop, pass_end=True)
+        mesh = _conn(eng, "mesh", order, defer=True)
+        mesh._held_input_stale = lambda: True  # type: ignore[method-assign]
+        loop.call_soon(mesh.data_received, b"m")
+        await asyncio.sleep(0.02)
+        assert order == ["mesh:m"]
+
+    asyncio.run(main())
+
+
+def test_a_poll_that_overran_its_timeout_dates_from_before_it() -> None:
+    """SIGSTOP while the loop waits in its poll: the poll returns, on SIGCONT, the events of the
+    moment the process was stopped; having taken longer than its timeout allowed, it dates from
+    before it (so held input from it waits for one more poll), not from after."""
+    import selectors
+    import time
+
+    from oncemesh.common.engine import STALL_GAP, _PassEnd
+
+    class Inner(selectors.DefaultSelector):
+        def __init__(self, pause: float) -> None:
+            super().__init__()
+            self.pause = pause
+
+        def select(self, timeout: float | None = None) -> list[Any]:
+            time.sleep(self.pause)  # (stopped in here)
+            return []
+
+    for pause, late in ((0.0, False), (STALL_GAP + 0.05, True)):
+        hook = _PassEnd(object(), Inner(pause))
+        before = time.monotonic()
+        hook.select(0)
+        after = time.monotonic()
+        assert before <= hook.polled_at <= after
+        assert (after - hook.polled_at >= STALL_GAP) is late
+    hook = _PassEnd(object(), Inner(STALL_GAP + 0.05))
+    hook.select(1.0)  # (within its timeout: an idle wait, no stall)
+    assert time.monotonic() - hook.polled_at < STALL_GAP
