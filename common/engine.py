@@ -73,6 +73,7 @@ _E_LINK_FLOW = F.E_LINK_FLOW
 
 DEFAULT_IDLE_TIMEOUT = 2.0
 STALL_GAP = 0.1  # seconds: held mesh input at the end of a pass this long (a stall) waits for one more poll
+HOLD_GAP = 0.5  # seconds: a pass this late (a process stopped, or starved) is a stall: `Engine.on_stall` hooks run
 GC_THRESHOLD = 50_000  # young-generation allocations between cyclic collections (see tune_gc)
 DEFAULT_MAX_FRAME = 1024 * 1024
 _READ_CHUNK = 64 * 1024
@@ -113,6 +114,10 @@ class _PassEnd(selectors.BaseSelector):
         self.inner = inner
         self.pending: list[Engine] = []  # engines with a flush due at the end of this pass
         self.polled_at = 0.0  # (monotonic) when the selector last returned: the start of this pass
+        self._returned = 0.0  # (monotonic) when the previous poll returned
+        self.stall_noted = False  # this pass's stall was told to the hooks
+        self.passes = 0  # polls so far: which pass this is
+        self.stall_hooks: list[Callable[[], None]] = []  # (`Engine.on_stall`)
 
     @classmethod
     def install(cls, loop: asyncio.AbstractEventLoop) -> _PassEnd | None:
@@ -144,7 +149,26 @@ class _PassEnd(selectors.BaseSelector):
         # dates from before it (`AmqpConnection._held_input_stale`)
         late = timeout is not None and after - before > timeout + STALL_GAP
         self.polled_at = before if late else after
+        # a stall: stopped in or around this poll (late), or in the pass before it (which took long)
+        stalled = (timeout is not None and after - before > timeout + HOLD_GAP) or (
+            self._returned > 0.0 and before - self._returned > HOLD_GAP)
+        self._returned = after
+        self.stall_noted = False
+        self.passes += 1
+        if stalled:
+            self.note_stall()
         return events
+
+    def note_stall(self) -> None:
+        """Tell the hooks, once per pass, that this pass comes after a stall of the process."""
+        if self.stall_noted:
+            return
+        self.stall_noted = True
+        for fn in self.stall_hooks:
+            try:
+                fn()
+            except Exception:  # supervision point, as for a flush
+                log.exception("engine.stall_hook_failed")
 
     def run_pending(self) -> None:
         while self.pending:  # (a flush can make output on another engine of the loop)
@@ -200,6 +224,7 @@ class Engine:
         # it makes a handler decide dates from then, even if the process stalls before the decision
         # (the router's mesh frames: docs/settlement-log.md, "Times")
         self.input_at = 0.0
+        self.input_pass = -1  # (`_PassEnd.passes` when `input_at` was taken)
         # run at the end of every pass that has output, after the after-pass functions and before
         # any connection is flushed: what must be on record before the peers learn of it (the
         # router's settlement log: write-ahead evidence, docs/settlement-log.md)
@@ -225,6 +250,22 @@ class Engine:
             _release_c_heap()
             self.counters["c_heap_trims"] += 1
         return freed
+
+    def input_time(self) -> float | None:
+        """When this pass's latest input was taken (None: none yet in this pass, or no pass-end
+        hook to tell passes apart): what the pass decides from it dates from then."""
+        pass_end = self._pass_end
+        if pass_end is None or self.input_pass != pass_end.passes:
+            return None
+        return self.input_at
+
+    def on_stall(self, fn: Callable[[], None]) -> None:
+        """Call `fn` at the start of any pass that comes after a stall of the process (SIGSTOP, a
+        starved CPU): a poll that took longer than its timeout allowed, a pass before it that took
+        longer than `HOLD_GAP`, or input taken that long after its pass polled. Only with the
+        pass-end hook (the default): without it nothing is told."""
+        if self._pass_end is not None:
+            self._pass_end.stall_hooks.append(fn)
 
     def mark_dirty(self, conn: AmqpConnection) -> None:
         """(`AmqpConnection.touch` calls this once per pass: the connection remembers it is dirty.)"""
@@ -711,7 +752,13 @@ class AmqpConnection(asyncio.Protocol):
             self._process()
 
     def _push(self, data: bytes) -> None:
-        self.engine.input_at = time.time()
+        eng = self.engine
+        eng.input_at = time.time()
+        pass_end = eng._pass_end
+        if pass_end is not None:
+            eng.input_pass = pass_end.passes
+        if pass_end is not None and not pass_end.stall_noted and time.monotonic() - pass_end.polled_at > HOLD_GAP:
+            pass_end.note_stall()  # (stopped after this pass polled: what it reads now is the stall's)
         view = memoryview(data)
         while view:
             n = lib.pn_transport_push(self.pn_transport, ffi.from_buffer(view), len(view))

@@ -188,6 +188,11 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         self._blocked: deque[PubLink] = deque()
         self.out: list[Action] = []
         self.log: list[tuple[Any, ...]] = []  # settlement-log events: (ev, gid, topic, sid, info)
+        # Hand-overs held (`hold_handovers`): the edge holds them while it catches up after a stall of
+        # its process (SIGSTOP, a starved CPU), until it has read what its clients said meanwhile
+        # (a subscriber that left, failed over and accepted the message elsewhere): `release_handovers`.
+        self.hold_pumps = False
+        self._held_pumps: dict[str, SubRuntime] = {}
         self._owed_sets: dict[str, tuple[int, Owed]] = {}  # topic -> (table version, its owed set)
         self._now = 0.0  # the latest time we were given (stamps copies sent from untimed calls)
         self.mesh_size = 1  # routers in the topology (the mesh layer sets it): 1 = standalone
@@ -785,7 +790,23 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         rt.drain = drain
         self._pump(rt)
 
+    def hold_handovers(self) -> None:
+        """Hand nothing to a subscriber's link until `release_handovers` (what would have gone waits,
+        QUEUED, as if the link had no credit)."""
+        self.hold_pumps = True
+
+    def release_handovers(self) -> None:
+        """Hand over what waited while held, to the subscriptions still attached here."""
+        self.hold_pumps = False
+        held, self._held_pumps = self._held_pumps, {}
+        for sid, rt in held.items():
+            if self.subs.get(sid) is rt and rt.link is not None:
+                self._pump(rt)
+
     def _pump(self, rt: SubRuntime) -> None:
+        if self.hold_pumps:
+            self._held_pumps[rt.sid] = rt
+            return
         if rt.notify and rt.credit > 0:
             batch = self.cfg.final_notify_batch
             while rt.notify and rt.credit > 0:

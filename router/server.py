@@ -242,6 +242,7 @@ class Router:
         # write-ahead evidence: the log lines of a pass are written (one write) before its output
         # leaves, so a SIGKILL can never leave a peer knowing what the log does not say
         self.engine.before_output.append(self.slog.flush)
+        self.engine.on_stall(self._on_stall)
         now = time.time()
         self._saved_version = self.table.version
         host, port = self.cfg.listen
@@ -987,8 +988,9 @@ class Router:
     def drain(self, decided: float | None = None) -> None:
         """Perform the core's actions and write its log events.
 
-        The events the core had decided when the drain began are written first, stamped with that
-        time (or with `decided`: the time the input that made them was taken), not after their
+        The events the core had decided when the drain began are written first, stamped with the
+        time this pass's latest input was taken (or `decided`; or the drain's start when the pass
+        took none; the log never dates a line before the one it follows), not after their
         actions were performed: a router frozen (SIGSTOP) in between must not date a hand-over it
         decided before the freeze to after it, when its subscriber, gone meanwhile, may have
         accepted the message at another router (docs/settlement-log.md, "Times"). Events the
@@ -996,6 +998,8 @@ class Router:
         core = self.core
         if core.log:
             entries, core.log = core.log, []
+            if decided is None:
+                decided = self.engine.input_time() if self.engine is not None else None
             self._write_core_log(decided if decided is not None else time.time(), entries)
         while core.out:  # (a mesh action can make more: a number from a one-router sequencer group)
             out, core.out = core.out, []
@@ -1006,6 +1010,27 @@ class Router:
         if self._pending_opens or self.table.version != self._saved_version:
             assert self.engine is not None
             self.engine.call_after_pass(self._after_pass)
+
+    def _on_stall(self) -> None:
+        """The process stalled (frozen, starved). What it reads now may be a peer's or a publisher's
+        messages for a subscriber whose goodbye waits, unread, in a later read, or even in the next
+        poll: that subscriber has failed over and may have accepted them at another router. Hand
+        nothing over until the loop has polled once more and taken what that brought."""
+        self.core.hold_handovers()
+        loop = asyncio.get_running_loop()
+        # (the first callback runs in this pass; the second ahead of the next poll's reads; the
+        # release at the end of that pass, after them)
+        loop.call_soon(loop.call_soon, self._arm_release)
+
+    def _arm_release(self) -> None:
+        assert self.engine is not None
+        self.engine.call_after_pass(self._release_handovers)
+
+    def _release_handovers(self) -> None:
+        # (always, even if a newer stall held them again meanwhile: a loop whose every pass is a
+        # stall must not starve its subscribers; it then waits one pass, not one poll more)
+        self.core.release_handovers()
+        self.drain()
 
     def _write_core_log(self, stamp: float, entries: list[Any]) -> None:
         # the metrics' event counters, by Counter.update's C helper itself (update's own frame and

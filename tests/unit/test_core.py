@@ -709,3 +709,25 @@ def test_a_drain_is_answered_when_a_message_that_had_to_wait_has_gone() -> None:
     h.core.tick(h.now)
     acts = h.take()
     assert delivered(acts) == [(s1, gid)] and drains(acts) == [s1]
+
+
+def test_handovers_held_after_a_stall_go_only_to_subscribers_still_attached() -> None:
+    """After a stall of its process the router holds hand-overs until it has read what its
+    clients said meanwhile (router/server.py `_on_stall`): a subscriber whose goodbye was waiting
+    gets nothing on its dead link (it failed over: the message waits for it as owed to a suspended
+    subscription), one still attached gets everything on release, in order."""
+    h = Harness()
+    gone, gone_link, _ = h.sub("gone")
+    here, _, _ = h.sub("here")
+    h.attach_pub()
+    h.core.hold_handovers()
+    _, g1, acts = h.publish(b"1")
+    _, g2, acts2 = h.publish(b"2")
+    assert not delivered(acts + acts2)
+    h.core.detach_subscriber(gone_link, gone, False, h.now)  # (its goodbye, read after the messages)
+    h.core.release_handovers()
+    assert delivered(h.take()) == [(here, g1), (here, g2)]
+    _, _, acts = h.sub("gone")  # resumed here (or anywhere): what it is owed goes to its new link
+    assert delivered(acts) == [(gone, g1), (gone, g2)]
+    _, g3, acts = h.publish(b"3")  # released: hand-overs go at once again
+    assert set(delivered(acts)) == {(here, g3), (gone, g3)}

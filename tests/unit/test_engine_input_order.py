@@ -234,3 +234,41 @@ def test_a_poll_that_overran_its_timeout_dates_from_before_it() -> None:
     hook = _PassEnd(object(), Inner(STALL_GAP + 0.05))
     hook.select(1.0)  # (within its timeout: an idle wait, no stall)
     assert time.monotonic() - hook.polled_at < STALL_GAP
+
+
+def test_the_engine_tells_a_stall_once_per_pass() -> None:
+    """`Engine.on_stall`: a pass after a long one (stopped before its poll), a poll that overran
+    its timeout (stopped in it), or input taken long after its pass polled (stopped after it)."""
+    import selectors
+    import time
+
+    from oncemesh.common.engine import HOLD_GAP, _PassEnd
+
+    told: list[str] = []
+    hook = _PassEnd(object(), selectors.DefaultSelector())
+    hook.stall_hooks.append(lambda: told.append("stall"))
+    hook.select(0)
+    hook.select(0)
+    assert told == []  # (quick passes)
+    hook._returned = time.monotonic() - HOLD_GAP - 0.1  # the pass before took long
+    hook.select(0)
+    assert told == ["stall"]
+    hook.note_stall()  # (told once per pass)
+    assert told == ["stall"]
+    hook.select(0)
+    assert told == ["stall"]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        eng = Engine(loop, pass_end=True)
+        eng.on_stall(lambda: told.append("input late"))
+        order: list[str] = []
+        client = _conn(eng, "client", order, defer=False)
+        client._push = AmqpConnection._push.__get__(client)  # (the real one: it looks at the clock)
+        await asyncio.sleep(0)
+        assert eng._pass_end is not None
+        eng._pass_end.polled_at -= HOLD_GAP + 0.1
+        client.data_received(b"AMQP\x00\x01\x00\x00")
+
+    asyncio.run(main())
+    assert told == ["stall", "input late"]

@@ -531,6 +531,7 @@ def test_the_router_dates_what_it_decided_before_performing_it(monkeypatch: pyte
         _pending_opens: list[Any] = []
         table = SimpleNamespace(version=1)
         _saved_version = 1
+        engine: Any = None
 
         def _perform(self, out: list[Any]) -> None:
             clock[0] += 3.8  # frozen while the hand-over is performed
@@ -545,3 +546,11 @@ def test_the_router_dates_what_it_decided_before_performing_it(monkeypatch: pyte
     Fake.core.log.append(("delivered", "g:2", "t", "s", None))
     server.Router.drain(Fake(), decided=1_800_000_001.0)  # type: ignore[arg-type]
     assert written[0] == (1_800_000_001.0, ["delivered"])
+    # with an engine: the time this pass's latest input was taken (a client's transfer, read and
+    # decided before the freeze, drained after it)
+    written.clear()
+    fake = Fake()
+    fake.engine = SimpleNamespace(input_time=lambda: 1_800_000_000.5)
+    fake.core.log.append(("delivered", "g:3", "t", "s", None))
+    server.Router.drain(fake)  # type: ignore[arg-type]
+    assert written[0] == (1_800_000_000.5, ["delivered"])
