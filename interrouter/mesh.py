@@ -235,7 +235,8 @@ class Mesh:
             return  # a replaced connection's leftovers
         # dated when its read was taken, not now: a router frozen while it works through a read
         # decides the rest of it after the freeze, yet from input it had before (Router.drain)
-        now = self.engine.input_at if self.engine is not None and self.engine.input_at else time.time()
+        taken = self.engine.input_time() if self.engine is not None else None
+        now = taken if taken is not None else time.time()
         try:
             self.node.frame(peer.id, frame, now)
         except FrameError as exc:
