@@ -12,6 +12,7 @@ duplicate (the short chaos run's failure of stops 24 and 26, docs/testing.md).""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from oncemesh.common.engine import AmqpConnection, Engine
@@ -30,6 +31,14 @@ class Sock:
         pass
 
 
+class Recorder:
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+
+    def on_connection_closed(self, conn: AmqpConnection, condition: Any) -> None:
+        self.order.append("closed")
+
+
 def _conn(eng: Engine, name: str, order: list[str], defer: bool) -> AmqpConnection:
     conn = AmqpConnection(eng, Recorder(order), server=True, container_id=name)  # type: ignore[arg-type]
     conn.sock = Sock()  # type: ignore[assignment]
@@ -38,7 +47,12 @@ def _conn(eng: Engine, name: str, order: list[str], defer: bool) -> AmqpConnecti
     return conn
 
 
-def test_a_peers_input_waits_for_the_clients_input_of_the_same_pass() -> None:
+Pass = Callable[[asyncio.AbstractEventLoop, Engine, AmqpConnection, AmqpConnection], None]
+
+
+def _order_of(one_pass: Pass) -> list[str]:
+    """What a mesh connection and a client connection of one engine processed, in order, when
+    `one_pass(loop, engine, mesh, client)` ran as one loop pass (and the passes it led to)."""
     order: list[str] = []
 
     async def main() -> None:
@@ -46,41 +60,33 @@ def test_a_peers_input_waits_for_the_clients_input_of_the_same_pass() -> None:
         eng = Engine(loop, pass_end=True)
         mesh = _conn(eng, "mesh", order, defer=True)
         client = _conn(eng, "client", order, defer=False)
-
-        def one_pass() -> None:  # the kernel reported the mesh socket first
-            mesh.data_received(b"m1")
-            client.data_received(b"bye")
-            mesh.data_received(b"m2")  # (a second read of the same pass: after the first, joined)
-            order.append("end of the reads")
-
-        loop.call_soon(one_pass)
+        loop.call_soon(one_pass, loop, eng, mesh, client)
         await asyncio.sleep(0.02)
 
     asyncio.run(main())
-    assert order == ["client:bye", "end of the reads", "mesh:m1m2"]
+    return order
+
+
+def test_a_peers_input_waits_for_the_clients_input_of_the_same_pass() -> None:
+    def one_pass(loop: Any, eng: Engine, mesh: AmqpConnection, client: AmqpConnection) -> None:
+        # the kernel reported the mesh socket first
+        mesh.data_received(b"m1")
+        client.data_received(b"bye")
+        mesh.data_received(b"m2")  # (a second read of the same pass: after the first, joined)
+        client._push(b"end of the reads")  # type: ignore[call-arg]
+
+    assert _order_of(one_pass) == ["client:bye", "client:end of the reads", "mesh:m1m2"]
 
 
 def test_input_held_across_a_stall_waits_for_one_more_poll() -> None:
     """Frozen between the read and the end of its pass, a router finds its clients' input of the
     freeze not yet read: the held mesh input waits for one more poll (and its reads)."""
-    order: list[str] = []
+    def one_pass(loop: Any, eng: Engine, mesh: AmqpConnection, client: AmqpConnection) -> None:
+        mesh.data_received(b"m")
+        mesh._deferred_at -= 4.0  # (SIGSTOP for 4 s, here)
+        loop.call_soon(client.data_received, b"bye")  # read in the next pass
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        eng = Engine(loop, pass_end=True)
-        mesh = _conn(eng, "mesh", order, defer=True)
-        client = _conn(eng, "client", order, defer=False)
-
-        def stalled_pass() -> None:
-            mesh.data_received(b"m")
-            mesh._deferred_at -= 4.0  # (SIGSTOP for 4 s, here)
-            loop.call_soon(client.data_received, b"bye")  # read in the next pass
-
-        loop.call_soon(stalled_pass)
-        await asyncio.sleep(0.02)
-
-    asyncio.run(main())
-    assert order == ["client:bye", "mesh:m"]
+    assert _order_of(one_pass) == ["client:bye", "mesh:m"]
 
 
 def test_without_deferral_input_is_taken_as_it_comes() -> None:
@@ -98,35 +104,15 @@ def test_without_deferral_input_is_taken_as_it_comes() -> None:
     assert order == ["a:1", "b:2", "end of the reads"]
 
 
-class Recorder:
-    def __init__(self, order: list[str]) -> None:
-        self.order = order
-
-    def on_connection_closed(self, conn: AmqpConnection, condition: Any) -> None:
-        self.order.append("closed")
-
-
 def test_an_eof_waits_behind_the_input_it_follows() -> None:
     """An EOF read after held input is held behind it: a peer's last messages and its goodbye
     both wait for the clients' input of the pass (and the EOF is not taken before the messages)."""
-    order: list[str] = []
+    def one_pass(loop: Any, eng: Engine, mesh: AmqpConnection, client: AmqpConnection) -> None:
+        mesh.data_received(b"last words")
+        assert mesh.eof_received() is False
+        client.data_received(b"bye")
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        eng = Engine(loop, pass_end=True)
-        mesh = _conn(eng, "mesh", order, defer=True)
-        client = _conn(eng, "client", order, defer=False)
-
-        def one_pass() -> None:
-            mesh.data_received(b"last words")
-            assert mesh.eof_received() is False
-            client.data_received(b"bye")
-
-        loop.call_soon(one_pass)
-        await asyncio.sleep(0.02)
-
-    asyncio.run(main())
-    assert order == ["client:bye", "mesh:last words", "closed"]
+    assert _order_of(one_pass) == ["client:bye", "mesh:last words", "closed"]
 
 
 def test_held_input_comes_before_the_loss_of_its_connection() -> None:
@@ -168,25 +154,13 @@ def test_a_pass_stalled_before_the_read_also_waits_for_one_more_poll() -> None:
     """Frozen in the middle of a pass whose poll came before the freeze: the mesh socket's read,
     due from that poll, brings all the freeze left waiting; the clients' sockets were not in that
     poll. The pass's own start tells the stall, not the read's time."""
-    order: list[str] = []
+    def one_pass(loop: Any, eng: Engine, mesh: AmqpConnection, client: AmqpConnection) -> None:
+        assert eng._pass_end is not None
+        eng._pass_end.polled_at -= 4.0  # (the poll was 4 s ago: SIGSTOP since)
+        mesh.data_received(b"m")  # read just now
+        loop.call_soon(client.data_received, b"bye")  # in the next poll
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        eng = Engine(loop, pass_end=True)
-        mesh = _conn(eng, "mesh", order, defer=True)
-        client = _conn(eng, "client", order, defer=False)
-
-        def stalled_pass() -> None:
-            assert eng._pass_end is not None
-            eng._pass_end.polled_at -= 4.0  # (the poll was 4 s ago: SIGSTOP since)
-            mesh.data_received(b"m")  # read just now
-            loop.call_soon(client.data_received, b"bye")  # in the next poll
-
-        loop.call_soon(stalled_pass)
-        await asyncio.sleep(0.02)
-
-    asyncio.run(main())
-    assert order == ["client:bye", "mesh:m"]
+    assert _order_of(one_pass) == ["client:bye", "mesh:m"]
 
 
 def test_held_input_waits_for_one_more_poll_at_most() -> None:
