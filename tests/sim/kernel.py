@@ -15,6 +15,7 @@ still subject to its connection.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import os
@@ -39,6 +40,16 @@ class Scheduler:
         self.steps = 0
         self._events: list[tuple[float, int, Callable[..., Any], tuple[Any, ...]]] = []
         self._seq = 0
+        # `trace()`: a running digest of every step (its time and what ran), for comparing two
+        # versions of the code seed by seed (tests/sim/trace_hashes.py); off unless asked for
+        self._trace: Any = None
+
+    def trace(self) -> None:
+        """Keep a digest of every step from now on (`digest()`)."""
+        self._trace = hashlib.blake2b(digest_size=8)
+
+    def digest(self) -> str:
+        return self._trace.hexdigest() if self._trace is not None else ""
 
     def at(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
         self._seq += 1
@@ -63,6 +74,8 @@ class Scheduler:
         t, _, fn, args = heapq.heappop(self._events)
         self.now = t
         self.steps += 1
+        if self._trace is not None:
+            self._trace.update(f"{t!r} {getattr(fn, '__qualname__', '?')}\n".encode())
         fn(*args)
 
     def run(self, *, until: float = math.inf, stop: Callable[[], bool] | None = None,
