@@ -9,7 +9,7 @@ from proton import symbol
 
 
 class Outcome(IntEnum):
-    """What a publisher is told of a message (promise 2 of the contract: ACCEPTED only once every subscription in force accepted it or ended)."""
+    """What a publisher is told of a message (docs/promises.md, promise 2: ACCEPTED only once every subscription in force accepted it or ended)."""
     ACCEPTED = 1
     REJECTED = 2
     RELEASED = 3

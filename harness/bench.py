@@ -152,7 +152,8 @@ def run_container_relay(ready: Path, host: str = "127.0.0.1") -> int:
     Exactly-once chaining, like the router: the publisher's delivery is accepted once every copy was
     accepted, and the copies are settled when the publisher settles. Messages are decoded and
     re-encoded (that is what `on_message` gives you). Prefetch 500 matches the router's link credit.
-    Kept small on purpose: it is the baseline of DESIGN.md's reference points, not a product.
+    Kept small on purpose: it is the baseline the performance targets are stated against
+    (docs/performance.md, "Where the router stands against its targets"), not a product.
     """
     from proton import Delivery, Link
     from proton.handlers import MessagingHandler

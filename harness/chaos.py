@@ -1,6 +1,6 @@
 """`oncemesh chaos`: a mesh of real processes, real traffic, a seeded fault schedule, and a verdict.
 
-The promises (DESIGN.md section 1) must hold while routers, links and clients crash; this is where
+The promises (docs/promises.md) must hold while routers, links and clients crash; this is where
 that is tried as a whole. Theory of operation:
 
 1. The fault schedule is generated from the seed before anything starts (`harness.faults`), printed

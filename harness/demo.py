@@ -1,10 +1,11 @@
 """`oncemesh demo`: a mesh on loopback, traffic, a router killed mid-stream, and the verdict.
 
-The scenario Qpid Dispatch Router loses messages in (DESIGN.md section 5): a line A - B - C, a
-publisher on A, durable subscribers on A and C, and B killed with SIGKILL mid-stream and restarted.
-oncemesh must hand every message to both subscribers exactly once and tell the publisher ACCEPTED
-only for what both accepted. The verdict comes from the client settlement logs, and from the Spark
-reconciliation of every log of the run (the judge of every chaos run).
+The scenario Qpid Dispatch Router loses messages in (docs/promises.md, "Why these promises are
+rare"): a line A - B - C, a publisher on A, durable subscribers on A and C, and B killed with
+SIGKILL mid-stream and restarted. oncemesh must hand every message to both subscribers exactly
+once and tell the publisher ACCEPTED only for what both accepted. The verdict comes from the client
+settlement logs, and from the Spark reconciliation of every log of the run (the judge of every
+chaos run).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ DEFAULT_COST = 1.0
 
 
 class Order(StrEnum):
-    """Per-topic delivery order (DESIGN.md promise 6)."""
+    """Per-topic delivery order (docs/promises.md, promise 6)."""
 
     FIFO = "fifo"  # per publisher and subscription, while nothing fails
     CAUSAL = "causal"  # version vectors (seed 003), optionally across a causal group of topics

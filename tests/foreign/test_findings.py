@@ -207,7 +207,7 @@ def test_qpid_jms_unsubscribe_ends_its_durable_subscription(where: str, jms: Fam
     conn = blocking(there, "after")
     try:
         snd = conn.create_sender("t", name="p")
-        # no subscription in force any more: ACCEPTED at once (DESIGN promise 2)
+        # no subscription in force any more: ACCEPTED at once (docs/promises.md, promise 2)
         assert publish(conn, snd, "0", "m", wait=10)[0] == Delivery.ACCEPTED, "held for a subscription JMS ended"
     finally:
         conn.close()

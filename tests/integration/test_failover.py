@@ -3,9 +3,10 @@
     line3:     A --- B --- C
     triangle:  A --- B, B --- C, A --- C
 
-The first test is the scenario Qpid Dispatch Router 1.19 fails (DESIGN.md section 5): subscribers
-on A and C, the middle router killed mid-stream and back after 4 s. Verdicts come from the client
-settlement logs: every message handed exactly once to every subscription, every outcome ACCEPTED.
+The first test is the scenario Qpid Dispatch Router 1.19 fails (docs/promises.md, "Why these
+promises are rare"): subscribers on A and C, the middle router killed mid-stream and back after
+4 s. Verdicts come from the client settlement logs: every message handed exactly once to every
+subscription, every outcome ACCEPTED.
 """
 
 from __future__ import annotations

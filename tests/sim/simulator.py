@@ -17,7 +17,7 @@ Clients behave as our client library does: publishers resend everything in doubt
 tags after a reconnect and declare their in-doubt tags; subscribers keep a dedup store, present
 what they accepted but did not see settled, and fail over to another router when theirs is gone.
 
-Checked all along (the promises of DESIGN.md section 1):
+Checked all along (the promises of docs/promises.md):
 - a router never hands a subscription a gid its client already holds, and no client hands a gid
   to its application twice;
 - ACCEPTED only when every subscription in force for the message (its ATTACH answered before the
