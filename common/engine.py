@@ -548,7 +548,7 @@ class AmqpConnection(asyncio.Protocol):
         # router that stalled (frozen, starved) finds a peer's messages and a client's goodbye both
         # waiting; its clients' input must be taken first, or it hands messages into a link whose
         # client has already left (and, failed over, accepted them elsewhere): a hand-over no one
-        # receives, yet on record as a second delivery (docs/architecture.md, "Input order").
+        # receives, yet on record as a second delivery (docs/engine.md, "Input order").
         self.defer_input = False
         self._deferred: list[bytes] = []
         self._eof_held = False  # an EOF that came after held input: it follows that input

@@ -7,7 +7,7 @@ new link at B, then the publisher resent what was in doubt (378..380, tags lower
 (destination) read the tags as the publisher's sequence numbers, took 378..380 for late messages
 ("fifo: a later message was handed first") and ended them for every subscription, all in force:
 ACCEPTED, never handed. For a client not ours the order is the order its transfers came in at the
-origin (docs/architecture.md, "FIFO"): a tag lower than one handed is no evidence of anything.
+origin (docs/ordering.md, "FIFO per publisher"): a tag lower than one handed is no evidence of anything.
 """
 
 from __future__ import annotations
