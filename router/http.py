@@ -197,8 +197,8 @@ def _log_bytes(r: Router) -> int:
 
 def readiness(r: Router, snap: CoreSnapshot | None = None) -> tuple[bool, dict[str, Any]]:
     """Ready to take traffic (see `ready_from`); `snap`: the core's, if the caller has one."""
-    core = snap if snap is not None else r.core.snapshot(time.time())
-    return ready_from(core.ready, core.log_writable, r.mesh.ready_info() if r.mesh is not None else None,
+    seen = snap if snap is not None else r.core.snapshot(time.time())
+    return ready_from(seen.ready, seen.log_writable, r.mesh.ready_info() if r.mesh is not None else None,
                       r.draining)
 
 
