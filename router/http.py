@@ -4,9 +4,9 @@
 Off the per-message path: nothing is counted for it per message but the settlement-log events the
 router writes anyway (`Router.event_counts`, one C-level Counter.update per loop pass); everything
 else is read from the router's state when scraped (the delivery core's through its snapshot,
-router/snapshot.py). It runs on the router's event loop (a scrape
-reads the same state the loop changes, so it must not run in another thread), serves one request
-per connection, and bounds what it reads: a slow or abusive HTTP client cannot stall the router.
+router/snapshot.py). It runs on the router's event loop (a scrape reads the same state the loop
+changes, so it must not run in another thread), serves one request per connection, and bounds what
+it reads: a slow or abusive HTTP client cannot stall the router.
 """
 
 from __future__ import annotations
