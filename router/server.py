@@ -83,6 +83,7 @@ from .looplag import LagSummary, LoopLag
 from .meshport import MeshPort
 from .mgmtlink import ManagementLinks, MgmtCtx
 from .policy import Grants, PolicyError, load_policy
+from .snapshot import CoreSnapshot, Parts
 from .statusfile import StatusFile
 from .subscriptions import Subscription, SubscriptionStore, SubscriptionTable
 from .users import Users
@@ -265,15 +266,20 @@ class Router:
                         "and subscribe without credentials (allow_anonymous; set users_file and/or "
                         "tls_verify_clients to require them)", *self.bound)
 
-    def ready_info(self) -> dict[str, Any]:
+    def ready_info(self, snap: CoreSnapshot | None = None) -> dict[str, Any]:
+        """The status (the ready file's content); `snap`: the core's with its counts, if the caller
+        has one."""
         assert self.bound is not None
+        if snap is None:
+            snap = self.core.snapshot(time.time(), Parts(counts=True))
+        assert snap.counts is not None
         info: dict[str, Any] = {"id": self.id, "pid": os.getpid(), "incarnation": self.incarnation,
                                 "listen": f"{self.bound[0]}:{self.bound[1]}",
                                 "url": f"{'amqps' if self.client_tls else 'amqp'}://{self.bound[0]}:{self.bound[1]}",
                                 "peers": [], "converged": True, "updated": time.time(),
                                 "client_auth": ("sasl" + ("+anonymous" if self.cfg.allow_anonymous else ""))
                                 if self.client_auth else "anonymous",
-                                "stats": {**self.core.stats(), "connections": len(self.connections),
+                                "stats": {**snap.counts.as_dict(), "connections": len(self.connections),
                                           "rss_kb": _rss_kb(), **self._lag_fields(), **self.stats_refusals,
                                           **(self.engine.counters if self.engine is not None else {}),
                                           **self.slog.stats()}}

@@ -8,6 +8,17 @@ from typing import TYPE_CHECKING
 
 from .actions import SendProbe
 from .finals import age_finals
+from .snapshot import (
+    NOTHING,
+    CoreCounts,
+    CoreSnapshot,
+    Parts,
+    publisher_rows,
+    record_page,
+    subscription_page,
+    topic_rows,
+    unnumbered,
+)
 from .subscriptions import SUB_ACTIVE
 
 if TYPE_CHECKING:
@@ -169,3 +180,19 @@ class Sweeps:
             "final_entries": len(self.recent_final) + len(self.old_finals),
             "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
         }
+
+    def snapshot(self: DeliveryCore, now: float, parts: Parts = NOTHING) -> CoreSnapshot:
+        """What the status, /metrics and the management views see of the core, as of `now`: the
+        parts asked for (router/snapshot.py). Made when a reader asks, never per message."""
+        subs, pub_links, records = self.subs, self.pub_links, self.records
+        return CoreSnapshot(
+            now, self.ready, self.log_writable, len(self._blocked),
+            counts=CoreCounts(**self.stats()) if parts.counts else None,
+            topics=topic_rows(self.table, subs, self.router_id, pub_links.values(), records.values(), self.total,
+                              self.causal) if parts.topics else None,
+            publishers=publisher_rows(pub_links, self._blocked, parts.publishers) if parts.publishers else {},
+            backlogs={sid: len(rt.owed) for sid in parts.subscribers if (rt := subs.get(sid)) is not None},
+            subscriptions=subscription_page(self.table, subs, self.remote_pending, self.router_id,
+                                            parts.subscriptions, now) if parts.subscriptions is not None else None,
+            records=record_page(records, parts.records, now) if parts.records is not None else None,
+            unnumbered=unnumbered(records.values(), parts.unnumbered))
