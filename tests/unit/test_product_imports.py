@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ import pytest
 from oncemesh import cli
 from oncemesh.harness.procs import Proc, read_json, wait_for
 
+ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("oncemesh.harness", "oncemesh.spark", "pyspark")
 PROTON = ("proton", "cproton", "_cproton", "cproton_ffi", "tenacity")
 
@@ -96,6 +98,14 @@ def test_every_subcommand_is_in_the_table_and_its_help_is_the_same_when_loaded_a
         alone = subcommands(cli.build_parser(name))
         assert alone[name].format_help() == parser.format_help(), name
         assert set(alone) <= {"router", *next((n for _, n in cli.COMMANDS if name in n), ())}, name
+
+
+def test_pyspark_is_an_extra_that_the_test_extra_includes() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.lower().startswith("pyspark")]  # a router host
+    extras = project["optional-dependencies"]
+    assert [d for d in extras["spark"] if d.lower().startswith("pyspark")]
+    assert [d for d in extras["test"] if d.lower().startswith("pyspark")]  # the README's two commands
 
 
 WITHOUT_PYSPARK = "import sys; sys.modules['pyspark'] = None; from oncemesh.cli import main; sys.exit(main(sys.argv[1:]))"
