@@ -124,6 +124,14 @@ def test_a_command_that_judges_says_how_to_install_pyspark_when_it_is_missing(
     assert not (tmp_path / "run").exists()  # (chaos: nothing started)
 
 
+def test_bench_and_soak_check_for_matplotlib_without_pyspark() -> None:
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['pyspark'] = None\n"
+                        "from oncemesh.harness import soak; from oncemesh.spark import chart\n"
+                        "print(chart.available(), soak.chart_available())"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["True", "True"], r.stderr
+
+
 def test_a_path_that_meets_no_pyspark_midway_says_how_to_install_it(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     def needs(name: str) -> None:
