@@ -43,7 +43,7 @@ from typing import Any
 
 from ..topology.load import example_path
 from .benchclients import MIN_SIZE, MODES
-from .testing import Proc, RouterProcess, cpu_seconds, python_cmd, read_json, rss_kb, wait_for
+from .procs import Proc, RouterProcess, cpu_seconds, python_cmd, read_json, rss_kb, wait_for
 
 CLIENTS_NOTE = ("lean engine clients (harness.benchclients: common.engine driven directly, one "
                 "process per publisher and subscriber), not the full client library (its dedup store, "

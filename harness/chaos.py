@@ -44,11 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..spark import pyspark_missing
 from ..topology.launcher import Mesh, MeshError, RouterState
 from ..topology.load import TopologyError, example_path, load_topology, with_topic_order
 from .faults import ALL_FAULTS, Fault, FaultKind, Limits, make_schedule, parse_faults
+from .procs import Proc, python_cmd
 from .progress import ClientLogs
-from .testing import Proc, python_cmd
 
 if TYPE_CHECKING:
     from ..spark.reconcile import Summary
@@ -829,6 +830,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    missing = None if args.no_reconcile else pyspark_missing("oncemesh chaos")
+    if missing is not None:  # (before the run: its verdict is the reconciliation)
+        print(f"{missing} (its verdict; --no-reconcile runs without one)", file=sys.stderr)
+        return 2
     old = signal.signal(signal.SIGTERM, terminate)
     try:
         result = run_chaos(args.topology, duration=args.duration, seed=args.seed, faults=parse_faults(args.faults),

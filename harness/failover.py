@@ -33,8 +33,8 @@ from pathlib import Path
 from ..topology.launcher import Mesh
 from ..topology.load import with_topic_order
 from .chaos import resolve_topology
+from .procs import Proc, python_cmd, wait_for
 from .progress import ClientLogs
-from .testing import Proc, python_cmd, wait_for
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,15 +33,7 @@ from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
 from ..common.sasl import SaslServer, ScramSecret, ServerPolicy
 from ..common.settlement_log import Segments, SettlementLog
-from ..common.tls import TlsFiles, TlsProvider
-from ..common.urls import redirect_info
-from ..common.vocab import (
-    FINAL_SUBJECT,
-    FINAL_TAG_PREFIX,
-    O_ACCEPTED,
-    O_MODIFIED,
-    O_REJECTED,
-    O_RELEASED,
+from ..common.symbols import (
     PROP_CAUSAL_PAST,
     PROP_CLIENT,
     PROP_EPOCH,
@@ -52,6 +44,16 @@ from ..common.vocab import (
     PROP_RESUME,
     PROP_RESUMED,
     PROP_ROUTER,
+)
+from ..common.tls import TlsFiles, TlsProvider
+from ..common.urls import redirect_info
+from ..common.vocab import (
+    FINAL_SUBJECT,
+    FINAL_TAG_PREFIX,
+    O_ACCEPTED,
+    O_MODIFIED,
+    O_REJECTED,
+    O_RELEASED,
     Outcome,
 )
 from .actions import (

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from oncemesh.harness.testing import Proc, RouterProcess
+from oncemesh.harness.procs import Proc, RouterProcess
 from oncemesh.topology.load import example_path
 from tests import workers
 

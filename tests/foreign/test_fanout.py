@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from oncemesh.harness.testing import Proc
+from oncemesh.harness.procs import Proc
 from tests.foreign.clients import Family, read_report, wait_progress
 from tests.foreign.verdict import (
     assert_router_verdict,

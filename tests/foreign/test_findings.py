@@ -44,7 +44,7 @@ from proton.reactor import Container, ReceiverOption
 from proton.utils import BlockingConnection, BlockingSender, LinkDetached
 
 from oncemesh.common.pki import issue, make_ca
-from oncemesh.harness.testing import Proc, wait_for
+from oncemesh.harness.procs import Proc, wait_for
 from tests.foreign.clients import Family, read_report
 from tests.foreign.verdict import client_verdict
 

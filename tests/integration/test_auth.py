@@ -20,7 +20,8 @@ from oncemesh.clients.runtime import Client
 from oncemesh.common.errors import AuthenticationFailed, LinkRefused, NoRouterAvailable
 from oncemesh.common.pki import issue, make_ca
 from oncemesh.common.tls import TlsFiles
-from oncemesh.harness.testing import log_has, wait_for
+from oncemesh.harness.procs import wait_for
+from tests.helpers import log_has
 from tests.integration.test_single_router import run
 
 

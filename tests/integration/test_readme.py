@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from oncemesh.harness.testing import RouterProcess
+from oncemesh.harness.procs import RouterProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

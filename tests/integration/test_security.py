@@ -20,11 +20,12 @@ from oncemesh.clients.runtime import Client
 from oncemesh.common.engine import AmqpConnection, Engine, connect
 from oncemesh.common.errors import NoRouterAvailable
 from oncemesh.common.pki import issue, make_ca
+from oncemesh.common.symbols import PROP_INCARNATION, PROP_MESH, PROP_ROUTER
 from oncemesh.common.tls import TlsFiles, make_context
-from oncemesh.common.vocab import PROP_INCARNATION, PROP_MESH, PROP_ROUTER
-from oncemesh.harness.testing import log_has, wait_for
+from oncemesh.harness.procs import wait_for
 from oncemesh.topology.launcher import Mesh
 from tests.conftest import EXAMPLES
+from tests.helpers import log_has
 from tests.integration.test_single_router import run
 
 
