@@ -24,9 +24,11 @@ that from happening; each is a plain decision over times and counts, here, so th
    waits for one more poll and the reads it brings, once (`HeldInput.at_pass_end`): an overloaded
    loop whose every pass is slow must not starve the mesh.
 4. After a stall, hand-overs to subscribers' links are held (`HandoverHold`) until the end of the
-   pass after the first full pass that followed it: the stall's pass reads what was ready when the
-   process stopped, the next poll what came meanwhile (a goodbye). Released then even if that pass
-   stalled too: a slow loop delays hand-overs by a pass, never starves them.
+   second pass after the one that learned of it: the stall's pass may read only what was ready
+   when the process stopped (a poll it was stopped on its way out of), the next one reads what came
+   meanwhile, and a connection's end (a client's goodbye) behind data is seen by the read after
+   that (one recv per socket and pass). Released then even if those passes stalled too: a slow
+   loop delays hand-overs by two passes, never starves them.
 
 Nothing here reads a clock, logs or does I/O: times are parameters (monotonic seconds), answers
 are values. `HandoverHold(enabled=False)` takes rule 4 out (the simulation's proof that it matters:
@@ -47,14 +49,13 @@ class PassClock:
     `polled(before, after, timeout)` once per poll; `input_taken(now)` as input is taken; a stall
     is told once per pass (`note_stall`)."""
 
-    __slots__ = ("passes", "polled_at", "returned", "stall_noted", "noted_at_poll")
+    __slots__ = ("passes", "polled_at", "returned", "stall_noted")
 
     def __init__(self) -> None:
         self.passes = 0  # polls so far: which pass this is
         self.polled_at = 0.0  # when this pass's poll returned (or began, if it overran its timeout)
         self.returned = 0.0  # when the previous poll returned (0: none yet)
         self.stall_noted = False  # this pass's stall was told
-        self.noted_at_poll = False  # ... at its poll (not while taking input)
 
     def polled(self, before: float, after: float, timeout: float | None) -> bool:
         """A poll that began at `before` with `timeout` (None: no limit) returned at `after`: a new
@@ -65,10 +66,8 @@ class PassClock:
             self.returned > 0.0 and before - self.returned > HOLD_GAP)
         self.returned = after
         self.stall_noted = False
-        self.noted_at_poll = False
         self.passes += 1
         if stalled:
-            self.noted_at_poll = True
             return self.note_stall()
         return False
 
@@ -185,8 +184,8 @@ class HeldInput:
 
 
 class HandoverHold:
-    """Rule 4: after a stall, hand nothing to a subscriber's link until the end of the pass after
-    the first full pass that followed it. `stalled` when a stall is told; at the start of each pass
+    """Rule 4: after a stall, hand nothing to a subscriber's link until the end of the second pass
+    after the one that learned of it. `stalled` when a stall is told; at the start of each pass
     `release_due` says whether the release belongs to this pass's end (before the input it holds
     back is taken there)."""
 
@@ -197,12 +196,15 @@ class HandoverHold:
 
     def stalled(self, clock: PassClock) -> int | None:
         """A stall was told in pass `clock.passes`: hold hand-overs now; returns the pass at whose end
-        they are released (None: the hold is off). Told at the poll, the pass itself is the first
-        full one after the stall and the next one releases; told while taking input, the next
-        pass is the first full one and the one after it releases."""
+        they are released (None: the hold is off). The next pass is the first whose poll began after
+        the stall (the stall's own poll, if it was told there, may have returned only the sockets
+        ready when the process stopped); the one after it sees the ends behind the data that one
+        read. (Until the simulation found it, a stall told at the poll released a pass earlier:
+        a subscriber's goodbye behind its credit came after the release, and a peer's message held
+        to that pass end went into its link: tests/sim/test_sim.py, stop seed 29.)"""
         if not self.enabled:
             return None
-        return clock.passes + (1 if clock.noted_at_poll else 2)
+        return clock.passes + 2
 
     @staticmethod
     def release_due(due: int, clock: PassClock) -> bool:
