@@ -29,6 +29,7 @@ holds a record.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,15 +70,19 @@ DEAD_AFTER = 1.5
 DRAIN_TIMEOUT, DRAIN_GRACE, DRAIN_CHECK = 4.0, 0.4, 0.05
 
 
-@dataclass
+_serials = itertools.count()  # (numbered anew by each Simulation: the same in any process)
+
+
+@dataclass(eq=False)
 class Token:
+    """A link or a delivery, as the core sees it: equal only to itself; hashed by its number, not
+    by its address (which differs from process to process), so that a seed replays anywhere."""
+
     label: str
+    serial: int = field(default_factory=lambda: next(_serials))
 
     def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
+        return self.serial
 
 
 # ---------------------------------------------------------------------- clients
@@ -455,6 +460,8 @@ class Simulation:
     def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
                  faults: Faults | None = None, duration: float = 20.0, total: bool | str = False,
                  causal: bool = False, hold_after_stall: bool = True) -> None:
+        global _serials
+        _serials = itertools.count()
         self.seed = seed
         self.hold_after_stall = hold_after_stall  # (False: the edge's hold taken out, tests/sim/test_edge_sim.py)
         # (sid, gid) -> the router life that took the subscriber's ACCEPTED, and when
