@@ -11,7 +11,12 @@ connection has a number, and frames of a connection that broke are never deliver
 (only the subscription table survives), freeze (no processing; peers time it out), link cuts
 (partitions), connection resets (what is in flight is lost), drain (the router's real `Drain`
 decides when each client moves and when it may leave; then it says goodbye, stops and restarts
-later, as `oncemesh roll` does).
+later, as `oncemesh roll` does), stop (SIGSTOP: the process runs nothing while its clock runs, input
+piles up in its sockets, its peers and clients time it out and fail over; then it goes on and takes
+the pile) and starve (passes that take long, late polls). A stopped or starved router's loop runs in
+passes under the edge's rules (common/passrules.py, driven by passes.py as the engine drives them);
+the older "freeze" keeps its own model (no input piles up: frames to it wait in the kernel and die
+with their connection, its clients' goodbyes are taken first when it thaws).
 
 Clients behave as our client library does: publishers resend everything in doubt under the same
 tags after a reconnect and declare their in-doubt tags; subscribers keep a dedup store, present
@@ -20,6 +25,9 @@ what they accepted but did not see settled, and fail over to another router when
 Checked all along (the promises of DESIGN.md section 1):
 - a router never hands a subscription a gid its client already holds, and no client hands a gid
   to its application twice;
+- no router hands a subscription a gid after its acceptance was taken (at any router whose life
+  still runs), even into the link of a client that has left: the router view's "delivered again
+  after the acceptance", stamped as the log stamps it (the pass's input time);
 - ACCEPTED only when every subscription in force for the message (its ATTACH answered before the
   publish) has handed it over or ended;
 and at the end, once faults heal and every client is back: every message owed to a live
