@@ -653,7 +653,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             "info": f"expiry={'never' if math.isinf(expiry) else expiry} presented={len(presented_set)}"}))
         # The client already holds what it presents, whether this is a resume or a new life of the
         # same identity (a non-durable one that ended): never hand those ids to it again.
-        for gid in presented_set:
+        for gid in dict.fromkeys(presented or ()):  # (in the order presented, not the hash seed's)
             rec = rt.owed.get(gid)
             if rec is not None:
                 self._resolve(rec, sid, S_ACCEPTED, None, now, "resume")

@@ -31,6 +31,7 @@ from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
+from ..common.passrules import HandoverHold
 from ..common.sasl import SaslServer, ScramSecret, ServerPolicy
 from ..common.settlement_log import Segments, SettlementLog
 from ..common.symbols import (
@@ -220,6 +221,7 @@ class Router:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_due = 0.0  # loop time the tick was asked for: how late it runs is the loop's lag
         self.lag = LoopLag(cfg.loop_lag_window, cfg.loop_stall)
+        self.handover_hold = HandoverHold()  # after a stall of the process (`_on_stall`)
         self._gc_started = 0.0
         self._pools_trimmed = time.monotonic()  # (the first trim one interval after the start)
         self._stopped = asyncio.Event()
@@ -1023,15 +1025,21 @@ class Router:
         """The process stalled (frozen, starved). What it reads now may be a peer's or a publisher's
         messages for a subscriber whose goodbye waits, unread, in a later read, or even in the next
         poll: that subscriber has failed over and may have accepted them at another router. Hand
-        nothing over until the loop has polled once more and taken what that brought."""
+        nothing over until the pass the edge's rules say (common/passrules.py, `HandoverHold`)."""
+        assert self.engine is not None and self.engine.pass_clock is not None
+        due = self.handover_hold.stalled(self.engine.pass_clock)
+        if due is None:
+            return
         self.core.hold_handovers()
-        loop = asyncio.get_running_loop()
-        # (the first callback runs in this pass; the second ahead of the next poll's reads; the
-        # release at the end of that pass, after them)
-        loop.call_soon(loop.call_soon, self._arm_release)
+        # (asked at the start of each pass, ahead of its reads, until the release is due; then the
+        # release runs at that pass's end, after them)
+        asyncio.get_running_loop().call_soon(self._arm_release, due)
 
-    def _arm_release(self) -> None:
-        assert self.engine is not None
+    def _arm_release(self, due: int) -> None:
+        assert self.engine is not None and self.engine.pass_clock is not None
+        if not HandoverHold.release_due(due, self.engine.pass_clock):
+            asyncio.get_running_loop().call_soon(self._arm_release, due)
+            return
         self.engine.call_after_pass(self._release_handovers)
 
     def _release_handovers(self) -> None:
