@@ -1201,7 +1201,8 @@ class Router:
         link.open()
         self.slog.write("resumed" if ctx.resumed else "subscribed", time.time(), None, ctx.topic, ctx.sid,
                         container=link.conn.ctx.container, link=link.name, count=epoch)
-        self.slog.flush()
+        # (no flush here: this runs after the pass, and the engine's before_output hook writes the
+        # log before the answer leaves; a flush per subscriber was a write per attach)
         self.core.subscriber_credit(ctx.sid, link.credit, link.draining)
 
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:

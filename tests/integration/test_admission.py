@@ -163,18 +163,22 @@ def test_a_connection_refused_for_its_limit_does_nothing(make_router: Any, tmp_p
     assert "greedy" not in json.dumps(table)
 
 
-def _attach_many(port: int, n: int) -> tuple[int, int]:
+def _attach_many(port: int, n: int) -> tuple[int, int, bool]:
     """Attach `n` publisher links on one connection at once: (links answered open, links refused
-    with amqp:resource-limit-exceeded)."""
+    with amqp:resource-limit-exceeded, whether the router ended the connection)."""
     c = RawClient("127.0.0.1", port, timeout=30)
     c.handshake("many")
     c.send(b"".join(frame(ATTACH, [f"p{i}", uint(i), False, ubyte(0), ubyte(1), described(0x28, ["src"]),
                                    described(0x29, ["many"]), None, None, uint(0)]) for i in range(n)))
     c.send(frame(DETACH, [uint(0), True]))  # (its answer comes after every answer to the attaches)
     attached = refused = 0
+    ended = False
     while True:
         f = c.read_frame(30)
-        assert f is not None, f"no answer to the closing detach ({attached} attached, {refused} refused)"
+        if f is None or f[0] == CLOSE:
+            ended = f is None or error_condition(f[1], 0) == "amqp:resource-limit-exceeded"
+            assert ended, f
+            break
         code, fields = f
         if code == ATTACH:
             attached += 1
@@ -184,7 +188,7 @@ def _attach_many(port: int, n: int) -> tuple[int, int]:
             assert error_condition(fields, 2) == "amqp:resource-limit-exceeded"
             refused += 1
     c.close()
-    return attached - refused, refused
+    return attached - refused, refused, ended
 
 
 @pytest.mark.parametrize("limit", ["router", "user"])
@@ -198,10 +202,14 @@ def test_links_per_connection_are_limited(make_router: Any, tmp_path: Path, limi
         settings = {"policy_file": str(policy)}
     r = make_router("K", settings={"allow_anonymous": True, **settings})
     log = r.log_dir / "K.router.log"
-    assert _attach_many(r.port, 50) == (20, 30)
+    assert _attach_many(r.port, 35) == (20, 15, False)
     wait_for(lambda: log_has(log, "link.refused", "reason=max_links_per_connection", "limit=20"), 10, "the log line")
     assert sum(1 for line in log.read_text().splitlines() if "max_links_per_connection" in line) == 1
-    wait_for(lambda: r.stats().get("limited_links") == 30, 10, "the refusals counted in the status")
+    wait_for(lambda: r.stats().get("limited_links") == 15, 10, "the refusals counted in the status")
+    # a peer that keeps attaching past its refusals loses the connection at twice the limit
+    accepted, refused, ended = _attach_many(r.port, 200)
+    assert ended and accepted == 20 and refused <= 21, (accepted, refused)
+    wait_for(lambda: log_has(log, "connection.closed_for_links", "links=41", "limit=20"), 10, "the close logged")
     assert run(_roundtrip(r.url, "still-served")) is None  # (anonymous) the router serves others
 
 
