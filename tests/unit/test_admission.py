@@ -6,7 +6,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oncemesh.router.admission import LoginThrottle, PreAuth, PreAuthLimits, ThrottleLimits
+from oncemesh.router.admission import (
+    LoginThrottle,
+    PreAuth,
+    PreAuthLimits,
+    ThrottleLimits,
+    passwords_in_clear,
+)
 
 SOURCES = st.sampled_from(["10.0.0.1", "10.0.0.2", "10.0.0.3"])
 USERS = st.sampled_from(["alice", "bob", "mallory", "nobody"])
@@ -118,3 +124,11 @@ def test_made_up_names_cannot_grow_the_throttle_past_its_bound() -> None:
     for i in range(1000):
         th.failed(f"10.0.{i // 250}.{i % 250}", f"user{i}", float(i))
     assert len(th) == 100
+
+
+def test_passwords_in_clear_only_from_loopback_by_default() -> None:
+    for source in ("127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1", "[::1]"):
+        assert passwords_in_clear("loopback", source), source
+    for source in ("10.0.0.1", "192.168.1.5", "2001:db8::1", "::ffff:10.0.0.1", "?", ""):
+        assert not passwords_in_clear("loopback", source), source
+    assert passwords_in_clear("allow", "10.0.0.1") and not passwords_in_clear("refuse", "127.0.0.1")
