@@ -32,7 +32,7 @@ from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
 from ..common.passrules import HandoverHold
-from ..common.sasl import SaslServer, ScramSecret, ServerPolicy
+from ..common.sasl import PLAIN, SCRAM, SaslServer, ScramSecret, ServerPolicy
 from ..common.settlement_log import Segments, SettlementLog
 from ..common.symbols import (
     PROP_CAUSAL_PAST,
@@ -57,6 +57,7 @@ from ..common.vocab import (
     O_RELEASED,
     Outcome,
 )
+from . import admission
 from .actions import (
     Action,
     Announce,
@@ -77,6 +78,7 @@ from .actions import (
     SettlePublisher,
     SubmitOrder,
 )
+from .admission import LoginThrottle, PreAuth, PreAuthLimits, ThrottleLimits
 from .config import RouterConfig, client_url_of, parse_hostport
 from .core import DeliveryCore, SubscriberAttach
 from .drain import ConnView, Dependents, Drain, DrainPhase, core_dependents
@@ -139,12 +141,26 @@ class PubLinkCtx:
 
 
 class ConnCtx:
-    __slots__ = ("container", "peer_kind", "counted")
+    __slots__ = ("container", "peer_kind", "counted", "refused", "opened", "links_refused")
 
     def __init__(self) -> None:
         self.container: str | None = None
         self.peer_kind = "client"
         self.counted: tuple[str, str] | None = None  # (user, host) counted against connection limits
+        self.refused = False  # closed as it came (a connection limit): nothing of it is carried out
+        self.opened = False  # its AMQP open came (after its login, if any)
+        self.links_refused = 0  # attaches refused for max_links_per_connection (logged once)
+
+
+class ClientConnection(AmqpConnection):
+    """A connection of the client listener: the router hears of it as soon as its transport is up,
+    before a byte of it is read (admission: router/admission.py)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        handler = self.handler
+        assert isinstance(handler, Router)
+        handler.on_transport_up(self)
 
 
 
@@ -203,12 +219,22 @@ class Router:
                              "(certificates), or allow_anonymous = true (--allow-anonymous) for an open router "
                              "where anyone who reaches the port may publish and subscribe")
         self._conns_by_user: dict[str, int] = {}
+        # connections not yet logged in and open, and failed password logins (router/admission.py)
+        self.preauth: PreAuth[AmqpConnection] = PreAuth(PreAuthLimits(
+            cfg.auth_timeout, cfg.max_preauth_per_source, cfg.max_preauth_connections))
+        self.throttle = LoginThrottle(ThrottleLimits(cfg.login_failures_free, cfg.login_backoff,
+                                                     cfg.login_backoff_max))
+        if cfg.passwords_without_tls not in ("loopback", "allow", "refuse"):
+            raise ValueError(f"passwords_without_tls: {cfg.passwords_without_tls!r} is none of 'loopback', "
+                             f"'allow', 'refuse'")
         self.event_counts: Counter[str] = Counter()  # settlement-log events of the core, by name (/metrics)
         self.outcomes_sent = [0] * (max(Outcome) + 1)  # outcomes told publishers, indexed by Outcome (/metrics)
         self.accepted_sent = 0  # (ACCEPTED ones: counted apart, see _perform)
         self.http: HttpEndpoint | None = None
         self.management = ManagementLinks(self)  # $management links (router/mgmtlink.py)
-        self.stats_refusals = {"unauthorized_attaches": 0, "limited_attaches": 0, "limited_connections": 0}
+        self.stats_refusals = {"unauthorized_attaches": 0, "limited_attaches": 0, "limited_connections": 0,
+                               "limited_links": 0, "preauth_refused": 0, "auth_timeouts": 0,
+                               "logins_throttled": 0}
         self._conns_by_host: dict[tuple[str, str], int] = {}
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None
@@ -387,8 +413,15 @@ class Router:
 
     def _sasl_for(self, conn: AmqpConnection) -> SaslServer:
         users = self.users
-        return SaslServer(ServerPolicy(users.secret if users is not None else _no_secret, conn.encrypted,
-                                       conn.peer_common_name, self.cfg.allow_anonymous))
+        source = _host_of(conn.peer)
+        encrypted = conn.encrypted
+        passwords = users is not None and (encrypted or admission.passwords_in_clear(
+            self.cfg.passwords_without_tls, source))
+        return SaslServer(ServerPolicy(users.secret if users is not None else _no_secret, encrypted,
+                                       conn.peer_common_name, self.cfg.allow_anonymous,
+                                       passwords=passwords,
+                                       decoy=users.decoy if users is not None else None,
+                                       throttle=lambda user: self.throttle.wait(source, user, time.monotonic())))
 
     def reload(self) -> None:
         """SIGHUP: re-read the client listener's TLS files and the users file (for new logins)."""
@@ -405,17 +438,21 @@ class Router:
 
     def _make_connection(self) -> AmqpConnection:
         assert self.engine is not None
-        conn = AmqpConnection(self.engine, self, server=True, container_id=f"oncemesh-router-{self.id}",
+        conn = ClientConnection(self.engine, self, server=True, container_id=f"oncemesh-router-{self.id}",
                               idle_timeout=self.cfg.idle_timeout, max_frame=self.cfg.max_frame,
                               properties={PROP_ROUTER: self.id},
                               sasl=self._sasl_for if self.client_auth else None)
         conn.ctx = ConnCtx()
-        if len(self.connections) >= self.cfg.max_connections:
+        # (connections not yet logged in and open have their own limits: they never fill this one)
+        if len(self.connections) - len(self.preauth) >= self.cfg.max_connections:
             log.warning("connection.refused reason=max_connections limit=%d", self.cfg.max_connections)
+            conn.ctx.refused = True
             conn.close(errors.ResourceLimitExceeded.condition,
                        f"router {self.id} holds its maximum of {self.cfg.max_connections} connections")
         self.connections.add(conn)
         return conn
+
+    LINKS_CLOSE_GRACE = 1.0  # seconds a connection closed for its links has for the close to go out
 
     # ------------------------------------------------------------------ drain
     DRAIN_CHECK = 0.05  # seconds between looks while draining
@@ -586,6 +623,7 @@ class Router:
             else:
                 self.core.tick(now)
             self.drain()
+            self._expire_preauth(time.monotonic())
             if self.heap_probe is not None:
                 self.heap_probe.maybe_sample(time.monotonic())
             self._maybe_trim_pools(time.monotonic())
@@ -611,9 +649,53 @@ class Router:
         except Exception:  # supervision point for timers
             log.exception("router.tick_failed")
 
+    # ------------------------------------------------------------------ admission
+    def on_transport_up(self, conn: AmqpConnection) -> None:
+        """A client's TCP (and TLS) connection is up: it holds a pre-authentication slot until its
+        AMQP open, at most `auth_timeout` (router/admission.py)."""
+        ctx = conn.ctx
+        if ctx.opened or conn.closed:
+            return
+        why = self.preauth.arrive(conn, _host_of(conn.peer), time.monotonic())
+        if why is not None:
+            self.stats_refusals["preauth_refused"] += 1
+            limit = self.cfg.max_preauth_per_source if why == "preauth_per_source" else self.cfg.max_preauth_connections
+            log.warning("connection.refused peer=%s reason=%s limit=%d (connections not yet logged in and open)",
+                        conn.peer, why, limit)
+            ctx.refused = True
+            conn.abort()
+
+    def _expire_preauth(self, now: float) -> None:
+        """Close the connections that have not logged in and opened within `auth_timeout`."""
+        for conn in self.preauth.expired(now):
+            self.preauth.leave(conn)
+            self.stats_refusals["auth_timeouts"] += 1
+            sasl = conn.sasl
+            stage = ("sasl" if isinstance(sasl, SaslServer) and not sasl.done else "open")
+            log.warning("connection.auth_timeout peer=%s stage=%s timeout_s=%g (no %s within auth_timeout: "
+                        "closed)", conn.peer, stage, self.cfg.auth_timeout,
+                        "login" if stage == "sasl" else "AMQP open")
+            conn.ctx.refused = True
+            conn.abort()
+
+    def _record_login(self, conn: AmqpConnection) -> None:
+        """A connection that ends: a password login that failed counts for the throttle."""
+        sasl = conn.sasl
+        if not isinstance(sasl, SaslServer) or sasl.login is None or sasl.throttled:
+            return
+        if sasl.done and sasl.user is None and sasl.mechanism in (SCRAM, PLAIN):
+            self.throttle.failed(_host_of(conn.peer), sasl.login, time.monotonic())
+
     # ------------------------------------------------------------------ engine events
     def on_connection_open(self, conn: AmqpConnection) -> None:
         conn.ctx.container = conn.remote_container
+        conn.ctx.opened = True
+        self.preauth.leave(conn)
+        if conn.ctx.refused:  # (closed as it came: its open is answered with the close, nothing else)
+            return
+        sasl = conn.sasl
+        if isinstance(sasl, SaslServer) and sasl.user is not None and sasl.login is not None:
+            self.throttle.succeeded(sasl.login)
         if self._drain is not None:
             self._redirect(conn, "new connection")
             return
@@ -628,6 +710,7 @@ class Router:
                 self.stats_refusals["limited_connections"] += 1
                 log.warning("connection.refused reason=max_connections_per_%s user=%s host=%s limit=%d", what, user,
                             host, limit)
+                conn.ctx.refused = True
                 conn.close(errors.ResourceLimitExceeded.condition,
                            f"user {user!r} holds its maximum of {limit} connections"
                            + (f" from {host}" if what == "host" else ""))
@@ -669,6 +752,11 @@ class Router:
     def on_link_open(self, link: Link) -> None:
         if not link.local_uninit:
             return
+        ctx = link.conn.ctx
+        if ctx.refused:  # a refused connection does nothing (its attaches came right behind its open)
+            return
+        if self._too_many_links(link):
+            return
         if self._drain is not None:  # nothing new attaches to a router that is leaving
             description, info = self._redirect_to()
             log.info("link.redirected peer=%s container=%s link=%s", link.conn.peer, link.conn.ctx.container,
@@ -692,6 +780,43 @@ class Router:
                         link.conn.ctx.container, link.name, exc.condition, exc)
             link.close(exc.condition, str(exc))
         self.drain()
+
+    def _too_many_links(self, link: Link) -> bool:
+        """Refuse an attach beyond the connection's link limit (`max_links_per_connection`, or the
+        user's in the policy if lower): logged once per connection, counted every time."""
+        conn = link.conn
+        limit = self.cfg.max_links_per_connection
+        grants = self._grants(conn)
+        own = grants.limit("max_links_per_connection") if grants is not None else None
+        if own is not None:
+            limit = min(limit, own)
+        held = len(conn.links)  # (the links Proton holds for it, this one and refused ones not yet detached)
+        if held <= limit:
+            return False
+        ctx = conn.ctx
+        ctx.links_refused += 1
+        self.stats_refusals["limited_links"] += 1
+        if ctx.links_refused == 1:
+            log.warning("link.refused peer=%s container=%s link=%s condition=%s reason=max_links_per_connection "
+                        "limit=%d (further refusals on this connection are counted, not logged)", conn.peer,
+                        ctx.container, link.name, errors.ResourceLimitExceeded.condition, limit)
+        link.close(errors.ResourceLimitExceeded.condition,
+                   f"this connection holds its maximum of {limit} links (max_links_per_connection): detach some "
+                   f"or open another connection")
+        if held > 2 * limit and not ctx.refused:
+            # A peer that keeps attaching past its refusals: Proton's work per attach grows with the
+            # links a session holds (refused ones too, until the peer detaches them), so the
+            # connection goes, and nothing more of it is read.
+            ctx.refused = True
+            log.warning("connection.closed_for_links peer=%s container=%s links=%d limit=%d (it kept attaching "
+                        "past its refusals)", conn.peer, ctx.container, held, limit)
+            conn.close(errors.ResourceLimitExceeded.condition,
+                       f"{held} links attached, twice the maximum of {limit} (max_links_per_connection)")
+            if conn.sock is not None:
+                conn.sock.pause_reading()
+                assert self.engine is not None
+                self.engine.loop.call_later(self.LINKS_CLOSE_GRACE, conn.abort)  # (if the peer never answers)
+        return True
 
     def _open_subscriber(self, link: Link) -> None:
         container = link.conn.ctx.container or ""
@@ -942,6 +1067,8 @@ class Router:
     def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
         self.drain()
         self.connections.discard(conn)
+        if isinstance(conn.ctx, ConnCtx) and not conn.ctx.opened:
+            self._closed_before_open(conn, condition)
         counted = conn.ctx.counted if isinstance(conn.ctx, ConnCtx) else None
         if counted is not None:
             conn.ctx.counted = None
@@ -960,6 +1087,21 @@ class Router:
             log.info("connection.closed peer=%s container=%s condition=%s", conn.peer,
                      conn.ctx.container if conn.ctx else None, condition)
         self.drain()
+
+    def _closed_before_open(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
+        """A connection that ends before its AMQP open: every one is logged (an idle timeout, a
+        failed login, a peer that left), once, with why."""
+        was_pending = self.preauth.leave(conn)
+        self._record_login(conn)
+        if conn.ctx.refused and not was_pending:
+            return  # (logged when refused or timed out)
+        sasl = conn.sasl
+        if isinstance(sasl, SaslServer) and sasl.done and sasl.user is None:
+            if sasl.throttled:
+                self.stats_refusals["logins_throttled"] += 1
+            return  # (logged by the engine: connection.auth_failed)
+        log.info("connection.closed_before_open peer=%s stage=%s condition=%s", conn.peer,
+                 "sasl" if isinstance(sasl, SaslServer) and not sasl.done else "open", condition)
 
     def _forget_sub_link(self, link: Link) -> None:
         ctx = link.ctx
@@ -1075,7 +1217,8 @@ class Router:
         link.open()
         self.slog.write("resumed" if ctx.resumed else "subscribed", time.time(), None, ctx.topic, ctx.sid,
                         container=link.conn.ctx.container, link=link.name, count=epoch)
-        self.slog.flush()
+        # (no flush here: this runs after the pass, and the engine's before_output hook writes the
+        # log before the answer leaves; a flush per subscriber was a write per attach)
         self.core.subscriber_credit(ctx.sid, link.credit, link.draining)
 
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:
@@ -1211,6 +1354,11 @@ _count_elements: Callable[[Any, Any], None] = collections._count_elements  # typ
 
 def _no_secret(user: str) -> ScramSecret | None:
     return None  # (no users file: no password logins)
+
+
+def _host_of(peer: str) -> str:
+    """The address of a peer "HOST:PORT" (IPv6 hosts as they come, without the port)."""
+    return peer.rsplit(":", 1)[0]
 
 
 def _rss_kb() -> int:
