@@ -63,7 +63,7 @@ def _expiry(text: str) -> float:
     return v
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("put", help="publish messages (waits for the outcome)",
                        description="Publish each MESSAGE (a string body) to TOPIC, exactly once. Waits "
                                    "until every message has its outcome; exit 0 only if all were "

@@ -203,7 +203,8 @@ class Client:
             self.owners.remove(owner)
 
     async def _connect_once(self) -> None:
-        assert self.engine is not None
+        engine = self.engine
+        assert engine is not None
         url = self.urls[self._url_index % len(self.urls)]
         self._url_index += 1
         host, port, secure = parse_url_tls(url)
@@ -211,8 +212,8 @@ class Client:
         self._opened = loop.create_future()
         sasl = (lambda c: SaslClient(self.user, self.password, c.encrypted, self._certificate and c.encrypted)) \
             if self.user is not None or self._certificate else None
-        conn = await connect(self.engine, lambda: AmqpConnection(
-            self.engine, self, server=False, container_id=self.container_id,  # type: ignore[arg-type]
+        conn = await connect(engine, lambda: AmqpConnection(
+            engine, self, server=False, container_id=self.container_id,
             idle_timeout=self.idle_timeout, hostname=host, sasl=sasl), host, port, timeout=self.connect_timeout,
             tls=self._tls if secure else None)
         self.conn = conn

@@ -157,7 +157,7 @@ class Management:
 
 
 # ---------------------------------------------------------------------- command line
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     views = "\n".join(f"  {name:14} {what}" for name, what in W.VIEWS.items())
     p = sub.add_parser(
         "stat", help="show a router's connections, links, topics, subscriptions, peers, ... (management)",

@@ -81,10 +81,10 @@ class FrameReader:
             raise SaslError(f"undecodable SASL frame: {exc}") from None
         if not isinstance(obj, Described) or not isinstance(obj.value, list):
             raise SaslError("a SASL frame that is not a described list")
-        try:
-            code = int(obj.descriptor)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise SaslError(f"a SASL frame with descriptor {obj.descriptor!r}") from None
+        # a numeric descriptor (a ulong); a symbolic one, or anything else, is not a SASL frame of ours
+        if not isinstance(obj.descriptor, int):
+            raise SaslError(f"a SASL frame with descriptor {obj.descriptor!r}")
+        code = int(obj.descriptor)
         # (binary fields are views into the decoder's buffer, gone with it: copied now)
         return code, [bytes(v) if isinstance(v, memoryview) else v for v in obj.value]
 
@@ -244,7 +244,7 @@ class SaslServer:
                 raise SaslError(f"not an AMQP SASL header: {head!r}")
             self.header_seen = True
             out.append(SASL_HEADER)
-            out.append(encode_frame(MECHANISMS, [Array(UNDESCRIBED, Data.SYMBOL,  # type: ignore[arg-type]
+            out.append(encode_frame(MECHANISMS, [Array(UNDESCRIBED, Data.SYMBOL,  # type: ignore[arg-type]  # proton annotates Array's descriptor as PythonAMQPData, yet its own UNDESCRIBED (a Constant) is how it takes none
                                                        *[symbol(m) for m in self.policy.mechanisms()])]))
             data = rest
         self.reader.feed(data)

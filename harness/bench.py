@@ -1472,7 +1472,7 @@ def format_report(rep: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------- CLI
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "bench", help="measure throughput, latency, CPU and memory against baselines",
         description="Benchmark a router (or a topology) with client processes, side by side with a direct\n"

@@ -781,7 +781,7 @@ def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None 
 
 
 # ---------------------------------------------------------------------- CLI
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg, unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "chaos", help="run a mesh under a seeded fault schedule and judge it by reconciliation",
         description="Start the mesh of TOPOLOGY as local processes with a fault-injecting proxy on every\n"

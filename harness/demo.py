@@ -26,7 +26,7 @@ from .procs import Proc, python_cmd, wait_for
 EXAMPLES = example_path()
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "demo", help="run a demo mesh on loopback: kill a router mid-stream, check exactly-once",
         description="Start the line A-B-C on loopback (topology/examples/line3.toml), subscribe on A and "

@@ -115,8 +115,11 @@ def measure(topology: str | Path, fault: str, *, repeat: int = 3, publisher: str
             wait_for(handed_at_least(len(s.handed) + int(rate * 2)), 30, "steady traffic")
             if victim in on_path and victim not in (publisher, subscriber):  # a transit router: traffic must cross it now
                 start = transit(victim)
-                wait_for(lambda n=start: transit(victim) >= n + rate / 2, 30,  # type: ignore[misc]
-                         f"traffic to cross {victim}")
+
+                def crossed(n: int = start) -> bool:
+                    return transit(victim) >= n + rate / 2
+
+                wait_for(crossed, 30, f"traffic to cross {victim}")
             t_fault = time.time()
             if fault == "kill":
                 mesh.kill_router(victim)

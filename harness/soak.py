@@ -892,7 +892,7 @@ def render_chart(r: SoakResult, path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------- CLI
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "soak", help="run a router or a mesh under steady traffic for a long time; sample and judge it",
         description="Run one router (TARGET 'router') or the mesh of a topology file under traffic for\n"

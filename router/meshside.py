@@ -6,7 +6,7 @@ Part of the delivery core (`router.core.DeliveryCore` composes it); sans-IO like
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ..common import errors
@@ -22,6 +22,7 @@ from .actions import (
     SendHold,
 )
 from .identity import WireNote
+from .order.total import Checkpoint
 from .state import (
     HELD,
     RESOLVED,
@@ -29,7 +30,6 @@ from .state import (
     S_ENDED,
     S_QUEUED,
     S_SENT,
-    PubLink,
     Record,
     S,
     SubRuntime,
@@ -223,25 +223,21 @@ class MeshSide:
         if self.is_final(gid):
             self.out.append(SendFinal(frm, gid))
             return
-        pl = self._declaring(plid_of(gid))
-        if pl is None:
+        # the newest attach of its publisher link here, if it declared what it held in doubt (our clients)
+        pl = self.newest_link.get(plid_of(gid))
+        if pl is None or pl.declared is None:
             return
-        if declared_settled(pl.declared, pl.mark, gid):  # type: ignore[arg-type]
+        if declared_settled(pl.declared, pl.mark, gid):
             self.out.append(SendFinal(frm, gid))  # its publisher is attached here and settled it
-        elif gid in pl.declared:  # type: ignore[operator]
+        elif gid in pl.declared:
             self.held_for.setdefault(gid, {}).setdefault(frm, now)  # resent here: the asker gets our FINAL
         # else: published after that attach, elsewhere (this link is stale): we know nothing
 
-    def _declaring(self: DeliveryCore, plid: str) -> PubLink | None:
-        """The newest attach of publisher link `plid` here, if it declared what it holds in doubt
-        (None: not attached here, or not one of our clients)."""
-        pl = self.newest_link.get(plid)
-        return pl if pl is not None and pl.declared is not None else None
-
     def _settled_by_local_publisher(self: DeliveryCore, gid: str) -> bool:
-        """Its publisher is attached here and declared it no longer in doubt: it settled it."""
-        pl = self._declaring(plid_of(gid))
-        return pl is not None and declared_settled(pl.declared, pl.mark, gid)  # type: ignore[arg-type]
+        """Its publisher is attached here and declared it no longer in doubt: it settled it. (The
+        newest attach of its link, and only if it declared what it held in doubt: our clients.)"""
+        pl = self.newest_link.get(plid_of(gid))
+        return pl is not None and pl.declared is not None and declared_settled(pl.declared, pl.mark, gid)
 
     def handle_ack(self: DeliveryCore, gid: str, sid: str, state: int, error: tuple[str, str] | None, now: float) -> None:
         rec = self.records.get(gid)
@@ -502,3 +498,53 @@ class MeshSide:
             else:
                 rt.final_unnotified.add(gid)
             self.log.append(("placeholder_final", gid, None, sid, None))
+
+    # ---- read by the mesh side (interrouter/node.py)
+    # What the mesh layer (`interrouter.node.MeshNode`) asks of the core besides its inputs above:
+    # one input that configures the core for the mesh, and queries that read without writing. The
+    # node reads nothing else of the core (tests/unit/test_mesh_seam.py holds the list).
+
+    def set_mesh(self: DeliveryCore, size: int, incarnation: str) -> None:
+        """Input from the mesh layer when it starts: the topology has `size` routers (1: a router
+        alone) and this life of the router is `incarnation` (the one its adapter gave the core, if
+        it did: the router's), which claims in the subscription table and new identities carry."""
+        self.incarnation = incarnation
+        self.mesh_size = size
+
+    def reachable_routers(self: DeliveryCore) -> Mapping[str, str]:
+        """Router -> incarnation of every router this one reaches, itself included: what
+        `set_reachable` was last told (read only)."""
+        return self.reachable
+
+    def has_record(self: DeliveryCore, gid: str) -> bool:
+        """Does this router hold a delivery record of `gid`?"""
+        return gid in self.records
+
+    def has_final_notes(self: DeliveryCore) -> bool:
+        """Does this router keep any note on a final message whose outcome its publisher may have
+        missed? (If not, `notes_on` finds nothing: the FINALs it sends need not ask it.)"""
+        return bool(self.final_notes)
+
+    def subscriptions_reclaimed(self: DeliveryCore) -> int:
+        """How many subscriptions this router claimed again for their live link here (a count that
+        only grows: `subscription_changed` raised it when it changed)."""
+        return self.stats_reclaimed
+
+    def in_total_order(self: DeliveryCore, topic: str) -> bool:
+        """Is `topic` in total order here (the core keeps its numbering stream)?"""
+        return topic in self.total
+
+    def total_base(self: DeliveryCore, topic: str) -> int:
+        """Up to which number the stream of `topic` (in total order) forgot its history here
+        (compacted; 0: nothing yet)."""
+        return self.total[topic].base
+
+    def total_checkpoint(self: DeliveryCore, topic: str) -> Checkpoint:
+        """The checkpoint of the stream of `topic` (in total order) as it stands, compacted nothing
+        more (`total_compact` compacts first)."""
+        return self.total[topic].checkpoint()
+
+    def total_start_of(self: DeliveryCore, topic: str, sid: str, created: float) -> int | None:
+        """The number that the start of the life of subscription `sid` created at `created` got in the
+        stream of `topic` (in total order); None while it has none here."""
+        return self.total[topic].start_of(sid, created)

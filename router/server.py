@@ -1238,6 +1238,11 @@ class Router:
         self._pending_opens.append(link)
         self.drain()
 
+    def mesh_event(self, event: str, now: float, peer: str, info: str | None) -> None:
+        """An event of the mesh layer for the settlement log: a neighbour up or down, a total-order
+        stream's new view (interrouter.routerport.RouterPort)."""
+        self.slog.write(event, now, peer=peer, info=info)
+
     def _settle_publisher_delivery(self, d: Any) -> None:
         link = self.pub_deliveries.pop(d)
         if isinstance(link.ctx, PubLinkCtx):
@@ -1349,7 +1354,7 @@ _VOLATILE_STATS = ("rss_kb", "loop_lag_max_ms", "loop_lag_p99_ms", "gc_pause_max
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 _first = itemgetter(0)
 # Counter.update's C helper: counts an iterable into a mapping
-_count_elements: Callable[[Any, Any], None] = collections._count_elements  # type: ignore[attr-defined]
+_count_elements: Callable[[Any, Any], None] = collections._count_elements  # type: ignore[attr-defined]  # typeshed lacks this private helper
 
 
 def _no_secret(user: str) -> ScramSecret | None:

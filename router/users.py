@@ -144,7 +144,7 @@ class Users:
 
 
 # ---------------------------------------------------------------------------------- command line
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("user", help="manage the users file (password logins)",
                        description="Add, remove and list the users who may log in with a password "
                                    "(SASL SCRAM-SHA-256, or PLAIN over TLS). The file keeps salted "

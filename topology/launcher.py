@@ -944,7 +944,7 @@ def default_state_dir() -> Path:
     return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg, unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     state_help = (f"where the mesh keeps its state, logs and status files (default ${STATE_DIR_ENV} or "
                   f"./{DEFAULT_STATE_DIR}); one mesh per state directory")
     p = sub.add_parser(

@@ -157,7 +157,7 @@ class SimRouter:
         if self.snapshot is not None:
             table.restore(self.snapshot, sim.now)
         self.core = DeliveryCore(self.id, table, sim.core_cfg)
-        self.node = MeshNode(self.id, str(self.incarnation), self.core, set(sim.routers), self.neighbours,
+        self.node = MeshNode(self.id, str(self.incarnation), self.core, table, set(sim.routers), self.neighbours,
                              HELLO, DEAD_AFTER, sim.now, sequenced=(TOPIC,) if sim.total == "sequencer" else (),
                              bootstrap=not self.started_before,
                              lamport_topics=(TOPIC,) if sim.total == "lamport" else ())

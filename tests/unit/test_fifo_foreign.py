@@ -30,7 +30,8 @@ class Line:
     def __init__(self) -> None:
         self.now = 0.0
         nbrs = {"A": {"B": 1.0}, "B": {"A": 1.0, "C": 1.0}, "C": {"B": 1.0}}
-        self.nodes = {r: MeshNode(r, "1", DeliveryCore(r, SubscriptionTable(), CoreConfig()), set(nbrs), nbrs[r],
+        tables = {r: SubscriptionTable() for r in nbrs}
+        self.nodes = {r: MeshNode(r, "1", DeliveryCore(r, tables[r], CoreConfig()), tables[r], set(nbrs), nbrs[r],
                                   1.0, 3.0, 0.0) for r in nbrs}
         self.sids = {r: subscription_id(f"c{r}", f"s{r}", "t") for r in "AC"}
         self.delivered: dict[str, list[str]] = {sid: [] for sid in self.sids.values()}
