@@ -33,7 +33,7 @@ across router crashes, failover and their own restarts (with a state directory).
 Start here:   oncemesh demo          (a demo mesh on loopback, publishes and checks delivery)
 """
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "router", help="run one router",
         description="Run one oncemesh router in the foreground until SIGTERM/SIGINT (stop now, cleanly) or\n"

@@ -128,7 +128,7 @@ class _PassEnd(selectors.BaseSelector):
                 hasattr(loop, a) for a in ("_ready", "_scheduled", "_stopping")):
             return None
         hook = cls(loop, sel)
-        loop._selector = hook  # type: ignore[attr-defined]
+        loop._selector = hook  # type: ignore[attr-defined]  # asyncio's selector loop keeps its selector private: the pass-end hook wraps it
         return hook
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:

@@ -15,8 +15,6 @@ import re
 import tokenize
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("api", "common", "router", "interrouter", "clients", "topology", "spark", "harness")
 MAX_IGNORES = 10
@@ -24,15 +22,6 @@ MAX_IGNORES = 10
 # `type: ignore` (in a comment), its error codes, and what follows on the line
 _IGNORE = re.compile(r"#\s*type:\s*ignore\b(?P<codes>\[[^\]]*\])?(?P<rest>.*)$")
 _REASON = re.compile(r"^\s*#\s*\S.{9,}")  # a comment of its own, of some words
-
-# Silences in files that other parts of issue 28 rewrote at the time this test came: each gets its
-# reason (or goes) when the branches are merged, and then its entry here goes too (an entry that no
-# longer matches a line fails the test, so none outlives its line).
-PENDING_REASON = {
-    ("api/cli.py", "def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]"),
-    ("common/engine.py", "loop._selector = hook  # type: ignore[attr-defined]"),
-}
-
 
 def ignores_in(source: str) -> list[tuple[int, str, bool]]:
     """(line, the line's text, whether it names its codes and gives a reason) for each `type: ignore`
@@ -77,11 +66,5 @@ def test_the_product_keeps_at_most_ten_silences() -> None:
 
 def test_every_silence_says_what_and_why() -> None:
     found = product_ignores()
-    bare = [f"{p}:{n}: {text}" for p, n, text, ok in found if not ok and (p, text) not in PENDING_REASON]
+    bare = [f"{p}:{n}: {text}" for p, n, text, ok in found if not ok]
     assert not bare, "a `type: ignore` without its error code and a reason after it:\n" + "\n".join(bare)
-
-
-@pytest.mark.parametrize(("path", "text"), sorted(PENDING_REASON))
-def test_a_pending_entry_still_has_its_line(path: str, text: str) -> None:
-    assert any(p == path and t == text for p, _, t, _ in product_ignores()), \
-        f"{path}: no line `{text}` any more: drop its entry from PENDING_REASON"
