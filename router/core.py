@@ -71,9 +71,9 @@ from .handing import Handing
 from .identity import Identity
 from .meshside import MeshSide
 from .order.total import TotalStream, start_key
+from .records import RecordBook
 from .state import (
     _EVENT_OF,
-    _TO_STATE,
     S_ACCEPTED,
     S_ENDED,
     S_QUEUED,
@@ -83,8 +83,6 @@ from .state import (
     Record,
     S,
     SubRuntime,
-    _illegal,
-    move,
     tnum_key,
 )
 from .subscriptions import Subscription, SubscriptionTable
@@ -146,7 +144,10 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         self.router_id = router_id
         self.table = table if table is not None else SubscriptionTable()  # (an empty table is falsy)
         self.cfg = config if config is not None else CoreConfig()
-        self.records: dict[str, Record] = {}
+        # the records, their states and the counts that follow from them: written by the book alone
+        # (router/records.py); `records` is its dict, read here and by the mesh layer, never written
+        self.book = RecordBook()
+        self.records: dict[str, Record] = self.book.by_gid
         self.subs: dict[str, SubRuntime] = {}  # subscriptions homed here
         self.remote_pending: dict[str, dict[str, Record]] = {}  # remote sid -> origin records owing it
         self.pub_links: dict[Any, PubLink] = {}
@@ -167,9 +168,6 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
-        self.inflight_bytes = 0
-        self.undecided = 0  # records of this origin still waiting: what the budget counts
-        self.destination_records = 0  # records held for another origin (counted, not scanned, for the status)
         self._orphans_swept: float = -math.inf  # when Sweeps._sweep_orphans last looked at every record
         self.stats_final_ignored = 0  # FINALs refused: the publisher's delivery is open here
         self.newest_link: dict[str, PubLink] = {}  # plid -> its most recent attach here
@@ -209,6 +207,20 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
+
+    @property
+    def undecided(self) -> int:
+        """Records of this origin still waiting: what the budget counts (kept by `book`)."""
+        return self.book.undecided
+
+    @property
+    def inflight_bytes(self) -> int:
+        return self.book.inflight_bytes
+
+    @property
+    def destination_records(self) -> int:
+        """Records held for another origin (counted, not scanned, for the status; kept by `book`)."""
+        return self.book.destination_records
 
     def is_final(self, gid: str) -> bool:
         """Did `gid` become final here within `final_memory` (its record freed)?"""
@@ -357,12 +369,11 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             # Any other client's order is the one we receive its messages in (`_chain`): a tag it
             # chose says nothing of it (random, or started again on a new connection)
             rec.seq = counter_seq(gid)
-        self.records[gid] = rec
+        book = self.book
+        book.add_origin(rec)
         rec.pubs.append(pub)
         pl.pubs[pub] = gid
         self.pub_of[pub] = (pl, gid)
-        self.inflight_bytes += len(payload)
-        self.undecided += 1
         self._chain(rec)
         if deps:
             self._add_deps(rec, deps)
@@ -373,7 +384,6 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         held = self.placeholders.pop(gid, None) if self.placeholders else None
         me = self.router_id
         subs = self.subs
-        owed = rec.owed
         remote = False
         queued = 0
         first: SubRuntime | None = None  # local subscriptions to pump once the record is set up
@@ -382,16 +392,14 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             sid = sub.sid
             if sub.home == me:
                 if held is not None and sid in held:
-                    move(rec, sid, S_ACCEPTED)
+                    book.move(rec, sid, S_ACCEPTED)
                     self.log.append(("accepted", gid, topic, sid, "placeholder"))
                     rt = subs.get(sid)  # (pumped below all the same, as every local part is)
                     if rt is None:
                         continue
                 else:
                     rt = subs[sid]
-                    # (None -> QUEUED, by `state.MOVES` pending +1: applied here directly, the record
-                    # is fresh and the table's subscriptions are distinct; one call per message less)
-                    owed[sid] = S_QUEUED
+                    book.owe_fresh(rec, sid)  # (the record is fresh, the table's subscriptions distinct)
                     queued += 1
                     rt.owed[gid] = rec
                     if rt.link is not None:
@@ -404,11 +412,10 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                     else:
                         more.append(rt)
             else:
-                owed[sid] = S_QUEUED
+                book.owe_fresh(rec, sid)
                 queued += 1
                 self.remote_pending.setdefault(sid, {})[gid] = rec
                 remote = True
-        rec.pending = queued
         self.log.append(("received", gid, topic, None, self._owed_set(topic)))
         if self.total and topic in self.total:
             self._number(rec, now)  # may add or end parts, and decide it
@@ -455,12 +462,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
     def _adopt(self, rec: Record, payload: bytes, now: float) -> None:
         """A publisher resent here a message we only held as a destination (its origin died or the
         publisher failed over to us): we become an origin for it, owing what our table says."""
-        rec.origin = None
-        self.destination_records -= 1
-        if not rec.payload:
-            rec.payload = payload
-            self.inflight_bytes += len(payload)
-        self.undecided += 1  # counted until decided, like any record of ours
+        self.book.adopt(rec, payload)  # counted until decided, like any record of ours
         self._chain(rec)
         self._absorb_placeholders(rec)
         for sub in self.table.live_for_topic(rec.topic):
@@ -481,7 +483,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         """A new QUEUED part of `rec` (not on the hot path of `_new_record`) for `sid`, homed at
         `home` (None: not in our table yet). Returns the local subscription when it has a link
         (the caller pumps it)."""
-        move(rec, sid, S_QUEUED)
+        self.book.move(rec, sid, S_QUEUED)
         if rec.origin is None:  # a part added after the record was received: the log says so
             self.log.append(("owed", rec.gid, rec.topic, None, Owed(((sid, home),))))
         if home != self.router_id:
@@ -500,37 +502,34 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
     def _decide(self, rec: Record, now: float) -> None:
         if self.total and rec.tnum is None and rec.origin is None and rec.topic in self.total:
             return  # its number may make it owed to more subscriptions: decided once numbered
+        book = self.book
         if rec.origin is not None:  # a destination record: our local subscriptions are done
             rec.decided = now
-            self.inflight_bytes -= len(rec.payload)
-            rec.payload = b""
+            book.free_payload(rec)
             if not rec.owed and rec.gid not in self.placeholders:
-                del self.records[rec.gid]  # no subscription here has a part in it any more
-                self.destination_records -= 1
+                book.remove(rec)  # no subscription here has a part in it any more
             return
+        rec.decided = now
+        # every subscription is done with it: only its outcome and settlement remain to be told, so
+        # the payload is freed now and the record stops counting against the in-flight budget
         if rec.rejected_by:
-            rec.outcome = O_REJECTED
             names = ", ".join(sid for sid, _ in rec.rejected_by)
             first = rec.rejected_by[0][1]
             # the first subscriber's condition travels on; the description names every rejecter
             detail = f": {first[1]}" if first and first[1] else ""
-            rec.error = (first[0] if first else errors.SUBSCRIBER_REJECTED,
-                         f"rejected by subscription(s) {names}{detail}")
+            outcome = O_REJECTED
+            book.decide(rec, outcome, (first[0] if first else errors.SUBSCRIBER_REJECTED,
+                                       f"rejected by subscription(s) {names}{detail}"))
         else:
-            rec.outcome = O_ACCEPTED
-        rec.decided = now
-        # every subscription is done with it: only its outcome and settlement remain to be told, so
-        # the payload is freed now and the record stops counting against the in-flight budget
-        self.undecided -= 1
-        self.inflight_bytes -= len(rec.payload)
-        rec.payload = b""
+            outcome = O_ACCEPTED
+            book.decide(rec, outcome, rec.error)
         if self._blocked:
             self._unblock()
-        if rec.outcome is O_ACCEPTED and rec.error is None:
+        if outcome is O_ACCEPTED and rec.error is None:
             self.log.append(("outcome", rec.gid, rec.topic, None, AcceptedBy(len(rec.owed))))
         else:
             self.log.append(("outcome", rec.gid, rec.topic, None, {
-                "outcome": rec.outcome.name, "count": len(rec.owed),
+                "outcome": outcome.name, "count": len(rec.owed),
                 "error": f"{rec.error[0]}: {rec.error[1]}" if rec.error else None}))
         for pub in list(rec.pubs):
             entry = self.pub_of.get(pub)
@@ -558,15 +557,10 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
 
     def _finalize(self, rec: Record, now: float) -> None:
         gid = rec.gid
-        del self.records[gid]
-        if rec.origin is not None:
-            self.destination_records -= 1
+        self.book.remove(rec)
         chain = self.chain.get(rec.plid)
         if chain is not None and chain.pop(gid, None) is not None and not chain:
             del self.chain[rec.plid]
-        if rec.payload:
-            self.inflight_bytes -= len(rec.payload)
-            rec.payload = b""
         for pub in rec.pubs:  # other legs (a resend on a second link): settle them too
             entry = self.pub_of.pop(pub, None)
             if entry is not None:
@@ -673,7 +667,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 elif rec2.owed.get(sid) is not S_ACCEPTED:
                     # not owed to this life (or ended in an earlier one), yet the client holds it:
                     # count it as accepted so that the final settlement reaches it
-                    move(rec2, sid, S_ACCEPTED)
+                    self.book.move(rec2, sid, S_ACCEPTED)
                     self.log.append(("accepted", gid, topic, sid, "resume"))  # (acks of it say so)
         rt.final_unnotified.clear()
         # only a client that hands over in arrival order (ours) presents `handed_last`; what a
@@ -709,7 +703,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         for gid, rec in list(rt.owed.items()):
             if rec.origin is not None:
                 del rt.owed[gid]
-                move(rec, sid, None)
+                self.book.move(rec, sid, None)
                 if rec.pending == 0:
                     self._decide(rec, now)
 
@@ -753,7 +747,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         for gid in rt.on_link:
             rec = self.records.get(gid)
             if rec is not None and rec.owed.get(rt.sid) is S_SENT:
-                move(rec, rt.sid, S_QUEUED)
+                self.book.move(rec, rt.sid, S_QUEUED)
                 rt.resend.add(gid)
         rt.on_link.clear()
         rt.queue.clear()
@@ -897,7 +891,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         """Hand `rec` (QUEUED for `rt`: the callers check it) to the subscription's link."""
         gid = rec.gid
         sid = rt.sid
-        rec.owed[sid] = S_SENT  # (QUEUED -> SENT, by `state.MOVES` pending unchanged: no `move` call)
+        self.book.sent(rec, sid)
         rt.on_link.add(gid)
         rt.credit -= 1
         if rt.resend:
@@ -947,23 +941,15 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                     errors.DELIVERY_LIMIT,
                     f"released or modified {n - 1} times (limit {self.cfg.max_redeliveries})"), now, None)
             else:
-                move(rec, sid, S_QUEUED)
+                self.book.move(rec, sid, S_QUEUED)
                 if rt.link is not None:
                     rt.queue.appendleft(gid)
                     self._pump(rt)
 
     def _resolve(self, rec: Record, sid: str, st: S, error: tuple[str, str] | None, now: float,
                  why: str | None) -> None:
-        owed = rec.owed
-        cur = owed.get(sid)
-        if cur is not S_QUEUED and cur is not S_SENT:
+        if not self.book.resolve(rec, sid, st):
             return  # not owed, or resolved already
-        # (`state.move`, inlined with what is known here: once per message)
-        delta = _TO_STATE[st][cur]
-        if delta is None:
-            _illegal(rec, sid, st)
-        owed[sid] = st
-        rec.pending += delta
         gid = rec.gid
         rt = self.subs.get(sid)
         if rt is not None:
@@ -991,19 +977,19 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             if rec.origin is not None or rec.outcome is None:
                 self._decide(rec, now)
             elif rec.payload:  # decided already (another origin's copy added this one): done again
-                self.inflight_bytes -= len(rec.payload)
-                rec.payload = b""
+                self.book.free_payload(rec)
 
     # ================================================================ credit
     def _grant(self, pl: PubLink) -> None:
         want = self.cfg.link_credit - pl.outstanding
         if want <= 0 or pl.token not in self.pub_links:
             return
-        room = self.cfg.max_inflight_messages - self.undecided - self.reserved_credit
-        if len(self.records) >= self.cfg.max_decided_records + self.cfg.max_inflight_messages:
+        book = self.book
+        room = self.cfg.max_inflight_messages - book.undecided - self.reserved_credit
+        if len(book.by_gid) >= self.cfg.max_decided_records + self.cfg.max_inflight_messages:
             room = 0
         if not self.ready or not self.log_writable or self.draining \
-                or self.inflight_bytes >= self.cfg.max_inflight_bytes:
+                or book.inflight_bytes >= self.cfg.max_inflight_bytes:
             room = 0
         n = min(want, room)
         if n > 0:

@@ -71,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "tests.sim.trace_hashes", *(argv or sys.argv[1:])])
     before: dict[str, str] = {}
     if args.compare:
-        for line in open(args.compare):
-            name, seed, rest = line.rstrip("\n").split(" ", 2)
-            before[f"{name} {seed}"] = rest
+        with open(args.compare) as f:
+            for line in f:
+                name, seed, rest = line.rstrip("\n").split(" ", 2)
+                before[f"{name} {seed}"] = rest
     differ = 0
     for line in lines(args.seeds):
         print(line, flush=True)
