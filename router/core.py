@@ -45,7 +45,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..common import errors
 from ..common.ids import PLID_LEN, counter_seq, global_id
@@ -70,7 +70,11 @@ from .finals import FinalNotes, OldFinals
 from .handing import Handing
 from .identity import Identity
 from .meshside import MeshSide
+from .order.causal_policy import CausalOrder
+from .order.modes import DEFAULT, MODES, topic_modes
+from .order.policy import BLOCK, PARK, SKIP, OrderPolicy, Verdict
 from .order.total import TotalStream, start_key
+from .order.total_policy import TotalOrder
 from .records import RecordBook
 from .state import (
     _EVENT_OF,
@@ -130,11 +134,14 @@ class CoreConfig:
     total_pin: float = 60.0
     # topics in causal order -> their causal group (a topic without a group is a group of its own)
     causal_groups: dict[str, str] = field(default_factory=dict)
+    # topics in an order mode named here (router/order/modes.py), over what the settings above say
+    topic_orders: dict[str, str] = field(default_factory=dict)
 
 
 class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
     """The delivery core of one router. The per-message path (publish -> pump -> send -> resolve)
-    is here; what may be handed now is in `Handing` (router/handing.py), which message a transfer
+    is here; the order of each topic is its policy (router/order/policy.py), what may be handed
+    now otherwise is in `Handing` (router/handing.py), which message a transfer
     is in `Identity` (router/identity.py), the mesh side in `MeshSide` (router/meshside.py),
     housekeeping in `Sweeps` (router/sweeps.py); the state of a message for a subscription changes
     only through `state.move`."""
@@ -204,6 +211,13 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         self.pasts: dict[tuple[str, str], dict[str, tuple[int, str, str, float]]] = {}
         self.stats_causal_deps = 0  # dependencies attached to messages published here
         self.stats_causal_cycles = 0  # two messages found waiting for each other (one went first)
+        # the order of each topic: one policy object per mode (router/order/modes.py), FIFO the default
+        self.order_modes: dict[str, OrderPolicy] = {name: mode(self) for name, mode in MODES.items()}
+        self.fifo = self.order_modes[DEFAULT]
+        self.orders = {t: self.order_modes[m] for t, m in topic_modes(self.cfg).items()}  # (not the default)
+        # (the two the core also asks outside the pump: numbering, and a publisher's causal past)
+        self.total_order = cast(TotalOrder, self.order_modes[TotalOrder.name])
+        self.causal_order = cast(CausalOrder, self.order_modes[CausalOrder.name])
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
@@ -241,7 +255,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         if group is not None:
             for g, t in past:
                 if self.causal.get(t) == group:
-                    self._causal_note(client, group, g, t, ())
+                    self.causal_order.note(client, group, g, t, ())
         if in_doubt is None:  # not ours: it may reuse tags (router/identity.py; before it is the newest)
             self._fresh_floor(pl)
         self.pub_links[token] = pl
@@ -303,11 +317,11 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 group = self.causal.get(pl.topic)
                 # (a resend its client declared in doubt gets none here: what the client was handed
                 # since it first sent it is no dependency of it, and could close a cycle of waits)
-                deps = self._causal_deps(pl, group) if group is not None and not (
+                deps = self.causal_order.deps(pl, group) if group is not None and not (
                     pl.declared and gid in pl.declared) else ()
                 self._new_record(gid, pl.topic, payload, now, deps, pub, pl)
                 if group is not None and pl.client:
-                    self._causal_note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
+                    self.causal_order.note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
             else:
                 self._new_record(gid, pl.topic, payload, now, (), pub, pl)
         else:
@@ -376,7 +390,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         self.pub_of[pub] = (pl, gid)
         self._chain(rec)
         if deps:
-            self._add_deps(rec, deps)
+            CausalOrder.add_deps(rec, deps)
         if self.held_for:
             asked = self.held_for.pop(gid, None)
             if asked:
@@ -418,7 +432,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 remote = True
         self.log.append(("received", gid, topic, None, self._owed_set(topic)))
         if self.total and topic in self.total:
-            self._number(rec, now)  # may add or end parts, and decide it
+            self.total_order.number(rec, now)  # may add or end parts, and decide it
             if rec.outcome is not None:
                 return rec
             if rec.pending == 0:
@@ -471,7 +485,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 if rt is not None:
                     self._pump(rt)
         if self.total and rec.topic in self.total:
-            self._number(rec, now)
+            self.total_order.number(rec, now)
             if rec.outcome is not None:
                 return
         if rec.pending == 0:
@@ -809,10 +823,11 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 rt.credit -= 1
         q = rt.queue
         sid = rt.sid
+        order = self._order_of(sid)
+        may_hand = order.may_hand
+        handed = order.handed
         parked: list[str] | None = None
-        late: list[Record] | None = None
-        causal_late: list[Record] | None = None
-        ttopic = self._total_topic(sid) if self.total else None
+        late: list[tuple[Verdict, Record]] | None = None
         blocked = False
         while q and rt.credit > 0:
             gid = q.popleft()
@@ -821,68 +836,31 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 continue
             reds = rec.redeliveries
             redelivery = reds is not None and sid in reds
-            if ttopic is not None and not self._total_ready(rec, rt, redelivery):
-                continue  # not its turn: handed by number when it is (below), not kept in the queue
-            if (rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt)) \
-                    or (ttopic is None and rec.preds and not self._fifo_ready(rec, sid)):
-                if ttopic is not None:
-                    # total order: nothing numbered after it goes first (sent again in number order)
-                    q.appendleft(gid)
-                    blocked = True
-                    if rec.tnum is not None:
-                        self._ask_ahead(rt, ttopic, rec.tnum)
-                    break
+            verdict = may_hand(rt, rec, redelivery)
+            if verdict is None:
+                self._send(rt, rec, redelivery)
+                handed(rt, rec)
+            elif verdict is PARK:
                 if parked is None:
                     parked = []
                 parked.append(gid)
-                continue
-            if rt.cpassed and gid in rt.cpassed and not redelivery:
-                # causal order: a message that depends on it was handed first (it was not owed to
-                # this subscription then): handing it now would break causal order
-                rt.cpassed.discard(gid)
-                if causal_late is None:
-                    causal_late = []
-                causal_late.append(rec)
-                continue
-            seq = rec.seq  # (None: not ours, ordered by its origin's arrival order alone, `preds`)
-            if seq is not None and ttopic is None:
-                hi = rt.fifo_hi.get(rec.plid, -1)
-                if seq < hi and not redelivery and not (rt.resend and gid in rt.resend):
-                    if late is None:
-                        late = []
-                    late.append(rec)
-                    continue
-                if seq > hi:
-                    rt.fifo_hi[rec.plid] = seq
-            self._send(rt, rec, redelivery)
+            elif verdict is BLOCK:
+                q.appendleft(gid)
+                blocked = True
+                break
+            elif verdict is not SKIP:  # late: handing it now would break the order (after the walk)
+                if late is None:
+                    late = []
+                late.append((verdict, rec))
         if parked:
             q.extendleft(reversed(parked))  # kept in order; tick() pumps again
         if late:
-            # a later message of its publisher (ours: they declared their order) was handed first:
-            # it came here only after that (re-originated with a newer subscription table after its
-            # publisher failed over, for a subscription not in force when it was first sent: a
-            # message it is owed holds every later one back). Handing it now would break FIFO: it
-            # ends for this subscription. Never for another client: its tags are no order.
-            for rec in late:
-                self._resolve(rec, sid, S_ENDED, None, self._now, "fifo: a later message was handed first")
-        if causal_late:
-            for rec in causal_late:
-                self._resolve(rec, sid, S_ENDED, None, self._now, "causal: a message depending on it was handed first")
-        if ttopic is not None and not blocked:
-            # total order: hand the next numbers by looking them up (what waits is not rescanned)
-            seq_of = self.total[ttopic].seq
-            while rt.credit > 0:
-                nxt = self._total_next(rt, ttopic)
-                if nxt is None:
-                    break
-                rec = rt.owed.get(seq_of.get(nxt, ""))
-                if rec is None or rec.owed.get(sid) is not S_QUEUED:
-                    break
-                if rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt):
-                    q.append(rec.gid)  # asked about; tick() pumps again
-                    self._ask_ahead(rt, ttopic, nxt)
-                    break
-                self._send(rt, rec, bool(rec.redeliveries and sid in rec.redeliveries))
+            if len(late) > 1:
+                late.sort(key=lambda vr: vr[0].rank)  # (stable: each kind in the order found)
+            for verdict, rec in late:
+                self._resolve(rec, sid, S_ENDED, None, self._now, verdict.why)
+        if not blocked:
+            order.after_queue(rt)
         if rt.drain and rt.credit > 0 and not q and not rt.notify:
             rt.credit = 0
             self.out.append(DrainCredit(sid))
@@ -898,12 +876,13 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             rt.resend.discard(gid)
         self.out.append(Deliver(sid, gid, rec.payload, redelivery))
         self.log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
-        if self.causal:
-            if rec.deps:
-                self._causal_passed(rt, rec)
-            group = self.causal.get(rec.topic) if rt.client else None
-            if group is not None:
-                self._causal_note(rt.client, group, gid, rec.topic, rec.deps)
+
+    def _order_of(self, sid: str) -> OrderPolicy:
+        """The order policy of subscription `sid`'s topic."""
+        if not self.orders:
+            return self.fifo
+        sub = self.table.get(sid)
+        return self.fifo if sub is None else self.orders.get(sub.topic, self.fifo)
 
     def subscriber_outcome(self, sid: str, gid: str, outcome: Outcome, settled: bool,
                            error: tuple[str, str] | None, undeliverable: bool, now: float) -> None:

@@ -92,7 +92,7 @@ class MeshSide:
         if preds:  # every origin's predecessors count (each saw its own part of the publisher's order)
             rec.preds = preds if not rec.preds else tuple(dict.fromkeys(rec.preds + preds))
         if deps:
-            self._add_deps(rec, deps)
+            self.causal_order.add_deps(rec, deps)
         self._absorb_placeholders(rec)
         ts = self.total.get(topic) if self.total else None
         if ts is not None and rec.tnum is None:

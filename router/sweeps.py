@@ -113,7 +113,7 @@ class Sweeps:
     def _sweep_parked(self: DeliveryCore, now: float) -> None:
         """Deliveries parked while we asked about them: pump the links that have credit."""
         for rt in self.subs.values():
-            if rt.link is not None and rt.credit > 0 and (rt.queue or (self.total and self._total_topic(rt.sid))):
+            if rt.link is not None and rt.credit > 0 and (rt.queue or self._order_of(rt.sid).walks):
                 self._pump(rt)
 
     def _sweep_unconfirmed_copies(self: DeliveryCore, now: float) -> None:
