@@ -37,6 +37,20 @@ same link name, declares its in-doubt tags, and resends them; resends merge by g
 
 Back-pressure: publishers get credit only while undecided records of this origin, plus credit
 already granted, stay within the budget (messages and bytes). Nothing is ever dropped.
+
+Who owns what
+-------------
+- The records, their per-subscription states and every count that follows from them (`pending`,
+  `undecided`, `inflight_bytes`, `destination_records`): `self.book`, a `records.RecordBook`, which
+  alone writes them (the rules: router/records.py; a test fails on a write anywhere else). The core
+  decides when a record is made, moved, decided and freed, and asks the book to do it.
+- The order of each topic: its policy (router/order/policy.py; `self.orders`, FIFO the default),
+  which `_pump` asks before it hands a record; the pump has no branch per mode.
+- Which message a transfer is (tags reused by clients not ours): `self.ids`, an
+  `identity.Identities`, which owns the notes and new identities it keeps.
+- The subscriptions' delivery side (`SubRuntime`), the publisher links (`PubLink`), placeholders and
+  the final memory are the core's; `Handing`, `MeshSide` and `Sweeps` are parts of this class
+  (mixins over the same state) for the publisher-left rules, the mesh side and housekeeping.
 """
 
 from __future__ import annotations
@@ -68,7 +82,7 @@ from .actions import (
 )
 from .finals import FinalNotes, OldFinals
 from .handing import Handing
-from .identity import Identity
+from .identity import Identities, WireNote
 from .meshside import MeshSide
 from .order.causal_policy import CausalOrder
 from .order.modes import DEFAULT, MODES, topic_modes
@@ -138,13 +152,13 @@ class CoreConfig:
     topic_orders: dict[str, str] = field(default_factory=dict)
 
 
-class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
+class DeliveryCore(Handing, MeshSide, Sweeps):
     """The delivery core of one router. The per-message path (publish -> pump -> send -> resolve)
     is here; the order of each topic is its policy (router/order/policy.py), what may be handed
     now otherwise is in `Handing` (router/handing.py), which message a transfer
-    is in `Identity` (router/identity.py), the mesh side in `MeshSide` (router/meshside.py),
-    housekeeping in `Sweeps` (router/sweeps.py); the state of a message for a subscription changes
-    only through `state.move`."""
+    is `ids` (router/identity.py), the mesh side in `MeshSide` (router/meshside.py),
+    housekeeping in `Sweeps` (router/sweeps.py); the records, their states and counts are written by
+    `book` alone (router/records.py)."""
 
     def __init__(self, router_id: str, table: SubscriptionTable | None = None,
                  config: CoreConfig | None = None) -> None:
@@ -164,14 +178,8 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         self.old_finals = OldFinals()  # and the compacted old tier (router/finals.py)
         # which message a transfer is, for clients that reuse tags (router/identity.py)
         self.incarnation = ""  # (the adapter sets it: new identities are unique to it)
-        self.final_notes = FinalNotes()  # tag -> the newest message under it final while its outcome may be lost
-        self.noted: dict[str, str | None] = {}  # records that leave a note when final -> digest of their bytes
-        self.alias_of: dict[str, str] = {}  # plain gid -> the new identity under its tag whose record lives
-        self.plain_of: dict[str, str] = {}  # and back
-        self.fresh_of: dict[str, tuple[str, float]] = {}  # plid -> (PubLink.fresh of its last link here, when)
-        self.stats_new_identities = 0  # messages under a tag used before, given a new identity
+        self.ids = Identities(self)  # (it owns what it remembers of tags and final messages)
         self.stats_reclaimed = 0  # subscriptions claimed again for their live link here (meshside.py)
-        self.stats_finals_answered = 0  # resends of final messages answered with their outcome
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
@@ -236,6 +244,20 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         """Records held for another origin (counted, not scanned, for the status; kept by `book`)."""
         return self.book.destination_records
 
+    @property
+    def final_notes(self) -> FinalNotes:
+        """Notes on final messages whose publisher may resend them (kept by `ids`, router/identity.py)."""
+        return self.ids.final_notes
+
+    def notes_on(self, gids: list[str]) -> tuple[WireNote, ...]:
+        """The notes this router has on `gids` (a FINAL it sends carries them)."""
+        return self.ids.notes_on(gids)
+
+    def _identify(self, pl: PubLink, pub: Any, tag: bytes, gid: str, rec: Record | None, payload: bytes,
+                  now: float) -> tuple[str, Record | None, bool]:
+        """Which message a transfer is, when its tag may name another one (`Identities.identify`)."""
+        return self.ids.identify(pl, pub, tag, gid, rec, payload, now)
+
     def is_final(self, gid: str) -> bool:
         """Did `gid` become final here within `final_memory` (its record freed)?"""
         return gid in self.recent_final or gid in self.old_finals
@@ -257,7 +279,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 if self.causal.get(t) == group:
                     self.causal_order.note(client, group, g, t, ())
         if in_doubt is None:  # not ours: it may reuse tags (router/identity.py; before it is the newest)
-            self._fresh_floor(pl)
+            self.ids.fresh_floor(pl)
         self.pub_links[token] = pl
         # the newest attach of a link name supersedes older ones still open here (their connections
         # not yet noticed dead, e.g. after a freeze): only its declaration is evidence (an older
@@ -279,8 +301,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             return
         if self.newest_link.get(pl.plid) is pl:
             del self.newest_link[pl.plid]
-        if pl.fresh:
-            self.fresh_of[pl.plid] = (pl.fresh, self._now)  # (router/identity.py)
+        self.ids.link_gone(pl, self._now)
         self.reserved_credit -= pl.outstanding
         pl.outstanding = 0
         for pub, gid in pl.pubs.items():
@@ -359,7 +380,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         rec = self.records.get(gid)
         if rec is None:
             if pl.declared is None:  # an answered resend (router/identity.py): its tag is free on the link
-                self._settled_on_link(pl, gid)
+                self.ids.settled_on_link(pl, gid)
             return
         try:  # noqa: SIM105 - one search of the list, not two (contextlib.suppress costs two calls)
             rec.pubs.remove(pub)
@@ -369,7 +390,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         if rec.outcome is not None:  # (_maybe_final, inlined)
             self._finalize(rec, now)
         elif pl.declared is None:  # settled before its outcome: the tag is free on this link (identity.py)
-            self._settled_on_link(pl, gid)
+            self.ids.settled_on_link(pl, gid)
 
     def _new_record(self, gid: str, topic: str, payload: bytes, now: float,
                     deps: tuple[tuple[str, str], ...], pub: Any, pl: PubLink) -> Record:
@@ -562,7 +583,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             pl.pubs.pop(pub, None)
             self.pub_of.pop(pub, None)
             if pl.declared is None:
-                self._settled_on_link(pl, rec.gid)  # the tag is free on this link (identity.py)
+                self.ids.settled_on_link(pl, rec.gid)  # the tag is free on this link (identity.py)
 
     def _maybe_final(self, rec: Record, now: float) -> None:
         if rec.outcome is None or not rec.pub_settled:
@@ -615,8 +636,9 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             for router in sorted(tell):
                 self.out.append(SendFinal(router, gid))
         self.recent_final[gid] = now  # late copies and late presenters learn it is final
-        if self.noted or self.plain_of:
-            self._identity_final(rec, now)  # what its tag says from now on (router/identity.py)
+        ids = self.ids
+        if ids.noted or ids.plain_of:
+            ids.final(rec, now)  # what its tag says from now on (router/identity.py)
         if self.placeholders and gid in self.placeholders:  # others here hold it without a part in it
             self._placeholder_final(gid)
         self.log.append(("settled", gid, rec.topic, None, None))

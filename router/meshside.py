@@ -157,7 +157,7 @@ class MeshSide:
         cost at most a query later, a wrong one would be a false ACCEPTED. `note`: the sender's
         note on it (router/identity.py): then that open delivery may be a resend of it."""
         if note is not None:
-            self._learn_note(note, now)
+            self.ids.learn_note(note, now)
         rec = self.records.get(gid)
         if rec is None:
             if gid in self.placeholders:
@@ -167,7 +167,7 @@ class MeshSide:
             return True
         resent = False
         if rec.pubs and rec.outcome is None and not rec.pub_settled:
-            resent = note is not None and self._resent_final(rec, note)
+            resent = note is not None and self.ids.resent_final(rec, note)
             if not resent:
                 self.stats_final_ignored += 1
                 return False
