@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 What a message is for each subscription it is owed to (`Record.owed[sid]`, router/state.py) changes
 only here, by the table `MOVES` below: `RecordBook.move` is the general setter, and the hot path's
-moves have their own methods doing the same work inline (`owe_fresh`: absent -> QUEUED on a record
-just made; `sent`: QUEUED -> SENT; `resolve`: QUEUED or SENT -> a resolution). A move not in the
+moves have their own methods doing the same work inline (`add_origin`: absent -> QUEUED or ACCEPTED
+on a record just made; `sent`: QUEUED -> SENT; `resolve`: QUEUED or SENT -> a resolution). A move not in the
 table is a bug of ours (`IllegalMove`).
 
 The book also alone writes what is counted from the records, so that no count is kept by hand
@@ -24,10 +24,14 @@ book only keeps the state and its counts true.
 
 from __future__ import annotations
 
-from typing import NoReturn
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NoReturn
 
 from ..common.vocab import Outcome
-from .state import RESOLVED, S_QUEUED, S_SENT, IllegalMove, Record, S
+from .state import RESOLVED, S_ACCEPTED, S_QUEUED, S_SENT, IllegalMove, Record, S
+
+if TYPE_CHECKING:
+    from .subscriptions import Subscription
 
 # (from, to) -> change of Record.pending. Only these moves exist.
 MOVES: dict[tuple[S | None, S | None], int] = {
@@ -88,12 +92,6 @@ class RecordBook:
             del owed[sid]
         rec.pending += delta
 
-    def owe_fresh(self, rec: Record, sid: str) -> None:
-        """absent -> QUEUED on a record just made, for a subscription it has no part for (the
-        caller knows: the table's subscriptions are distinct); `move` without the lookups."""
-        rec.owed[sid] = S_QUEUED
-        rec.pending += 1
-
     @staticmethod
     def sent(rec: Record, sid: str) -> None:
         """QUEUED -> SENT (the caller checked it is QUEUED); pending unchanged, by the table."""
@@ -115,11 +113,26 @@ class RecordBook:
         return True
 
     # ------------------------------------------------------------ records and their counts
-    def add_origin(self, rec: Record) -> None:
-        """A new record of ours (we are its origin), undecided."""
+    def add_origin(self, rec: Record, subs: Iterable[Subscription], held: dict[str, float] | None,
+                   me: str) -> None:
+        """A new record of ours (we are its origin), undecided, owed to each of `subs` (the live
+        subscriptions of its topic): QUEUED, but ACCEPTED for those homed here (`me`) whose client
+        presented it already (`held`: the placeholders of its gid). (absent -> QUEUED and absent ->
+        ACCEPTED by the table, applied here directly: the record is fresh and the table's
+        subscriptions are distinct; no call per subscription.)"""
         self.by_gid[rec.gid] = rec
         self.inflight_bytes += len(rec.payload)
         self.undecided += 1
+        owed = rec.owed
+        queued = 0
+        for sub in subs:
+            sid = sub.sid
+            if held is not None and sid in held and sub.home == me:
+                owed[sid] = S_ACCEPTED
+            else:
+                owed[sid] = S_QUEUED
+                queued += 1
+        rec.pending += queued
 
     def add_copy(self, rec: Record, origin: str) -> None:
         """A new destination record: a copy from `origin`."""
