@@ -35,6 +35,7 @@ CAUSAL_LATE = late(1, "causal: a message depending on it was handed first")
 
 class CausalOrder(FifoOrder):
     name = "causal"
+    watches = True
 
     __slots__ = ()
 

@@ -12,8 +12,9 @@ send) while its link has credit, and asks the policy of the subscription's topic
 - a `Late`: never, for this subscription: handing it now would break the order. After the walk it
   ends for the subscription (ENDED, with the verdict's reason), in the order of the verdicts' rank.
 
-Then `handed(rt, rec)` follows each hand-over, and once the queue walk is done (unless it was
-blocked) `after_queue(rt)`, where a policy that hands by its own walk (`walks`) hands the rest.
+Then `handed(rt, rec)` follows each hand-over (for a policy that `watches`), and once the queue
+walk is done (unless it was blocked) `after_queue(rt)`, where a policy that hands by its own walk
+(`walks`) hands the rest.
 The pump has no branch per mode: what differs between modes is in their policy.
 
 The modes (router/order/modes.py registers them; `CoreConfig` chooses one per topic, FIFO the
@@ -60,7 +61,9 @@ class OrderPolicy:
     """The interface the pump asks (see the theory above). One instance per mode and core."""
 
     name: ClassVar[str] = ""
+    # (the pump calls these two only when they are set: a call less per message for FIFO)
     walks: ClassVar[bool] = False  # hands by its own walk after the queue (`after_queue`)
+    watches: ClassVar[bool] = False  # wants to hear of every hand-over (`handed`)
 
     __slots__ = ("core",)
 
