@@ -33,7 +33,6 @@ from .state import (
     Record,
     S,
     SubRuntime,
-    move,
 )
 from .subscriptions import Subscription, SubState
 
@@ -78,14 +77,11 @@ class MeshSide:
             rec = Record(gid, topic, payload, now)
             if not by_arrival:
                 rec.seq = counter_seq(gid)
-            rec.origin = origin
-            self.destination_records += 1
             rec.origins = {origin: origin_inc}
             asked = self.held_for.pop(gid, None)
             if asked:
                 rec.holders = set(asked)
-            self.records[gid] = rec
-            self.inflight_bytes += len(payload)
+            self.book.add_copy(rec, origin)
             self.log.append(("forward_received", gid, topic, None, Peer(origin)))
         else:  # a destination record, or ours when the publisher failed over to `origin`
             if by_arrival:
@@ -96,7 +92,7 @@ class MeshSide:
         if preds:  # every origin's predecessors count (each saw its own part of the publisher's order)
             rec.preds = preds if not rec.preds else tuple(dict.fromkeys(rec.preds + preds))
         if deps:
-            self._add_deps(rec, deps)
+            self.causal_order.add_deps(rec, deps)
         self._absorb_placeholders(rec)
         ts = self.total.get(topic) if self.total else None
         if ts is not None and rec.tnum is None:
@@ -119,7 +115,7 @@ class MeshSide:
                 new_pending = True
             cur = rec.owed.get(sid)
             if cur is None:
-                move(rec, sid, S_QUEUED)
+                self.book.move(rec, sid, S_QUEUED)
                 rt = self.subs[sid]
                 rt.owed[gid] = rec
                 new_pending = True
@@ -131,9 +127,7 @@ class MeshSide:
             else:
                 self.out.append(SendAck(origin, gid, sid, HELD, None))
         if new_pending:
-            if not rec.payload:
-                rec.payload = payload
-                self.inflight_bytes += len(payload)
+            self.book.carry(rec, payload)
             for sid in sids:
                 local = self.subs.get(sid)
                 if local is not None and local.link is not None and local.credit > 0:
@@ -152,7 +146,7 @@ class MeshSide:
                 if rec.owed.get(sid) in (S_QUEUED, S_SENT):
                     self._resolve(rec, sid, S_ACCEPTED, None, rec.created, "placeholder")
                 else:
-                    move(rec, sid, S_ACCEPTED)
+                    self.book.move(rec, sid, S_ACCEPTED)
                     self.log.append(("accepted", rec.gid, rec.topic, sid, "placeholder"))
 
     def handle_final(self: DeliveryCore, gid: str, now: float, note: WireNote | None = None) -> bool:
@@ -163,7 +157,7 @@ class MeshSide:
         cost at most a query later, a wrong one would be a false ACCEPTED. `note`: the sender's
         note on it (router/identity.py): then that open delivery may be a resend of it."""
         if note is not None:
-            self._learn_note(note, now)
+            self.ids.learn_note(note, now)
         rec = self.records.get(gid)
         if rec is None:
             if gid in self.placeholders:
@@ -173,7 +167,7 @@ class MeshSide:
             return True
         resent = False
         if rec.pubs and rec.outcome is None and not rec.pub_settled:
-            resent = note is not None and self._resent_final(rec, note)
+            resent = note is not None and self.ids.resent_final(rec, note)
             if not resent:
                 self.stats_final_ignored += 1
                 return False
@@ -181,9 +175,7 @@ class MeshSide:
             # we are an origin too, still waiting, but its publisher settled it through another
             # origin: it is final everywhere. Stop: withdraw what is pending here. (A resend of a
             # message the router that sent the note settled: its outcome, told below.)
-            self.undecided -= 1
-            rec.outcome = O_ACCEPTED if note is None else Outcome(note[2])
-            rec.error = None if note is None else note[3]
+            self.book.conclude(rec, O_ACCEPTED if note is None else Outcome(note[2]), None if note is None else note[3])
             self.log.append(("ended", gid, rec.topic, None, "final elsewhere" if not resent else "resent final"))
         rec.pub_settled = True
         self._finalize(rec, now)
@@ -390,7 +382,7 @@ class MeshSide:
                 if st is S_QUEUED or st is S_SENT:
                     self._resolve(rec, sid, S_ACCEPTED, None, now, "presented")
                 elif st is None:
-                    move(rec, sid, S_ACCEPTED)
+                    self.book.move(rec, sid, S_ACCEPTED)
             elif rec is None and self.is_final(gid):
                 self.out.append(SendFinal(home, gid))
 
@@ -403,7 +395,7 @@ class MeshSide:
         for gid, rec in sorted(self.remote_pending.pop(sid, {}).items(), key=lambda kv: kv[1].created):
             rt.owed[gid] = rec
             if rec.owed.get(sid) is S_SENT:
-                move(rec, sid, S_QUEUED)
+                self.book.move(rec, sid, S_QUEUED)
             if rt.link is not None:
                 rt.queue.append(gid)
 
@@ -422,10 +414,10 @@ class MeshSide:
         for gid, rec in list(rt.owed.items()):
             if rec.origin is None:  # ours: it is remote now, send it to the new home
                 if rec.owed.get(sid) is S_SENT:
-                    move(rec, sid, S_QUEUED)
+                    self.book.move(rec, sid, S_QUEUED)
                 self.remote_pending.setdefault(sid, {})[gid] = rec
             else:  # a destination copy: drop our part; its origin re-routes it
-                move(rec, sid, None)
+                self.book.move(rec, sid, None)
                 if rec.pending == 0:
                     self._decide(rec, now)
         self._forget_routing(sid)

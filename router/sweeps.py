@@ -68,8 +68,7 @@ class Sweeps:
                 break
             excess -= 1
             rec.pub_settled = True
-            if rec.origin is None and rec.gid not in self.noted:
-                self.noted[rec.gid] = None  # its publisher may still resend it (router/identity.py)
+            self.ids.orphaned(rec)  # its publisher may still resend it (router/identity.py)
             self.log.append(("orphan_final", rec.gid, rec.topic, None, None))
             self._finalize(rec, now)
 
@@ -119,12 +118,12 @@ class Sweeps:
                 del self.driven_elsewhere[gid]
         age_finals(self.recent_final, self.old_finals, now, self.cfg.final_memory, self.cfg.final_memory_young,
                    self.cfg.final_memory_entries)
-        self._forget_identities(now)
+        self.ids.forget(now)
 
     def _sweep_parked(self: DeliveryCore, now: float) -> None:
         """Deliveries parked while we asked about them: pump the links that have credit."""
         for rt in self.subs.values():
-            if rt.link is not None and rt.credit > 0 and (rt.queue or (self.total and self._total_topic(rt.sid))):
+            if rt.link is not None and rt.credit > 0 and (rt.queue or self._order_of(rt.sid).walks):
                 self._pump(rt)
 
     def _sweep_unconfirmed_copies(self: DeliveryCore, now: float) -> None:
@@ -174,8 +173,8 @@ class Sweeps:
             "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
             "causal_cycles": self.stats_causal_cycles,
             "finals_ignored": self.stats_final_ignored, "subscriptions_reclaimed": self.stats_reclaimed,
-            "new_identities": self.stats_new_identities, "finals_answered": self.stats_finals_answered,
-            "final_notes": len(self.final_notes),
+            "new_identities": self.ids.stats_new_identities, "finals_answered": self.ids.stats_finals_answered,
+            "final_notes": len(self.ids.final_notes),
             "final_gids": len(self.recent_final) + self.old_finals.gids,
             "final_entries": len(self.recent_final) + len(self.old_finals),
             "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
