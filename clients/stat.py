@@ -23,7 +23,7 @@ from ..common import ffi as F
 from ..common import mgmtwire as W
 from ..common.engine import AmqpConnection, Link
 from ..common.errors import ClientError, LinkRefused
-from .cli import client_credentials, security_arguments
+from .options import client_credentials, security_arguments
 from .runtime import Client
 
 
