@@ -36,7 +36,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect-timeout", type=float, default=30.0,
                    help="give up when no router is reachable for this long (seconds, default 30)")
     security_arguments(p)
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="log the connection's progress on stderr")
 
 
 def _expiry(text: str) -> float:
@@ -58,8 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                                    "(--progress), --timeout bounds the wait, --no-wait returns at once. "
                                    "What an earlier put left in doubt (--no-wait, --timeout, or a crash) "
                                    "is resent first, from the outbox in --state-dir.")
-    p.add_argument("topic")
-    p.add_argument("messages", nargs="*", metavar="MESSAGE")
+    p.add_argument("topic", help="the topic to publish to")
+    p.add_argument("messages", nargs="*", metavar="MESSAGE", help="a message body (a string); several: "
+                                                                  "published in this order")
     _common(p)
     p.add_argument("--no-wait", action="store_true",
                    help="return once a router holds each message; it stays in the outbox, in doubt, "
@@ -77,8 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                        description="Create a durable subscription NAME on TOPIC and leave it suspended: "
                                    "messages published from now on are held for it until `get` "
                                    "collects them or it expires.")
-    p.add_argument("topic")
-    p.add_argument("--subscription", required=True, help="subscription name (the link name)")
+    p.add_argument("topic", help="the topic to subscribe to")
+    p.add_argument("--subscription", required=True, metavar="NAME", help="subscription name (the link name)")
     p.add_argument("--expiry", type=_expiry, default=DEFAULT_EXPIRY,
                    help=f"seconds it may stay detached before it ends (default {DEFAULT_EXPIRY:.0f}; 'never')")
     _common(p)
@@ -104,8 +105,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p = sub.add_parser("unsubscribe", help="end a subscription",
                        description="End subscription NAME on TOPIC at the routers (messages still held "
                                    "for it are released to their publishers as ended) and forget it here.")
-    p.add_argument("topic")
-    p.add_argument("--subscription", required=True)
+    p.add_argument("topic", help="the topic the subscription is on")
+    p.add_argument("--subscription", required=True, metavar="NAME", help="the subscription to end")
     _common(p)
     p.set_defaults(func=cmd_unsubscribe)
 

@@ -370,7 +370,10 @@ class Client:
         self.conn = None
         self.session = None
         if was_connected:
-            log.warning("client.connection_lost url=%s condition=%s", self.router_url, condition)
+            if self._closing:  # (ours: close() ended it; nothing was lost)
+                log.debug("client.closed url=%s", self.router_url)
+            else:
+                log.warning("client.connection_lost url=%s condition=%s", self.router_url, condition)
             for owner in list(self.owners):
                 owner.connection_lost()
             self._schedule_reconnect()

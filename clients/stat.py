@@ -180,7 +180,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help=f"rows per view at most (default {W.DEFAULT_LIMIT}, up to {W.MAX_ROWS}; asked for "
                         f"{W.PAGE_MAX} at a time); a cut view says so")
     p.add_argument("--all", action="store_true", help="subscriptions: ended ones too (kept until forgotten)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the router (default 10)")
+    p.add_argument("--connect-timeout", "--timeout", dest="timeout", type=float, default=10.0,
+                   help="seconds to wait for the router (default 10)")
     security_arguments(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log the connection's progress on stderr")
     p.set_defaults(func=cmd_stat)

@@ -21,6 +21,7 @@ def test_the_readme_example_runs(router: RouterProcess, tmp_path: Path) -> None:
     code = re.sub(r'"amqp://[^"]+"', f'"{router.url}"', code).replace('"./me"', repr(str(tmp_path / "me")))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
+    assert "connection_lost" not in p.stderr, p.stderr  # (a normal close loses nothing)
     lines = p.stdout.splitlines()
     assert len(lines) == 2 and lines[0].endswith(" {'id': 1}"), p.stdout  # handed once, with its body
     assert lines[1] == "ACCEPTED", p.stdout
