@@ -253,6 +253,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     (none for `router`); without one (`oncemesh --help`, an unknown command) every module is."""
     parser = argparse.ArgumentParser(prog="oncemesh", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"oncemesh {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(sub)  # oncemesh router
     known = command == "router" or any(command in names for _, names in COMMANDS)
@@ -262,7 +263,31 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def version() -> str:
+    """The installed distribution's version (a source tree without metadata says so)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("oncemesh")
+    except PackageNotFoundError:
+        return "(not installed: no version metadata)"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line; output cut short by its reader (`oncemesh up ... | head`) ends it quietly."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # (the reader left: say nothing more on stdout, and do not let Python's exit flush fail again)
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # as a shell reports a process ended by SIGPIPE (128 + 13)
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)

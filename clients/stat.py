@@ -23,7 +23,7 @@ from ..common import ffi as F
 from ..common import mgmtwire as W
 from ..common.engine import AmqpConnection, Link
 from ..common.errors import ClientError, LinkRefused
-from .cli import client_credentials, security_arguments
+from .options import client_credentials, security_arguments
 from .runtime import Client
 
 
@@ -180,7 +180,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=f"rows per view at most (default {W.DEFAULT_LIMIT}, up to {W.MAX_ROWS}; asked for "
                         f"{W.PAGE_MAX} at a time); a cut view says so")
     p.add_argument("--all", action="store_true", help="subscriptions: ended ones too (kept until forgotten)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the router (default 10)")
+    p.add_argument("--connect-timeout", "--timeout", dest="timeout", type=float, default=10.0,
+                   help="seconds to wait for the router (default 10)")
     security_arguments(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log the connection's progress on stderr")
     p.set_defaults(func=cmd_stat)

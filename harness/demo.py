@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--messages", type=int, default=600, help="messages to publish (default 600)")
     p.add_argument("--rate", type=float, default=150.0, help="messages per second (default 150)")
-    p.add_argument("--topology", type=Path, default=EXAMPLES / "line3.toml")
+    p.add_argument("--topology", type=Path, default=EXAMPLES / "line3.toml",
+                   help="the mesh to run (a topology file; default topology/examples/line3.toml)")
     p.add_argument("--victim", default="B", help="router to kill mid-stream (default B, the middle)")
     p.add_argument("--down-for", type=float, default=3.0, help="seconds the victim stays dead (default 3)")
     p.add_argument("--state-dir", type=Path, default=None,

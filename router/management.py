@@ -148,13 +148,21 @@ def _router(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now
     cols = ("id", "incarnation", "uptime_s", "url", "client_auth", "mesh_security", "ready", "not_ready",
             "connections", "subscriptions", "records", "undecided", "inflight_bytes", "peers")
     why: dict[str, Any] = st.get("why", {})
-    not_ready = ",".join(k for k, v in why.items() if v is False)
+    not_ready = ",".join(not_ready_reasons(why))
     started = int(state.incarnation) / 1e6 if state.incarnation.isdigit() else now
     row = [state.id, state.incarnation, round(now - started, 1), st.get("url"), st.get("client_auth"),
            st.get("mesh_security", "standalone"), bool(st.get("ready")), not_ready,
            stats.get("connections", 0), stats.get("subscriptions", 0), stats.get("records", 0),
            stats.get("undecided", 0), stats.get("inflight_bytes", 0), ",".join(st.get("peers", []))]
     return _all(cols, [row])
+
+
+def not_ready_reasons(why: dict[str, Any]) -> list[str]:
+    """What keeps a router from ready (router/http.py `readiness`), the same ones that make `ready`
+    false: empty exactly when it is ready. (`draining` is true when it blocks; `mesh_converged` is
+    reported, not required.)"""
+    out = [k for k in ("table_synced", "log_writable", "peers_known") if why.get(k) is False]
+    return out + (["draining"] if why.get("draining") else [])
 
 
 def _connections(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:

@@ -152,8 +152,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "users_file and re-read it on SIGHUP.")
     ops = p.add_subparsers(dest="op", metavar="OP", required=True)
     a = ops.add_parser("add", help="add a user, or set a user's password and groups")
-    a.add_argument("name")
-    a.add_argument("--users-file", type=Path, required=True)
+    a.add_argument("name", help="the user name (no commas, '=', NUL or outer spaces)")
+    a.add_argument("--users-file", type=Path, required=True, help="the users file (JSON; made by the first `user add`)")
     a.add_argument("--password-stdin", action="store_true",
                    help="read the password from the first line of stdin (default: prompt twice)")
     a.add_argument("--groups", default="", help="comma-separated groups (for the authorization policy)")
@@ -161,12 +161,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=f"PBKDF2 iterations of the SCRAM secret (default {DEFAULT_ITERATIONS}, at least 4096)")
     a.set_defaults(func=cmd_user_add)
     r = ops.add_parser("remove", help="remove a user")
-    r.add_argument("name")
-    r.add_argument("--users-file", type=Path, required=True)
+    r.add_argument("name", help="the user to remove")
+    r.add_argument("--users-file", type=Path, required=True, help="the users file (JSON; made by the first `user add`)")
     r.set_defaults(func=cmd_user_remove)
     ls = ops.add_parser("list", help="list users and their groups")
-    ls.add_argument("--users-file", type=Path, required=True)
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--users-file", type=Path, required=True, help="the users file (JSON; made by the first `user add`)")
+    ls.add_argument("--json", action="store_true", help="print the users as JSON")
     ls.set_defaults(func=cmd_user_list)
 
 
@@ -182,13 +182,18 @@ def cmd_user_add(args: argparse.Namespace) -> int:
     if args.iterations < 4096:
         print("oncemesh user add: --iterations must be at least 4096 (RFC 7677)", file=sys.stderr)
         return 2
-    if args.password_stdin:
-        password = sys.stdin.readline().rstrip("\n")
-    else:
-        password = getpass.getpass(f"password for {args.name}: ")
-        if getpass.getpass("again: ") != password:
-            print("oncemesh user add: the passwords differ", file=sys.stderr)
-            return 2
+    try:
+        if args.password_stdin:
+            password = sys.stdin.readline().rstrip("\n")
+        else:
+            password = getpass.getpass(f"password for {args.name}: ")
+            if getpass.getpass("again: ") != password:
+                print("oncemesh user add: the passwords differ", file=sys.stderr)
+                return 2
+    except EOFError:
+        print("\noncemesh user add: no password: the input ended (give it at the prompt, or on the first "
+              "line of stdin with --password-stdin)", file=sys.stderr)
+        return 2
     if not password:
         print("oncemesh user add: an empty password is not a password", file=sys.stderr)
         return 2

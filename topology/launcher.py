@@ -105,6 +105,7 @@ class RouterStatus:
     order: dict[str, Any] | None = None  # per total-order topic: its sequencer as this router sees it
     loop_lag_ms: tuple[float, float] | None = None  # event-loop lag, max and p99 of the last minute
     log_blocked: str | None = None  # why the settlement log cannot be written (no publisher credit)
+    http: str | None = None  # HOST:PORT of /metrics, /healthz, /readyz (with http_listen)
 
     @property
     def alive(self) -> bool:
@@ -426,7 +427,7 @@ class Mesh:
             incarnation=ready.get("incarnation"), peers=tuple(sorted(ready.get("peers", ()))),
             converged=bool(ready.get("converged")), started=started, order=ready.get("order") or None,
             loop_lag_ms=_lag_of(ready.get("stats") or {}),
-            log_blocked=_log_blocked_of(ready.get("stats") or {}))
+            log_blocked=_log_blocked_of(ready.get("stats") or {}), http=ready.get("http"))
 
     def _ids(self, st: dict[str, Any]) -> list[str]:
         """The topology's routers, and any other this state dir started that still runs (e.g. one
@@ -1055,7 +1056,7 @@ def _log_blocked_of(stats: dict[str, Any]) -> str | None:
 
 
 def format_table(statuses: list[RouterStatus]) -> str:
-    rows = [("ID", "PID", "URL", "ALIVE", "PEERS", "LOOP LAG MAX/P99", "INCARNATION")]
+    rows: list[tuple[str, ...]] = [("ID", "PID", "URL", "ALIVE", "PEERS", "LOOP LAG MAX/P99", "INCARNATION", "METRICS")]
     for s in statuses:
         peers = ",".join(s.peers) if s.peers else "-"
         if s.state is RouterState.RUNNING and not s.converged:
@@ -1063,7 +1064,9 @@ def format_table(statuses: list[RouterStatus]) -> str:
         lag = f"{s.loop_lag_ms[0]:.0f}/{s.loop_lag_ms[1]:.0f} ms" if s.loop_lag_ms else "-"
         alive = _alive_text(s) + (f", LOG BLOCKED: {s.log_blocked} (no publisher credit)" if s.log_blocked else "")
         rows.append((s.id, str(s.pid) if s.pid else "-", s.url or "-", alive, peers, lag,
-                     s.incarnation or "-"))
+                     s.incarnation or "-", f"http://{s.http}/metrics" if s.http else "-"))
+    if all(r[-1] == "-" for r in rows[1:]):  # (no router serves HTTP: no column for it)
+        rows = [r[:-1] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
@@ -1117,6 +1120,19 @@ def format_topics(topo: Topology, statuses: list[RouterStatus]) -> str:
     return "\n".join(out)
 
 
+def file_problems(topology: Path) -> list[Any]:
+    """`oncemesh check`'s errors for the files a topology names (certificates, keys, users, policy),
+    before any router starts on them (ports are left to the routers: `up` may find its own running).
+    A topology that does not load is left to `Mesh`, which says why."""
+    from .check import check  # (cryptography and the router's file readers: only for `up`)
+
+    try:
+        load_topology(topology)
+    except TopologyError:
+        return []
+    return list(check(topology, ports=False).errors)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or default_state_dir()
     if args.check:
@@ -1129,6 +1145,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(exc, file=sys.stderr)
             return 2
         return 0
+    if args.topology is not None and (problems := file_problems(args.topology)):
+        for f in problems:
+            print(str(f), file=sys.stderr)
+        print(f"oncemesh up: {len(problems)} error(s) in what {args.topology} names; no router started "
+              f"(`oncemesh check {args.topology}` checks it all)", file=sys.stderr)
+        return 2
     try:
         mesh = Mesh.open(state_dir) if args.topology is None else Mesh(args.topology, state_dir)
         before = {s.id for s in mesh.status() if s.alive}
