@@ -21,7 +21,9 @@ from proton import symbol, ubyte, uint
 from oncemesh.clients.runtime import Client
 from oncemesh.common.pki import issue, make_ca
 from oncemesh.common.sasl import INIT, OUTCOME, SASL_HEADER, FrameReader, SaslClient, encode_frame
-from oncemesh.harness.testing import iter_log_lines, log_has, wait_for
+from oncemesh.harness.logsummary import iter_log_lines
+from oncemesh.harness.procs import wait_for
+from tests.helpers import log_has
 from tests.integration.rawamqp import (
     ATTACH,
     BEGIN,
