@@ -134,17 +134,21 @@ def _raw_greedy(port: int, container: str) -> list[tuple[int, list[Any]]]:
     return c.frames
 
 
+def _limited(tmp_path: Path, limit: str, name: str, value: int) -> dict[str, Any]:
+    """An open router's settings with the limit `name` set router-wide (`limit` "router") or for the
+    anonymous user in a policy file ("user")."""
+    if limit == "router":
+        return {"allow_anonymous": True, name: value}
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[anonymous]\npublish = ["#"]\nsubscribe = ["#"]\n{name} = {value}\n')
+    return {"allow_anonymous": True, "policy_file": str(policy)}
+
+
 @pytest.mark.parametrize("limit", ["router", "user"])
 def test_a_connection_refused_for_its_limit_does_nothing(make_router: Any, tmp_path: Path, limit: str) -> None:
     """Hole 4 of issue 31: a connection refused for max_connections still carried out the attaches
     sent right behind its open (durable subscriptions made by a user at its limit)."""
-    if limit == "router":
-        settings: dict[str, Any] = {"max_connections": 1}
-    else:
-        policy = tmp_path / "policy.toml"
-        policy.write_text('[anonymous]\npublish = ["#"]\nsubscribe = ["#"]\nmax_connections = 1\n')
-        settings = {"policy_file": str(policy)}
-    r = make_router("L", settings={"allow_anonymous": True, **settings})
+    r = make_router("L", settings=_limited(tmp_path, limit, "max_connections", 1))
 
     async def main() -> None:
         holder = await Client(r.url, container_id="holder").start()  # the one connection allowed
@@ -196,13 +200,7 @@ def _attach_many(port: int, n: int) -> tuple[int, int, bool]:
 @pytest.mark.parametrize("limit", ["router", "user"])
 def test_links_per_connection_are_limited(make_router: Any, tmp_path: Path, limit: str) -> None:
     """Hole 3 of issue 31: 10,000 links on one connection stalled the router for ~19 s."""
-    if limit == "router":
-        settings: dict[str, Any] = {"max_links_per_connection": 20}
-    else:
-        policy = tmp_path / "policy.toml"
-        policy.write_text('[anonymous]\npublish = ["#"]\nsubscribe = ["#"]\nmax_links_per_connection = 20\n')
-        settings = {"policy_file": str(policy)}
-    r = make_router("K", settings={"allow_anonymous": True, **settings})
+    r = make_router("K", settings=_limited(tmp_path, limit, "max_links_per_connection", 20))
     log = r.log_dir / "K.router.log"
     assert _attach_many(r.port, 35) == (20, 15, False)
     wait_for(lambda: log_has(log, "link.refused", "reason=max_links_per_connection", "limit=20"), 10, "the log line")
