@@ -657,7 +657,7 @@ class Mesh:
                 self._launch(rid, st)
         if wait:
             self._wait_ready(started, deadline, timeout)
-            self.wait_converged(max(0.0, deadline - time.monotonic()))
+            return self.wait_converged(max(0.0, deadline - time.monotonic()))
         return self.status()
 
     def start_router(self, router_id: str, wait: float | None = None, sticky: bool = True) -> None:
@@ -722,10 +722,12 @@ class Mesh:
             return ()
         return tuple(sorted(nx.node_connected_component(g, router_id) - {router_id}))
 
-    def convergence_problems(self, up: Iterable[str] | None = None) -> list[str]:
-        """What keeps the mesh from having converged (empty when it has), one line per router."""
+    def convergence_problems(self, up: Iterable[str] | None = None,
+                             statuses: list[RouterStatus] | None = None) -> list[str]:
+        """What keeps the mesh from having converged (empty when it has), one line per router; judged
+        on `statuses` when given (one reading of the status files), else on a fresh reading."""
         expect = sorted(self.topology.routers if up is None else up)
-        by_id = {s.id: s for s in self.status()}
+        by_id = {s.id: s for s in (self.status() if statuses is None else statuses)}
         problems = []
         for rid in expect:
             s = by_id.get(rid) or RouterStatus(rid, RouterState.STOPPED)
@@ -740,13 +742,16 @@ class Mesh:
 
     def wait_converged(self, timeout: float = 30.0, up: Iterable[str] | None = None) -> list[RouterStatus]:
         """Wait until each router in `up` (default: all) runs, says it has converged and sees as
-        peers exactly the routers it can reach. Fails at once if a router is not running."""
+        peers exactly the routers it can reach. Fails at once if a router is not running. Returns the
+        reading of the status files that was judged converged (a later reading may already show the
+        next change: a peer that flaps, a router that dies)."""
         expect = sorted(self.topology.routers if up is None else up)
         deadline = time.monotonic() + timeout
         while True:
-            problems = self.convergence_problems(expect)
+            statuses = self.status()
+            problems = self.convergence_problems(expect, statuses)
             if not problems:
-                return self.status()
+                return statuses
             gone = [p for p in problems if p.endswith((": dead", ": stopped"))]
             if gone:
                 rid = gone[0].split(":")[0]
