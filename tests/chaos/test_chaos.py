@@ -14,13 +14,22 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import IO
 
 import pytest
 
-from oncemesh.harness.chaos import ChaosError, run_chaos
+from oncemesh.harness.chaos import PROGRESS_EVERY, SETUP_TIMEOUT, ChaosError, run_chaos
 from oncemesh.harness.faults import FaultKind, Limits
 from oncemesh.topology.load import example_path
+from tests.helpers import wait_progressing
+
+# How long a chaos run may say nothing: it speaks every PROGRESS_EVERY while traffic, healing or
+# the reconciliation's Spark jobs move, and its longest silent steps by design are one setup step
+# (at most SETUP_TIMEOUT, then it fails and says so) and starting Spark. A bound on the whole run
+# would measure how idle the machine is: the reconciliation alone took minutes on a loaded one.
+SILENCE = 3 * max(SETUP_TIMEOUT, PROGRESS_EVERY)
 
 
 def processes_of(state_dir: Path) -> list[str]:
@@ -44,12 +53,42 @@ def oncemesh(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
                           timeout=timeout, check=False)
 
 
+def following(*args: str, silence: float) -> subprocess.CompletedProcess[str]:
+    """`oncemesh ARGS` to its end, for as long as it keeps saying something (stderr): only `silence`
+    seconds without a line fail (after a SIGTERM, which a chaos run obeys by stopping what it started)."""
+    proc = subprocess.Popen([sys.executable, "-m", "oncemesh", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+    err: list[str] = []
+
+    def read(stream: IO[str], into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
+
+    readers = [threading.Thread(target=read, args=(proc.stdout, out), daemon=True),
+               threading.Thread(target=read, args=(proc.stderr, err), daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        wait_progressing(lambda: proc.poll() is not None, lambda: len(err), silence, f"oncemesh {args[0]}")
+    except TimeoutError:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    for t in readers:
+        t.join(10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(out), "".join(err))
+
+
 def test_short_chaos_run_with_every_fault_keeps_the_promises(tmp_path: Path) -> None:
     """45 s of traffic on line3, seed 8: 17 faults of all four kinds (router SIGKILL+restart,
     SIGSTOP, partitions, client SIGKILL+restart), judged by reconciling every log of the run."""
     state = tmp_path / "run"
-    proc = oncemesh("chaos", "line3", "--duration", "45", "--seed", "8", "--faults", "all",
-                    "--state-dir", str(state), "--json", timeout=400)
+    proc = following("chaos", "line3", "--duration", "45", "--seed", "8", "--faults", "all",
+                     "--state-dir", str(state), "--json", silence=SILENCE)
     print(proc.stderr[-6000:])
     result = json.loads(proc.stdout)
     assert proc.returncode == 0, result["verdict"]
