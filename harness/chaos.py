@@ -746,21 +746,25 @@ def _spark_progress(say: Callable[[str], None], every: float = PROGRESS_EVERY) -
     stop = threading.Event()
 
     def follow() -> None:
-        from pyspark import SparkContext
+        from pyspark import SparkContext  # (imported by the caller already: no import race)
 
-        last = None
+        last: tuple[int, int] | None = None
         while not stop.wait(every):
             sc = SparkContext._active_spark_context  # (any thread's: the session is the caller's thread's)
-            if sc is None:
+            if sc is None or getattr(sc, "_jsc", None) is None:  # (not started yet, or starting)
                 continue
-            tracker = sc.statusTracker()
-            jobs = [*tracker.getJobIdsForGroup(None), *tracker.getActiveJobsIds()]
-            stages = [st for i in tracker.getActiveStageIds() if (st := tracker.getStageInfo(i)) is not None]
+            try:
+                tracker = sc.statusTracker()
+                jobs = [*tracker.getJobIdsForGroup(None), *tracker.getActiveJobsIds()]
+                stages = [st for i in tracker.getActiveStageIds() if (st := tracker.getStageInfo(i)) is not None]
+            except Exception:  # (the context stopping under us: nothing to say)
+                continue
             done, tasks = sum(st.numCompletedTasks for st in stages), sum(st.numTasks for st in stages)
             now = (max(jobs, default=-1), done)
-            if now != last and jobs:
+            if now != last:
+                say("Spark started" if last is None and not jobs else f"Spark job {now[0] + 1}"
+                    + (f", {done} of {tasks} tasks of its stages" if stages else ""))
                 last = now
-                say(f"Spark job {now[0] + 1}" + (f", {done} of {tasks} tasks of its stages" if stages else ""))
 
     thread = threading.Thread(target=follow, name="spark-progress", daemon=True)
     thread.start()
