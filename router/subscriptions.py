@@ -173,8 +173,8 @@ def holding_life(a: Subscription, b: Subscription) -> Subscription:
     return a if a.owner <= b.owner else b
 
 
-def next_life(ended: Subscription | None, now: float) -> dict[str, Any]:
-    """The history fields of a life made at `now` over `ended` (the ended entry the router knows, if
+def next_life(ended: Subscription | None) -> dict[str, Any]:
+    """The history fields of a life made over `ended` (the ended entry the router knows, if
     any): after a confirmed life, the next generation; after an unconfirmed one, the same line."""
     if ended is None:
         return {}
@@ -246,7 +246,7 @@ class SubscriptionTable:
         epoch = max(sub.epoch if sub is not None else 0, min_epoch) + 1
         sub = Subscription(sid=sid, topic=topic, container=container, link=link, expiry=expiry,
                            state=SubState.ACTIVE, home=home, epoch=epoch, since=now, created=now, owner=owner,
-                           inc=inc, **next_life(sub, now))
+                           inc=inc, **next_life(sub))
         self._subs[sid] = sub
         self._by_topic.setdefault(topic, {})[sid] = sub
         self.version += 1

@@ -414,17 +414,17 @@ def test_a_life_made_after_another_identitys_ended_holds_it_and_cannot_be_jumped
     bob's next life holds it against any version of hers; bob's own refused (unconfirmed) lives never
     move his next claim above a life alice made before them."""
     alice = _life("alice", 1.0, 7, confirmed=True, state=SubState.ENDED)
-    bob = _life("bob", 2.0, 8, "B", **next_life(alice, 2.0))
+    bob = _life("bob", 2.0, 8, "B", **next_life(alice))
     assert life_key(bob) > life_key(alice)
     assert holding_life(bob, _life("alice", 1.0, 10**6, "C", confirmed=True)) is bob  # (a stale resume of hers)
     # alice made a new life at A (3.0); bob's claim at B (3.1) refused and ended there; he tries again
     # and again at B before alice's announcement comes: every try continues his refused line
     hers, his = _life("alice", 3.0, gen=5), _life("bob", 3.1, gen=5, home="B")
     for t in (3.2, 3.3, 3.4):
-        his = _life("bob", t, 10**6, "B", **next_life(_ended(his), t))
+        his = _life("bob", t, 10**6, "B", **next_life(_ended(his)))
         assert holding_life(hers, his) is hers, (life_key(hers), life_key(his))
     # ... while alice's next life after hers ended unconfirmed (she gave up) continues her line above it
-    assert holding_life(_life("alice", 4.0, **next_life(_ended(hers), 4.0)), his) is not his
+    assert holding_life(_life("alice", 4.0, **next_life(_ended(hers))), his) is not his
 
 
 def _ended(s: Subscription) -> Subscription:
