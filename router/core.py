@@ -70,6 +70,7 @@ from .actions import (
     Announce,
     DeclarePublisher,
     Deliver,
+    DetachLink,
     DrainCredit,
     GrantCredit,
     NotifyFinal,
@@ -103,7 +104,7 @@ from .state import (
     SubRuntime,
     tnum_key,
 )
-from .subscriptions import Subscription, SubscriptionTable
+from .subscriptions import Subscription, SubscriptionTable, owned_by_another, refused_as_foreign
 from .sweeps import Sweeps
 
 
@@ -652,8 +653,10 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         """A subscriber link attached here (new or resuming). Returns True when it resumed.
         `epoch`: the subscription's epoch its client last attached with (our clients present it).
         `handed_last`: per publisher link, the latest message its client was handed (FIFO: an
-        earlier one that comes only now is not handed after it)."""
+        earlier one that comes only now is not handed after it). Raises `UnauthorizedAccess`, having
+        changed nothing, when the subscription is live and another identity's (`refuse_owner`)."""
         self._now = now
+        self.refuse_owner(sid, owner)
         old_rt = self.subs.get(sid)
         if old_rt is not None and old_rt.link is not None:
             self._unbind(old_rt)  # the same identity attached again: the new link wins (adapter steals)
@@ -742,18 +745,45 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 if rec.pending == 0:
                     self._decide(rec, now)
 
+    def refuse_owner(self, sid: str, owner: str) -> None:
+        """Raise `UnauthorizedAccess` when subscription `sid` is live here and was made by another
+        identity than `owner` (the authenticated identity attaching; "" none): only its owner may
+        attach to it (docs/security.md). A claim made before this router heard of it is settled
+        by the mesh (router/subscriptions.py, `holding_life`)."""
+        if owned_by_another(self.table.get(sid), owner):
+            raise errors.UnauthorizedAccess(f"subscription {sid} belongs to another identity; attach with the "
+                                            f"credentials that made it")
+
     def attach(self, link: Any, att: SubscriberAttach, now: float) -> bool:
         """`attach_subscriber` with what the ATTACH asked for. Returns True when it resumed."""
         return self.attach_subscriber(link, att.sid, att.topic, att.container, att.link_name, att.expiry,
                                       att.capable, att.presented, now, att.epoch, att.handed_last, att.owner)
 
-    def resume_refused(self, link: Any, att: SubscriberAttach, now: float) -> None:
-        """The mesh refused the resume of `att` here: the subscription's old home ended that life
-        meanwhile. The rule: the link becomes the first link of a new life of the same identity (the
-        old life is ended here too, and the same ATTACH is taken again, now as a new subscription).
-        The caller answers the ATTACH once the mesh acknowledged the new life."""
+    def resume_refused(self, link: Any, att: SubscriberAttach, now: float, reason: str | None = None) -> bool:
+        """The mesh refused the attach of `att` here (`reason`: the refusal's). Returns True when
+        the caller answers the ATTACH once the mesh acknowledged it again, False when it is refused.
+        - The subscription's old home ended that life meanwhile: the link becomes the first link of
+          a new life of the same identity (the old life is ended here too, and the same ATTACH is
+          taken again, now as a new subscription).
+        - The subscription belongs to another identity (its life holds it: `holding_life`; this
+          claim was made before the other life's announcement came): the claim is refused, its link
+          detached with amqp:unauthorized-access, and the life made here for it ends; it is never
+          made a new life."""
+        if refused_as_foreign(reason):
+            rt = self.subs.get(att.sid)
+            if rt is None or rt.link != link:
+                return False  # (already taken from it: subscription_changed closed it)
+            self.out.append(DetachLink(att.sid, link, errors.UnauthorizedAccess.condition,
+                                       f"subscription {att.sid} belongs to another identity; attach with the "
+                                       f"credentials that made it"))
+            self._unbind(rt)
+            sub = self.table.get(att.sid)
+            if sub is not None and sub.live and sub.home == self.router_id and sub.owner == att.owner:
+                self._end(att.sid, now, "refused: another identity holds it")
+            return False
         self.detach_subscriber(link, att.sid, True, now)
         self.attach(link, att, now)
+        return True
 
     def detach_subscriber(self, link: Any, sid: str, closed: bool, now: float) -> None:
         """The subscriber's link detached (`closed`: unsubscribe) or its connection dropped.

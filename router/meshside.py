@@ -34,7 +34,7 @@ from .state import (
     S,
     SubRuntime,
 )
-from .subscriptions import Subscription, SubState
+from .subscriptions import Subscription, SubState, foreign
 
 if TYPE_CHECKING:
     from .core import DeliveryCore
@@ -52,6 +52,13 @@ def declared_settled(in_doubt: set[str], mark: int | None, gid: str) -> bool:
         return True
     seq = counter_seq(gid)
     return seq is not None and seq < mark
+
+
+def _refusal(sid: str, link: object, holder: Subscription) -> DetachLink:
+    """The link of a claim that another identity's life of the subscription beat (`holder`): refused."""
+    return DetachLink(sid, link, errors.UnauthorizedAccess.condition,
+                      f"subscription {sid} belongs to another identity (made first, at router {holder.home}); "
+                      f"attach with the credentials that made it")
 
 
 class MeshSide:
@@ -328,8 +335,11 @@ class MeshSide:
             if was_here:
                 rt = self.subs.get(sid)
                 if rt is not None and rt.link is not None:
-                    self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
-                                               "the subscription was ended elsewhere"))
+                    if foreign(old, new):
+                        self.out.append(_refusal(sid, rt.link, new))
+                    else:
+                        self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
+                                                   "the subscription was ended elsewhere"))
                     self._unbind(rt)
             self._ended(sid, now, new.end_reason or "ended")
             return
@@ -338,7 +348,7 @@ class MeshSide:
             self.stats_reclaimed += 1
             self.out.append(Announce(sid))  # (its own announcement: every router merges it as a resume here)
         elif was_here and new.home != me:
-            self._moved_away(sid, new, now)
+            self._moved_away(sid, new, now, foreign(old, new))
         elif not was_here and new.home == me:
             self._moved_here(sid)
         elif new.home != me and (old.home != new.home or not old.live or old.epoch != new.epoch):
@@ -399,8 +409,9 @@ class MeshSide:
             if rt.link is not None:
                 rt.queue.append(gid)
 
-    def _moved_away(self: DeliveryCore, sid: str, new: Subscription, now: float) -> None:
-        """A subscription homed here resumed at another router."""
+    def _moved_away(self: DeliveryCore, sid: str, new: Subscription, now: float, other: bool = False) -> None:
+        """A subscription homed here resumed at another router (`other`: it is another identity's
+        life that holds it, made first: our link's claim is refused, not stolen)."""
         rt = self.subs.pop(sid, None)
         for gid, phs in list(self.placeholders.items()):  # its new home keeps its own placeholders
             if phs.pop(sid, None) is not None and not phs:
@@ -408,8 +419,8 @@ class MeshSide:
         if rt is None:
             return
         if rt.link is not None:
-            self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
-                                       f"the subscription resumed at router {new.home}"))
+            self.out.append(_refusal(sid, rt.link, new) if other else DetachLink(
+                sid, rt.link, errors.LinkStolen.condition, f"the subscription resumed at router {new.home}"))
             self._unbind(rt)
         for gid, rec in list(rt.owed.items()):
             if rec.origin is None:  # ours: it is remote now, send it to the new home

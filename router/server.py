@@ -731,11 +731,10 @@ class Router:
         return self.policy.grants(user, self.users.groups(user) if self.users is not None else ())
 
     def _authorize_subscriber(self, conn: AmqpConnection, topic: str, sid: str, known: Subscription | None) -> None:
-        # an unauthenticated connection (an open router of a mixed mesh) is "anonymous": it never
-        # matches an owner that logged in elsewhere
-        if known is not None and known.live and known.owner and known.owner != self._user(conn):
-            raise errors.UnauthorizedAccess(f"subscription {sid} belongs to another identity; attach with the "
-                                            f"credentials that made it")
+        # only its owner attaches to a live subscription: the core's rule (an unauthenticated
+        # connection, on an open router of a mixed mesh, is no identity: it never matches an owner
+        # that logged in elsewhere)
+        self.core.refuse_owner(sid, conn.user or "")
         grants = self._grants(conn)
         if grants is None:
             return
@@ -1227,10 +1226,13 @@ class Router:
         if link is None or self.sub_links.get(sid) is not link or not link.local_uninit:
             return
         if refused is not None:
-            # the old home ended this life meanwhile: it becomes a new subscription (a new life)
-            log.info("subscription.resume_refused sid=%s reason=%s", sid, refused)
+            # the old home ended this life meanwhile: it becomes a new subscription (a new life);
+            # or another identity's life holds it: refused (the core detaches the link)
             assert link.ctx.attach_args is not None
-            self.core.resume_refused(link, link.ctx.attach_args, time.time())
+            if not self.core.resume_refused(link, link.ctx.attach_args, time.time(), refused):
+                self.drain()
+                return
+            log.info("subscription.resume_refused sid=%s reason=%s", sid, refused)
             link.ctx.resumed = False
             self._pending_opens.append(link)
             self.drain()
@@ -1338,6 +1340,10 @@ class Router:
                 dlink: Link = act.link
                 if self.sub_links.get(act.sid) is dlink:
                     self._forget_sub_link(dlink)
+                if act.condition == errors.UnauthorizedAccess.condition:  # another identity's life holds it
+                    self.stats_refusals["unauthorized_attaches"] += 1
+                    log.warning("link.refused peer=%s container=%s link=%s condition=%s reason=%s", dlink.conn.peer,
+                                dlink.conn.ctx.container, dlink.name, act.condition, act.description)
                 dlink.close(act.condition, act.description)
             elif isinstance(act, Forward | SendAck | SendFinal | SendProbe | Announce | DeclarePublisher | SendHold
                             | SendQuery | SubmitOrder):

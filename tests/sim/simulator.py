@@ -283,7 +283,8 @@ class SimRouter:
         if self.sub_links.get(sid, (None,))[0] is not link:
             return
         if refused is not None:
-            self.core.resume_refused(link, att, self.sim.now)
+            if not self.core.resume_refused(link, att, self.sim.now, refused):
+                return  # refused: another identity's life holds it (the core detached the link)
             self.awaiting[sid] = entry
             if not self.node.attach_pending(sid):
                 self.attach_done(sid, None)
