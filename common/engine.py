@@ -980,6 +980,7 @@ class AmqpConnection(asyncio.Protocol):
         # endpoint events this pass may still handle (-1: no bound; it never reaches 0)
         left = budget.endpoint_events(pass_end.clock) if budget is not None and pass_end is not None else -1
         start = left
+        self._events_left = False  # (set again below if this pass's budget leaves some)
         while True:
             ev = _peek(coll)
             if not ev:  # (NULL: a cdata pointer is false; no comparison call)

@@ -54,6 +54,16 @@ def declared_settled(in_doubt: set[str], mark: int | None, gid: str) -> bool:
     return seq is not None and seq < mark
 
 
+def _resolved_for(owed: dict[str, S], dests: dict[str, list[str]]) -> bool:
+    """Is a record whose parts are `owed` resolved for every subscription of `dests`? (Once per
+    copy and predecessor: plain loops, the usual answer, no, comes at the first.)"""
+    for sids in dests.values():
+        for sid in sids:
+            if owed.get(sid) not in RESOLVED:
+                return False
+    return True
+
+
 class MeshSide:
     """Part of `DeliveryCore` (its methods run on the core's state: `self` is the core)."""
 
@@ -300,12 +310,10 @@ class MeshSide:
         keep: list[str] | None = None
         for i, p in enumerate(preds):
             r = records.get(p)
-            if r is not None:
-                owed = r.owed
-                if all(owed.get(sid) in RESOLVED for sids in dests.values() for sid in sids):
-                    if keep is None:
-                        keep = list(preds[:i])
-                    continue
+            if r is not None and _resolved_for(r.owed, dests):
+                if keep is None:
+                    keep = list(preds[:i])
+                continue
             if keep is not None:
                 keep.append(p)
         return preds if keep is None else tuple(keep)
