@@ -13,24 +13,16 @@ from proton import ubyte, uint
 from oncemesh.common.engine import AmqpConnection, Engine, Link
 from oncemesh.common.passrules import PassBudget
 from tests.integration.rawamqp import ATTACH, BEGIN, OPEN, described, frame
+from tests.unit.test_engine_input_order import Sock as InputSock
 
 HEADER = b"AMQP\x00\x01\x00\x00"
 
 
-class Sock:
+class Sock(InputSock):
     """Enough of an asyncio transport: it says when reading was paused and resumed."""
 
     def __init__(self, log: list[str]) -> None:
         self.log = log
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return default
-
-    def is_closing(self) -> bool:
-        return False
-
-    def write(self, data: bytes) -> None:
-        pass
 
     def pause_reading(self) -> None:
         self.log.append("pause")
