@@ -256,12 +256,18 @@ class PassBudget:
             self.endpoints_left = self.endpoint_budget
 
     def input(self, clock: PassClock, available: int) -> int:
-        """`available` bytes of input wait: how many to push now (the rest waits for the next pass)."""
-        if clock.passes <= clock.unbudgeted_until:
+        """`available` bytes of input wait: how many to push now (the rest waits for the next pass).
+        (Once per read of a client connection: no calls inside.)"""
+        passes = clock.passes
+        if passes <= clock.unbudgeted_until:
             return available
-        self._refill(clock.passes)
-        n = available if available <= self.input_left else self.input_left
-        self.input_left -= n
+        if passes != self.pass_no:
+            self.pass_no = passes
+            self.input_left = self.input_budget
+            self.endpoints_left = self.endpoint_budget
+        left = self.input_left
+        n = available if available <= left else left
+        self.input_left = left - n
         return n
 
     def endpoint_events(self, clock: PassClock) -> int:
