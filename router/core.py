@@ -1021,10 +1021,11 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 self.book.free_payload(rec)
 
     # ================================================================ credit
-    def _grant(self, pl: PubLink) -> None:
+    def _grant(self, pl: PubLink) -> bool:
+        """Top up `pl`'s credit as far as the budget allows. True when no room is left for anyone."""
         want = self.cfg.link_credit - pl.outstanding
         if want <= 0 or pl.token not in self.pub_links:
-            return
+            return False
         book = self.book
         room = self.cfg.max_inflight_messages - book.undecided - self.reserved_credit
         if len(book.by_gid) >= self.cfg.max_decided_records + self.cfg.max_inflight_messages:
@@ -1040,16 +1041,22 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         if n < want and not pl.blocked:
             pl.blocked = True
             self._blocked.append(pl)
+        return room <= n
 
     def _unblock(self) -> None:
-        """Room was freed: top up links that were short of credit, oldest first."""
+        """Room was freed: top up links that were short of credit, oldest first. Once no room is
+        left the rest stay blocked as they are, in order: asking each would give nothing, and a
+        connection of a thousand blocked links closing asked every one of them at each link's
+        detach (~a million calls: seconds of the loop; common/passrules.py, rule 5)."""
         if not self._blocked:
             return
         blocked, self._blocked = self._blocked, deque()
-        for pl in blocked:
+        while blocked:
+            pl = blocked.popleft()
             pl.blocked = False
-            if pl.token in self.pub_links:
-                self._grant(pl)
+            if pl.token in self.pub_links and self._grant(pl):
+                break
+        self._blocked.extend(blocked)
 
     def set_ready(self, ready: bool) -> None:
         self.ready = ready

@@ -61,6 +61,16 @@ def _refusal(sid: str, link: object, holder: Subscription) -> DetachLink:
                       f"attach with the credentials that made it")
 
 
+def _resolved_for(owed: dict[str, S], dests: dict[str, list[str]]) -> bool:
+    """Is a record whose parts are `owed` resolved for every subscription of `dests`? (Once per
+    copy and predecessor: plain loops, the usual answer, no, comes at the first.)"""
+    for sids in dests.values():
+        for sid in sids:
+            if owed.get(sid) not in RESOLVED:
+                return False
+    return True
+
+
 class MeshSide:
     """Part of `DeliveryCore` (its methods run on the core's state: `self` is the core)."""
 
@@ -289,9 +299,31 @@ class MeshSide:
                 rec.fwd[sid] = home
             rec.holders.add(home)
         rec.sent_at = self._now
-        self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, rec.preds,
+        preds = rec.preds
+        if preds:
+            preds = self._preds_for(preds, dests)
+        self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, preds,
                                 rec.deps, rec.seq is None))
         self.log.append(("forwarded", rec.gid, rec.topic, None, Peer(",".join(sorted(dests)))))
+
+    def _preds_for(self: DeliveryCore, preds: tuple[str, ...], dests: dict[str, list[str]]) -> tuple[str, ...]:
+        """The predecessors a copy for the subscriptions of `dests` must carry: not those whose
+        record here says they are resolved (accepted, rejected, ended) for every one of them. A
+        destination waits for a predecessor it does not know until it learns it is final; one whose
+        publisher never settles never is, and a subscription that moved since it was handed it would
+        wait `final_memory` for its whole backlog (issue 31, item 14). What is resolved for it here
+        was handed to it (after its own predecessors): nothing is left to wait for."""
+        records = self.records
+        keep: list[str] | None = None
+        for i, p in enumerate(preds):
+            r = records.get(p)
+            if r is not None and _resolved_for(r.owed, dests):
+                if keep is None:
+                    keep = list(preds[:i])
+                continue
+            if keep is not None:
+                keep.append(p)
+        return preds if keep is None else tuple(keep)
 
     def set_reachable(self: DeliveryCore, reachable: dict[str, str], now: float) -> None:
         """The live graph changed: `reachable` maps every router we can reach to its incarnation.

@@ -31,7 +31,7 @@ from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
-from ..common.passrules import HandoverHold
+from ..common.passrules import HandoverHold, PassBudget
 from ..common.sasl import PLAIN, SCRAM, SaslServer, ScramSecret, ServerPolicy
 from ..common.settlement_log import Segments, SettlementLog
 from ..common.symbols import (
@@ -262,6 +262,8 @@ class Router:
         self._drain_told: set[AmqpConnection] = set()  # connections told to move
         self._drain_logged = 0.0
         self.mesh: MeshPort | None = mesh(self) if mesh is not None else None
+        # ONCEMESH_PASS_BUDGET=0: no per-pass budget of a client connection's work (measurements only)
+        self._pass_budget = os.environ.get("ONCEMESH_PASS_BUDGET", "1") != "0"
         probe_every = interval_from_env()  # ONCEMESH_HEAP_PROBE (diagnosis only: router/heapprobe.py)
         self.heap_probe = HeapProbe(cfg.log_dir / f"{cfg.id}.heap.jsonl", probe_every, lambda: {"router": self}) \
             if probe_every is not None and cfg.log_dir is not None else None
@@ -443,6 +445,8 @@ class Router:
                               properties={PROP_ROUTER: self.id},
                               sasl=self._sasl_for if self.client_auth else None)
         conn.ctx = ConnCtx()
+        if self._pass_budget:  # one connection's work per loop pass is bounded (common/passrules.py, rule 5)
+            conn.budget = PassBudget()
         # (connections not yet logged in and open have their own limits: they never fill this one)
         if len(self.connections) - len(self.preauth) >= self.cfg.max_connections:
             log.warning("connection.refused reason=max_connections limit=%d", self.cfg.max_connections)

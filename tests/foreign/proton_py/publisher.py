@@ -102,7 +102,8 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
         k = int(d.tag)  # (our tags: the message numbers)
         if self.unsettled.pop(k, None) is None:
             return  # a delivery of an earlier connection (already resent)
-        d.settle()
+        if not self.a.never_settle:
+            d.settle()
         if what == "RELEASED":
             self.resend.append(k)  # "try again": same tag
         else:
@@ -110,7 +111,8 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
             self.rep.line("outcome", k=k, tag=str(k).encode().hex(), outcome=what)
         if len(self.outcomes) == self.a.count:
             self.rep.line("done")
-            event.connection.close()
+            if not self.a.never_settle:  # (closing would settle nothing either: it stays until stopped)
+                event.connection.close()
             return
         self.send()
 
@@ -146,6 +148,8 @@ def main() -> None:
     p.add_argument("--window", type=int, default=50)
     p.add_argument("--size", type=int, default=0)
     p.add_argument("--rate", type=float, default=0, help="new messages per second at most (0: no cap)")
+    p.add_argument("--never-settle", action="store_true",
+                   help="a library bug: see each outcome, never settle the delivery (nothing becomes final)")
     a = p.parse_args()
     c = Container(Publisher(a))
     c.container_id = a.container
