@@ -266,9 +266,9 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         return self.ids.identify(pl, pub, tag, gid, rec, payload, now)
 
     def is_final(self, gid: str) -> bool:
-        """Did `gid` become final here within `final_memory` (its record freed)?"""
-        return gid in self.recent_final or gid in self.old_finals or (
-            bool(self.ids.id_notes) and gid in self.ids.id_notes)  # (a message-id's window: identity.py)
+        """Did `gid` become final here within `final_memory` (its record freed), or, identified by
+        message-id, within the window (router/identity.py)?"""
+        return gid in self.recent_final or gid in self.old_finals or gid in self.ids.id_notes.by_tag
 
     def _local(self, sub: Subscription | None) -> bool:
         return sub is not None and sub.live and sub.home == self.router_id
