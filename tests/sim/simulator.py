@@ -505,7 +505,10 @@ class Simulation:
         # the topic in total order ("sequencer" or "lamport"; True: "sequencer") instead of FIFO ("")
         self.total = "sequencer" if total is True else (total or "")
         self.core_cfg = CoreConfig(max_inflight_messages=200, link_credit=20, probe_after=1.0,
-                                   placeholder_horizon=1e9, orphan_horizon=1e9,
+                                   # (a client not ours declares nothing at its next attach: a record it
+                                   # resent elsewhere and settled there is freed here by the orphan sweep,
+                                   # as in the product, where ours are settled by their declaration)
+                                   placeholder_horizon=1e9, orphan_horizon=30.0 if by_id else 1e9,
                                    total_topics=frozenset({TOPIC}) if total else frozenset(),
                                    causal_groups={TOPIC: "topic t"} if causal else {})
         # causal order: subscriber i and publisher i are one client (`c{i}`); what the routers can
