@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ..common import errors
-from ..common.ids import PLID_LEN, counter_seq, global_id
+from ..common.ids import PLID_LEN, counter_seq, global_id, identity_scope
 from ..common.settlement_log import AcceptedBy, Owed
 from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED, Outcome
 from .actions import (
@@ -151,6 +151,13 @@ class CoreConfig:
     causal_groups: dict[str, str] = field(default_factory=dict)
     # topics in an order mode named here (router/order/modes.py), over what the settings above say
     topic_orders: dict[str, str] = field(default_factory=dict)
+    # topics whose publishers are identified by message-id (the topology's `identity = "message-id"`;
+    # a link asks for it itself with the link property oncemesh.identity): router/identity.py
+    msgid_topics: frozenset[str] = frozenset()
+    # the message-id window: seconds, and entries at most (oldest forgotten first), that a router
+    # remembers a final message's id with its outcome (a resend within it is answered, never handed)
+    msgid_window: float = 300.0
+    msgid_window_entries: int = 200_000
 
 
 class DeliveryCore(Handing, MeshSide, Sweeps):
@@ -260,8 +267,9 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         return self.ids.identify(pl, pub, tag, gid, rec, payload, now)
 
     def is_final(self, gid: str) -> bool:
-        """Did `gid` become final here within `final_memory` (its record freed)?"""
-        return gid in self.recent_final or gid in self.old_finals
+        """Did `gid` become final here within `final_memory` (its record freed), or, identified by
+        message-id, within the window (router/identity.py)?"""
+        return gid in self.recent_final or gid in self.old_finals or gid in self.ids.id_notes.by_tag
 
     def _local(self, sub: Subscription | None) -> bool:
         return sub is not None and sub.live and sub.home == self.router_id
@@ -269,17 +277,27 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
     # ================================================================ publishers: attach, publish, settle
     def attach_publisher(self, token: Any, plid: str, topic: str, second: bool,
                          in_doubt: Iterable[bytes] | None, now: float, mark: int | None = None,
-                         client: str = "", past: Iterable[tuple[str, str]] = ()) -> None:
+                         client: str = "", past: Iterable[tuple[str, str]] = (), by_id: bool = False,
+                         user: str = "") -> None:
         """`past`: causal order, what its client says it was handed and published (our clients
-        present it: a router it moved to learns what the one before knew)."""
+        present it: a router it moved to learns what the one before knew). `by_id`: the link asked
+        to be identified by message-id (oncemesh.identity); so is every link of a topic in
+        `msgid_topics` that declares nothing in doubt (ours declare, and keep their tags). Such a
+        link stands for the scope of `user` on its topic (`ids.identity_scope`, router/identity.py)."""
         self._now = now
+        by_id = by_id or (in_doubt is None and topic in self.cfg.msgid_topics)
+        if by_id:
+            if in_doubt is not None:
+                raise errors.RemoteProtocolError("a link identified by message-id declares no tags in doubt")
+            plid = identity_scope(topic, user)
         pl = PubLink(token, plid, topic, second, client)
+        pl.by_id = by_id
         group = self.causal.get(topic) if self.causal and client else None
         if group is not None:
             for g, t in past:
                 if self.causal.get(t) == group:
                     self.causal_order.note(client, group, g, t, ())
-        if in_doubt is None:  # not ours: it may reuse tags (router/identity.py; before it is the newest)
+        if in_doubt is None and not pl.by_id:  # not ours: it may reuse tags (identity.py; before it is the newest)
             self.ids.fresh_floor(pl)
         self.pub_links[token] = pl
         # the newest attach of a link name supersedes older ones still open here (their connections
@@ -321,19 +339,26 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             raise errors.TransferLimitExceeded("transfer sent without link credit")
         pl.outstanding -= 1
         self.reserved_credit -= 1
-        gid = global_id(pl.plid, tag)
-        rec = self.records.get(gid)
-        if pl.declared is None or (pl.declared and rec is None and gid in pl.declared):
-            # a tag used before may name another message, or a final one (router/identity.py); ours
-            # reuse none: only what they declared in doubt may be final meanwhile
-            if len(gid) != pl.flen or gid <= pl.fresh:
-                gid, rec, answered = self._identify(pl, pub, tag, gid, rec, payload, now)
-                if answered:  # a resend of a final message, answered with its outcome
-                    if pl.outstanding <= self.cfg.link_credit // 2:
-                        self._grant(pl)
-                    return gid
-            else:
-                pl.fresh = gid  # (the usual, in mode second: the next of its tags, never seen here)
+        if pl.by_id:  # identified by its message-id, whatever its tag (router/identity.py)
+            gid, rec, answered = self.ids.by_message_id(pl, pub, payload)
+            if answered:  # refused, or a resend of a final message answered with its outcome
+                if pl.outstanding <= self.cfg.link_credit // 2:
+                    self._grant(pl)
+                return gid
+        else:
+            gid = global_id(pl.plid, tag)
+            rec = self.records.get(gid)
+            if pl.declared is None or (pl.declared and rec is None and gid in pl.declared):
+                # a tag used before may name another message, or a final one (router/identity.py); ours
+                # reuse none: only what they declared in doubt may be final meanwhile
+                if len(gid) != pl.flen or gid <= pl.fresh:
+                    gid, rec, answered = self._identify(pl, pub, tag, gid, rec, payload, now)
+                    if answered:  # a resend of a final message, answered with its outcome
+                        if pl.outstanding <= self.cfg.link_credit // 2:
+                            self._grant(pl)
+                        return gid
+                else:
+                    pl.fresh = gid  # (the usual, in mode second: the next of its tags, never seen here)
         if rec is None:
             if self.causal:
                 group = self.causal.get(pl.topic)

@@ -558,7 +558,7 @@ class MeshSide:
     def has_final_notes(self: DeliveryCore) -> bool:
         """Does this router keep any note on a final message whose outcome its publisher may have
         missed? (If not, `notes_on` finds nothing: the FINALs it sends need not ask it.)"""
-        return bool(self.final_notes)
+        return bool(self.final_notes) or bool(self.ids.id_notes)
 
     def subscriptions_reclaimed(self: DeliveryCore) -> int:
         """How many subscriptions this router claimed again for their live link here (a count that

@@ -39,6 +39,7 @@ from ..common.symbols import (
     PROP_CLIENT,
     PROP_EPOCH,
     PROP_HANDED_LAST,
+    PROP_IDENTITY,
     PROP_IN_DOUBT,
     PROP_NEXT_SEQ,
     PROP_RECEIVED,
@@ -51,6 +52,8 @@ from ..common.urls import redirect_info
 from ..common.vocab import (
     FINAL_SUBJECT,
     FINAL_TAG_PREFIX,
+    IDENTITIES,
+    MESSAGE_ID,
     O_ACCEPTED,
     O_MODIFIED,
     O_REJECTED,
@@ -922,6 +925,14 @@ class Router:
                 isinstance(e, list | tuple) and len(e) == 2 and all(isinstance(x, str) for x in e) for e in past)):
             raise errors.RemoteProtocolError(f"link property {PROP_CAUSAL_PAST} must be a list of at most "
                                              f"{MAX_CAUSAL_PAST} [gid, topic] pairs of strings")
+        identity = props.get(PROP_IDENTITY)
+        if identity is not None and identity not in IDENTITIES:
+            raise errors.RemoteProtocolError(f"link property {PROP_IDENTITY} must be one of "
+                                             f"{', '.join(map(repr, IDENTITIES))}, got {identity!r}")
+        by_id = identity == MESSAGE_ID
+        if by_id and in_doubt is not None:
+            raise errors.RemoteProtocolError(f"link property {PROP_IN_DOUBT} names tags: a link identified by "
+                                             f"message-id ({PROP_IDENTITY}) declares none")
         second = link.remote_rcv_settle_mode == F.RCV_SECOND
         grants = self._grants(link.conn)
         max_size = self.cfg.max_message_size
@@ -940,7 +951,8 @@ class Router:
         tags = in_doubt_tags(in_doubt) if in_doubt is not None else None
         self.core.attach_publisher(link, plid, topic, second, tags, time.time(),
                                    int(mark) if mark is not None and tags is not None else None, client=container,
-                                   past=[(str(g), str(t)) for g, t in past or ()])
+                                   past=[(str(g), str(t)) for g, t in past or ()], by_id=by_id,
+                                   user=self._user(link.conn))
 
     def on_credit(self, link: Link) -> None:
         ctx = link.ctx
