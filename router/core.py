@@ -339,12 +339,9 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             raise errors.TransferLimitExceeded("transfer sent without link credit")
         pl.outstanding -= 1
         self.reserved_credit -= 1
+        answered = False  # (refused, or a resend of a final message answered with its outcome: nothing to keep)
         if pl.by_id:  # identified by its message-id, whatever its tag (router/identity.py)
             gid, rec, answered = self.ids.by_message_id(pl, pub, payload)
-            if answered:  # refused, or a resend of a final message answered with its outcome
-                if pl.outstanding <= self.cfg.link_credit // 2:
-                    self._grant(pl)
-                return gid
         else:
             gid = global_id(pl.plid, tag)
             rec = self.records.get(gid)
@@ -353,13 +350,11 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 # reuse none: only what they declared in doubt may be final meanwhile
                 if len(gid) != pl.flen or gid <= pl.fresh:
                     gid, rec, answered = self._identify(pl, pub, tag, gid, rec, payload, now)
-                    if answered:  # a resend of a final message, answered with its outcome
-                        if pl.outstanding <= self.cfg.link_credit // 2:
-                            self._grant(pl)
-                        return gid
                 else:
                     pl.fresh = gid  # (the usual, in mode second: the next of its tags, never seen here)
-        if rec is None:
+        if answered:
+            pass
+        elif rec is None:
             if self.causal:
                 group = self.causal.get(pl.topic)
                 # (a resend its client declared in doubt gets none here: what the client was handed

@@ -151,3 +151,10 @@ def wait_progressing(goal: Callable[[], Any], progress: Callable[[], Any], stall
         elif time.monotonic() - since > stall:
             raise TimeoutError(f"no progress for {stall:g}s waiting for {what} (last: {last!r})")
         time.sleep(interval)
+
+
+def two_router_mesh(defaults: str) -> str:
+    """A topology file's text: routers A and B on loopback (ports chosen at start), one link, and
+    `defaults` (TOML lines) as the [defaults] of both."""
+    routers = "".join(f'\n[routers.{r}]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n' for r in "AB")
+    return f'[defaults]\n{defaults.strip()}\n{routers}\n[[links]]\nbetween = ["A", "B"]\n'

@@ -20,25 +20,11 @@ from oncemesh.clients.subscriber import Subscriber
 from oncemesh.common.errors import LinkRefused
 from oncemesh.common.ids import subscription_id
 from oncemesh.harness.procs import wait_for
-from tests.helpers import log_has
+from tests.helpers import log_has, two_router_mesh
 from tests.integration.test_auth import _oncemesh
 from tests.integration.test_single_router import run
 
-SECURED_MESH = """
-[defaults]
-users_file = "users.json"
-
-[routers.A]
-listen = "127.0.0.1:0"
-inter_router = "127.0.0.1:0"
-
-[routers.B]
-listen = "127.0.0.1:0"
-inter_router = "127.0.0.1:0"
-
-[[links]]
-between = ["A", "B"]
-"""
+SECURED_MESH = two_router_mesh('users_file = "users.json"')
 DELAYS_MS = range(21)  # bob attaches 0, 1, ... 20 ms after alice's attach reached A
 FROZEN_ROUNDS = 5  # and with B stopped meanwhile: his attach and her announcement reach it together
 

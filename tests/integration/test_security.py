@@ -26,7 +26,7 @@ from oncemesh.common.tls import TlsFiles, make_context
 from oncemesh.harness.procs import wait_for
 from oncemesh.topology.launcher import Mesh
 from tests.conftest import EXAMPLES
-from tests.helpers import log_has
+from tests.helpers import log_has, two_router_mesh
 from tests.integration.test_single_router import run
 
 
@@ -214,21 +214,7 @@ def test_client_tls_certificates_are_reloaded_without_dropping_connections(make_
     run(_roundtrip(r.url, r.url, "tls2", "still served", tls=ca2))
 
 
-CERT_MESH = """
-[defaults]
-tls_verify_clients = true        # clients must show a certificate of the client CA: SASL EXTERNAL
-
-[routers.A]
-listen = "127.0.0.1:0"
-inter_router = "127.0.0.1:0"
-
-[routers.B]
-listen = "127.0.0.1:0"
-inter_router = "127.0.0.1:0"
-
-[[links]]
-between = ["A", "B"]
-"""
+CERT_MESH = two_router_mesh("tls_verify_clients = true  # clients must show a certificate of the client CA: SASL EXTERNAL")
 
 
 def test_up_makes_client_tls_and_client_certificates_that_its_printed_hint_names(tmp_path: Path) -> None:
