@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from proton import Message, ulong
 
@@ -31,9 +31,7 @@ from ..common.errors import ClientError, LinkRefused
 from ..common.ids import counter_tag, global_id, publisher_link_id
 from ..common.symbols import PROP_CAUSAL_PAST, PROP_CLIENT, PROP_IN_DOUBT, PROP_NEXT_SEQ, PROP_RECEIVED
 from ..common.vocab import Outcome
-
-if TYPE_CHECKING:
-    from .runtime import Client
+from .host import ClientHost
 
 log = logging.getLogger("oncemesh.publisher")
 
@@ -105,7 +103,7 @@ def encode_body(body: Any) -> bytes:
 class Publisher:
     """Publishes to one topic over one link. Create with `Client.publisher(topic)`."""
 
-    def __init__(self, client: Client, topic: str, name: str | None = None, *,
+    def __init__(self, client: ClientHost, topic: str, name: str | None = None, *,
                  settle_mode: str = "second", window: int = 10_000, want_received: bool = False) -> None:
         if settle_mode not in ("first", "second"):
             raise ValueError("settle_mode must be 'first' (at-least-once) or 'second' (exactly-once)")

@@ -22,7 +22,7 @@ import ssl
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tenacity import (
     AsyncRetrying,
@@ -39,6 +39,7 @@ from ..common.sasl import SaslClient
 from ..common.settlement_log import SettlementLog
 from ..common.tls import TlsFiles, make_context
 from ..common.urls import parse_url_tls, redirect_address
+from .host import LinkOwner
 from .publisher import Publisher
 from .state import ClientState
 from .subscriber import Subscriber
@@ -60,22 +61,6 @@ def split_urls(urls: str | Sequence[str]) -> list[str]:
     for u in out:
         parse_url(u)
     return out
-
-
-class LinkOwner(Protocol):
-    def attach(self, conn: AmqpConnection, session: Any) -> None: ...
-
-    def connection_lost(self) -> None: ...
-
-    def on_link_open(self, link: Link) -> None: ...
-
-    def on_credit(self, link: Link) -> None: ...
-
-    def on_message(self, link: Link, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None: ...
-
-    def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None: ...
-
-    def on_link_closed(self, link: Link, closed: bool, condition: tuple[str, str] | None) -> None: ...
 
 
 class Client:

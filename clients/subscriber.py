@@ -21,7 +21,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from proton import Message
 
@@ -33,9 +33,7 @@ from ..common.errors import ClientError, LinkRefused
 from ..common.ids import PLID_LEN, counter_seq, is_control_tag, subscription_id
 from ..common.symbols import PROP_CLIENT, PROP_EPOCH, PROP_HANDED_LAST, PROP_RESUME, PROP_RESUMED
 from ..common.vocab import FINAL_SUBJECT
-
-if TYPE_CHECKING:
-    from .runtime import Client
+from .host import ClientHost
 
 log = logging.getLogger("oncemesh.subscriber")
 
@@ -78,7 +76,7 @@ class Delivered:
 class Subscriber:
     """A durable subscription to one topic. Create with `Client.subscriber(topic, name)`."""
 
-    def __init__(self, client: Client, topic: str, name: str, *, expiry: float = 3600.0,
+    def __init__(self, client: ClientHost, topic: str, name: str, *, expiry: float = 3600.0,
                  credit: int = 1000, on_message: Callable[[Delivered], Any] | None = None) -> None:
         self.client = client
         self.topic = topic

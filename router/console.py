@@ -14,6 +14,7 @@ protocol stays as it is, and a router that cannot be reached shows as such.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ STATS = ("records", "undecided", "inflight_bytes", "connections", "subscriptions
          "publisher_links", "loop_lag_p99_ms", "loop_lag_max_ms", "rss_kb")
 
 
-def console_json(core: SnapshotSource, state: RouterState, mesh: MeshView | None, event_counts: dict[str, int],
+def console_json(core: SnapshotSource, state: RouterState, mesh: MeshView | None, event_counts: Mapping[str, int],
                  http_self: str | None, peers_dir: Path | None, audit_file: Path | None, now: float) -> dict[str, Any]:
     status = state.management_status()
     stats: dict[str, Any] = status.get("stats", {})

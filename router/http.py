@@ -16,21 +16,22 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..common.engine import AmqpConnection, Link
 from ..common.vocab import Outcome
+from .config import RouterConfig
 from .console import console_json
-from .snapshot import CoreSnapshot, Parts
-
-if TYPE_CHECKING:
-    from .server import Router
+from .management import RouterState
+from .readiness import ObservedRouter, readiness
+from .snapshot import Parts
 
 log = logging.getLogger("oncemesh.http")
 MAX_REQUEST = 8192
@@ -44,10 +45,40 @@ SECURITY_COUNTERS = ("logins", "login_failures", "tls_handshake_failures", "unau
                      "limited_attaches", "limited_connections")
 
 
+class HttpSource(ObservedRouter, Protocol):
+    """What /metrics, /readyz and the console read of the router (`server.Router` is one), besides
+    what every reader does (`ObservedRouter`)."""
+
+    @property
+    def cfg(self) -> RouterConfig: ...
+
+    @property
+    def event_counts(self) -> Mapping[str, int]:
+        """Settlement-log events the router wrote, by name."""
+        ...
+
+    @property
+    def accepted_sent(self) -> int: ...
+
+    @property
+    def outcomes_sent(self) -> Sequence[int]:
+        """Outcomes told publishers, indexed by Outcome (ACCEPTED ones: `accepted_sent`)."""
+        ...
+
+    @property
+    def connections(self) -> Collection[AmqpConnection]: ...
+
+    @property
+    def sub_links(self) -> Mapping[str, Link]: ...
+
+    @property
+    def management(self) -> RouterState: ...
+
+
 class RouterCollector(Collector):
     """The router's metrics, read at scrape time."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: HttpSource) -> None:
         self.router = router
         self.neighbours_seen: set[str] = set()  # (kept between scrapes: a neighbour lost shows 0)
 
@@ -121,7 +152,7 @@ class RouterCollector(Collector):
             yield from _mesh_metrics(r, info, self.neighbours_seen)
 
 
-def _router_info(r: Router, info: dict[str, Any]) -> Iterator[Metric]:
+def _router_info(r: HttpSource, info: dict[str, Any]) -> Iterator[Metric]:
     ri = InfoMetricFamily("oncemesh_router", "this router: id, incarnation (a new one at every start), "
                           "client authentication, mesh security")
     ri.add_metric([], {"id": r.id, "incarnation": r.incarnation, "client_auth": str(info.get("client_auth", "")),
@@ -131,7 +162,7 @@ def _router_info(r: Router, info: dict[str, Any]) -> Iterator[Metric]:
                             value=int(r.incarnation) / 1e6)
 
 
-def _mesh_metrics(r: Router, info: dict[str, Any], seen: set[str]) -> Iterator[Metric]:
+def _mesh_metrics(r: HttpSource, info: dict[str, Any], seen: set[str]) -> Iterator[Metric]:
     """Peers and their state, gossip lag and order-stream lag (a router in a mesh)."""
     mesh = info.get("mesh", {})
     reachable: dict[str, str] = mesh.get("reachable", {})
@@ -180,7 +211,7 @@ def _mesh_metrics(r: Router, info: dict[str, Any], seen: set[str]) -> Iterator[M
     yield queued
 
 
-def _log_bytes(r: Router) -> int:
+def _log_bytes(r: HttpSource) -> int:
     d = r.cfg.log_dir
     if d is None:
         return 0
@@ -195,41 +226,8 @@ def _log_bytes(r: Router) -> int:
     return total
 
 
-def readiness(r: Router, snap: CoreSnapshot | None = None) -> tuple[bool, dict[str, Any]]:
-    """Ready to take traffic (see `ready_from`); `snap`: the core's, if the caller has one."""
-    seen = snap if snap is not None else r.core.snapshot(time.time())
-    return ready_from(seen.ready, seen.log_writable, r.mesh.ready_info() if r.mesh is not None else None,
-                      r.draining)
-
-
-def ready_from(table_synced: bool, log_writable: bool, mesh: dict[str, Any] | None,
-               draining: bool = False) -> tuple[bool, dict[str, Any]]:
-    """Ready: the subscription table is loaded and (in a mesh) was synced with every router it could
-    reach, the peers are known (every router of the topology heard from, or `dead_after` passed
-    since start: the rest is down), and publishers get credit (the settlement log can be written).
-    A router recovering says why not, with 503: a load balancer sends it no new clients meanwhile;
-    /healthz stays 200 (no restart loop).
-
-    `mesh_converged` (every reachable router's current table merged) is reported, not required:
-    it turns false at every router for a moment whenever any router (re)joins, and a router that
-    was synced once keeps serving correctly meanwhile (new subscriptions wait for the
-    acknowledgements anyway). Gating on it would take the whole mesh out of a load balancer at
-    every restart of one router.
-
-    A draining router (SIGUSR1, before a restart) is not ready: it sends its clients elsewhere."""
-    why: dict[str, Any] = {"table_synced": bool(table_synced), "log_writable": bool(log_writable),
-                           "accepting_publishers": bool(table_synced and log_writable and not draining),
-                           "draining": bool(draining)}
-    if mesh is not None:
-        why["peers_known"] = bool(mesh.get("ready", table_synced))
-        why["mesh_converged"] = bool(mesh.get("converged", False))
-        why["peers"] = list(mesh.get("peers", []))
-    ok = why["table_synced"] and why["log_writable"] and why.get("peers_known", True) and not draining
-    return ok, why
-
-
 class HttpEndpoint:
-    def __init__(self, router: Router, host: str, port: int) -> None:
+    def __init__(self, router: HttpSource, host: str, port: int) -> None:
         self.router = router
         # the console's page (package data, read once), None while the console is off
         self.page = resources.files(__package__ or "oncemesh.router").joinpath("console", "index.html").read_bytes() \

@@ -158,7 +158,7 @@ def _router(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now
 
 
 def not_ready_reasons(why: dict[str, Any]) -> list[str]:
-    """What keeps a router from ready (router/http.py `readiness`), the same ones that make `ready`
+    """What keeps a router from ready (router/readiness.py `readiness`), the same ones that make `ready`
     false: empty exactly when it is ready. (`draining` is true when it blocks; `mesh_converged` is
     reported, not required.)"""
     out = [k for k in ("table_synced", "log_writable", "peers_known") if why.get(k) is False]

@@ -15,7 +15,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection
+from typing import Any, Protocol
 
 from proton import Message
 
@@ -24,15 +25,37 @@ from ..common import errors
 from ..common import ffi as F
 from ..common import mgmtwire as W
 from ..common.engine import AmqpConnection, Link
-from .http import readiness
+from .config import RouterConfig
 from .management import ConnInfo, LinkInfo, ManagementError, answer, error_answer, parse_request
+from .policy import Grants, Policy
+from .readiness import ObservedRouter, readiness
 from .snapshot import Parts
-
-if TYPE_CHECKING:
-    from .server import Router
 
 log = logging.getLogger("oncemesh.management")
 REQUEST_CREDIT = 16  # requests a client may have in flight on one link
+
+
+class ManagedRouter(ObservedRouter, Protocol):
+    """What the management links read of the router (`server.Router` is one), besides what every
+    reader does (`ObservedRouter`)."""
+
+    @property
+    def cfg(self) -> RouterConfig: ...
+
+    @property
+    def connections(self) -> Collection[AmqpConnection]: ...
+
+    @property
+    def client_auth(self) -> bool:
+        """Clients log in (a users file or client certificates): anonymous ones may not manage."""
+        ...
+
+    @property
+    def policy(self) -> Policy | None: ...
+
+    def grants(self, conn: AmqpConnection) -> Grants | None:
+        """What the connection's user may do (None: no policy, everything)."""
+        ...
 
 
 class MgmtCtx:
@@ -50,7 +73,7 @@ class ManagementLinks:
     """Claims `$management` links for the router and answers their requests. Also the router's
     `RouterState` for router/management.py."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: ManagedRouter) -> None:
         self.router = router
         self._names = itertools.count(1)
         self._tags = itertools.count(1)
@@ -87,7 +110,7 @@ class ManagementLinks:
         """The `manage` permission of the policy; without a policy, every authenticated identity,
         and anonymous clients only where the router is open (no client authentication at all)."""
         r = self.router
-        grants = r._grants(conn)
+        grants = r.grants(conn)
         if grants is not None:
             return grants.manage
         return conn.user is not None or not r.client_auth

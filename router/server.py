@@ -706,7 +706,7 @@ class Router:
         if self._drain is not None:
             self._redirect(conn, "new connection")
             return
-        grants = self._grants(conn)
+        grants = self.grants(conn)
         if grants is None:
             return
         user, host = self._user(conn), conn.peer.rsplit(":", 1)[0]
@@ -730,7 +730,7 @@ class Router:
     def _user(self, conn: AmqpConnection) -> str:
         return conn.user or "anonymous"
 
-    def _grants(self, conn: AmqpConnection) -> Grants | None:
+    def grants(self, conn: AmqpConnection) -> Grants | None:
         """What the connection's user may do (None: no policy, everything)."""
         if self.policy is None:
             return None
@@ -742,7 +742,7 @@ class Router:
         # connection, on an open router of a mixed mesh, is no identity: it never matches an owner
         # that logged in elsewhere)
         self.core.refuse_owner(sid, conn.user or "")
-        grants = self._grants(conn)
+        grants = self.grants(conn)
         if grants is None:
             return
         if not grants.may_subscribe(topic):
@@ -792,7 +792,7 @@ class Router:
         user's in the policy if lower): logged once per connection, counted every time."""
         conn = link.conn
         limit = self.cfg.max_links_per_connection
-        grants = self._grants(conn)
+        grants = self.grants(conn)
         own = grants.limit("max_links_per_connection") if grants is not None else None
         if own is not None:
             limit = min(limit, own)
@@ -934,7 +934,7 @@ class Router:
             raise errors.RemoteProtocolError(f"link property {PROP_IN_DOUBT} names tags: a link identified by "
                                              f"message-id ({PROP_IDENTITY}) declares none")
         second = link.remote_rcv_settle_mode == F.RCV_SECOND
-        grants = self._grants(link.conn)
+        grants = self.grants(link.conn)
         max_size = self.cfg.max_message_size
         if grants is not None:
             if not grants.may_publish(topic):

@@ -16,7 +16,7 @@ from oncemesh.common.urls import redirect_address, redirect_info
 from oncemesh.interrouter.messages import PROTOCOL_VERSION, negotiate_version
 from oncemesh.router.actions import GrantCredit
 from oncemesh.router.drain import ConnView, Dependents, Drain, DrainPhase, core_dependents
-from oncemesh.router.http import ready_from
+from oncemesh.router.readiness import ready_from
 from tests.unit.test_core import PL, Harness
 
 # ---------------------------------------------------------------------- the version rule

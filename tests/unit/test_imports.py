@@ -4,7 +4,9 @@ The repository's folders are packages of `oncemesh` (pyproject's package-dir). I
 - imports of our own code are relative (a bare `import router` would load a second copy of the module
   under another name when the checkout is on sys.path; the hot path compares enum members by identity);
 - no two files import each other, directly or through others (imports under `if TYPE_CHECKING:`
-  execute nothing and are not arrows);
+  execute nothing and are not arrows at run time; but a reader, and `farm-studio look`, sees them, so
+  they may not close a circle either: a file that needs another's type for its annotations names a
+  `Protocol` declared below both);
 - packages import only the layers below them (LAYERS).
 """
 
@@ -58,13 +60,14 @@ def _type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def imports(name: str, path: Path) -> list[tuple[int, str, bool]]:
-    """(line, imported module, written bare) for each runtime import of our own code in a module."""
+def imports(name: str, path: Path, types: bool = False) -> list[tuple[int, str, bool]]:
+    """(line, imported module, written bare) for each runtime import of our own code in a module
+    (`types`: those under `if TYPE_CHECKING:` too)."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     skip: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _type_checking(node):
+        if not types and isinstance(node, ast.If) and _type_checking(node):
             skip.update(id(n) for b in node.body for n in ast.walk(b))
     out: list[tuple[int, str, bool]] = []
     for node in ast.walk(tree):
@@ -94,11 +97,11 @@ def imports(name: str, path: Path) -> list[tuple[int, str, bool]]:
     return out
 
 
-def graph() -> nx.DiGraph:
+def graph(types: bool = False) -> nx.DiGraph:
     g = nx.DiGraph()
     for name, path in MODULES.items():
         g.add_node(name)
-        for _, target, bare in imports(name, path):
+        for _, target, bare in imports(name, path, types):
             if not bare and target in MODULES and target != name:
                 g.add_edge(name, target)
     return g
@@ -124,6 +127,21 @@ def test_no_import_cycles_between_files() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join([*c, c[0]]) for c in cycles)
 
 
+# The delivery core's files still import one another for their annotations (issue 28: taken apart by
+# another change); a circle among them alone is let be until then. Nothing else may join it.
+CORE_CIRCLE_PENDING = frozenset({
+    "oncemesh.router.core", "oncemesh.router.handing", "oncemesh.router.identity", "oncemesh.router.meshside",
+    "oncemesh.router.sweeps", "oncemesh.router.order.causal_policy", "oncemesh.router.order.fifo",
+    "oncemesh.router.order.modes", "oncemesh.router.order.policy", "oncemesh.router.order.total_policy"})
+
+
+def test_no_circles_between_files_even_through_imports_for_types() -> None:
+    circles = [sorted(c) for c in nx.strongly_connected_components(graph(types=True))
+               if len(c) > 1 and not c <= CORE_CIRCLE_PENDING]
+    assert not circles, "files that import each other (counting imports under TYPE_CHECKING): declare what " \
+        "the lower one needs as a Protocol below both:\n" + "\n".join(", ".join(c) for c in circles)
+
+
 def test_packages_import_only_the_layers_below() -> None:
     bad = sorted({f"{a} -> {b}" for a, b in graph().edges
                   if package_of(a) != package_of(b) and package_of(b) not in LAYERS[package_of(a)]})
@@ -136,6 +154,10 @@ def test_the_checker_sees_a_bare_import_and_a_cycle(tmp_path: Path) -> None:
     got = imports("oncemesh.interrouter.m", f)
     assert [(t, b) for _, t, b in got] == [("router.core", True), ("clients", True),
                                             ("oncemesh.router.core", False)]
+    g = tmp_path / "g.py"
+    g.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..router import core\n")
+    assert imports("oncemesh.interrouter.g", g) == []
+    assert imports("oncemesh.interrouter.g", g, types=True) == [(3, "oncemesh.router.core", False)]
 
 
 @pytest.mark.parametrize("module", ["oncemesh.router.core", "oncemesh.interrouter.node"])

@@ -1,4 +1,4 @@
-"""/readyz's decision (router/http.py `ready_from`): ready exactly when the table is synced, the
+"""/readyz's decision (router/readiness.py `ready_from`): ready exactly when the table is synced, the
 peers are known and the settlement log can be written; mesh convergence is reported, never required
 (it flips at every router whenever one router rejoins)."""
 
@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oncemesh.router.http import ready_from
+from oncemesh.router.readiness import ready_from
 
 MESH = st.none() | st.fixed_dictionaries({"ready": st.booleans(), "converged": st.booleans(),
                                           "peers": st.lists(st.sampled_from("ABC"), unique=True)})
