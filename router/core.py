@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 from ..common import errors
@@ -77,20 +77,33 @@ from .actions import (
     SendAck,
     SendFinal,
     SendOutcome,
+    SendQuery,
     SettleDelivery,
     SettlePublisher,
     SubmitOrder,
 )
-from .finals import FinalNotes, OldFinals
+from .coreconfig import CoreConfig as CoreConfig  # (re-exported: its importers name it from here)
+from .finals import FinalNotes, OldFinals, age_finals
 from .handing import Handing
 from .identity import Identities, WireNote
 from .meshside import MeshSide
 from .order.causal_policy import CausalOrder
 from .order.modes import DEFAULT, MODES, topic_modes
 from .order.policy import BLOCK, PARK, SKIP, OrderPolicy, Verdict
-from .order.total import TotalStream, start_key
+from .order.total import Checkpoint, TotalStream, start_key
 from .order.total_policy import TotalOrder
 from .records import RecordBook
+from .snapshot import (
+    NOTHING,
+    CoreCounts,
+    CoreSnapshot,
+    Parts,
+    publisher_rows,
+    record_page,
+    subscription_page,
+    topic_rows,
+    unnumbered,
+)
 from .state import (
     _EVENT_OF,
     S_ACCEPTED,
@@ -104,7 +117,7 @@ from .state import (
     SubRuntime,
     tnum_key,
 )
-from .subscriptions import Subscription, SubscriptionTable, owned_by_another, refused_as_foreign
+from .subscriptions import SUB_ACTIVE, Subscription, SubscriptionTable, owned_by_another, refused_as_foreign
 from .sweeps import Sweeps
 
 
@@ -124,43 +137,7 @@ class SubscriberAttach:
     owner: str = ""  # the authenticated identity attaching ("" without client authentication)
 
 
-@dataclass(slots=True)
-class CoreConfig:
-    max_inflight_messages: int = 20_000
-    max_inflight_bytes: int = 256 * 1024 * 1024
-    link_credit: int = 500  # credit window per publisher link
-    max_redeliveries: int = 10  # RELEASED/MODIFIED beyond this turns into a rejection
-    placeholder_horizon: float = 3600.0  # seconds an unmatched presented id is kept
-    orphan_horizon: float = 3600.0  # seconds a decided record waits for a vanished publisher/origin
-    max_decided_records: int = 200_000  # decided records awaiting settlement (small, no payload)
-    probe_after: float = 5.0  # a resolved destination record asks its origin after this long
-    copy_retry: float = 2.0  # an origin re-sends a copy its destination has not confirmed after this long
-    stale_wait: float = 0.5  # a record whose publisher left asks the mesh this long before handing it over
-    final_memory: float = 300.0  # seconds a router remembers a final gid (late copies and presenters)
-    final_memory_young: float = 5.0  # seconds a final gid stays in the plain dict before it is compacted
-    final_memory_entries: int = 1_000_000  # final gids and gid intervals remembered at most (oldest go first)
-    final_notes_max: int = 200_000  # notes on final messages whose publisher may resend them (router/identity.py)
-    final_notify_batch: int = 256
-    # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
-    # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
-    total_topics: frozenset[str] = frozenset()
-    # total order: seconds a decided message keeps its number from being compacted while its
-    # publisher has not settled it (a resend through another router after that is numbered anew)
-    total_pin: float = 60.0
-    # topics in causal order -> their causal group (a topic without a group is a group of its own)
-    causal_groups: dict[str, str] = field(default_factory=dict)
-    # topics in an order mode named here (router/order/modes.py), over what the settings above say
-    topic_orders: dict[str, str] = field(default_factory=dict)
-    # topics whose publishers are identified by message-id (the topology's `identity = "message-id"`;
-    # a link asks for it itself with the link property oncemesh.identity): router/identity.py
-    msgid_topics: frozenset[str] = frozenset()
-    # the message-id window: seconds, and entries at most (oldest forgotten first), that a router
-    # remembers a final message's id with its outcome (a resend within it is answered, never handed)
-    msgid_window: float = 300.0
-    msgid_window_entries: int = 200_000
-
-
-class DeliveryCore(Handing, MeshSide, Sweeps):
+class DeliveryCore(MeshSide):
     """The delivery core of one router. The per-message path (publish -> pump -> send -> resolve)
     is here; the order of each topic is its policy (router/order/policy.py), what may be handed
     now otherwise is in `Handing` (router/handing.py), which message a transfer
@@ -189,15 +166,9 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.ids = Identities(self)  # (it owns what it remembers of tags and final messages)
         self.stats_reclaimed = 0  # subscriptions claimed again for their live link here (meshside.py)
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
-        self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
-        self._orphans_swept: float = -math.inf  # when Sweeps._sweep_orphans last looked at every record
         self.stats_final_ignored = 0  # FINALs refused: the publisher's delivery is open here
         self.newest_link: dict[str, PubLink] = {}  # plid -> its most recent attach here
-        # FIFO: per publisher link, our records of it not final yet, in publish order: gid -> seq
-        self.chain: dict[str, dict[str, int]] = {}
-        self._arrivals = 0  # the order of messages without counter tags (any AMQP client)
-        self.awaited: dict[str, list[float]] = {}  # predecessors unknown here -> [first wanted, last asked]
         self.stats_fifo_held = 0  # times a delivery was held back behind an earlier message of its publisher
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
@@ -232,11 +203,14 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.fifo = self.order_modes[DEFAULT]
         self.orders = {t: self.order_modes[m] for t, m in topic_modes(self.cfg).items()}  # (not the default)
         # (the two the core also asks outside the pump: numbering, and a publisher's causal past)
-        self.total_order = cast(TotalOrder, self.order_modes[TotalOrder.name])
-        self.causal_order = cast(CausalOrder, self.order_modes[CausalOrder.name])
+        self.total_order: TotalOrder = cast(TotalOrder, self.order_modes[TotalOrder.name])
+        self.causal_order: CausalOrder = cast(CausalOrder, self.order_modes[CausalOrder.name])
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
+        self.sweeps = Sweeps(self)  # housekeeping (router/sweeps.py), run by `tick`
+        # publisher links' chains and the predecessors awaited (router/handing.py), which the policies ask
+        self.handing = Handing(self)
 
     @property
     def undecided(self) -> int:
@@ -428,7 +402,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         rec.pubs.append(pub)
         pl.pubs[pub] = gid
         self.pub_of[pub] = (pl, gid)
-        self._chain(rec)
+        self.handing.chain_record(rec)
         if deps:
             CausalOrder.add_deps(rec, deps)
         if self.held_for:
@@ -518,7 +492,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         """A publisher resent here a message we only held as a destination (its origin died or the
         publisher failed over to us): we become an origin for it, owing what our table says."""
         self.book.adopt(rec, payload)  # counted until decided, like any record of ours
-        self._chain(rec)
+        self.handing.chain_record(rec)
         self._absorb_placeholders(rec)
         for sub in self.table.live_for_topic(rec.topic):
             if sub.sid not in rec.owed:
@@ -613,9 +587,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
     def _finalize(self, rec: Record, now: float) -> None:
         gid = rec.gid
         self.book.remove(rec)
-        chain = self.chain.get(rec.plid)
-        if chain is not None and chain.pop(gid, None) is not None and not chain:
-            del self.chain[rec.plid]
+        self.handing.unchain(rec)
         for pub in rec.pubs:  # other legs (a resend on a second link): settle them too
             entry = self.pub_of.pop(pub, None)
             if entry is not None:
@@ -1094,3 +1066,98 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.log_writable = writable
         if writable:
             self._unblock()
+
+    # ================================================================ the mesh layer's doors to the total order
+    def ordered(self, topic: str, n: int, key: str, now: float, pump: bool = True) -> None:
+        """The mesh layer's number `n` of `topic` is `key` (total order: `TotalOrder.ordered`)."""
+        self.total_order.ordered(topic, n, key, now, pump)
+
+    def total_floor(self, topic: str, now: float) -> int:
+        """The highest number of `topic` this router will not need again, so far (`TotalOrder.floor`)."""
+        return self.total_order.floor(topic, now)
+
+    def total_compact(self, topic: str, upto: int) -> Checkpoint:
+        """Forget the numbers of `topic` up to `upto` (`TotalOrder.compact`)."""
+        return self.total_order.compact(topic, upto)
+
+    def total_restore(self, topic: str, cp: Checkpoint, now: float) -> None:
+        """Go on from checkpoint `cp` (`TotalOrder.restore`)."""
+        self.total_order.restore(topic, cp, now)
+
+    def pump_topic(self, topic: str) -> None:
+        """Hand what is ready to every subscription of `topic` homed here."""
+        me = self.router_id
+        for sub in self.table.live_for_topic(topic):
+            if sub.home == me:
+                rt = self.subs.get(sub.sid)
+                if rt is not None and rt.link is not None and rt.credit > 0:
+                    self._pump(rt)
+
+    def _ask_everybody(self, gid: str) -> None:
+        """Ask every other reachable router whether `gid` is final (a FINAL answers; silence does not)."""
+        me = self.router_id
+        for r in sorted(self.reachable):
+            if r != me:
+                self.out.append(SendQuery(r, gid))
+
+    # ================================================================ housekeeping, and what readers see
+    def tick(self, now: float, may_expire: bool = True) -> None:
+        """Run the sweeps (router/sweeps.py). Expiry only when `may_expire` (in a mesh: while the
+        whole mesh is reachable)."""
+        self._now = now
+        self.sweeps.sweep(now, may_expire)
+
+    def forget_older(self, now: float) -> None:
+        """Forget what is older than `final_memory` (a sweep asks): who held a copy, the predecessors
+        we waited for, records driven elsewhere that are gone, and finals (the oldest first; at most
+        `final_memory_entries` remembered; router/finals.py)."""
+        forget = now - self.cfg.final_memory
+        for gid in [g for g, rs in self.held_for.items() if max(rs.values()) < forget]:
+            del self.held_for[gid]
+        self.handing.forget_awaited(forget)
+        if self.driven_elsewhere:
+            for gid in [g for g in self.driven_elsewhere if g not in self.records]:
+                del self.driven_elsewhere[gid]
+        age_finals(self.recent_final, self.old_finals, now, self.cfg.final_memory, self.cfg.final_memory_young,
+                   self.cfg.final_memory_entries)
+        self.ids.forget(now)
+
+    def drop_placeholder(self, gid: str) -> None:
+        """Give up on the placeholders of `gid` (a sweep asks: past `placeholder_horizon`)."""
+        self.placeholders.pop(gid, None)
+
+    def stats(self) -> dict[str, int]:
+        live = list(self.table.live())
+        return {
+            "records": len(self.records), "undecided": self.undecided, "inflight_bytes": self.inflight_bytes,
+            "destination_records": self.destination_records,
+            "reserved_credit": self.reserved_credit, "subscriptions": len(live),
+            "local_subscriptions": sum(1 for s in live if s.home == self.router_id),
+            "active_subscriptions": sum(1 for s in live if s.state is SUB_ACTIVE),
+            "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
+            "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.handing.awaited),
+            "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
+            "causal_cycles": self.stats_causal_cycles,
+            "finals_ignored": self.stats_final_ignored, "subscriptions_reclaimed": self.stats_reclaimed,
+            "new_identities": self.ids.stats_new_identities, "finals_answered": self.ids.stats_finals_answered,
+            "final_notes": len(self.ids.final_notes),
+            "final_gids": len(self.recent_final) + self.old_finals.gids,
+            "final_entries": len(self.recent_final) + len(self.old_finals),
+            "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
+        }
+
+    def snapshot(self, now: float, parts: Parts = NOTHING) -> CoreSnapshot:
+        """What the status, /metrics and the management views see of the core, as of `now`: the
+        parts asked for (router/snapshot.py). Made when a reader asks, never per message."""
+        subs, pub_links, records = self.subs, self.pub_links, self.records
+        return CoreSnapshot(
+            now, self.ready, self.log_writable, len(self._blocked),
+            counts=CoreCounts(**self.stats()) if parts.counts else None,
+            topics=topic_rows(self.table, subs, self.router_id, pub_links.values(), records.values(), self.total,
+                              self.causal) if parts.topics else None,
+            publishers=publisher_rows(pub_links, self._blocked, parts.publishers) if parts.publishers else {},
+            backlogs={sid: len(rt.owed) for sid in parts.subscribers if (rt := subs.get(sid)) is not None},
+            subscriptions=subscription_page(self.table, subs, self.remote_pending, self.router_id,
+                                            parts.subscriptions, now) if parts.subscriptions is not None else None,
+            records=record_page(records, parts.records, now) if parts.records is not None else None,
+            unnumbered=unnumbered(records.values(), parts.unnumbered))

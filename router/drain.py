@@ -32,12 +32,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .subscriptions import SubState
 
 if TYPE_CHECKING:
-    from .core import DeliveryCore
+    from .state import Record, SubRuntime
+    from .subscriptions import SubscriptionTable
+
+
+class DrainView(Protocol):
+    """What a drain reads of the delivery core (`core_dependents`), never its module."""
+
+    @property
+    def router_id(self) -> str: ...
+    @property
+    def table(self) -> SubscriptionTable: ...
+    @property
+    def records(self) -> Mapping[str, Record]: ...
+    @property
+    def subs(self) -> Mapping[str, SubRuntime]: ...
+    @property
+    def placeholders(self) -> Mapping[str, Mapping[str, float]]: ...
+    @property
+    def driven_elsewhere(self) -> Mapping[str, str]: ...
 
 
 class DrainPhase(StrEnum):
@@ -75,7 +93,7 @@ class Dependents:
         return {k: v for k, v in asdict(self).items() if v}
 
 
-def core_dependents(core: DeliveryCore) -> dict[str, int]:
+def core_dependents(core: DrainView) -> dict[str, int]:
     """The delivery core's part of `Dependents` (not on the per-message path: a drain looks a few
     times a second)."""
     driving = publisher_left = taken_over = destination = 0

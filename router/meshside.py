@@ -179,7 +179,7 @@ class MeshSide:
         if rec is None:
             if gid in self.placeholders:
                 self._placeholder_final(gid)
-            if self.awaited.pop(gid, None) is not None:
+            if self.handing.awaited_final(gid):
                 self.recent_final[gid] = now  # a predecessor something waits for here
             return True
         resent = False

@@ -590,7 +590,7 @@ def test_origin_chains_each_message_to_the_latest_earlier_one_not_final() -> Non
     assert h.core.records[g1].preds == ()
     assert h.core.records[g3].preds == (g1,)
     assert h.core.records[g2].preds == (g1,)
-    assert list(h.core.chain[PL]) == [g1, g2, g3]
+    assert list(h.core.handing.chain[PL]) == [g1, g2, g3]
 
 
 def test_origin_chains_a_client_not_ours_in_the_order_its_messages_came() -> None:
@@ -605,7 +605,7 @@ def test_origin_chains_a_client_not_ours_in_the_order_its_messages_came() -> Non
     assert [h.core.records[g].seq for g in (g1, g3, g2)] == [None, None, None]
     assert h.core.records[g3].preds == (g1,)
     assert h.core.records[g2].preds == (g3,)
-    assert list(h.core.chain[PL]) == [g1, g3, g2]
+    assert list(h.core.handing.chain[PL]) == [g1, g3, g2]
 
 
 def test_a_client_that_accepts_out_of_order_gets_the_earlier_message_again_after_a_resume() -> None:
