@@ -32,26 +32,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from .coreview import CoreView
 from .subscriptions import SubState
 
-if TYPE_CHECKING:
-    from .state import Record, SubRuntime
-    from .subscriptions import SubscriptionTable
 
-
-class DrainView(Protocol):
+class DrainView(CoreView, Protocol):
     """What a drain reads of the delivery core (`core_dependents`), never its module."""
 
-    @property
-    def router_id(self) -> str: ...
-    @property
-    def table(self) -> SubscriptionTable: ...
-    @property
-    def records(self) -> Mapping[str, Record]: ...
-    @property
-    def subs(self) -> Mapping[str, SubRuntime]: ...
     @property
     def placeholders(self) -> Mapping[str, Mapping[str, float]]: ...
     @property

@@ -16,20 +16,19 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Protocol
 
+from .coreview import CoreView
+
 if TYPE_CHECKING:
-    from collections.abc import Mapping
 
     from .coreconfig import CoreConfig
     from .state import Record, SubRuntime
 
 
-class HandingHost(Protocol):
+class HandingHost(CoreView, Protocol):
     """What the handing rules ask of the delivery core."""
 
     @property
     def cfg(self) -> CoreConfig: ...
-    @property
-    def records(self) -> Mapping[str, Record]: ...
     @property
     def mesh_size(self) -> int: ...
     @property

@@ -81,6 +81,7 @@ from ..common.ids import (
 )
 from ..common.vocab import O_REJECTED, Outcome
 from .actions import SendOutcome
+from .coreview import CoreView
 from .finals import FinalNote, FinalNotes
 from .state import PubLink, Record
 
@@ -106,18 +107,14 @@ def later(gid: str, than: str) -> bool:
     return len(gid) > len(than) or (len(gid) == len(than) and gid > than)
 
 
-class IdentityHost(Protocol):
+class IdentityHost(CoreView, Protocol):
     """What `Identities` asks of the delivery core: its records, final memory and publisher links
     (read), where actions and log events go, and the publisher deliveries it registers."""
 
     @property
     def cfg(self) -> CoreConfig: ...
     @property
-    def router_id(self) -> str: ...
-    @property
     def incarnation(self) -> str: ...
-    @property
-    def records(self) -> Mapping[str, Record]: ...
     @property
     def recent_final(self) -> Mapping[str, float]: ...
     @property

@@ -13,34 +13,27 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from .actions import Action, SendProbe
+from .coreview import CoreView
 
 if TYPE_CHECKING:
     from .coreconfig import CoreConfig
     from .identity import Identities
+    from .meshside import MeshSide
     from .order.policy import OrderPolicy
     from .state import Record, SubRuntime
-    from .subscriptions import SubscriptionTable
 
 # seconds between two scans for orphans (each looks at every record: 20,000 in flight took ~5 ms, a
 # pause of the loop at every tick); a record is finalised at most this long after its horizon
 ORPHAN_SCAN = 5.0
 
 
-class SweepHost(Protocol):
+class SweepHost(CoreView, Protocol):
     """What the sweeps ask of the delivery core: what they read, and the core's own steps they run."""
 
     @property
     def cfg(self) -> CoreConfig: ...
     @property
-    def router_id(self) -> str: ...
-    @property
-    def table(self) -> SubscriptionTable: ...
-    @property
-    def records(self) -> Mapping[str, Record]: ...
-    @property
     def undecided(self) -> int: ...
-    @property
-    def subs(self) -> Mapping[str, SubRuntime]: ...
     @property
     def placeholders(self) -> Mapping[str, Mapping[str, float]]: ...
     @property
@@ -49,6 +42,8 @@ class SweepHost(Protocol):
     def mesh_size(self) -> int: ...
     @property
     def ids(self) -> Identities: ...
+    @property
+    def meshside(self) -> MeshSide: ...
     @property
     def out(self) -> list[Action]: ...
     @property
@@ -59,13 +54,10 @@ class SweepHost(Protocol):
     def drop_placeholder(self, gid: str) -> None: ...
     def _end(self, sid: str, now: float, reason: str) -> None: ...
     def _finalize(self, rec: Record, now: float) -> None: ...
-    def handle_final(self, gid: str, now: float) -> bool: ...
     def _settled_by_local_publisher(self, gid: str) -> bool: ...
     def _ask_everybody(self, gid: str) -> None: ...
     def _order_of(self, sid: str) -> OrderPolicy: ...
     def _pump(self, rt: SubRuntime) -> None: ...
-    def _driving(self, rec: Record) -> bool: ...
-    def _route(self, rec: Record, force: bool, unconfirmed_only: bool = False) -> None: ...
     def _placeholder_final(self, gid: str) -> None: ...
 
 
@@ -153,7 +145,7 @@ class Sweeps:
             else:
                 core._ask_everybody(rec.gid)
         for gid in final_now:
-            core.handle_final(gid, now)
+            core.meshside.handle_final(gid, now)
 
     def _sweep_forgotten(self, now: float) -> None:
         """Forget what is older than `final_memory`: who held a copy, the predecessors we waited
@@ -173,12 +165,12 @@ class Sweeps:
         changing who is reachable): send them again."""
         core = self.core
         if len(core.reachable) < 2:
-            return  # no other router reachable: no copy could go anywhere (`_route` skips them)
+            return  # no other router reachable: no copy could go anywhere (`route` skips them)
         retry_before = now - core.cfg.copy_retry
         for rec in list(core.records.values()):
             if rec.origin is None and rec.outcome is None and rec.fwd and rec.sent_at < retry_before \
-                    and core._driving(rec):
-                core._route(rec, force=True, unconfirmed_only=True)
+                    and core.meshside.driving(rec):
+                core.meshside.route(rec, force=True, unconfirmed_only=True)
 
     def _sweep_placeholders(self, now: float) -> None:
         """Placeholders nobody resolved: resolve those now known final, ask the mesh about the rest

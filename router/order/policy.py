@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from ..coreview import CoreView
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -37,15 +39,22 @@ if TYPE_CHECKING:
     from ..finals import OldFinals
     from ..handing import Handing
     from ..state import Record, S, SubRuntime
-    from ..subscriptions import SubscriptionTable
     from .total import TotalStream
 
 
-class OrderHost(Protocol):
+class CopyRoutes(Protocol):
+    """What a policy asks of the core's mesh side (router/meshside.py): does this origin drive a
+    record, and send its copies."""
+
+    def driving(self, rec: Record) -> bool: ...
+    def route(self, rec: Record, force: bool, unconfirmed_only: bool = False) -> None: ...
+
+
+class OrderHost(CoreView, Protocol):
     """What the order policies ask of the delivery core (never its module): its records,
     subscriptions and final memory (read), the handing part (`withhold`, `await_pred`), the core's
-    own steps a policy that walks runs (`_send`, `_owe`, `_resolve`, `_decide`, `_route`), and the
-    counts and causal pasts the policies keep on it."""
+    own steps a policy that walks runs (`_send`, `_owe`, `_resolve`, `_decide`; copies: `meshside`),
+    and the counts and causal pasts the policies keep on it."""
 
     _now: float
     stats_fifo_held: int
@@ -56,14 +65,6 @@ class OrderHost(Protocol):
 
     @property
     def cfg(self) -> CoreConfig: ...
-    @property
-    def router_id(self) -> str: ...
-    @property
-    def table(self) -> SubscriptionTable: ...
-    @property
-    def records(self) -> Mapping[str, Record]: ...
-    @property
-    def subs(self) -> Mapping[str, SubRuntime]: ...
     @property
     def recent_final(self) -> Mapping[str, float]: ...
     @property
@@ -77,6 +78,8 @@ class OrderHost(Protocol):
     @property
     def handing(self) -> Handing: ...
     @property
+    def meshside(self) -> CopyRoutes: ...
+    @property
     def out(self) -> list[Action]: ...
     @property
     def log(self) -> list[tuple[Any, ...]]: ...
@@ -87,8 +90,6 @@ class OrderHost(Protocol):
     def _resolve(self, rec: Record, sid: str, st: S, error: tuple[str, str] | None, now: float,
                  why: str | None) -> None: ...
     def _decide(self, rec: Record, now: float) -> None: ...
-    def _driving(self, rec: Record) -> bool: ...
-    def _route(self, rec: Record, force: bool, unconfirmed_only: bool = False) -> None: ...
 
 
 class Verdict:

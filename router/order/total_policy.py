@@ -200,10 +200,10 @@ class TotalOrder(OrderPolicy):
                     # started before it, but its entry has not reached our table yet (gossip and
                     # numbering race after a partition heals): owed; routed once the entry comes
                     core._owe(rec, sid, None)
-            if remote and rec.payload and core._driving(rec):
+            if remote and rec.payload and core.meshside.driving(rec):
                 # (an origin whose publisher left does not resurrect it: its publisher resent it
                 # elsewhere, where it may be final by now; see `reroute`)
-                core._route(rec, force=False)
+                core.meshside.route(rec, force=False)
         for sid, st in list(rec.owed.items()):
             if st is not S_QUEUED:
                 continue

@@ -421,7 +421,7 @@ def test_a_final_for_a_message_whose_publisher_delivery_is_open_here_is_ignored(
     assert h.core.handle_final(gid, h.now) is False
     acts = h.take()
     assert gid in h.core.records and not outcomes(acts)
-    assert h.core.stats_final_ignored == 1
+    assert h.core.meshside.stats_final_ignored == 1
     h.core.subscriber_credit(s1, 5)
     assert (s1, gid) in delivered(h.take())  # delivery carries on
     [o] = outcomes(h.outcome(s1, gid, Outcome.ACCEPTED))
