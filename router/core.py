@@ -40,29 +40,38 @@ already granted, stay within the budget (messages and bytes). Nothing is ever dr
 
 Who owns what
 -------------
-- The records, their per-subscription states and every count that follows from them (`pending`,
-  `undecided`, `inflight_bytes`, `destination_records`): `self.book`, a `records.RecordBook`, which
-  alone writes them (the rules: router/records.py; a test fails on a write anywhere else). The core
+The core makes its parts and holds them; each owns the state only it writes and sees the core
+through a `Protocol` in its own module (no part imports this one; docs/architecture.md, "Who owns
+what in the delivery core"):
+- `self.book`, a `records.RecordBook`: the records, their per-subscription states and every count
+  that follows from them (`pending`, `undecided`, `inflight_bytes`, `destination_records`); it alone
+  writes them (the rules: router/records.py; a test fails on a write anywhere else). The core
   decides when a record is made, moved, decided and freed, and asks the book to do it.
-- The order of each topic: its policy (router/order/policy.py; `self.orders`, FIFO the default),
-  which `_pump` asks before it hands a record; the pump has no branch per mode.
-- Which message a transfer is (tags reused by clients not ours): `self.ids`, an
-  `identity.Identities`, which owns the notes and new identities it keeps.
-- The subscriptions' delivery side (`SubRuntime`), the publisher links (`PubLink`), placeholders and
-  the final memory are the core's; `Handing`, `MeshSide` and `Sweeps` are parts of this class
-  (mixins over the same state) for the publisher-left rules, the mesh side and housekeeping.
+- `self.orders`: the order of each topic, its policy (router/order/policy.py, FIFO the default),
+  which `_pump` asks before it hands a record; the pump has no branch per mode (`OrderHost`).
+- `self.ids`, an `identity.Identities`: which message a transfer is (tags reused by clients not
+  ours), with the notes and new identities it keeps (`IdentityHost`).
+- `self.handing`, a `handing.Handing`: each publisher link's chain and the predecessors awaited
+  (`HandingHost`).
+- `self.meshside`, a `meshside.MeshSide`: copies, acknowledgements, FINAL / PROBE / QUERY / HOLD;
+  it owns who asked for a FINAL (`held_for`) and what another router drives (`driven_elsewhere`)
+  (`MeshHost`). Its inputs are offered here as they are (`self.receive_copy`, ...).
+- `self.sweeps`, a `sweeps.Sweeps`: the housekeeping `tick` runs (`SweepHost`).
+- The core's own, which several parts read and change only through its methods: the subscriptions'
+  delivery side (`SubRuntime`, `remote_pending`), the publisher links (`PubLink`), placeholders,
+  the final memory, the live graph (`reachable`), credit, and which subscriptions move.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 from ..common import errors
-from ..common.ids import PLID_LEN, counter_seq, global_id, identity_scope
+from ..common.ids import PLID_LEN, counter_seq, global_id, identity_scope, plid_of
 from ..common.settlement_log import AcceptedBy, Owed
 from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED, Outcome
 from .actions import (
@@ -77,22 +86,36 @@ from .actions import (
     SendAck,
     SendFinal,
     SendOutcome,
+    SendQuery,
     SettleDelivery,
     SettlePublisher,
     SubmitOrder,
 )
-from .finals import FinalNotes, OldFinals
+from .coreconfig import CoreConfig as CoreConfig  # (re-exported: its importers name it from here)
+from .finals import FinalNotes, OldFinals, age_finals
 from .handing import Handing
 from .identity import Identities, WireNote
-from .meshside import MeshSide
+from .meshside import MeshSide, declared_settled
 from .order.causal_policy import CausalOrder
 from .order.modes import DEFAULT, MODES, topic_modes
 from .order.policy import BLOCK, PARK, SKIP, OrderPolicy, Verdict
-from .order.total import TotalStream, start_key
+from .order.total import Checkpoint, TotalStream, start_key
 from .order.total_policy import TotalOrder
 from .records import RecordBook
+from .snapshot import (
+    NOTHING,
+    CoreCounts,
+    CoreSnapshot,
+    Parts,
+    publisher_rows,
+    record_page,
+    subscription_page,
+    topic_rows,
+    unnumbered,
+)
 from .state import (
     _EVENT_OF,
+    RESOLVED,
     S_ACCEPTED,
     S_ENDED,
     S_QUEUED,
@@ -104,8 +127,23 @@ from .state import (
     SubRuntime,
     tnum_key,
 )
-from .subscriptions import Subscription, SubscriptionTable, owned_by_another, refused_as_foreign
+from .subscriptions import (
+    SUB_ACTIVE,
+    Subscription,
+    SubscriptionTable,
+    SubState,
+    foreign,
+    owned_by_another,
+    refused_as_foreign,
+)
 from .sweeps import Sweeps
+
+
+def _refusal(sid: str, link: object, holder: Subscription) -> DetachLink:
+    """The link of a claim that another identity's life of the subscription beat (`holder`): refused."""
+    return DetachLink(sid, link, errors.UnauthorizedAccess.condition,
+                      f"subscription {sid} belongs to another identity (made first, at router {holder.home}); "
+                      f"attach with the credentials that made it")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,49 +162,13 @@ class SubscriberAttach:
     owner: str = ""  # the authenticated identity attaching ("" without client authentication)
 
 
-@dataclass(slots=True)
-class CoreConfig:
-    max_inflight_messages: int = 20_000
-    max_inflight_bytes: int = 256 * 1024 * 1024
-    link_credit: int = 500  # credit window per publisher link
-    max_redeliveries: int = 10  # RELEASED/MODIFIED beyond this turns into a rejection
-    placeholder_horizon: float = 3600.0  # seconds an unmatched presented id is kept
-    orphan_horizon: float = 3600.0  # seconds a decided record waits for a vanished publisher/origin
-    max_decided_records: int = 200_000  # decided records awaiting settlement (small, no payload)
-    probe_after: float = 5.0  # a resolved destination record asks its origin after this long
-    copy_retry: float = 2.0  # an origin re-sends a copy its destination has not confirmed after this long
-    stale_wait: float = 0.5  # a record whose publisher left asks the mesh this long before handing it over
-    final_memory: float = 300.0  # seconds a router remembers a final gid (late copies and presenters)
-    final_memory_young: float = 5.0  # seconds a final gid stays in the plain dict before it is compacted
-    final_memory_entries: int = 1_000_000  # final gids and gid intervals remembered at most (oldest go first)
-    final_notes_max: int = 200_000  # notes on final messages whose publisher may resend them (router/identity.py)
-    final_notify_batch: int = 256
-    # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
-    # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
-    total_topics: frozenset[str] = frozenset()
-    # total order: seconds a decided message keeps its number from being compacted while its
-    # publisher has not settled it (a resend through another router after that is numbered anew)
-    total_pin: float = 60.0
-    # topics in causal order -> their causal group (a topic without a group is a group of its own)
-    causal_groups: dict[str, str] = field(default_factory=dict)
-    # topics in an order mode named here (router/order/modes.py), over what the settings above say
-    topic_orders: dict[str, str] = field(default_factory=dict)
-    # topics whose publishers are identified by message-id (the topology's `identity = "message-id"`;
-    # a link asks for it itself with the link property oncemesh.identity): router/identity.py
-    msgid_topics: frozenset[str] = frozenset()
-    # the message-id window: seconds, and entries at most (oldest forgotten first), that a router
-    # remembers a final message's id with its outcome (a resend within it is answered, never handed)
-    msgid_window: float = 300.0
-    msgid_window_entries: int = 200_000
-
-
-class DeliveryCore(Handing, MeshSide, Sweeps):
+class DeliveryCore:
     """The delivery core of one router. The per-message path (publish -> pump -> send -> resolve)
     is here; the order of each topic is its policy (router/order/policy.py), what may be handed
-    now otherwise is in `Handing` (router/handing.py), which message a transfer
-    is `ids` (router/identity.py), the mesh side in `MeshSide` (router/meshside.py),
-    housekeeping in `Sweeps` (router/sweeps.py); the records, their states and counts are written by
-    `book` alone (router/records.py)."""
+    now otherwise is `handing` (router/handing.py), which message a transfer is `ids`
+    (router/identity.py), the mesh side `meshside` (router/meshside.py), housekeeping `sweeps`
+    (router/sweeps.py); the records, their states and counts are written by `book` alone
+    (router/records.py). Each part owns its state (see the module's docstring)."""
 
     def __init__(self, router_id: str, table: SubscriptionTable | None = None,
                  config: CoreConfig | None = None) -> None:
@@ -188,24 +190,13 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.incarnation = ""  # (the adapter sets it: new identities are unique to it)
         self.ids = Identities(self)  # (it owns what it remembers of tags and final messages)
         self.stats_reclaimed = 0  # subscriptions claimed again for their live link here (meshside.py)
-        self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
-        self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
-        self._orphans_swept: float = -math.inf  # when Sweeps._sweep_orphans last looked at every record
-        self.stats_final_ignored = 0  # FINALs refused: the publisher's delivery is open here
         self.newest_link: dict[str, PubLink] = {}  # plid -> its most recent attach here
-        # FIFO: per publisher link, our records of it not final yet, in publish order: gid -> seq
-        self.chain: dict[str, dict[str, int]] = {}
-        self._arrivals = 0  # the order of messages without counter tags (any AMQP client)
-        self.awaited: dict[str, list[float]] = {}  # predecessors unknown here -> [first wanted, last asked]
         self.stats_fifo_held = 0  # times a delivery was held back behind an earlier message of its publisher
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
         self.log_writable = True  # and only while the settlement log can be written (a full disk)
         self.draining = False  # and never again once the router drains (router/drain.py)
-        # origin records whose publisher re-attached at another router holding them in doubt: that
-        # router drives them now and sends us their FINAL (gid -> router); pruned by a sweep
-        self.driven_elsewhere: dict[str, str] = {}
         self._blocked: deque[PubLink] = deque()
         self.out: list[Action] = []
         self.log: list[tuple[Any, ...]] = []  # settlement-log events: (ev, gid, topic, sid, info)
@@ -232,11 +223,32 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.fifo = self.order_modes[DEFAULT]
         self.orders = {t: self.order_modes[m] for t, m in topic_modes(self.cfg).items()}  # (not the default)
         # (the two the core also asks outside the pump: numbering, and a publisher's causal past)
-        self.total_order = cast(TotalOrder, self.order_modes[TotalOrder.name])
-        self.causal_order = cast(CausalOrder, self.order_modes[CausalOrder.name])
+        self.total_order: TotalOrder = cast(TotalOrder, self.order_modes[TotalOrder.name])
+        self.causal_order: CausalOrder = cast(CausalOrder, self.order_modes[CausalOrder.name])
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
+        self.sweeps = Sweeps(self)  # housekeeping (router/sweeps.py), run by `tick`
+        # publisher links' chains and the predecessors awaited (router/handing.py), which the policies ask
+        self.handing = Handing(self)
+        # copies, acknowledgements, FINAL / PROBE / QUERY / HOLD (router/meshside.py); its inputs and
+        # queries are offered here as they are (no layer in between: receive_copy and handle_ack come
+        # once per message): `core.receive_copy` is `core.meshside.receive_copy`
+        mesh = self.meshside = MeshSide(self)
+        self.receive_copy = mesh.receive_copy
+        self.handle_ack = mesh.handle_ack
+        self.handle_final = mesh.handle_final
+        self.handle_probe = mesh.handle_probe
+        self.handle_query = mesh.handle_query
+        self.handle_hold = mesh.handle_hold
+        self.publisher_declared_elsewhere = mesh.publisher_declared_elsewhere
+        self.reroute = mesh.reroute
+        self.has_record = mesh.has_record
+        self.has_final_notes = mesh.has_final_notes
+        self.in_total_order = mesh.in_total_order
+        self.total_base = mesh.total_base
+        self.total_checkpoint = mesh.total_checkpoint
+        self.total_start_of = mesh.total_start_of
 
     @property
     def undecided(self) -> int:
@@ -382,7 +394,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             self._adopt(rec, payload, now)
         elif rec.outcome is None and not rec.pubs:
             rec.pubs.append(pub)  # its publisher is back: we drive its delivery again
-            self._route(rec, force=True)
+            self.meshside.route(rec, force=True)
             rec.pubs.remove(pub)
         rec.pubs.append(pub)
         pl.pubs[pub] = gid
@@ -428,11 +440,11 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         rec.pubs.append(pub)
         pl.pubs[pub] = gid
         self.pub_of[pub] = (pl, gid)
-        self._chain(rec)
+        self.handing.chain_record(rec)
         if deps:
             CausalOrder.add_deps(rec, deps)
-        if self.held_for:
-            asked = self.held_for.pop(gid, None)
+        if self.meshside.held_for:
+            asked = self.meshside.take_held_for(gid)
             if asked:
                 rec.holders = set(asked)
         held = self.placeholders.pop(gid, None) if self.placeholders else None
@@ -480,7 +492,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 self._decide(rec, now)  # (a total-order record waits for its number)
                 return rec
             if remote:
-                self._route(rec, force=False)
+                self.meshside.route(rec, force=False)
             for sid in rec.owed:  # (numbering may have added parts)
                 local = subs.get(sid)
                 if local is not None and local.link is not None and local.credit > 0:
@@ -490,7 +502,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             self._decide(rec, now)
             return rec
         if remote:
-            self._route(rec, force=False)
+            self.meshside.route(rec, force=False)
         if first is not None:
             if first.link is not None and first.credit > 0:
                 self._pump(first)
@@ -518,7 +530,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         """A publisher resent here a message we only held as a destination (its origin died or the
         publisher failed over to us): we become an origin for it, owing what our table says."""
         self.book.adopt(rec, payload)  # counted until decided, like any record of ours
-        self._chain(rec)
+        self.handing.chain_record(rec)
         self._absorb_placeholders(rec)
         for sub in self.table.live_for_topic(rec.topic):
             if sub.sid not in rec.owed:
@@ -532,7 +544,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         if rec.pending == 0:
             self._decide(rec, now)
         else:
-            self._route(rec, force=True)
+            self.meshside.route(rec, force=True)
 
     def _owe(self, rec: Record, sid: str, home: str | None) -> SubRuntime | None:
         """A new QUEUED part of `rec` (not on the hot path of `_new_record`) for `sid`, homed at
@@ -613,9 +625,7 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
     def _finalize(self, rec: Record, now: float) -> None:
         gid = rec.gid
         self.book.remove(rec)
-        chain = self.chain.get(rec.plid)
-        if chain is not None and chain.pop(gid, None) is not None and not chain:
-            del self.chain[rec.plid]
+        self.handing.unchain(rec)
         for pub in rec.pubs:  # other legs (a resend on a second link): settle them too
             entry = self.pub_of.pop(pub, None)
             if entry is not None:
@@ -1094,3 +1104,300 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         self.log_writable = writable
         if writable:
             self._unblock()
+
+    # ================================================================ subscriptions that move, placeholders
+    def _absorb_placeholders(self, rec: Record) -> None:
+        """Subscriptions here whose clients presented this gid hold it: it counts as accepted by them
+        (never handed again), and the record's FINAL will reach them."""
+        held = self.placeholders.pop(rec.gid, None)
+        if not held:
+            return
+        for sid in held:
+            if self._local(self.table.get(sid)) and rec.owed.get(sid) not in RESOLVED:
+                if rec.owed.get(sid) in (S_QUEUED, S_SENT):
+                    self._resolve(rec, sid, S_ACCEPTED, None, rec.created, "placeholder")
+                else:
+                    self.book.move(rec, sid, S_ACCEPTED)
+                    self.log.append(("accepted", rec.gid, rec.topic, sid, "placeholder"))
+
+    def _settled_by_local_publisher(self, gid: str) -> bool:
+        """Its publisher is attached here and declared it no longer in doubt: it settled it. (The
+        newest attach of its link, and only if it declared what it held in doubt: our clients.)"""
+        pl = self.newest_link.get(plid_of(gid))
+        return pl is not None and pl.declared is not None and declared_settled(pl.declared, pl.mark, gid)
+
+    def set_reachable(self, reachable: dict[str, str], now: float) -> None:
+        """The live graph changed: `reachable` maps every router we can reach to its incarnation.
+        Pending copies are sent again (some may have been lost with a link or a router)."""
+        self._now = now
+        if reachable == self.reachable:
+            return
+        self.reachable = dict(reachable)
+        self.meshside.reroute(force=True)
+
+    def subscription_changed(self, old: Subscription, now: float) -> None:
+        """Another router's announcement changed the table entry of `old.sid` (now in the table)."""
+        self._now = now
+        sid = old.sid
+        new = self.table.get(sid)
+        assert new is not None
+        me = self.router_id
+        was_here = old.live and old.home == me
+        if not new.live:
+            if was_here:
+                rt = self.subs.get(sid)
+                if rt is not None and rt.link is not None:
+                    if foreign(old, new):
+                        self.out.append(_refusal(sid, rt.link, new))
+                    else:
+                        self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
+                                                   "the subscription was ended elsewhere"))
+                    self._unbind(rt)
+            self._ended(sid, now, new.end_reason or "ended")
+            return
+        if was_here and new.home != me and self._claim_again(old, new):
+            self.table.reclaim(old, me, self.incarnation, now)
+            self.stats_reclaimed += 1
+            self.out.append(Announce(sid))  # (its own announcement: every router merges it as a resume here)
+        elif was_here and new.home != me:
+            self._moved_away(sid, new, now, foreign(old, new))
+        elif not was_here and new.home == me:
+            self._moved_here(sid)
+        elif new.home != me and (old.home != new.home or not old.live or old.epoch != new.epoch):
+            # it (re)attached: its home may have dropped what it held for it, send it again
+            self.meshside.forget_routing(sid)
+            self.meshside.reroute(force=False, sids=[sid])
+
+    def _claim_again(self, mine: Subscription, won: Subscription) -> bool:
+        """A claim of another router (`won`) beat ours (`mine`) in the merge. True when we hold the
+        subscription's live link and that claim is not backed by one, so that the live link keeps it
+        (we claim again, above it) rather than being closed for a claim the client no longer uses:
+        - it is suspended at its home (the client left it; our link is the newer attach), or
+        - it is active, made by an earlier incarnation of its home (a restarted router has no links;
+          a third router that had not heard of the restart passed it on), or
+        - it is active at a router we cannot reach, at our epoch: a concurrent claim we cannot
+          check (two routers that did not hear of each other resumed it from the same entry).
+        An active claim of its home's current incarnation wins as before (the newest attach wins:
+        a router that knew ours claims above it), and so does anything of another life or owner."""
+        rt = self.subs.get(mine.sid)
+        if rt is None or rt.link is None or not won.live:
+            return False
+        if won.created != mine.created or won.owner != mine.owner:
+            return False
+        if won.state is SubState.SUSPENDED:
+            return True
+        home_inc = self.reachable.get(won.home)
+        if home_inc is None:
+            return won.epoch == mine.epoch
+        return bool(won.inc) and bool(home_inc) and won.inc != home_inc
+
+    def presented_elsewhere(self, sid: str, gids: Iterable[str], home: str, now: float) -> None:
+        """Subscription `sid` (re)attached at router `home` presenting ids its client holds: as their
+        origin we count them accepted, and the FINAL must reach `home`."""
+        for gid in gids:
+            rec = self.records.get(gid)
+            if rec is not None and rec.origin is None:
+                if rec.holders is None:
+                    rec.holders = set()
+                rec.holders.add(home)
+                st = rec.owed.get(sid)
+                if st is S_QUEUED or st is S_SENT:
+                    self._resolve(rec, sid, S_ACCEPTED, None, now, "presented")
+                elif st is None:
+                    self.book.move(rec, sid, S_ACCEPTED)
+            elif rec is None and self.is_final(gid):
+                self.out.append(SendFinal(home, gid))
+
+    def _moved_here(self, sid: str) -> None:
+        """A subscription is homed here now: what origin records owed it remotely becomes local."""
+        rt = self.subs.get(sid)
+        if rt is None:
+            rt = self.subs[sid] = SubRuntime(sid)
+        rt.arrived_at = self._now
+        for gid, rec in sorted(self.remote_pending.pop(sid, {}).items(), key=lambda kv: kv[1].created):
+            rt.owed[gid] = rec
+            if rec.owed.get(sid) is S_SENT:
+                self.book.move(rec, sid, S_QUEUED)
+            if rt.link is not None:
+                rt.queue.append(gid)
+
+    def _moved_away(self, sid: str, new: Subscription, now: float, other: bool = False) -> None:
+        """A subscription homed here resumed at another router (`other`: it is another identity's
+        life that holds it, made first: our link's claim is refused, not stolen)."""
+        rt = self.subs.pop(sid, None)
+        for gid, phs in list(self.placeholders.items()):  # its new home keeps its own placeholders
+            if phs.pop(sid, None) is not None and not phs:
+                del self.placeholders[gid]
+        if rt is None:
+            return
+        if rt.link is not None:
+            self.out.append(_refusal(sid, rt.link, new) if other else DetachLink(
+                sid, rt.link, errors.LinkStolen.condition, f"the subscription resumed at router {new.home}"))
+            self._unbind(rt)
+        for gid, rec in list(rt.owed.items()):
+            if rec.origin is None:  # ours: it is remote now, send it to the new home
+                if rec.owed.get(sid) is S_SENT:
+                    self.book.move(rec, sid, S_QUEUED)
+                self.remote_pending.setdefault(sid, {})[gid] = rec
+            else:  # a destination copy: drop our part; its origin re-routes it
+                self.book.move(rec, sid, None)
+                if rec.pending == 0:
+                    self._decide(rec, now)
+        self.meshside.forget_routing(sid)
+        self.meshside.reroute(force=False, sids=[sid])
+
+    def _publisher_declared(self, plid: str, in_doubt: set[str], mark: int | None, now: float) -> None:
+        """One of our publishers re-attached and listed what it still holds in doubt: everything
+        else of that link that we hold and it had published by then is settled on its side (it will
+        never be resent)."""
+        for rec in [r for r in self.records.values()
+                    if r.plid == plid and r.origin is None and declared_settled(in_doubt, mark, r.gid)]:
+            if not rec.pubs:  # it settled it (here, the settlement lost with its link, or elsewhere)
+                self.meshside.handle_final(rec.gid, now)
+        for gid in [g for g in self.placeholders if plid_of(g) == plid and declared_settled(in_doubt, mark, g)]:
+            if gid not in self.records:
+                self._placeholder_final(gid)
+
+    def _placeholder_final(self, gid: str) -> None:
+        for sid in self.placeholders.pop(gid, {}):
+            rt = self.subs.get(sid)
+            if rt is None:
+                sub = self.table.get(sid)
+                if sub is not None and sub.live and sub.home != self.router_id:
+                    self.out.append(SendFinal(sub.home, gid))  # it moved on: the FINAL follows it
+                continue
+            if rt.link is not None and rt.capable:
+                rt.notify.append(gid)
+                self._pump(rt)
+            else:
+                rt.final_unnotified.add(gid)
+            self.log.append(("placeholder_final", gid, None, sid, None))
+
+    # ---- for the mesh layer (interrouter/node.py): one input that configures the core for the mesh,
+    # and queries that read without writing (tests/unit/test_mesh_seam.py holds the list; the
+    # others are the mesh side's, router/meshside.py)
+    def set_mesh(self, size: int, incarnation: str) -> None:
+        """Input from the mesh layer when it starts: the topology has `size` routers (1: a router
+        alone) and this life of the router is `incarnation` (the one its adapter gave the core, if
+        it did: the router's), which claims in the subscription table and new identities carry."""
+        self.incarnation = incarnation
+        self.mesh_size = size
+
+    def reachable_routers(self) -> Mapping[str, str]:
+        """Router -> incarnation of every router this one reaches, itself included: what
+        `set_reachable` was last told (read only)."""
+        return self.reachable
+
+    def subscriptions_reclaimed(self) -> int:
+        """How many subscriptions this router claimed again for their live link here (a count that
+        only grows: `subscription_changed` raised it when it changed)."""
+        return self.stats_reclaimed
+
+    def remember_final(self, gid: str, now: float) -> None:
+        """`gid` is final (its record is not here): late copies and presenters learn it."""
+        self.recent_final[gid] = now
+
+    def _owe_here(self, rec: Record, sid: str) -> SubRuntime:
+        """A new QUEUED part of `rec` for `sid`, homed here (a copy's: `MeshSide.receive_copy`)."""
+        self.book.move(rec, sid, S_QUEUED)
+        rt = self.subs[sid]
+        rt.owed[rec.gid] = rec
+        if rt.link is not None:
+            rt.queue.append(rec.gid)
+        return rt
+
+    @property
+    def driven_elsewhere(self) -> Mapping[str, str]:
+        """Records of ours another router drives now (kept by `meshside`; a drain reads it)."""
+        return self.meshside.driven_elsewhere
+
+    # ================================================================ the mesh layer's doors to the total order
+    def ordered(self, topic: str, n: int, key: str, now: float, pump: bool = True) -> None:
+        """The mesh layer's number `n` of `topic` is `key` (total order: `TotalOrder.ordered`)."""
+        self.total_order.ordered(topic, n, key, now, pump)
+
+    def total_floor(self, topic: str, now: float) -> int:
+        """The highest number of `topic` this router will not need again, so far (`TotalOrder.floor`)."""
+        return self.total_order.floor(topic, now)
+
+    def total_compact(self, topic: str, upto: int) -> Checkpoint:
+        """Forget the numbers of `topic` up to `upto` (`TotalOrder.compact`)."""
+        return self.total_order.compact(topic, upto)
+
+    def total_restore(self, topic: str, cp: Checkpoint, now: float) -> None:
+        """Go on from checkpoint `cp` (`TotalOrder.restore`)."""
+        self.total_order.restore(topic, cp, now)
+
+    def pump_topic(self, topic: str) -> None:
+        """Hand what is ready to every subscription of `topic` homed here."""
+        me = self.router_id
+        for sub in self.table.live_for_topic(topic):
+            if sub.home == me:
+                rt = self.subs.get(sub.sid)
+                if rt is not None and rt.link is not None and rt.credit > 0:
+                    self._pump(rt)
+
+    def _ask_everybody(self, gid: str) -> None:
+        """Ask every other reachable router whether `gid` is final (a FINAL answers; silence does not)."""
+        me = self.router_id
+        for r in sorted(self.reachable):
+            if r != me:
+                self.out.append(SendQuery(r, gid))
+
+    # ================================================================ housekeeping, and what readers see
+    def tick(self, now: float, may_expire: bool = True) -> None:
+        """Run the sweeps (router/sweeps.py). Expiry only when `may_expire` (in a mesh: while the
+        whole mesh is reachable)."""
+        self._now = now
+        self.sweeps.sweep(now, may_expire)
+
+    def forget_older(self, now: float) -> None:
+        """Forget what is older than `final_memory` (a sweep asks): who held a copy, the predecessors
+        we waited for, records driven elsewhere that are gone, and finals (the oldest first; at most
+        `final_memory_entries` remembered; router/finals.py)."""
+        forget = now - self.cfg.final_memory
+        self.meshside.forget_older(forget)
+        self.handing.forget_awaited(forget)
+        age_finals(self.recent_final, self.old_finals, now, self.cfg.final_memory, self.cfg.final_memory_young,
+                   self.cfg.final_memory_entries)
+        self.ids.forget(now)
+
+    def drop_placeholder(self, gid: str) -> None:
+        """Give up on the placeholders of `gid` (a sweep asks: past `placeholder_horizon`)."""
+        self.placeholders.pop(gid, None)
+
+    def stats(self) -> dict[str, int]:
+        live = list(self.table.live())
+        return {
+            "records": len(self.records), "undecided": self.undecided, "inflight_bytes": self.inflight_bytes,
+            "destination_records": self.destination_records,
+            "reserved_credit": self.reserved_credit, "subscriptions": len(live),
+            "local_subscriptions": sum(1 for s in live if s.home == self.router_id),
+            "active_subscriptions": sum(1 for s in live if s.state is SUB_ACTIVE),
+            "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
+            "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.handing.awaited),
+            "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
+            "causal_cycles": self.stats_causal_cycles,
+            "finals_ignored": self.meshside.stats_final_ignored, "subscriptions_reclaimed": self.stats_reclaimed,
+            "new_identities": self.ids.stats_new_identities, "finals_answered": self.ids.stats_finals_answered,
+            "final_notes": len(self.ids.final_notes),
+            "final_gids": len(self.recent_final) + self.old_finals.gids,
+            "final_entries": len(self.recent_final) + len(self.old_finals),
+            "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
+        }
+
+    def snapshot(self, now: float, parts: Parts = NOTHING) -> CoreSnapshot:
+        """What the status, /metrics and the management views see of the core, as of `now`: the
+        parts asked for (router/snapshot.py). Made when a reader asks, never per message."""
+        subs, pub_links, records = self.subs, self.pub_links, self.records
+        return CoreSnapshot(
+            now, self.ready, self.log_writable, len(self._blocked),
+            counts=CoreCounts(**self.stats()) if parts.counts else None,
+            topics=topic_rows(self.table, subs, self.router_id, pub_links.values(), records.values(), self.total,
+                              self.causal) if parts.topics else None,
+            publishers=publisher_rows(pub_links, self._blocked, parts.publishers) if parts.publishers else {},
+            backlogs={sid: len(rt.owed) for sid in parts.subscribers if (rt := subs.get(sid)) is not None},
+            subscriptions=subscription_page(self.table, subs, self.remote_pending, self.router_id,
+                                            parts.subscriptions, now) if parts.subscriptions is not None else None,
+            records=record_page(records, parts.records, now) if parts.records is not None else None,
+            unnumbered=unnumbered(records.values(), parts.unnumbered))

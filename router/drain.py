@@ -32,12 +32,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from .coreview import CoreView
 from .subscriptions import SubState
 
-if TYPE_CHECKING:
-    from .core import DeliveryCore
+
+class DrainView(CoreView, Protocol):
+    """What a drain reads of the delivery core (`core_dependents`), never its module."""
+
+    @property
+    def placeholders(self) -> Mapping[str, Mapping[str, float]]: ...
+    @property
+    def driven_elsewhere(self) -> Mapping[str, str]: ...
 
 
 class DrainPhase(StrEnum):
@@ -75,7 +82,7 @@ class Dependents:
         return {k: v for k, v in asdict(self).items() if v}
 
 
-def core_dependents(core: DeliveryCore) -> dict[str, int]:
+def core_dependents(core: DrainView) -> dict[str, int]:
     """The delivery core's part of `Dependents` (not on the per-message path: a drain looks a few
     times a second)."""
     driving = publisher_left = taken_over = destination = 0

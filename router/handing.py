@@ -1,45 +1,57 @@
 """What may be handed to a subscription now, as far as it is no topic's order: the chain of each
 publisher link's messages (`Record.preds`, which the orders read), the records whose publisher left
-(asked about before they are handed), predecessors not known here (asked about), and the doors the
-mesh layer uses to the total order (`ordered`, `total_floor`, `total_compact`, `total_restore`).
+(asked about before they are handed), and predecessors not known here (asked about).
 
 Which record may go when, by the order of its topic, is the topic's policy (router/order/policy.py:
-fifo.py, causal_policy.py, total_policy.py), which the pump asks. Part of the delivery core
-(`router.core.DeliveryCore` composes it); sans-IO like the rest."""
+fifo.py, causal_policy.py, total_policy.py), which the pump asks; the policies ask this part
+(`withhold`, `await_pred`).
+
+A part of the delivery core (`router.core.DeliveryCore` makes one, `core.handing`). It owns what
+only it writes: the chain of each publisher link (`chain`, `arrivals`) and the predecessors it
+waits for (`awaited`). What it needs of the core it asks through `HandingHost`, the narrow view of
+the core it is given (never the core's module). Sans-IO like the rest."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from .actions import SendQuery
-from .order.total import Checkpoint
-from .state import Record, SubRuntime
+from .coreview import CoreView
 
 if TYPE_CHECKING:
-    from .core import DeliveryCore
+
+    from .coreconfig import CoreConfig
+    from .state import Record, SubRuntime
+
+
+class HandingHost(CoreView, Protocol):
+    """What the handing rules ask of the delivery core."""
+
+    @property
+    def cfg(self) -> CoreConfig: ...
+    @property
+    def mesh_size(self) -> int: ...
+    @property
+    def _now(self) -> float: ...
+
+    def is_final(self, gid: str) -> bool: ...
+    def _settled_by_local_publisher(self, gid: str) -> bool: ...
+    def _ask_everybody(self, gid: str) -> None: ...
 
 
 class Handing:
-    """Part of `DeliveryCore` (its methods run on the core's state: `self` is the core)."""
+    """The handing rules that are no topic's order (see the module's docstring)."""
 
-    def ordered(self: DeliveryCore, topic: str, n: int, key: str, now: float, pump: bool = True) -> None:
-        """The mesh layer's number `n` of `topic` is `key` (total order: `TotalOrder.ordered`)."""
-        self.total_order.ordered(topic, n, key, now, pump)
+    __slots__ = ("core", "chain", "arrivals", "awaited")
 
-    def total_floor(self: DeliveryCore, topic: str, now: float) -> int:
-        """The highest number of `topic` this router will not need again, so far (`TotalOrder.floor`)."""
-        return self.total_order.floor(topic, now)
+    def __init__(self, core: HandingHost) -> None:
+        self.core = core
+        # FIFO: per publisher link, our records of it not final yet, in publish order: gid -> seq
+        self.chain: dict[str, dict[str, int]] = {}
+        self.arrivals = 0  # the order of messages without counter tags (any AMQP client)
+        self.awaited: dict[str, list[float]] = {}  # predecessors unknown here -> [first wanted, last asked]
 
-    def total_compact(self: DeliveryCore, topic: str, upto: int) -> Checkpoint:
-        """Forget the numbers of `topic` up to `upto` (`TotalOrder.compact`)."""
-        return self.total_order.compact(topic, upto)
-
-    def total_restore(self: DeliveryCore, topic: str, cp: Checkpoint, now: float) -> None:
-        """Go on from checkpoint `cp` (`TotalOrder.restore`)."""
-        self.total_order.restore(topic, cp, now)
-
-    def _chain(self: DeliveryCore, rec: Record) -> None:
+    def chain_record(self, rec: Record) -> None:
         """A record of ours (we are its origin): its predecessor is the latest earlier message of
         its publisher link that is not final here. Our publishers send in publish order and resend
         what is in doubt first, so every earlier message still in doubt came here before it; the
@@ -47,11 +59,12 @@ class Handing:
         come here (AMQP keeps a link's transfers in order), whatever its tags say."""
         seq = rec.seq
         if seq is None:
-            self._arrivals += 1
-            seq = -(1 << 62) + self._arrivals  # any AMQP client: arrival order
-        chain = self.chain.get(rec.plid)
+            self.arrivals += 1
+            seq = -(1 << 62) + self.arrivals  # any AMQP client: arrival order
+        chains = self.chain
+        chain = chains.get(rec.plid)
         if chain is None:
-            self.chain[rec.plid] = {rec.gid: seq}
+            chains[rec.plid] = {rec.gid: seq}
             return
         if rec.gid in chain:
             return
@@ -64,7 +77,7 @@ class Handing:
             below = [(s, g) for g, s in chain.items() if s < seq]
             pred = max(below)[1] if below else None
             if last_seq > seq:  # keep the dict in publish order
-                self.chain[rec.plid] = dict(sorted(chain.items(), key=lambda kv: kv[1]))
+                chains[rec.plid] = dict(sorted(chain.items(), key=lambda kv: kv[1]))
         if pred is not None:
             preds = rec.preds
             if not preds:
@@ -72,58 +85,62 @@ class Handing:
             elif pred not in preds:
                 rec.preds = (*preds, pred)
 
-    def pump_topic(self: DeliveryCore, topic: str) -> None:
-        """Hand what is ready to every subscription of `topic` homed here."""
-        me = self.router_id
-        for sub in self.table.live_for_topic(topic):
-            if sub.home == me:
-                rt = self.subs.get(sub.sid)
-                if rt is not None and rt.link is not None and rt.credit > 0:
-                    self._pump(rt)
+    def unchain(self, rec: Record) -> None:
+        """`rec` is final: it leaves its publisher link's chain."""
+        chain = self.chain.get(rec.plid)
+        if chain is not None and chain.pop(rec.gid, None) is not None and not chain:
+            del self.chain[rec.plid]
 
-    def _await(self: DeliveryCore, gid: str) -> bool:
+    def await_pred(self, gid: str) -> bool:
         """A predecessor unknown here: ask the mesh whether it is final (a FINAL answer makes it
         known). Returns True when there is nobody to wait for: its publisher is attached here and
         settled it (nobody else may remember it; test_sim.py::test_causal_order_regressions), a
         standalone router (it would be here), or nobody answered for longer than we remember finals."""
-        if self._settled_by_local_publisher(gid):
+        core = self.core
+        if core._settled_by_local_publisher(gid):
             return True
-        now = self._now
+        now = core._now
         times = self.awaited.get(gid)
         if times is None:
             times = self.awaited[gid] = [now, -math.inf]
-        if self.mesh_size < 2 or now - times[0] > self.cfg.final_memory:
+        if core.mesh_size < 2 or now - times[0] > core.cfg.final_memory:
             return True
-        if now - times[1] >= 4 * self.cfg.stale_wait:
+        if now - times[1] >= 4 * core.cfg.stale_wait:
             times[1] = now
-            self._ask_everybody(gid)
+            core._ask_everybody(gid)
         return False
 
-    def _withhold(self: DeliveryCore, rec: Record, rt: SubRuntime) -> bool:
+    def awaited_final(self, gid: str) -> bool:
+        """`gid` became known final: True when something here waited for it (it is no longer)."""
+        return self.awaited.pop(gid, None) is not None
+
+    def forget_awaited(self, forget: float) -> None:
+        """Stop waiting for predecessors known here by now, or first wanted before `forget`."""
+        core = self.core
+        records = core.records
+        for gid in [g for g, (first, _) in self.awaited.items()
+                    if g in records or core.is_final(g) or first < forget]:
+            del self.awaited[gid]
+
+    def withhold(self, rec: Record, rt: SubRuntime) -> bool:
         """A record of ours whose publisher left (it may have resent it elsewhere, where it may be
         final by now). A subscription that has been elsewhere since the record was made may have got
         it there: it waits for a driving origin to list it for it, its publisher's return, or FINAL.
         One that never left gets it after we asked the mesh once."""
-        if rec.created < rt.arrived_at and self.mesh_size > 1:
+        if rec.created < rt.arrived_at and self.core.mesh_size > 1:
             # only a listing made since it arrived here counts
             return not (rec.listed and rec.listed.get(rt.sid, -1.0) >= rt.arrived_at)
-        return self._must_ask(rec)
+        return self.must_ask(rec)
 
-    def _must_ask(self: DeliveryCore, rec: Record) -> bool:
+    def must_ask(self, rec: Record) -> bool:
         """Its publisher left us (it may have resent it elsewhere, where it may be final by now):
         before handing it over, ask the mesh once and give the answer `stale_wait` to come."""
-        if self.mesh_size < 2:
+        core = self.core
+        if core.mesh_size < 2:
             return False  # a standalone router: nobody else can have it
-        now = self._now
-        if now - rec.asked_at > 4 * self.cfg.stale_wait:
+        now = core._now
+        if now - rec.asked_at > 4 * core.cfg.stale_wait:
             rec.asked_at = now
-            self._ask_everybody(rec.gid)
+            core._ask_everybody(rec.gid)
             return True
-        return now - rec.asked_at < self.cfg.stale_wait
-
-    def _ask_everybody(self: DeliveryCore, gid: str) -> None:
-        """Ask every other reachable router whether `gid` is final (a FINAL answers; silence does not)."""
-        me = self.router_id
-        for r in sorted(self.reachable):
-            if r != me:
-                self.out.append(SendQuery(r, gid))
+        return now - rec.asked_at < core.cfg.stale_wait

@@ -1,5 +1,6 @@
 """Which message a publisher's transfer is: a new one, a resend of one in flight, or a resend of one
-that became final. One part of the delivery core (`router.core.DeliveryCore` holds one `Identities` and asks it); sans-IO.
+that became final. One part of the delivery core (`router.core.DeliveryCore` holds one `Identities` and asks it;
+it sees the core through `IdentityHost`); sans-IO.
 
 Theory of operation
 -------------------
@@ -66,7 +67,7 @@ renamed is unknown to it, and a tag final there only within the last `final_memo
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..common import errors
 from ..common.ids import (
@@ -80,11 +81,16 @@ from ..common.ids import (
 )
 from ..common.vocab import O_REJECTED, Outcome
 from .actions import SendOutcome
+from .coreview import CoreView
 from .finals import FinalNote, FinalNotes
 from .state import PubLink, Record
 
 if TYPE_CHECKING:
-    from .core import DeliveryCore
+    from collections.abc import Mapping
+
+    from .actions import Action
+    from .coreconfig import CoreConfig
+    from .finals import OldFinals
 
 SETTLED_KEPT = 4096  # tags a link remembers it settled on its attachment (mode first): rule 1
 
@@ -101,6 +107,30 @@ def later(gid: str, than: str) -> bool:
     return len(gid) > len(than) or (len(gid) == len(than) and gid > than)
 
 
+class IdentityHost(CoreView, Protocol):
+    """What `Identities` asks of the delivery core: its records, final memory and publisher links
+    (read), where actions and log events go, and the publisher deliveries it registers."""
+
+    @property
+    def cfg(self) -> CoreConfig: ...
+    @property
+    def incarnation(self) -> str: ...
+    @property
+    def recent_final(self) -> Mapping[str, float]: ...
+    @property
+    def old_finals(self) -> OldFinals: ...
+    @property
+    def newest_link(self) -> Mapping[str, PubLink]: ...
+    @property
+    def pub_of(self) -> dict[Any, tuple[PubLink, str]]: ...
+    @property
+    def out(self) -> list[Action]: ...
+    @property
+    def log(self) -> list[tuple[Any, ...]]: ...
+
+    def is_final(self, gid: str) -> bool: ...
+
+
 class Identities:
     """Which message a transfer is (see the theory above): one per delivery core, which asks it
     (`identify`, `settled_on_link`, `final`, ...). It alone writes what it remembers: the notes on
@@ -111,7 +141,7 @@ class Identities:
     __slots__ = ("core", "final_notes", "noted", "alias_of", "plain_of", "fresh_of", "stats_new_identities",
                  "stats_finals_answered", "id_notes", "stats_ids_refused")
 
-    def __init__(self, core: DeliveryCore) -> None:
+    def __init__(self, core: IdentityHost) -> None:
         self.core = core
         self.final_notes = FinalNotes()  # tag -> the newest message under it final while its outcome may be lost
         self.noted: dict[str, str | None] = {}  # records that leave a note when final -> digest of their bytes

@@ -1,43 +1,39 @@
 """The delivery core's mesh side: copies toward subscriptions' home routers, their acknowledgements,
-FINAL / PROBE / QUERY / HOLD, subscriptions that move between routers, and publishers' declarations
-of what they hold in doubt.
+FINAL / PROBE / QUERY / HOLD, publishers' declarations made at other routers, and the queries the
+mesh layer (interrouter/node.py) makes.
 
-Part of the delivery core (`router.core.DeliveryCore` composes it); sans-IO like the rest."""
+A part of the delivery core (`router.core.DeliveryCore` makes one, `core.meshside`; the core offers
+its inputs and queries to the mesh layer as they are, `core.receive_copy` is `core.meshside.receive_copy`).
+It owns what only it writes: who asked for the FINAL of a record not here yet (`held_for`), the
+records of ours another router drives now (`driven_elsewhere`) and the count of FINALs it refused
+(`stats_final_ignored`); where each copy went is the record's (`Record.fwd`, `held`, `holders`).
+What it needs of the core it asks through `MeshHost`, the narrow view of the core it is given
+(never the core's module): the records through the book, the subscriptions, the final memory, and
+the core's own steps (`_resolve`, `_decide`, `_finalize`, `_pump`, the placeholders'). Which
+subscriptions move between routers, and the placeholders, are the core's (router/core.py).
+Sans-IO like the rest."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..common import errors
 from ..common.ids import counter_seq, plid_of
 from ..common.settlement_log import Peer
 from ..common.vocab import O_ACCEPTED, Outcome
-from .actions import (
-    Announce,
-    DetachLink,
-    Forward,
-    SendAck,
-    SendFinal,
-    SendHold,
-)
-from .identity import WireNote
-from .order.total import Checkpoint
-from .state import (
-    HELD,
-    RESOLVED,
-    S_ACCEPTED,
-    S_ENDED,
-    S_QUEUED,
-    S_SENT,
-    Record,
-    S,
-    SubRuntime,
-)
-from .subscriptions import Subscription, SubState, foreign
+from .actions import Action, Forward, SendAck, SendFinal, SendHold
+from .coreview import CoreView
+from .state import HELD, RESOLVED, S_ENDED, S_QUEUED, S_SENT, Record, S
 
 if TYPE_CHECKING:
-    from .core import DeliveryCore
+    from .finals import FinalNotes
+    from .handing import Handing
+    from .identity import Identities, WireNote
+    from .order.causal_policy import CausalOrder
+    from .order.total import Checkpoint, TotalStream
+    from .records import RecordBook
+    from .state import PubLink, SubRuntime
+    from .subscriptions import Subscription
 
 
 def declared_settled(in_doubt: set[str], mark: int | None, gid: str) -> bool:
@@ -54,13 +50,6 @@ def declared_settled(in_doubt: set[str], mark: int | None, gid: str) -> bool:
     return seq is not None and seq < mark
 
 
-def _refusal(sid: str, link: object, holder: Subscription) -> DetachLink:
-    """The link of a claim that another identity's life of the subscription beat (`holder`): refused."""
-    return DetachLink(sid, link, errors.UnauthorizedAccess.condition,
-                      f"subscription {sid} belongs to another identity (made first, at router {holder.home}); "
-                      f"attach with the credentials that made it")
-
-
 def _resolved_for(owed: dict[str, S], dests: dict[str, list[str]]) -> bool:
     """Is a record whose parts are `owed` resolved for every subscription of `dests`? (Once per
     copy and predecessor: plain loops, the usual answer, no, comes at the first.)"""
@@ -71,24 +60,91 @@ def _resolved_for(owed: dict[str, S], dests: dict[str, list[str]]) -> bool:
     return True
 
 
-class MeshSide:
-    """Part of `DeliveryCore` (its methods run on the core's state: `self` is the core)."""
+class MeshHost(CoreView, Protocol):
+    """What the mesh side asks of the delivery core."""
 
-    def receive_copy(self: DeliveryCore, origin: str, origin_inc: str, gid: str, topic: str, sids: Iterable[str],
+    _now: float  # (the latest time the core was given: every input sets it)
+
+    @property
+    def book(self) -> RecordBook: ...
+    @property
+    def remote_pending(self) -> Mapping[str, Mapping[str, Record]]: ...
+    @property
+    def placeholders(self) -> Mapping[str, Mapping[str, float]]: ...
+    @property
+    def reachable(self) -> Mapping[str, str]: ...
+    @property
+    def newest_link(self) -> Mapping[str, PubLink]: ...
+    @property
+    def total(self) -> Mapping[str, TotalStream]: ...
+    @property
+    def causal_order(self) -> CausalOrder: ...
+    @property
+    def handing(self) -> Handing: ...
+    @property
+    def ids(self) -> Identities: ...
+    @property
+    def final_notes(self) -> FinalNotes: ...
+    @property
+    def out(self) -> list[Action]: ...
+    @property
+    def log(self) -> list[tuple[Any, ...]]: ...
+
+    def is_final(self, gid: str) -> bool: ...
+    def remember_final(self, gid: str, now: float) -> None: ...
+    def _local(self, sub: Subscription | None) -> bool: ...
+    def _owe_here(self, rec: Record, sid: str) -> SubRuntime: ...
+    def _absorb_placeholders(self, rec: Record) -> None: ...
+    def _placeholder_final(self, gid: str) -> None: ...
+    def _resolve(self, rec: Record, sid: str, st: S, error: tuple[str, str] | None, now: float,
+                 why: str | None) -> None: ...
+    def _decide(self, rec: Record, now: float) -> None: ...
+    def _finalize(self, rec: Record, now: float) -> None: ...
+    def _pump(self, rt: SubRuntime) -> None: ...
+
+
+class MeshSide:
+    """The mesh side of the delivery core (see the module's docstring)."""
+
+    __slots__ = ("core", "held_for", "driven_elsewhere", "stats_final_ignored")
+
+    def __init__(self, core: MeshHost) -> None:
+        self.core = core
+        self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
+        # origin records whose publisher re-attached at another router holding them in doubt: that
+        # router drives them now and sends us their FINAL (gid -> router); pruned by a sweep
+        self.driven_elsewhere: dict[str, str] = {}
+        self.stats_final_ignored = 0  # FINALs refused: the publisher's delivery is open here
+
+    def take_held_for(self, gid: str) -> dict[str, float] | None:
+        """Who asked for the FINAL of `gid` before its record was made here (they are told it)."""
+        return self.held_for.pop(gid, None)
+
+    def forget_older(self, forget: float) -> None:
+        """Forget requests for a FINAL older than `forget`, and records driven elsewhere that are gone."""
+        for gid in [g for g, rs in self.held_for.items() if max(rs.values()) < forget]:
+            del self.held_for[gid]
+        if self.driven_elsewhere:
+            records = self.core.records
+            for gid in [g for g in self.driven_elsewhere if g not in records]:
+                del self.driven_elsewhere[gid]
+
+    def receive_copy(self, origin: str, origin_inc: str, gid: str, topic: str, sids: Iterable[str],
                      payload: bytes, now: float, preds: tuple[str, ...] = (),
                      deps: tuple[tuple[str, str], ...] = (), by_arrival: bool = False) -> None:
         """A copy from `origin` for the listed subscriptions (those homed here deliver it).
         `by_arrival`: its publisher declared no order (not ours): its order is the one its origin
         received it in, which `preds` carry, never its tag (`Record.seq` stays None). A copy without
         it (ours, or from a router older than it) reads its publish order from its tag's counter."""
-        self._now = now
-        rec = self.records.get(gid)
-        table = self.table
-        if rec is None and self.is_final(gid):
+        core = self.core
+        core._now = now
+        rec = core.records.get(gid)
+        table = core.table
+        if rec is None and core.is_final(gid):
             # final already (its publisher settled it through another origin): a late copy
-            self.out.append(SendFinal(origin, gid))
+            core.out.append(SendFinal(origin, gid))
             return
-        if rec is None and gid not in self.placeholders and not any(self._local(table.get(s)) for s in sids):
+        if rec is None and gid not in core.placeholders and not any(core._local(table.get(s)) for s in sids):
             return  # none of them is here (any more): their origin re-routes them by its own table
         if rec is None:
             rec = Record(gid, topic, payload, now)
@@ -98,8 +154,8 @@ class MeshSide:
             asked = self.held_for.pop(gid, None)
             if asked:
                 rec.holders = set(asked)
-            self.book.add_copy(rec, origin)
-            self.log.append(("forward_received", gid, topic, None, Peer(origin)))
+            core.book.add_copy(rec, origin)
+            core.log.append(("forward_received", gid, topic, None, Peer(origin)))
         else:  # a destination record, or ours when the publisher failed over to `origin`
             if by_arrival:
                 rec.seq = None  # (an origin that knows its publisher says so: never ordered by its tag)
@@ -109,21 +165,21 @@ class MeshSide:
         if preds:  # every origin's predecessors count (each saw its own part of the publisher's order)
             rec.preds = preds if not rec.preds else tuple(dict.fromkeys(rec.preds + preds))
         if deps:
-            self.causal_order.add_deps(rec, deps)
-        self._absorb_placeholders(rec)
-        ts = self.total.get(topic) if self.total else None
+            core.causal_order.add_deps(rec, deps)
+        core._absorb_placeholders(rec)
+        ts = core.total.get(topic) if core.total else None
         if ts is not None and rec.tnum is None:
             rec.tnum = ts.num.get(gid)
         new_pending = False
         for sid in sids:
             sub = table.get(sid)
-            if not self._local(sub):
+            if not core._local(sub):
                 continue  # it moved away: the origin re-routes it by its own table
             assert sub is not None
             if ts is not None and rec.tnum is not None and rec.owed.get(sid) is None \
                     and not ts.owed(rec.tnum, sid, sub.created):
                 # started after it in the order: not owed (its origin decides alike)
-                self.out.append(SendAck(origin, gid, sid, int(S_ENDED), None))
+                core.out.append(SendAck(origin, gid, sid, int(S_ENDED), None))
                 continue
             if rec.origin is None:  # ours too: `origin` (driving it) confirms it is owed here
                 if rec.listed is None:
@@ -132,59 +188,42 @@ class MeshSide:
                 new_pending = True
             cur = rec.owed.get(sid)
             if cur is None:
-                self.book.move(rec, sid, S_QUEUED)
-                rt = self.subs[sid]
-                rt.owed[gid] = rec
+                core._owe_here(rec, sid)
                 new_pending = True
-                if rt.link is not None:
-                    rt.queue.append(gid)
-                self.out.append(SendAck(origin, gid, sid, HELD, None))  # here: no need to re-send it
+                core.out.append(SendAck(origin, gid, sid, HELD, None))  # here: no need to re-send it
             elif cur in RESOLVED:
-                self.out.append(SendAck(origin, gid, sid, int(cur), None))  # acknowledge again
+                core.out.append(SendAck(origin, gid, sid, int(cur), None))  # acknowledge again
             else:
-                self.out.append(SendAck(origin, gid, sid, HELD, None))
+                core.out.append(SendAck(origin, gid, sid, HELD, None))
         if new_pending:
-            self.book.carry(rec, payload)
+            core.book.carry(rec, payload)
             for sid in sids:
-                local = self.subs.get(sid)
+                local = core.subs.get(sid)
                 if local is not None and local.link is not None and local.credit > 0:
-                    self._pump(local)
+                    core._pump(local)
         elif rec.origin is not None and rec.pending == 0 and rec.payload:
-            self._decide(rec, now)
+            core._decide(rec, now)
 
-    def _absorb_placeholders(self: DeliveryCore, rec: Record) -> None:
-        """Subscriptions here whose clients presented this gid hold it: it counts as accepted by them
-        (never handed again), and the record's FINAL will reach them."""
-        held = self.placeholders.pop(rec.gid, None)
-        if not held:
-            return
-        for sid in held:
-            if self._local(self.table.get(sid)) and rec.owed.get(sid) not in RESOLVED:
-                if rec.owed.get(sid) in (S_QUEUED, S_SENT):
-                    self._resolve(rec, sid, S_ACCEPTED, None, rec.created, "placeholder")
-                else:
-                    self.book.move(rec, sid, S_ACCEPTED)
-                    self.log.append(("accepted", rec.gid, rec.topic, sid, "placeholder"))
-
-    def handle_final(self: DeliveryCore, gid: str, now: float, note: WireNote | None = None) -> bool:
+    def handle_final(self, gid: str, now: float, note: WireNote | None = None) -> bool:
         """`gid` is final: its publisher settled it (here or through another origin). Returns False
         when that cannot be true and is ignored: its publisher's delivery of it is open on a link
         here, waiting for the outcome we have not given (a publisher settles only after an outcome,
         and one that moved away would have left this link). Delivery carries on; a stale FINAL can
         cost at most a query later, a wrong one would be a false ACCEPTED. `note`: the sender's
         note on it (router/identity.py): then that open delivery may be a resend of it."""
+        core = self.core
         if note is not None:
-            self.ids.learn_note(note, now)
-        rec = self.records.get(gid)
+            core.ids.learn_note(note, now)
+        rec = core.records.get(gid)
         if rec is None:
-            if gid in self.placeholders:
-                self._placeholder_final(gid)
-            if self.awaited.pop(gid, None) is not None:
-                self.recent_final[gid] = now  # a predecessor something waits for here
+            if gid in core.placeholders:
+                core._placeholder_final(gid)
+            if core.handing.awaited_final(gid):
+                core.remember_final(gid, now)  # a predecessor something waits for here
             return True
         resent = False
         if rec.pubs and rec.outcome is None and not rec.pub_settled:
-            resent = note is not None and self.ids.resent_final(rec, note)
+            resent = note is not None and core.ids.resent_final(rec, note)
             if not resent:
                 self.stats_final_ignored += 1
                 return False
@@ -192,67 +231,65 @@ class MeshSide:
             # we are an origin too, still waiting, but its publisher settled it through another
             # origin: it is final everywhere. Stop: withdraw what is pending here. (A resend of a
             # message the router that sent the note settled: its outcome, told below.)
-            self.book.conclude(rec, O_ACCEPTED if note is None else Outcome(note[2]), None if note is None else note[3])
-            self.log.append(("ended", gid, rec.topic, None, "final elsewhere" if not resent else "resent final"))
+            core.book.conclude(rec, O_ACCEPTED if note is None else Outcome(note[2]), None if note is None else note[3])
+            core.log.append(("ended", gid, rec.topic, None, "final elsewhere" if not resent else "resent final"))
         rec.pub_settled = True
-        self._finalize(rec, now)
+        core._finalize(rec, now)
         return True
 
-    def handle_probe(self: DeliveryCore, gid: str, frm: str, now: float) -> None:
+    def handle_probe(self, gid: str, frm: str, now: float) -> None:
         """A destination asks whether `gid` is still in flight here (its origin). It asks only when
         it resolved every subscription of it long ago: if we still wait for one that `frm` told us
         it holds, its resolution was lost on the way (a connection reset between other routers
         loses acks without changing who is reachable). Send the copy again: it answers with what
         it knows."""
-        rec = self.records.get(gid)
+        core = self.core
+        rec = core.records.get(gid)
         if rec is None:
-            self.out.append(SendFinal(frm, gid))
+            core.out.append(SendFinal(frm, gid))
             return
         if rec.origin is not None or rec.outcome is not None or not rec.held or rec.fwd is None:
             return
         fwd = rec.fwd
         lost = [sid for sid in rec.held if fwd.get(sid) == frm]
-        if lost and self._driving(rec):
-            self._now = now
+        if lost and self.driving(rec):
+            core._now = now
             rec.held.difference_update(lost)
             for sid in lost:
                 del fwd[sid]
-            self._route(rec, force=False)
+            self.route(rec, force=False)
 
-    def handle_query(self: DeliveryCore, gid: str, frm: str, now: float) -> None:
+    def handle_query(self, gid: str, frm: str, now: float) -> None:
         """Router `frm` holds a record of `gid` that lost its publisher and its origin: answer with
         what we know for sure (only positive knowledge: silence means we know nothing)."""
-        rec = self.records.get(gid)
+        core = self.core
+        rec = core.records.get(gid)
         if rec is not None:
             if rec.origin is None:  # an origin working on it: the asker gets its FINAL
                 if rec.holders is None:
                     rec.holders = set()
                 rec.holders.add(frm)
             return
-        if self.is_final(gid):
-            self.out.append(SendFinal(frm, gid))
+        if core.is_final(gid):
+            core.out.append(SendFinal(frm, gid))
             return
         # the newest attach of its publisher link here, if it declared what it held in doubt (our clients)
-        pl = self.newest_link.get(plid_of(gid))
+        pl = core.newest_link.get(plid_of(gid))
         if pl is None or pl.declared is None:
             return
         if declared_settled(pl.declared, pl.mark, gid):
-            self.out.append(SendFinal(frm, gid))  # its publisher is attached here and settled it
+            core.out.append(SendFinal(frm, gid))  # its publisher is attached here and settled it
         elif gid in pl.declared:
             self.held_for.setdefault(gid, {}).setdefault(frm, now)  # resent here: the asker gets our FINAL
         # else: published after that attach, elsewhere (this link is stale): we know nothing
 
-    def _settled_by_local_publisher(self: DeliveryCore, gid: str) -> bool:
-        """Its publisher is attached here and declared it no longer in doubt: it settled it. (The
-        newest attach of its link, and only if it declared what it held in doubt: our clients.)"""
-        pl = self.newest_link.get(plid_of(gid))
-        return pl is not None and pl.declared is not None and declared_settled(pl.declared, pl.mark, gid)
-
-    def handle_ack(self: DeliveryCore, gid: str, sid: str, state: int, error: tuple[str, str] | None, now: float) -> None:
-        rec = self.records.get(gid)
+    def handle_ack(self, gid: str, sid: str, state: int, error: tuple[str, str] | None, now: float) -> None:
+        """A subscription's home router resolved (or holds: HELD) its part of a record of ours."""
+        core = self.core
+        rec = core.records.get(gid)
         if rec is None or rec.origin is not None:
             return
-        if sid in self.subs:
+        if sid in core.subs:
             return  # homed here now: its local state is authoritative
         if state == HELD:
             if rec.owed.get(sid) in (S_QUEUED, S_SENT):
@@ -260,15 +297,16 @@ class MeshSide:
                     rec.held = set()
                 rec.held.add(sid)
             return
-        self._resolve(rec, sid, S(state), error, now, "remote")
+        core._resolve(rec, sid, S(state), error, now, "remote")
 
-    def _route(self: DeliveryCore, rec: Record, force: bool, unconfirmed_only: bool = False) -> None:
+    def route(self, rec: Record, force: bool, unconfirmed_only: bool = False) -> None:
         """Send copies for the remote subscriptions still pending, to their current home routers
         (those reachable): only where they have not been sent yet, or all again when `force`
         (`unconfirmed_only`: those whose home has not confirmed holding the copy)."""
-        me = self.router_id
-        table = self.table
-        reach = self.reachable
+        core = self.core
+        me = core.router_id
+        table = core.table
+        reach = core.reachable
         dests: dict[str, list[str]] = {}
         fwd = rec.fwd
         for sid, st in rec.owed.items():
@@ -298,22 +336,23 @@ class MeshSide:
             for sid in sids:
                 rec.fwd[sid] = home
             rec.holders.add(home)
-        rec.sent_at = self._now
+        rec.sent_at = core._now
         preds = rec.preds
         if preds:
             preds = self._preds_for(preds, dests)
-        self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, preds,
+        core.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, preds,
                                 rec.deps, rec.seq is None))
-        self.log.append(("forwarded", rec.gid, rec.topic, None, Peer(",".join(sorted(dests)))))
+        core.log.append(("forwarded", rec.gid, rec.topic, None, Peer(",".join(sorted(dests)))))
 
-    def _preds_for(self: DeliveryCore, preds: tuple[str, ...], dests: dict[str, list[str]]) -> tuple[str, ...]:
+    def _preds_for(self, preds: tuple[str, ...], dests: dict[str, list[str]]) -> tuple[str, ...]:
         """The predecessors a copy for the subscriptions of `dests` must carry: not those whose
         record here says they are resolved (accepted, rejected, ended) for every one of them. A
         destination waits for a predecessor it does not know until it learns it is final; one whose
         publisher never settles never is, and a subscription that moved since it was handed it would
         wait `final_memory` for its whole backlog (issue 31, item 14). What is resolved for it here
         was handed to it (after its own predecessors): nothing is left to wait for."""
-        records = self.records
+        core = self.core
+        records = core.records
         keep: list[str] | None = None
         for i, p in enumerate(preds):
             r = records.get(p)
@@ -325,261 +364,100 @@ class MeshSide:
                 keep.append(p)
         return preds if keep is None else tuple(keep)
 
-    def set_reachable(self: DeliveryCore, reachable: dict[str, str], now: float) -> None:
-        """The live graph changed: `reachable` maps every router we can reach to its incarnation.
-        Pending copies are sent again (some may have been lost with a link or a router)."""
-        self._now = now
-        if reachable == self.reachable:
-            return
-        self.reachable = dict(reachable)
-        self.reroute(force=True)
-
-    def reroute(self: DeliveryCore, force: bool = False, sids: Iterable[str] | None = None) -> None:
+    def reroute(self, force: bool = False, sids: Iterable[str] | None = None) -> None:
         """Send pending copies again (a fault or a move). Only records whose publisher is still with
         us: when it left, responsibility is back with it (it resends, here or at another router,
         which then drives delivery) and a stale origin must not resurrect a message that may have
         become final elsewhere meanwhile."""
+        core = self.core
         if sids is None:
-            for rec in list(self.records.values()):
-                if rec.origin is None and rec.pending and rec.outcome is None and self._driving(rec):
-                    self._route(rec, force)
+            for rec in list(core.records.values()):
+                if rec.origin is None and rec.pending and rec.outcome is None and self.driving(rec):
+                    self.route(rec, force)
             return
         seen: set[str] = set()
         for sid in sids:
-            for rec in list(self.remote_pending.get(sid, {}).values()):
-                if rec.gid not in seen and self._driving(rec):
+            for rec in list(core.remote_pending.get(sid, {}).values()):
+                if rec.gid not in seen and self.driving(rec):
                     seen.add(rec.gid)
-                    self._route(rec, force)
+                    self.route(rec, force)
 
     @staticmethod
-    def _driving(rec: Record) -> bool:
+    def driving(rec: Record) -> bool:
+        """Does this origin drive `rec` (its publisher is with us, or settled it)?"""
         return bool(rec.pubs) or rec.pub_settled
 
-    def subscription_changed(self: DeliveryCore, old: Subscription, now: float) -> None:
-        """Another router's announcement changed the table entry of `old.sid` (now in the table)."""
-        self._now = now
-        sid = old.sid
-        new = self.table.get(sid)
-        assert new is not None
-        me = self.router_id
-        was_here = old.live and old.home == me
-        if not new.live:
-            if was_here:
-                rt = self.subs.get(sid)
-                if rt is not None and rt.link is not None:
-                    if foreign(old, new):
-                        self.out.append(_refusal(sid, rt.link, new))
-                    else:
-                        self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
-                                                   "the subscription was ended elsewhere"))
-                    self._unbind(rt)
-            self._ended(sid, now, new.end_reason or "ended")
-            return
-        if was_here and new.home != me and self._claim_again(old, new):
-            self.table.reclaim(old, me, self.incarnation, now)
-            self.stats_reclaimed += 1
-            self.out.append(Announce(sid))  # (its own announcement: every router merges it as a resume here)
-        elif was_here and new.home != me:
-            self._moved_away(sid, new, now, foreign(old, new))
-        elif not was_here and new.home == me:
-            self._moved_here(sid)
-        elif new.home != me and (old.home != new.home or not old.live or old.epoch != new.epoch):
-            # it (re)attached: its home may have dropped what it held for it, send it again
-            self._forget_routing(sid)
-            self.reroute(force=False, sids=[sid])
-
-    def _claim_again(self: DeliveryCore, mine: Subscription, won: Subscription) -> bool:
-        """A claim of another router (`won`) beat ours (`mine`) in the merge. True when we hold the
-        subscription's live link and that claim is not backed by one, so that the live link keeps it
-        (we claim again, above it) rather than being closed for a claim the client no longer uses:
-        - it is suspended at its home (the client left it; our link is the newer attach), or
-        - it is active, made by an earlier incarnation of its home (a restarted router has no links;
-          a third router that had not heard of the restart passed it on), or
-        - it is active at a router we cannot reach, at our epoch: a concurrent claim we cannot
-          check (two routers that did not hear of each other resumed it from the same entry).
-        An active claim of its home's current incarnation wins as before (the newest attach wins:
-        a router that knew ours claims above it), and so does anything of another life or owner."""
-        rt = self.subs.get(mine.sid)
-        if rt is None or rt.link is None or not won.live:
-            return False
-        if won.created != mine.created or won.owner != mine.owner:
-            return False
-        if won.state is SubState.SUSPENDED:
-            return True
-        home_inc = self.reachable.get(won.home)
-        if home_inc is None:
-            return won.epoch == mine.epoch
-        return bool(won.inc) and bool(home_inc) and won.inc != home_inc
-
-    def presented_elsewhere(self: DeliveryCore, sid: str, gids: Iterable[str], home: str, now: float) -> None:
-        """Subscription `sid` (re)attached at router `home` presenting ids its client holds: as their
-        origin we count them accepted, and the FINAL must reach `home`."""
-        for gid in gids:
-            rec = self.records.get(gid)
-            if rec is not None and rec.origin is None:
-                if rec.holders is None:
-                    rec.holders = set()
-                rec.holders.add(home)
-                st = rec.owed.get(sid)
-                if st is S_QUEUED or st is S_SENT:
-                    self._resolve(rec, sid, S_ACCEPTED, None, now, "presented")
-                elif st is None:
-                    self.book.move(rec, sid, S_ACCEPTED)
-            elif rec is None and self.is_final(gid):
-                self.out.append(SendFinal(home, gid))
-
-    def _moved_here(self: DeliveryCore, sid: str) -> None:
-        """A subscription is homed here now: what origin records owed it remotely becomes local."""
-        rt = self.subs.get(sid)
-        if rt is None:
-            rt = self.subs[sid] = SubRuntime(sid)
-        rt.arrived_at = self._now
-        for gid, rec in sorted(self.remote_pending.pop(sid, {}).items(), key=lambda kv: kv[1].created):
-            rt.owed[gid] = rec
-            if rec.owed.get(sid) is S_SENT:
-                self.book.move(rec, sid, S_QUEUED)
-            if rt.link is not None:
-                rt.queue.append(gid)
-
-    def _moved_away(self: DeliveryCore, sid: str, new: Subscription, now: float, other: bool = False) -> None:
-        """A subscription homed here resumed at another router (`other`: it is another identity's
-        life that holds it, made first: our link's claim is refused, not stolen)."""
-        rt = self.subs.pop(sid, None)
-        for gid, phs in list(self.placeholders.items()):  # its new home keeps its own placeholders
-            if phs.pop(sid, None) is not None and not phs:
-                del self.placeholders[gid]
-        if rt is None:
-            return
-        if rt.link is not None:
-            self.out.append(_refusal(sid, rt.link, new) if other else DetachLink(
-                sid, rt.link, errors.LinkStolen.condition, f"the subscription resumed at router {new.home}"))
-            self._unbind(rt)
-        for gid, rec in list(rt.owed.items()):
-            if rec.origin is None:  # ours: it is remote now, send it to the new home
-                if rec.owed.get(sid) is S_SENT:
-                    self.book.move(rec, sid, S_QUEUED)
-                self.remote_pending.setdefault(sid, {})[gid] = rec
-            else:  # a destination copy: drop our part; its origin re-routes it
-                self.book.move(rec, sid, None)
-                if rec.pending == 0:
-                    self._decide(rec, now)
-        self._forget_routing(sid)
-        self.reroute(force=False, sids=[sid])
-
-    def _forget_routing(self: DeliveryCore, sid: str) -> None:
+    def forget_routing(self, sid: str) -> None:
         """Where copies for `sid` went no longer counts (it moved, or re-attached and its home may
         have dropped them): the next routing sends them to its home again."""
-        for rec in self.remote_pending.get(sid, {}).values():
+        core = self.core
+        for rec in core.remote_pending.get(sid, {}).values():
             if rec.fwd is not None:
                 rec.fwd.pop(sid, None)
             if rec.held is not None:
                 rec.held.discard(sid)
 
-    def _publisher_declared(self: DeliveryCore, plid: str, in_doubt: set[str], mark: int | None, now: float) -> None:
-        """One of our publishers re-attached and listed what it still holds in doubt: everything
-        else of that link that we hold and it had published by then is settled on its side (it will
-        never be resent)."""
-        for rec in [r for r in self.records.values()
-                    if r.plid == plid and r.origin is None and declared_settled(in_doubt, mark, r.gid)]:
-            if not rec.pubs:  # it settled it (here, the settlement lost with its link, or elsewhere)
-                self.handle_final(rec.gid, now)
-        for gid in [g for g in self.placeholders if plid_of(g) == plid and declared_settled(in_doubt, mark, g)]:
-            if gid not in self.records:
-                self._placeholder_final(gid)
-
-    def publisher_declared_elsewhere(self: DeliveryCore, plid: str, in_doubt: set[str], at: str, now: float,
+    def publisher_declared_elsewhere(self, plid: str, in_doubt: set[str], at: str, now: float,
                                      mark: int | None = None) -> None:
         """Publisher link `plid` attached at router `at`, holding `in_doubt` in doubt. Records of it we
         hold without its publisher: not in doubt any more means settled on its side (final); still in
         doubt means `at` becomes an origin for it: we ask to be told its FINAL. Messages it published
         after that attach (at or past `mark`) are in neither set: the declaration says nothing of them."""
-        for rec in [r for r in self.records.values() if r.plid == plid and not r.pubs]:
+        core = self.core
+        for rec in [r for r in core.records.values() if r.plid == plid and not r.pubs]:
             if rec.gid in in_doubt:
-                self.out.append(SendHold(at, rec.gid))
+                core.out.append(SendHold(at, rec.gid))
                 if rec.origin is None:
                     self.driven_elsewhere[rec.gid] = at  # its publisher resends it there: `at` drives it
             elif declared_settled(in_doubt, mark, rec.gid) and rec.origin is None:
                 # our publishers settle only once they have an outcome: it is final (here, or at
                 # the router that gave the outcome): stop whatever is still pending here
                 self.handle_final(rec.gid, now)
-        for gid in [g for g in self.placeholders if plid_of(g) == plid and declared_settled(in_doubt, mark, g)]:
-            if gid not in self.records:
-                self._placeholder_final(gid)
+        for gid in [g for g in core.placeholders if plid_of(g) == plid and declared_settled(in_doubt, mark, g)]:
+            if gid not in core.records:
+                core._placeholder_final(gid)
 
-    def handle_hold(self: DeliveryCore, gid: str, frm: str, now: float) -> None:
+    def handle_hold(self, gid: str, frm: str, now: float) -> None:
         """Router `frm` holds a record of `gid` (an earlier origin of it): include it in the FINAL.
         The resend that makes us an origin may not be here yet: then remember the request."""
-        rec = self.records.get(gid)
+        core = self.core
+        rec = core.records.get(gid)
         if rec is not None:
             if rec.holders is None:
                 rec.holders = set()
             rec.holders.add(frm)
-        elif self.is_final(gid):
-            self.out.append(SendFinal(frm, gid))
+        elif core.is_final(gid):
+            core.out.append(SendFinal(frm, gid))
         else:
             self.held_for.setdefault(gid, {})[frm] = now
 
-    def _placeholder_final(self: DeliveryCore, gid: str) -> None:
-        for sid in self.placeholders.pop(gid, {}):
-            rt = self.subs.get(sid)
-            if rt is None:
-                sub = self.table.get(sid)
-                if sub is not None and sub.live and sub.home != self.router_id:
-                    self.out.append(SendFinal(sub.home, gid))  # it moved on: the FINAL follows it
-                continue
-            if rt.link is not None and rt.capable:
-                rt.notify.append(gid)
-                self._pump(rt)
-            else:
-                rt.final_unnotified.add(gid)
-            self.log.append(("placeholder_final", gid, None, sid, None))
-
-    # ---- read by the mesh side (interrouter/node.py)
-    # What the mesh layer (`interrouter.node.MeshNode`) asks of the core besides its inputs above:
-    # one input that configures the core for the mesh, and queries that read without writing. The
-    # node reads nothing else of the core (tests/unit/test_mesh_seam.py holds the list).
-
-    def set_mesh(self: DeliveryCore, size: int, incarnation: str) -> None:
-        """Input from the mesh layer when it starts: the topology has `size` routers (1: a router
-        alone) and this life of the router is `incarnation` (the one its adapter gave the core, if
-        it did: the router's), which claims in the subscription table and new identities carry."""
-        self.incarnation = incarnation
-        self.mesh_size = size
-
-    def reachable_routers(self: DeliveryCore) -> Mapping[str, str]:
-        """Router -> incarnation of every router this one reaches, itself included: what
-        `set_reachable` was last told (read only)."""
-        return self.reachable
-
-    def has_record(self: DeliveryCore, gid: str) -> bool:
+    def has_record(self, gid: str) -> bool:
         """Does this router hold a delivery record of `gid`?"""
-        return gid in self.records
+        core = self.core
+        return gid in core.records
 
-    def has_final_notes(self: DeliveryCore) -> bool:
+    def has_final_notes(self) -> bool:
         """Does this router keep any note on a final message whose outcome its publisher may have
         missed? (If not, `notes_on` finds nothing: the FINALs it sends need not ask it.)"""
-        return bool(self.final_notes) or bool(self.ids.id_notes)
+        core = self.core
+        return bool(core.final_notes) or bool(core.ids.id_notes)
 
-    def subscriptions_reclaimed(self: DeliveryCore) -> int:
-        """How many subscriptions this router claimed again for their live link here (a count that
-        only grows: `subscription_changed` raised it when it changed)."""
-        return self.stats_reclaimed
-
-    def in_total_order(self: DeliveryCore, topic: str) -> bool:
+    def in_total_order(self, topic: str) -> bool:
         """Is `topic` in total order here (the core keeps its numbering stream)?"""
-        return topic in self.total
+        core = self.core
+        return topic in core.total
 
-    def total_base(self: DeliveryCore, topic: str) -> int:
+    def total_base(self, topic: str) -> int:
         """Up to which number the stream of `topic` (in total order) forgot its history here
         (compacted; 0: nothing yet)."""
-        return self.total[topic].base
+        return self.core.total[topic].base
 
-    def total_checkpoint(self: DeliveryCore, topic: str) -> Checkpoint:
+    def total_checkpoint(self, topic: str) -> Checkpoint:
         """The checkpoint of the stream of `topic` (in total order) as it stands, compacted nothing
         more (`total_compact` compacts first)."""
-        return self.total[topic].checkpoint()
+        return self.core.total[topic].checkpoint()
 
-    def total_start_of(self: DeliveryCore, topic: str, sid: str, created: float) -> int | None:
+    def total_start_of(self, topic: str, sid: str, created: float) -> int | None:
         """The number that the start of the life of subscription `sid` created at `created` got in the
         stream of `topic` (in total order); None while it has none here."""
-        return self.total[topic].start_of(sid, created)
+        return self.core.total[topic].start_of(sid, created)

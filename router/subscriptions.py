@@ -18,7 +18,7 @@ the stale one, suspended at a router the client left. The router whose claim los
 the subscription's live link therefore claims again (`reclaim`, above the winner) instead of closing
 the link, when the winner is not backed by a link: suspended, or active in an earlier incarnation
 of its home (`inc`), or active at a router it cannot reach at the same epoch as its own
-(router/meshside.py, `subscription_changed`). A claim again is an ordinary claim: the merge stays
+(router/core.py, `subscription_changed`). A claim again is an ordinary claim: the merge stays
 the same join.
 
 A subscription belongs to the identity that made it (`owner`, docs/security.md): a router refuses
@@ -32,7 +32,7 @@ refused, or given up before every router acknowledged it) continues its line; el
 holds it (`created`, the making routers' clocks; then the identity's name), at every router and in
 any order of arrival. The other life's versions never win a merge (`ForeignClaim`): its attach is
 refused (the announcement's acknowledgement says why) and its link closed with
-amqp:unauthorized-access (router/meshside.py); the answered attach of the life that holds it is
+amqp:unauthorized-access (router/core.py); the answered attach of the life that holds it is
 never closed for it.
 
 This table is what a router persists (never messages): it is written, fsynced, whenever it changes

@@ -40,7 +40,7 @@ class CausalOrder(FifoOrder):
     __slots__ = ()
 
     def may_hand(self, rt: SubRuntime, rec: Record, redelivery: bool) -> Verdict | None:
-        if (rec.origin is None and not rec.pubs and not rec.pub_settled and self.core._withhold(rec, rt)) \
+        if (rec.origin is None and not rec.pubs and not rec.pub_settled and self.core.handing.withhold(rec, rt)) \
                 or (rec.preds and not self.ready(rec, rt.sid)):
             return PARK
         cpassed = rt.cpassed

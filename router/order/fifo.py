@@ -7,7 +7,7 @@ rules, both per record and subscription:
 
 - *Predecessors* (`Record.preds`, set by the core's chain of each publisher link at the origin and
   carried by copies): a record waits (PARK) until each predecessor is sent or resolved for the
-  subscription here, or final; one not known here is asked about (`DeliveryCore._await`).
+  subscription here, or final; one not known here is asked about (`Handing.await_pred`, router/handing.py).
 - *The high mark* (`SubRuntime.fifo_hi`, per publisher link the highest counter sent to the
   subscription here, or handed as its client says): for our clients, whose tags count their
   publish order (`Record.seq`), an earlier message sent for the first time only after a later one
@@ -15,7 +15,7 @@ rules, both per record and subscription:
   its tags are no order.
 
 A record whose publisher left the origin waits (PARK) until the mesh was asked about it
-(`DeliveryCore._withhold`), whatever the order. The state this mode keeps is on the subscription
+(`Handing.withhold`), whatever the order. The state this mode keeps is on the subscription
 (`fifo_hi`) and the record (`preds`); the count of holds is the core's `stats_fifo_held`.
 """
 
@@ -38,7 +38,7 @@ class FifoOrder(OrderPolicy):
     __slots__ = ()
 
     def may_hand(self, rt: SubRuntime, rec: Record, redelivery: bool) -> Verdict | None:
-        if (rec.origin is None and not rec.pubs and not rec.pub_settled and self.core._withhold(rec, rt)) \
+        if (rec.origin is None and not rec.pubs and not rec.pub_settled and self.core.handing.withhold(rec, rt)) \
                 or (rec.preds and not self.ready(rec, rt.sid)):
             return PARK  # kept in order; tick() pumps again
         return self.in_order(rt, rec, redelivery)
@@ -69,7 +69,7 @@ class FifoOrder(OrderPolicy):
         for p in rec.preds:
             r = core.records.get(p)
             if r is None:
-                if p in core.recent_final or p in core.old_finals or core._await(p):
+                if p in core.recent_final or p in core.old_finals or core.handing.await_pred(p):
                     continue
                 core.stats_fifo_held += 1
                 return False

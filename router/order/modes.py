@@ -14,7 +14,7 @@ from .policy import OrderPolicy
 from .total_policy import TotalOrder
 
 if TYPE_CHECKING:
-    from ..core import CoreConfig
+    from ..coreconfig import CoreConfig
 
 DEFAULT = "fifo"
 MODES: dict[str, type[OrderPolicy]] = {

@@ -20,17 +20,76 @@ The pump has no branch per mode: what differs between modes is in their policy.
 The modes (router/order/modes.py registers them; `CoreConfig` chooses one per topic, FIFO the
 default): `fifo.FifoOrder`, `causal_policy.CausalOrder`, `total_policy.TotalOrder` (one policy for
 both total orders: the mesh layer numbers a topic by the sequencer or by Lamport clocks and tells
-the core the numbers alike, `DeliveryCore.ordered`). A policy object belongs to one core and reads
-its records and subscriptions; the state it keeps for its mode is named in its module.
+the core the numbers alike, `DeliveryCore.ordered`). A policy object belongs to one core, which it sees
+through `OrderHost` (below), and reads its records and subscriptions; the state it keeps for its
+mode is named in its module.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from ..coreview import CoreView
 
 if TYPE_CHECKING:
-    from ..core import DeliveryCore
-    from ..state import Record, SubRuntime
+    from collections.abc import Mapping
+
+    from ..actions import Action
+    from ..coreconfig import CoreConfig
+    from ..finals import OldFinals
+    from ..handing import Handing
+    from ..state import Record, S, SubRuntime
+    from .total import TotalStream
+
+
+class CopyRoutes(Protocol):
+    """What a policy asks of the core's mesh side (router/meshside.py): does this origin drive a
+    record, and send its copies."""
+
+    def driving(self, rec: Record) -> bool: ...
+    def route(self, rec: Record, force: bool, unconfirmed_only: bool = False) -> None: ...
+
+
+class OrderHost(CoreView, Protocol):
+    """What the order policies ask of the delivery core (never its module): its records,
+    subscriptions and final memory (read), the handing part (`withhold`, `await_pred`), the core's
+    own steps a policy that walks runs (`_send`, `_owe`, `_resolve`, `_decide`; copies: `meshside`),
+    and the counts and causal pasts the policies keep on it."""
+
+    _now: float
+    stats_fifo_held: int
+    stats_causal_cycles: int
+    stats_causal_deps: int
+    stats_total_held: int
+    stats_total_late: int
+
+    @property
+    def cfg(self) -> CoreConfig: ...
+    @property
+    def recent_final(self) -> Mapping[str, float]: ...
+    @property
+    def old_finals(self) -> OldFinals: ...
+    @property
+    def total(self) -> Mapping[str, TotalStream]: ...
+    @property
+    def causal(self) -> Mapping[str, str]: ...
+    @property
+    def pasts(self) -> dict[tuple[str, str], dict[str, tuple[int, str, str, float]]]: ...
+    @property
+    def handing(self) -> Handing: ...
+    @property
+    def meshside(self) -> CopyRoutes: ...
+    @property
+    def out(self) -> list[Action]: ...
+    @property
+    def log(self) -> list[tuple[Any, ...]]: ...
+
+    def pump_topic(self, topic: str) -> None: ...
+    def _send(self, rt: SubRuntime, rec: Record, redelivery: bool) -> None: ...
+    def _owe(self, rec: Record, sid: str, home: str | None) -> SubRuntime | None: ...
+    def _resolve(self, rec: Record, sid: str, st: S, error: tuple[str, str] | None, now: float,
+                 why: str | None) -> None: ...
+    def _decide(self, rec: Record, now: float) -> None: ...
 
 
 class Verdict:
@@ -67,7 +126,7 @@ class OrderPolicy:
 
     __slots__ = ("core",)
 
-    def __init__(self, core: DeliveryCore) -> None:
+    def __init__(self, core: OrderHost) -> None:
         self.core = core
 
     def may_hand(self, rt: SubRuntime, rec: Record, redelivery: bool) -> Verdict | None:

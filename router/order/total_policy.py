@@ -45,7 +45,7 @@ class TotalOrder(OrderPolicy):
         if not self.ready(rec, rt, redelivery):
             return SKIP  # not its turn: handed by number when it is (`after_queue`), not kept in the queue
         core = self.core
-        if rec.origin is None and not rec.pubs and not rec.pub_settled and core._withhold(rec, rt):
+        if rec.origin is None and not rec.pubs and not rec.pub_settled and core.handing.withhold(rec, rt):
             # nothing numbered after it goes first (sent again in number order)
             if rec.tnum is not None:
                 sub = core.table.get(rt.sid)
@@ -69,7 +69,7 @@ class TotalOrder(OrderPolicy):
             rec = rt.owed.get(seq_of.get(nxt, ""))
             if rec is None or rec.owed.get(sid) is not S_QUEUED:
                 break
-            if rec.origin is None and not rec.pubs and not rec.pub_settled and core._withhold(rec, rt):
+            if rec.origin is None and not rec.pubs and not rec.pub_settled and core.handing.withhold(rec, rt):
                 rt.queue.append(rec.gid)  # asked about; tick() pumps again
                 self.ask_ahead(rt, topic, nxt)
                 break
@@ -90,7 +90,7 @@ class TotalOrder(OrderPolicy):
             r = rt.owed.get(g)
             if r is not None and r.owed.get(sid) is S_QUEUED and r.origin is None and not r.pubs \
                     and not r.pub_settled:
-                core._withhold(r, rt)
+                core.handing.withhold(r, rt)
 
     def ready(self, rec: Record, rt: SubRuntime, redelivery: bool) -> bool:
         """May `rt` be handed `rec` (a total-order topic) now? Only the next number of the topic owed
@@ -171,7 +171,7 @@ class TotalOrder(OrderPolicy):
                 continue
             # owed to it and not here (yet): its copy is on the way, or it was resolved for it
             # elsewhere (it moved); its FINAL tells
-            if core._await(key):
+            if core.handing.await_pred(key):
                 p += 1
                 continue
             break
@@ -200,10 +200,10 @@ class TotalOrder(OrderPolicy):
                     # started before it, but its entry has not reached our table yet (gossip and
                     # numbering race after a partition heals): owed; routed once the entry comes
                     core._owe(rec, sid, None)
-            if remote and rec.payload and core._driving(rec):
+            if remote and rec.payload and core.meshside.driving(rec):
                 # (an origin whose publisher left does not resurrect it: its publisher resent it
                 # elsewhere, where it may be final by now; see `reroute`)
-                core._route(rec, force=False)
+                core.meshside.route(rec, force=False)
         for sid, st in list(rec.owed.items()):
             if st is not S_QUEUED:
                 continue

@@ -421,7 +421,7 @@ def test_a_final_for_a_message_whose_publisher_delivery_is_open_here_is_ignored(
     assert h.core.handle_final(gid, h.now) is False
     acts = h.take()
     assert gid in h.core.records and not outcomes(acts)
-    assert h.core.stats_final_ignored == 1
+    assert h.core.meshside.stats_final_ignored == 1
     h.core.subscriber_credit(s1, 5)
     assert (s1, gid) in delivered(h.take())  # delivery carries on
     [o] = outcomes(h.outcome(s1, gid, Outcome.ACCEPTED))
@@ -590,7 +590,7 @@ def test_origin_chains_each_message_to_the_latest_earlier_one_not_final() -> Non
     assert h.core.records[g1].preds == ()
     assert h.core.records[g3].preds == (g1,)
     assert h.core.records[g2].preds == (g1,)
-    assert list(h.core.chain[PL]) == [g1, g2, g3]
+    assert list(h.core.handing.chain[PL]) == [g1, g2, g3]
 
 
 def test_origin_chains_a_client_not_ours_in_the_order_its_messages_came() -> None:
@@ -605,7 +605,7 @@ def test_origin_chains_a_client_not_ours_in_the_order_its_messages_came() -> Non
     assert [h.core.records[g].seq for g in (g1, g3, g2)] == [None, None, None]
     assert h.core.records[g3].preds == (g1,)
     assert h.core.records[g2].preds == (g3,)
-    assert list(h.core.chain[PL]) == [g1, g3, g2]
+    assert list(h.core.handing.chain[PL]) == [g1, g3, g2]
 
 
 def test_a_client_that_accepts_out_of_order_gets_the_earlier_message_again_after_a_resume() -> None:
