@@ -580,7 +580,9 @@ def summary_frame(spark: SparkSession, d: dict[str, Any]) -> DataFrame:
 
     scalars = {k: v for k, v in d.items() if not isinstance(v, list | dict)}
     types = {bool: StringType(), int: LongType(), float: DoubleType(), str: StringType()}
-    fields = [StructField(k, DoubleType() if k in ("since", "seconds") else types.get(type(v), StringType()))
+    # a null (`since` unset; the client view's counts when it judged nothing) keeps its column's type
+    fields = [StructField(k, DoubleType() if k in ("since", "seconds")
+                          else LongType() if v is None else types.get(type(v), StringType()))
               for k, v in scalars.items()]
     row = tuple(float(v) if isinstance(f.dataType, DoubleType) and v is not None
                 else (str(v) if isinstance(f.dataType, StringType) and v is not None else v)
