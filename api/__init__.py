@@ -29,15 +29,11 @@ The routers, the mesh layer, the launcher and the reconciliation are the subpack
 is `oncemesh --help`.
 """
 
-from .clients.blocking import BlockingClient as Client
-from .clients.blocking import BlockingPublisher as Publisher
-from .clients.blocking import BlockingSubscriber as Subscriber
-from .clients.blocking import connect
-from .clients.publisher import Publisher as AsyncPublisher
-from .clients.publisher import Result
-from .clients.runtime import Client as AsyncClient
-from .clients.subscriber import Delivered
-from .clients.subscriber import Subscriber as AsyncSubscriber
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .common.errors import (
     ClientError,
     LinkRefused,
@@ -51,6 +47,47 @@ from .common.errors import (
     ResourceLimitExceeded,
 )
 from .common.vocab import Outcome
+
+if TYPE_CHECKING:
+    from .clients.blocking import BlockingClient as Client
+    from .clients.blocking import BlockingPublisher as Publisher
+    from .clients.blocking import BlockingSubscriber as Subscriber
+    from .clients.blocking import connect
+    from .clients.publisher import Publisher as AsyncPublisher
+    from .clients.publisher import Result
+    from .clients.runtime import Client as AsyncClient
+    from .clients.subscriber import Delivered
+    from .clients.subscriber import Subscriber as AsyncSubscriber
+
+# The client (Proton, tenacity) is imported when one of its names is first used, not by `import
+# oncemesh`: importing a subpackage runs this file first, and the sans-IO core (`oncemesh.router.core`),
+# a router process and the tools must not load the client for it.
+_CLIENT: dict[str, tuple[str, str]] = {
+    "Client": ("clients.blocking", "BlockingClient"),
+    "Publisher": ("clients.blocking", "BlockingPublisher"),
+    "Subscriber": ("clients.blocking", "BlockingSubscriber"),
+    "connect": ("clients.blocking", "connect"),
+    "AsyncPublisher": ("clients.publisher", "Publisher"),
+    "Result": ("clients.publisher", "Result"),
+    "AsyncClient": ("clients.runtime", "Client"),
+    "Delivered": ("clients.subscriber", "Delivered"),
+    "AsyncSubscriber": ("clients.subscriber", "Subscriber"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _CLIENT[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f".{module}", __name__), attr)
+    globals()[name] = value  # (the next use is a plain attribute)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_CLIENT})
+
 
 __all__ = [
     "AsyncClient",

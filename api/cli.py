@@ -1,26 +1,23 @@
 """`oncemesh`: the one command-line entry point and the composition root.
 
 Each subcommand's arguments and work live next to what it runs; this module only puts them together
-(and composes the `router` command: configuration, topology, router)."""
+(and composes the `router` command: configuration, topology, router). Only the module of the
+subcommand being run is imported (`COMMANDS`): a router process loads no tool (bench, chaos, demo,
+soak) and no Spark code, and a host without pyspark runs every command that does not judge."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .clients import cli as clients_cli
-from .clients import stat
-from .harness import bench, chaos, demo, soak
-from .router import users
 from .router.config import RouterConfig, parse_hostport
 from .router.meshport import MeshPort
-from .spark import audit, job
-from .topology import check, launcher
 from .topology.model import Topology
 
 if TYPE_CHECKING:
@@ -36,7 +33,7 @@ across router crashes, failover and their own restarts (with a state directory).
 Start here:   oncemesh demo          (a demo mesh on loopback, publishes and checks delivery)
 """
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "router", help="run one router",
         description="Run one oncemesh router in the foreground until SIGTERM/SIGINT (stop now, cleanly) or\n"
@@ -233,23 +230,80 @@ def tune_malloc(mmap_threshold: int) -> None:
                     "large freed blocks may stay resident", mmap_threshold)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The modules that define the other subcommands (each a `register(sub)` that adds its parsers and
+# their `func`), with the commands each registers, in `oncemesh --help` order.
+# tests/unit/test_product_imports.py checks this table against what the modules register.
+COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("harness.demo", ("demo",)),
+    ("clients.cli", ("put", "subscribe", "get", "unsubscribe")),
+    ("topology.launcher", ("up", "status", "down", "drain", "roll")),
+    ("topology.check", ("check",)),
+    ("spark.job", ("reconcile",)),
+    ("spark.audit", ("audit",)),
+    ("harness.chaos", ("chaos",)),
+    ("harness.bench", ("bench",)),
+    ("harness.soak", ("soak",)),
+    ("router.users", ("user",)),
+    ("clients.stat", ("stat",)),
+)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Given the `command` about to run, only its module is imported
+    (none for `router`); without one (`oncemesh --help`, an unknown command) every module is."""
     parser = argparse.ArgumentParser(prog="oncemesh", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"oncemesh {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(sub)  # oncemesh router
-    for module in (demo, clients_cli, launcher, check, job, audit, chaos, bench, soak, users, stat):
-        module.register(sub)
+    known = command == "router" or any(command in names for _, names in COMMANDS)
+    for module, names in COMMANDS:
+        if not known or command in names:
+            importlib.import_module(f".{module}", __package__).register(sub)
     return parser
 
 
+def version() -> str:
+    """The installed distribution's version (a source tree without metadata says so)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("oncemesh")
+    except PackageNotFoundError:
+        return "(not installed: no version metadata)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    """The command line; output cut short by its reader (`oncemesh up ... | head`) ends it quietly."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # (the reader left: say nothing more on stdout, and do not let Python's exit flush fail again)
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # as a shell reports a process ended by SIGPIPE (128 + 13)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    rc: int = args.func(args)
+    try:
+        rc: int = args.func(args)
+    except ModuleNotFoundError as exc:  # pyspark, on a path that does not check for it up front
+        from .spark import pyspark_missing
+
+        missing = pyspark_missing(f"oncemesh {args.command}")
+        if missing is None or (exc.name or "").partition(".")[0] != "pyspark":
+            raise
+        print(missing, file=sys.stderr)
+        return 2
     return rc
 
 

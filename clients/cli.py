@@ -2,27 +2,27 @@
 
 Client identity (container-id) and state (outbox, deduplication store) live in --state-dir; the
 same state directory means the same client. Exit codes: 0 success; 1 a message was not accepted
-(or no router reachable); 2 usage; 3 get --count N timed out with fewer than N.
+(or no router reachable, or no outcome within put --timeout); 2 usage (and get from a subscription
+the state does not hold); 3 get --count N timed out with fewer than N.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..common.errors import ClientError, NoRouterAvailable
-from ..common.tls import TlsFiles
+from .options import client_credentials, security_arguments
 from .publisher import Publisher, Result
 from .runtime import Client
-from .state import default_state_dir
+from .stat import Management
+from .state import ClientState, default_state_dir
 
 DEFAULT_EXPIRY = 86400.0
 
@@ -36,22 +36,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect-timeout", type=float, default=30.0,
                    help="give up when no router is reachable for this long (seconds, default 30)")
     security_arguments(p)
-    p.add_argument("-v", "--verbose", action="store_true")
-
-
-def security_arguments(p: argparse.ArgumentParser) -> None:
-    """--user, --password-env, --ca, --cert, --key (put/get/subscribe/unsubscribe and stat)."""
-    sec = p.add_argument_group("security (docs/security.md)")
-    sec.add_argument("--user", default=None, help="log in as USER (SCRAM-SHA-256, or PLAIN over TLS); the "
-                                                  "password from $ONCEMESH_PASSWORD (--password-env) or a prompt")
-    sec.add_argument("--password-env", default="ONCEMESH_PASSWORD", metavar="VAR",
-                     help="environment variable holding the password (default ONCEMESH_PASSWORD; "
-                          "never on the command line, where other users could read it)")
-    sec.add_argument("--ca", type=Path, default=None,
-                     help="CA file (PEM) to trust for amqps:// routers (default: the system's)")
-    sec.add_argument("--cert", type=Path, default=None,
-                     help="client certificate (PEM), for routers that ask for one (SASL EXTERNAL without --user)")
-    sec.add_argument("--key", type=Path, default=None, help="the client certificate's key (PEM)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log the connection's progress on stderr")
 
 
 def _expiry(text: str) -> float:
@@ -63,20 +48,29 @@ def _expiry(text: str) -> float:
     return v
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("put", help="publish messages (waits for the outcome)",
                        description="Publish each MESSAGE (a string body) to TOPIC, exactly once. Waits "
                                    "until every message has its outcome; exit 0 only if all were "
-                                   "ACCEPTED. What an earlier put left in doubt (--no-wait, or a crash) "
+                                   "ACCEPTED. A message is ACCEPTED once every subscription of TOPIC "
+                                   "took it: one nobody reads (suspended, after `subscribe`) holds put "
+                                   "until `get` reads it; put says what it waits for every few seconds "
+                                   "(--progress), --timeout bounds the wait, --no-wait returns at once. "
+                                   "What an earlier put left in doubt (--no-wait, --timeout, or a crash) "
                                    "is resent first, from the outbox in --state-dir.")
-    p.add_argument("topic")
-    p.add_argument("messages", nargs="*", metavar="MESSAGE")
+    p.add_argument("topic", help="the topic to publish to")
+    p.add_argument("messages", nargs="*", metavar="MESSAGE", help="a message body (a string); several: "
+                                                                  "published in this order")
     _common(p)
     p.add_argument("--no-wait", action="store_true",
                    help="return once a router holds each message; it stays in the outbox, in doubt, "
                         "until a later put (or put --flush) gets its outcome")
     p.add_argument("--flush", action="store_true", help="only resend what the outbox holds, and wait")
-    p.add_argument("--timeout", type=float, default=None, help="give up waiting after S seconds (exit 1)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="give up waiting for the outcomes after S seconds (exit 1; what has none stays in "
+                        "doubt in the outbox, resent by the next put)")
+    p.add_argument("--progress", type=float, default=3.0, metavar="S",
+                   help="while waiting, say every S seconds on stderr what for (default 3)")
     p.add_argument("--link", default=None, help="publisher link name (default put:TOPIC)")
     p.set_defaults(func=cmd_put)
 
@@ -84,23 +78,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                        description="Create a durable subscription NAME on TOPIC and leave it suspended: "
                                    "messages published from now on are held for it until `get` "
                                    "collects them or it expires.")
-    p.add_argument("topic")
-    p.add_argument("--subscription", required=True, help="subscription name (the link name)")
+    p.add_argument("topic", help="the topic to subscribe to")
+    p.add_argument("--subscription", required=True, metavar="NAME", help="subscription name (the link name)")
     p.add_argument("--expiry", type=_expiry, default=DEFAULT_EXPIRY,
                    help=f"seconds it may stay detached before it ends (default {DEFAULT_EXPIRY:.0f}; 'never')")
     _common(p)
     p.set_defaults(func=cmd_subscribe)
 
     p = sub.add_parser("get", help="receive messages from a subscription",
-                       description="Attach to subscription NAME on TOPIC (creating it if needed), print "
-                                   "one message body per line on stdout, then detach (the subscription "
-                                   "stays). Each message is printed exactly once across calls.")
-    p.add_argument("topic")
-    p.add_argument("--subscription", required=True)
+                       description="Attach to subscription NAME on TOPIC, print one message body per "
+                                   "line on stdout, then detach (the subscription stays). Each message is "
+                                   "printed exactly once across calls. The subscription must be one this "
+                                   "--state-dir made (`oncemesh subscribe`): get creates none (exit 2).")
+    p.add_argument("topic", help="the topic the subscription is on")
+    p.add_argument("--subscription", required=True, metavar="NAME",
+                   help="the subscription to read (made by `oncemesh subscribe` with the same --state-dir)")
     p.add_argument("--count", type=int, default=None, help="stop after N messages (exit 3 if fewer by --timeout)")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop after S seconds (default: 2 without --count, none with it)")
-    p.add_argument("--expiry", type=_expiry, default=DEFAULT_EXPIRY, help="expiry if the subscription is created")
+    p.add_argument("--expiry", type=_expiry, default=DEFAULT_EXPIRY,
+                   help=argparse.SUPPRESS)  # (kept for old scripts: get creates no subscription now)
     p.add_argument("--json", action="store_true", help="print one JSON object per message (gid, body)")
     _common(p)
     p.set_defaults(func=cmd_get)
@@ -108,8 +105,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p = sub.add_parser("unsubscribe", help="end a subscription",
                        description="End subscription NAME on TOPIC at the routers (messages still held "
                                    "for it are released to their publishers as ended) and forget it here.")
-    p.add_argument("topic")
-    p.add_argument("--subscription", required=True)
+    p.add_argument("topic", help="the topic the subscription is on")
+    p.add_argument("--subscription", required=True, metavar="NAME", help="the subscription to end")
     _common(p)
     p.set_defaults(func=cmd_unsubscribe)
 
@@ -120,18 +117,6 @@ def _client(args: argparse.Namespace) -> Client:
     tls, user, password = client_credentials(args)
     return Client(args.url, state_dir=args.state_dir or default_state_dir(), log_dir=args.log_dir,
                   reconnect_timeout=args.connect_timeout, tls=tls, user=user, password=password)
-
-
-def client_credentials(args: argparse.Namespace) -> tuple[TlsFiles | None, str | None, str | None]:
-    """(TLS files, user, password) from `security_arguments`: the password from the environment
-    variable or, failing that, a prompt (never a command-line argument)."""
-    password = None
-    if args.user is not None:
-        password = os.environ.get(args.password_env)
-        if password is None:
-            password = getpass.getpass(f"password for {args.user}: ")
-    tls = TlsFiles(args.cert, args.key, args.ca) if (args.ca or args.cert or args.key) else None
-    return tls, args.user, password
 
 
 def _run(main: Any) -> int:
@@ -184,19 +169,90 @@ async def _put(args: argparse.Namespace) -> int:
                   f"in doubt in the outbox until a later put", file=sys.stderr)
             return 0
         futs = resent_futs + [await pub.send(m) for m in args.messages]
-        results: list[Result] = list(await asyncio.wait_for(asyncio.gather(*futs), args.timeout))
+        results = await _outcomes(client, args.topic, futs, args.timeout, args.progress)
+        if results is None:
+            left = sum(not f.done() for f in futs)
+            where = args.state_dir or default_state_dir()
+            print(f"oncemesh put: no outcome within {args.timeout:g}s for {left} of {len(futs)} message(s); "
+                  f"they stay in doubt in the outbox of {where}: the next put with this --state-dir (or "
+                  f"put --flush) resends them first, and no subscription gets any of them twice",
+                  file=sys.stderr)
+            return 1
         bad = [r for r in results if not r.accepted]
         for r in bad:
             cond = f" ({r.condition[0]}: {r.condition[1]})" if r.condition else ""
             print(f"oncemesh put: message {r.gid} {r.outcome.name}{cond}", file=sys.stderr)
         print(f"oncemesh put: {len(results) - len(bad)} of {len(results)} message(s) ACCEPTED", file=sys.stderr)
         return 0 if not bad else 1
-    except TimeoutError:
-        print(f"oncemesh put: no outcome within {args.timeout}s; the messages stay in doubt in the outbox",
-              file=sys.stderr)
-        return 1
     finally:
         await client.close()
+
+
+async def _outcomes(client: Client, topic: str, futs: list[asyncio.Future[Result]], timeout: float | None,
+                    every: float) -> list[Result] | None:
+    """The outcomes of `futs`, saying on stderr every `every` seconds what they wait for; None if
+    `timeout` passes first."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    started = loop.time()
+    probe = _WaitProbe(client, topic)
+    try:
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            step = every if left is None else min(every, left)
+            _, pending = await asyncio.wait(futs, timeout=max(step, 0.0))
+            if not pending:
+                return [f.result() for f in futs]
+            if deadline is not None and loop.time() >= deadline:
+                return None
+            print(f"oncemesh put: {len(pending)} of {len(futs)} message(s) without an outcome after "
+                  f"{loop.time() - started:.0f}s; {await probe.what()}", file=sys.stderr, flush=True)
+    finally:
+        probe.close()
+
+
+class _WaitProbe:
+    """What a put waits for, from the router's management view of the subscriptions: those of the
+    topic that still hold messages from this router (the message is ACCEPTED once every one took
+    it). Without the `manage` permission (or an answer), a sentence that says so."""
+
+    def __init__(self, client: Client, topic: str) -> None:
+        self.client = client
+        self.topic = topic
+        self.mgmt: Any = None
+        self.unavailable: str | None = None
+
+    async def what(self) -> str:
+        generic = f"waiting for every subscription of {self.topic!r} to accept"
+        if self.unavailable is not None:
+            return generic
+        try:
+            if self.mgmt is None:
+                self.mgmt = Management(self.client)
+            res = await self.mgmt.view("subscriptions", timeout=2.0)
+        except (ClientError, ConnectionError, TimeoutError) as exc:
+            self.unavailable = str(exc)
+            self.close()
+            return f"{generic} (the router's subscription view: {exc or type(exc).__name__})"
+        rows = [dict(zip(res["columns"], r, strict=False)) for r in res["rows"]]
+        owed = [r for r in rows if r.get("topic") == self.topic and r.get("state") != "ended"
+                and (r.get("backlog") or 0) > 0]
+        if not owed:
+            return f"{generic} (the router holds nothing for one now: outcomes on their way)"
+        names = ", ".join(f"{r.get('link')} ({r.get('state')}, home {r.get('home')}"
+                          f"{', holds ' + str(r['backlog']) if r.get('backlog') else ''})" for r in owed[:10])
+        more = f" and {len(owed) - 10} more" if len(owed) > 10 else ""
+        hint = " (a suspended subscription takes messages when `oncemesh get` reads it)" \
+            if any(r.get("state") == "suspended" for r in owed) else ""
+        return f"waiting for {len(owed)} subscription(s) to accept: {names}{more}{hint}"
+
+    def close(self) -> None:
+        if self.mgmt is not None:
+            self.client.remove_owner(self.mgmt)
+            for link in (self.mgmt.sender, self.mgmt.receiver):
+                if link is not None and link.local_active:
+                    link.close()
+            self.mgmt = None
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
@@ -234,7 +290,34 @@ def cmd_get(args: argparse.Namespace) -> int:
     return _run(_get(args))
 
 
+def known_subscription(args: argparse.Namespace) -> str | None:
+    """None if the state in --state-dir holds subscription --subscription on TOPIC; else what to
+    say. (A subscription belongs to the client identity of the state that made it: another state
+    dir is another client, and attaching would make it a new, empty subscription.)"""
+    state_dir = args.state_dir or default_state_dir()
+    subs: list[tuple[str, str, str, float | None]] = []
+    if (state_dir / "client.sqlite").exists():  # (else nothing to read: and none is made by asking)
+        state = ClientState(state_dir)
+        try:
+            subs = state.subscriptions()
+        finally:
+            state.close()
+    if any(link == args.subscription and topic == args.topic for _sid, topic, link, _exp in subs):
+        return None
+    on_other = sorted(topic for _sid, topic, link, _exp in subs if link == args.subscription)
+    mine = ", ".join(f"{link} on {topic!r}" for _sid, topic, link, _exp in subs) or "none"
+    other = f" (it has {args.subscription!r} on {', '.join(map(repr, on_other))})" if on_other else ""
+    return (f"the state in {state_dir} has no subscription {args.subscription!r} on {args.topic!r}{other}; "
+            f"its subscriptions: {mine}. A subscription belongs to the --state-dir that made it: give that "
+            f"one to resume it, or create it first with `oncemesh subscribe {args.topic} --subscription "
+            f"{args.subscription} --url ...` (it then holds what is published from that moment)")
+
+
 async def _get(args: argparse.Namespace) -> int:
+    unknown = known_subscription(args)
+    if unknown is not None:
+        print(f"oncemesh get: {unknown}", file=sys.stderr)
+        return 2
     client = _client(args)
     await client.start()
     try:

@@ -29,14 +29,8 @@ from ..common import ffi as F
 from ..common.engine import AmqpConnection, Link
 from ..common.errors import ClientError, LinkRefused
 from ..common.ids import counter_tag, global_id, publisher_link_id
-from ..common.vocab import (
-    PROP_CAUSAL_PAST,
-    PROP_CLIENT,
-    PROP_IN_DOUBT,
-    PROP_NEXT_SEQ,
-    PROP_RECEIVED,
-    Outcome,
-)
+from ..common.symbols import PROP_CAUSAL_PAST, PROP_CLIENT, PROP_IN_DOUBT, PROP_NEXT_SEQ, PROP_RECEIVED
+from ..common.vocab import Outcome
 
 if TYPE_CHECKING:
     from .runtime import Client

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +34,7 @@ from tenacity import (
 )
 
 from ..common.engine import AmqpConnection, Engine, Link, connect
-from ..common.errors import AuthenticationFailed, NoRouterAvailable, Redirect
+from ..common.errors import AuthenticationFailed, NoRouterAvailable, Redirect, TlsFailed
 from ..common.sasl import SaslClient
 from ..common.settlement_log import SettlementLog
 from ..common.tls import TlsFiles, make_context
@@ -120,6 +121,7 @@ class Client:
         self.redirects = 0  # times a draining router sent us elsewhere
         self.last_error: BaseException | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._handshake_cut: dict[str, int] = {}  # TLS handshakes a router cut off in a row, per URL
 
     # ------------------------------------------------------------------ settlement logs
     def settlement_log(self, role: str) -> SettlementLog:
@@ -203,18 +205,45 @@ class Client:
             self.owners.remove(owner)
 
     async def _connect_once(self) -> None:
-        assert self.engine is not None
+        engine = self.engine
+        assert engine is not None
         url = self.urls[self._url_index % len(self.urls)]
         self._url_index += 1
         host, port, secure = parse_url_tls(url)
         loop = asyncio.get_running_loop()
         self._opened = loop.create_future()
-        sasl = (lambda c: SaslClient(self.user, self.password, c.encrypted, self._certificate and c.encrypted)) \
-            if self.user is not None or self._certificate else None
-        conn = await connect(self.engine, lambda: AmqpConnection(
-            self.engine, self, server=False, container_id=self.container_id,  # type: ignore[arg-type]
-            idle_timeout=self.idle_timeout, hostname=host, sasl=sasl), host, port, timeout=self.connect_timeout,
-            tls=self._tls if secure else None)
+        # (our SASL layer even without credentials, ANONYMOUS: a router that takes no anonymous client
+        # then says so in the exchange, where Proton's own would only drop the connection)
+        sasl = lambda c: SaslClient(self.user, self.password, c.encrypted,  # noqa: E731
+                                    self._certificate and c.encrypted)
+        def make() -> AmqpConnection:
+            # (ours from the start: the router may refuse our login before `connect` returns)
+            self.conn = AmqpConnection(engine, self, server=False,
+                                       container_id=self.container_id, idle_timeout=self.idle_timeout,
+                                       hostname=host, sasl=sasl)
+            return self.conn
+
+        try:
+            conn = await connect(engine, make, host, port, timeout=self.connect_timeout,
+                                 tls=self._tls if secure else None)
+        except BaseException as exc:
+            self.conn = None
+            refused = self._opened.exception() if self._opened.done() and not self._opened.cancelled() else None
+            if isinstance(refused, AuthenticationFailed):
+                raise refused from None
+            final = tls_failure(url, exc) if isinstance(exc, ssl.SSLError) else None
+            if final is None and secure and isinstance(exc, ConnectionResetError | ssl.SSLEOFError):
+                # a router that cuts our TLS handshake off again is one that does not speak TLS there
+                # (a plain listener reads our ClientHello as a bad AMQP header and closes)
+                self._handshake_cut[url] = cut = self._handshake_cut.get(url, 0) + 1
+                if cut >= 2:
+                    final = TlsFailed(f"{url}: the router closed the connection during the TLS handshake "
+                                      f"({cut} times: {exc or type(exc).__name__}): is it a plain listener? "
+                                      f"then use amqp:// for it")
+            if final is None:
+                raise
+            raise final from None
+        self._handshake_cut.pop(url, None)
         self.conn = conn
         try:
             await asyncio.wait_for(asyncio.shield(self._opened), self.connect_timeout)
@@ -250,7 +279,7 @@ class Client:
             self.last_error = exc.last_attempt.exception()
             raise NoRouterAvailable(
                 f"no router reachable at {', '.join(self.urls)} within {self.reconnect_timeout}s "
-                f"({attempt} attempts; last error: {self.last_error})") from None
+                f"({attempt} attempts; last error: {describe(self.last_error, self.connect_timeout)})") from None
 
     def _schedule_reconnect(self) -> None:
         if self._closing or (self._reconnect_task is not None and not self._reconnect_task.done()):
@@ -260,7 +289,7 @@ class Client:
             try:
                 await self._connect_with_failover()
                 self.failovers += 1
-            except (NoRouterAvailable, AuthenticationFailed) as exc:
+            except (NoRouterAvailable, AuthenticationFailed, TlsFailed) as exc:
                 self.last_error = exc
                 log.error("client.gave_up %s", exc)
                 for owner in self.owners:
@@ -327,9 +356,14 @@ class Client:
         if condition is not None and condition[0] == Redirect.condition:
             self._redirected(conn.remote_condition_info())
         if self._opened is not None and not self._opened.done():
-            if conn.auth_error is not None:  # (not worth retrying: the same credentials fail again)
-                self._opened.set_exception(AuthenticationFailed(f"{self.urls[(self._url_index - 1) % len(self.urls)]}: "
-                                                                f"{conn.auth_error}"))
+            url = self.urls[(self._url_index - 1) % len(self.urls)]
+            if conn.auth_error is not None and self.user is None and not self._certificate:
+                self._opened.set_exception(AuthenticationFailed(
+                    f"{url}: authentication required: the router takes no anonymous client; log in with "
+                    f"--user (password from $ONCEMESH_PASSWORD) or a client certificate (--cert/--key) "
+                    f"({conn.auth_error})"))
+            elif conn.auth_error is not None:  # (not worth retrying: the same credentials fail again)
+                self._opened.set_exception(AuthenticationFailed(f"{url}: {conn.auth_error}"))
             else:
                 self._opened.set_exception(ConnectionError(f"connection closed: {condition}"))
         was_connected = self._connected.is_set()
@@ -337,7 +371,37 @@ class Client:
         self.conn = None
         self.session = None
         if was_connected:
-            log.warning("client.connection_lost url=%s condition=%s", self.router_url, condition)
+            if self._closing:  # (ours: close() ended it; nothing was lost)
+                log.debug("client.closed url=%s", self.router_url)
+            else:
+                log.warning("client.connection_lost url=%s condition=%s", self.router_url, condition)
             for owner in list(self.owners):
                 owner.connection_lost()
             self._schedule_reconnect()
+
+
+def describe(exc: BaseException | None, connect_timeout: float) -> str:
+    """An error for a message: its text, or its kind when it has none (a timeout)."""
+    if exc is None:
+        return "none"
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError) and not str(exc):
+        return f"no answer within {connect_timeout:g}s"
+    return str(exc) or type(exc).__name__
+
+
+# OpenSSL's reasons when the other end does not speak TLS (it answered with AMQP's header)
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "UNKNOWN_PROTOCOL",
+                      "HTTP_REQUEST", "WRONG_SSL_VERSION", "UNSUPPORTED_PROTOCOL"})
+
+
+def tls_failure(url: str, exc: ssl.SSLError) -> TlsFailed | None:
+    """The final error a failed TLS handshake stands for (None: one worth retrying, e.g. cut short)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return TlsFailed(f"{url}: TLS: the router's certificate is not trusted ({exc.reason}: {exc.verify_message}); "
+                         f"name the "
+                         f"CA that signed it with --ca (or tls=TlsFiles(ca=...)), and a URL host the "
+                         f"certificate names")
+    if exc.reason in _NOT_TLS:
+        return TlsFailed(f"{url}: TLS handshake failed ({exc.reason}): the port does not speak TLS (a plain "
+                         f"listener?): use amqp:// for it")
+    return None

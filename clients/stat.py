@@ -23,7 +23,7 @@ from ..common import ffi as F
 from ..common import mgmtwire as W
 from ..common.engine import AmqpConnection, Link
 from ..common.errors import ClientError, LinkRefused
-from .cli import client_credentials, security_arguments
+from .options import client_credentials, security_arguments
 from .runtime import Client
 
 
@@ -157,7 +157,7 @@ class Management:
 
 
 # ---------------------------------------------------------------------- command line
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     views = "\n".join(f"  {name:14} {what}" for name, what in W.VIEWS.items())
     p = sub.add_parser(
         "stat", help="show a router's connections, links, topics, subscriptions, peers, ... (management)",
@@ -180,7 +180,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                    help=f"rows per view at most (default {W.DEFAULT_LIMIT}, up to {W.MAX_ROWS}; asked for "
                         f"{W.PAGE_MAX} at a time); a cut view says so")
     p.add_argument("--all", action="store_true", help="subscriptions: ended ones too (kept until forgotten)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the router (default 10)")
+    p.add_argument("--connect-timeout", "--timeout", dest="timeout", type=float, default=10.0,
+                   help="seconds to wait for the router (default 10)")
     security_arguments(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log the connection's progress on stderr")
     p.set_defaults(func=cmd_stat)

@@ -31,7 +31,8 @@ from ..common import ffi as F
 from ..common.engine import AmqpConnection, Link
 from ..common.errors import ClientError, LinkRefused
 from ..common.ids import PLID_LEN, counter_seq, is_control_tag, subscription_id
-from ..common.vocab import FINAL_SUBJECT, PROP_CLIENT, PROP_EPOCH, PROP_HANDED_LAST, PROP_RESUME, PROP_RESUMED
+from ..common.symbols import PROP_CLIENT, PROP_EPOCH, PROP_HANDED_LAST, PROP_RESUME, PROP_RESUMED
+from ..common.vocab import FINAL_SUBJECT
 
 if TYPE_CHECKING:
     from .runtime import Client

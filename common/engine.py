@@ -35,6 +35,7 @@ from . import errors
 from . import ffi as F
 from .cmalloc import trimmer
 from .ffi import ffi, lib
+from .passrules import HeldInput, PassClock, PassEnd, Read, Timer
 from .sasl import SaslClient, SaslError, SaslServer
 from .tls import TlsProvider, peer_common_name, peer_names
 
@@ -70,10 +71,9 @@ _from_buffer = ffi.from_buffer
 _NULL = ffi.NULL
 _E_DELIVERY = F.E_DELIVERY
 _E_LINK_FLOW = F.E_LINK_FLOW
+_NO_CLOCK = PassClock()  # (no pass-end hook: no poll times to go by)
 
 DEFAULT_IDLE_TIMEOUT = 2.0
-STALL_GAP = 0.1  # seconds: held mesh input at the end of a pass this long (a stall) waits for one more poll
-HOLD_GAP = 0.5  # seconds: a pass this late (a process stopped, or starved) is a stall: `Engine.on_stall` hooks run
 GC_THRESHOLD = 50_000  # young-generation allocations between cyclic collections (see tune_gc)
 DEFAULT_MAX_FRAME = 1024 * 1024
 _READ_CHUNK = 64 * 1024
@@ -113,10 +113,9 @@ class _PassEnd(selectors.BaseSelector):
         self.loop = loop
         self.inner = inner
         self.pending: list[Engine] = []  # engines with a flush due at the end of this pass
-        self.polled_at = 0.0  # (monotonic) when the selector last returned: the start of this pass
-        self._returned = 0.0  # (monotonic) when the previous poll returned
-        self.stall_noted = False  # this pass's stall was told to the hooks
-        self.passes = 0  # polls so far: which pass this is
+        # (monotonic) the passes' times and whether this one comes after a stall: the edge's rules
+        # decide (common/passrules.py), this selector times the polls
+        self.clock = PassClock()
         self.stall_hooks: list[Callable[[], None]] = []  # (`Engine.on_stall`)
 
     @classmethod
@@ -129,7 +128,7 @@ class _PassEnd(selectors.BaseSelector):
                 hasattr(loop, a) for a in ("_ready", "_scheduled", "_stopping")):
             return None
         hook = cls(loop, sel)
-        loop._selector = hook  # type: ignore[attr-defined]
+        loop._selector = hook  # type: ignore[attr-defined]  # asyncio's selector loop keeps its selector private: the pass-end hook wraps it
         return hook
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
@@ -143,27 +142,18 @@ class _PassEnd(selectors.BaseSelector):
                 timeout = due if timeout is None else min(timeout, due)
         before = time.monotonic()
         events = self.inner.select(timeout)
-        after = time.monotonic()
-        # A process stopped (SIGSTOP) while it waits here wakes with the events of the moment it was
-        # stopped, not of the moment it goes on: a poll that took longer than its timeout allowed
-        # dates from before it (`AmqpConnection._held_input_stale`)
-        late = timeout is not None and after - before > timeout + STALL_GAP
-        self.polled_at = before if late else after
-        # a stall: stopped in or around this poll (late), or in the pass before it (which took long)
-        stalled = (timeout is not None and after - before > timeout + HOLD_GAP) or (
-            self._returned > 0.0 and before - self._returned > HOLD_GAP)
-        self._returned = after
-        self.stall_noted = False
-        self.passes += 1
-        if stalled:
-            self.note_stall()
+        # (a process stopped (SIGSTOP) while it waits here wakes with the events of the moment it
+        # was stopped: the clock dates such a poll from before it, and tells a stall)
+        if self.clock.polled(before, time.monotonic(), timeout):
+            self.tell_stall()
         return events
 
     def note_stall(self) -> None:
         """Tell the hooks, once per pass, that this pass comes after a stall of the process."""
-        if self.stall_noted:
-            return
-        self.stall_noted = True
+        if self.clock.note_stall():
+            self.tell_stall()
+
+    def tell_stall(self) -> None:
         for fn in self.stall_hooks:
             try:
                 fn()
@@ -224,7 +214,7 @@ class Engine:
         # it makes a handler decide dates from then, even if the process stalls before the decision
         # (the router's mesh frames: docs/settlement-log.md, "Times")
         self.input_at = 0.0
-        self.input_pass = -1  # (`_PassEnd.passes` when `input_at` was taken)
+        self.input_pass = -1  # (`PassClock.passes` when `input_at` was taken)
         # run at the end of every pass that has output, after the after-pass functions and before
         # any connection is flushed: what must be on record before the peers learn of it (the
         # router's settlement log: write-ahead evidence, docs/settlement-log.md)
@@ -255,9 +245,14 @@ class Engine:
         """When this pass's latest input was taken (None: none yet in this pass, or no pass-end
         hook to tell passes apart): what the pass decides from it dates from then."""
         pass_end = self._pass_end
-        if pass_end is None or self.input_pass != pass_end.passes:
+        if pass_end is None or self.input_pass != pass_end.clock.passes:
             return None
         return self.input_at
+
+    @property
+    def pass_clock(self) -> PassClock | None:
+        """The loop's passes (common/passrules.py; None without the pass-end hook)."""
+        return self._pass_end.clock if self._pass_end is not None else None
 
     def on_stall(self, fn: Callable[[], None]) -> None:
         """Call `fn` at the start of any pass that comes after a stall of the process (SIGSTOP, a
@@ -548,12 +543,11 @@ class AmqpConnection(asyncio.Protocol):
         # router that stalled (frozen, starved) finds a peer's messages and a client's goodbye both
         # waiting; its clients' input must be taken first, or it hands messages into a link whose
         # client has already left (and, failed over, accepted them elsewhere): a hand-over no one
-        # receives, yet on record as a second delivery (docs/architecture.md, "Input order").
+        # receives, yet on record as a second delivery (docs/engine.md, "Input order").
+        # What is held and when it is taken: the edge's rules (common/passrules.py, `HeldInput`).
         self.defer_input = False
         self._deferred: list[bytes] = []
-        self._eof_held = False  # an EOF that came after held input: it follows that input
-        self._deferred_at = 0.0  # (monotonic) when the held input's first part was read
-        self._repolled = False  # the held input already waited for one more poll
+        self._hold = HeldInput()  # (monotonic times)
         self.sasl: SaslServer | SaslClient | None = None
         self.user: str | None = None  # who logged in (SASL), None before or without
         self.auth_error: str | None = None  # why our login failed (client side)
@@ -646,8 +640,7 @@ class AmqpConnection(asyncio.Protocol):
             self._sasl_received(data)
             return
         if self.defer_input:
-            if not self._deferred:
-                self._deferred_at = time.monotonic()
+            if self._hold.read(time.monotonic()) is Read.HOLD_FIRST:
                 self.engine.call_after_pass(self._deferred_at_pass_end)
             self._deferred.append(data)
             return
@@ -657,18 +650,16 @@ class AmqpConnection(asyncio.Protocol):
         """Did the process stall (frozen, starved) since the held input was read, or since this
         pass polled its sockets? Then its clients may have said something meanwhile that is not
         read yet."""
-        since = self._deferred_at
         pass_end = self.engine._pass_end
-        if pass_end is not None and 0.0 < pass_end.polled_at < since:
-            since = pass_end.polled_at
-        return time.monotonic() - since > STALL_GAP
+        clock = pass_end.clock if pass_end is not None else _NO_CLOCK
+        return clock.stale(self._hold.since, time.monotonic())
 
     def _deferred_at_pass_end(self) -> None:
-        if self._deferred and not self.closed and not self._repolled and self._held_input_stale():
+        held = self._hold
+        if held.held and held.at_pass_end(not held.repolled and self._held_input_stale(),
+                                          self.closed) is PassEnd.REPOLL:
             # let the loop poll once more first (this callback then runs ahead of that poll's
-            # reads, the pass end after them); once only, or a loop whose every pass is slow would
-            # starve the mesh
-            self._repolled = True
+            # reads, the pass end after them)
             self.engine.loop.call_soon(self.engine.call_after_pass, self._deferred_at_pass_end)
             return
         self._take_deferred()
@@ -679,14 +670,12 @@ class AmqpConnection(asyncio.Protocol):
         if not self._deferred:
             return
         chunks, self._deferred = self._deferred, []
-        self._repolled = False
+        eof = self._hold.taken()
         if not self.closed:
             self._push(chunks[0] if len(chunks) == 1 else b"".join(chunks))
-        if self._eof_held:
-            self._eof_held = False
-            if not self.closed:
-                lib.pn_transport_close_tail(self.pn_transport)
-                self._process()
+        if eof and not self.closed:
+            lib.pn_transport_close_tail(self.pn_transport)
+            self._process()
 
     # -- SASL (before AMQP) ----------------------------------------------------------------------
     def _sasl_received(self, data: bytes) -> None:
@@ -756,9 +745,10 @@ class AmqpConnection(asyncio.Protocol):
         eng.input_at = time.time()
         pass_end = eng._pass_end
         if pass_end is not None:
-            eng.input_pass = pass_end.passes
-        if pass_end is not None and not pass_end.stall_noted and time.monotonic() - pass_end.polled_at > HOLD_GAP:
-            pass_end.note_stall()  # (stopped after this pass polled: what it reads now is the stall's)
+            clock = pass_end.clock
+            eng.input_pass = clock.passes
+            if clock.input_taken(time.monotonic()):
+                pass_end.tell_stall()  # (stopped after this pass polled: what it reads now is the stall's)
         view = memoryview(data)
         while view:
             n = lib.pn_transport_push(self.pn_transport, ffi.from_buffer(view), len(view))
@@ -783,8 +773,7 @@ class AmqpConnection(asyncio.Protocol):
             sasl.done = True
             self.sock.close()
             return False
-        if self._deferred:  # the end waits behind the input it follows (`defer_input`)
-            self._eof_held = True
+        if self._deferred and self._hold.eof():  # the end waits behind the input it follows (`defer_input`)
             return False
         lib.pn_transport_close_tail(self.pn_transport)
         self._process()
@@ -1017,7 +1006,8 @@ class AmqpConnection(asyncio.Protocol):
         self._timer = None
         if not self.closed:
             if self._deferred:
-                if not self._repolled and self._held_input_stale():
+                held = self._hold
+                if held.on_timer(not held.repolled and self._held_input_stale()) is Timer.WAIT:
                     return  # (stalled: the pass end takes it after one more poll, then ticks)
                 self._take_deferred()  # (held input first: the idle check must not miss what came)
             self._process()

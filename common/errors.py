@@ -134,6 +134,13 @@ class AuthenticationFailed(ClientError):
     condition = "amqp:unauthorized-access"
 
 
+class TlsFailed(ClientError):
+    """A TLS handshake no retry mends: the router's certificate is not one we trust, or the port
+    does not speak TLS (an amqps:// URL for a plain listener)."""
+
+    condition = "amqp:unauthorized-access"
+
+
 class LinkRefused(ClientError):
     """A router refused our link; `condition` is the AMQP error condition it gave."""
 

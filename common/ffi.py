@@ -1,7 +1,7 @@
 """Every direct access to Proton's C engine (python-qpid-proton 0.40.0, cffi) lives here.
 
 We drive the engine with raw cffi calls instead of Proton's Python wrapper objects: a wrapper call
-costs microseconds, a `lib` call ~0.05 µs (../shared/notes/proton-engine.md). Rare operations
+costs microseconds, a `lib` call ~0.05 µs (docs/engine.md, "The engine layer"). Rare operations
 (terminus, properties, conditions) use small helpers here so that no other module touches cffi.
 """
 
@@ -144,7 +144,7 @@ def from_buffer(b: bytes | bytearray | memoryview) -> Any:
 # lies beyond the newest `keep`: it reads the connection's pool pointer from its struct (0.40.0's
 # layout, checked against two fields Proton's public getters return before it is trusted) and
 # pops with Proton's own list and reference-count functions (exported by the shared object, not
-# by cffi's `lib`: reached in ABI mode, as ../shared/notes/proton-engine.md describes).
+# by cffi's `lib`: reached in ABI mode, as docs/engine.md, "The engine layer", describes).
 _CONNECTION_POOL = 368  # offsetof(pn_connection_t, delivery_pool), 0.40.0, LP64
 _CONNECTION_CHECKS = ((176, "pn_connection_transport"), (360, "pn_connection_attachments"))  # (pure getters)
 _abi_lib: Any = None

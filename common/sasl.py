@@ -81,10 +81,10 @@ class FrameReader:
             raise SaslError(f"undecodable SASL frame: {exc}") from None
         if not isinstance(obj, Described) or not isinstance(obj.value, list):
             raise SaslError("a SASL frame that is not a described list")
-        try:
-            code = int(obj.descriptor)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise SaslError(f"a SASL frame with descriptor {obj.descriptor!r}") from None
+        # a numeric descriptor (a ulong); a symbolic one, or anything else, is not a SASL frame of ours
+        if not isinstance(obj.descriptor, int):
+            raise SaslError(f"a SASL frame with descriptor {obj.descriptor!r}")
+        code = int(obj.descriptor)
         # (binary fields are views into the decoder's buffer, gone with it: copied now)
         return code, [bytes(v) if isinstance(v, memoryview) else v for v in obj.value]
 
@@ -157,13 +157,21 @@ class ServerPolicy:
     encrypted: bool
     external: str | None = None
     allow_anonymous: bool = False
+    # password logins offered at all (SCRAM; PLAIN only over TLS): a listener without TLS may refuse them
+    passwords: bool = True
+    # an unknown user's stand-in secret (the same iteration count as real ones, a salt stable per
+    # name): its login costs and looks the same as a known user's; None: a per-process one
+    decoy: Callable[[str], ScramSecret] | None = None
+    # seconds a password login of this user (from this connection's address) must wait; 0: go
+    throttle: Callable[[str], float] | None = None
 
     def mechanisms(self) -> list[str]:
         mechs = []
         if self.external is not None:
             mechs.append(EXTERNAL)
-        mechs.append(SCRAM)
-        if self.encrypted:
+        if self.passwords:
+            mechs.append(SCRAM)
+        if self.encrypted and self.passwords:
             mechs.append(PLAIN)
         if self.allow_anonymous:
             mechs.append(ANONYMOUS)
@@ -187,6 +195,9 @@ class SaslServer:
         self.without_sasl = False  # the client went straight to AMQP (anonymous, if allowed)
         self._scram: tuple[str, str, str, ScramSecret] | None = None  # (user, client-first-bare, server-first)
         self._pending = b""
+        self.login: str | None = None  # the user name a password login gave (known or not)
+        self.throttled = False  # refused unheard: too many failed logins of this user or address
+        self._known = False  # the user of the login is in the users file
         # a PLAIN password to check, (secret, password, user): `secret.check_password(password)`
         # then `resolve(ok)`; the exchange waits meanwhile
         self.check: tuple[ScramSecret, str, str] | None = None
@@ -201,7 +212,7 @@ class SaslServer:
         assert self.check is not None
         _, _, user = self.check
         self.check = None
-        if not ok:
+        if not ok or not self._known:
             return self._outcome(AUTH, None, f"wrong user name or password for {user!r}")
         out = self._outcome(OK, user, None)
         self.amqp += bytes(self.reader.buf)
@@ -233,7 +244,7 @@ class SaslServer:
                 raise SaslError(f"not an AMQP SASL header: {head!r}")
             self.header_seen = True
             out.append(SASL_HEADER)
-            out.append(encode_frame(MECHANISMS, [Array(UNDESCRIBED, Data.SYMBOL,  # type: ignore[arg-type]
+            out.append(encode_frame(MECHANISMS, [Array(UNDESCRIBED, Data.SYMBOL,  # type: ignore[arg-type]  # proton annotates Array's descriptor as PythonAMQPData, yet its own UNDESCRIBED (a Constant) is how it takes none
                                                        *[symbol(m) for m in self.policy.mechanisms()])]))
             data = rest
         self.reader.feed(data)
@@ -266,17 +277,38 @@ class SaslServer:
                 if len(parts) != 3:
                     return self._outcome(AUTH, None, "malformed PLAIN response")
                 user, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
-                secret = self.policy.secrets(user)
-                if secret is None:
-                    return self._outcome(AUTH, None, f"wrong user name or password for {user!r}")
-                # checking costs a PBKDF2 (~0.1 s): the I/O edge runs it off the event loop
-                self.check = (secret, password, user)
+                busy = self._throttled(user)
+                if busy:
+                    return busy
+                # checking costs a PBKDF2 (~0.1 s): the I/O edge runs it off the event loop; an
+                # unknown user's password is checked against a decoy, the same work, and fails
+                self.check = (self._secret(user), password, user)
                 return b""
-            return self._scram_first(resp)
             return self._scram_first(resp)
         if code == RESPONSE and self.mechanism == SCRAM and self._scram is not None:
             return self._scram_final(_bytes(_field(fields, 0)))
         raise SaslError(f"unexpected SASL frame 0x{code:x} in the exchange")
+
+    def _throttled(self, user: str) -> bytes:
+        """The outcome for a login that must wait (too many failures), else nothing."""
+        self.login = user
+        wait = self.policy.throttle(user) if self.policy.throttle is not None else 0.0
+        if wait <= 0:
+            return b""
+        self.throttled = True
+        return self._outcome(SYS_TEMP, None, f"too many failed logins for {user!r} or from this address: "
+                                             f"try again in {wait:.0f} s")
+
+    def _secret(self, user: str) -> ScramSecret:
+        """The user's secret, or for an unknown user a decoy that costs and looks the same."""
+        secret = self.policy.secrets(user)
+        self._known = secret is not None
+        if secret is not None:
+            return secret
+        if self.policy.decoy is not None:
+            return self.policy.decoy(user)
+        salt = hmac.digest(_DECOY_KEY, user.encode(), "sha256")[:16]
+        return ScramSecret(salt, 100_000, os.urandom(32), os.urandom(32))
 
     def _scram_first(self, resp: bytes) -> bytes:
         msg = resp.decode(errors="replace")
@@ -285,15 +317,13 @@ class SaslServer:
         bare = msg.split(",", 2)[2] if msg.count(",") >= 2 else ""
         attrs = _scram_attrs(bare)
         user, cnonce = _saslname(attrs.get("n", "")), attrs.get("r", "")
-        secret = self.policy.secrets(user)
         if not user or not cnonce:
             return self._outcome(AUTH, None, "malformed SCRAM client-first message")
-        if secret is None:  # (an unknown user gets a challenge like any other, and fails later)
-            salt = hmac.digest(_DECOY_KEY, user.encode(), "sha256")[:16]
-            secret = ScramSecret(salt, 100_000, os.urandom(32), os.urandom(32))
-            user_known = False
-        else:
-            user_known = True
+        busy = self._throttled(user)
+        if busy:
+            return busy
+        secret = self._secret(user)  # (an unknown user gets a challenge like any other, and fails later)
+        user_known = self._known
         nonce = cnonce + base64.b64encode(os.urandom(18)).decode()
         first = f"r={nonce},s={base64.b64encode(secret.salt).decode()},i={secret.iterations}"
         self._scram = (user if user_known else "", bare, first, secret)

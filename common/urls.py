@@ -11,7 +11,7 @@ from typing import Any
 
 from proton import ushort
 
-from .vocab import REDIRECT_HOSTNAME, REDIRECT_NETWORK_HOST, REDIRECT_PORT, REDIRECT_ROUTER
+from .symbols import REDIRECT_HOSTNAME, REDIRECT_NETWORK_HOST, REDIRECT_PORT, REDIRECT_ROUTER
 
 
 def parse_url_tls(url: str) -> tuple[str, int, bool]:

@@ -1,15 +1,15 @@
-"""Wire vocabulary shared by routers, the mesh and clients: message outcomes, the link and connection
-properties of oncemesh's extensions (docs/wire-protocol.md), and the final notifications."""
+"""Wire vocabulary shared by routers, the mesh and clients: message outcomes and the final
+notifications. The AMQP symbols of oncemesh's extensions (link and connection properties, a
+redirect's fields) are Proton values: they are in `symbols`, so that this module, and the sans-IO
+core that imports it, loads no Proton."""
 
 from __future__ import annotations
 
 from enum import IntEnum
 
-from proton import symbol
-
 
 class Outcome(IntEnum):
-    """What a publisher is told of a message (promise 2 of the contract: ACCEPTED only once every subscription in force accepted it or ended)."""
+    """What a publisher is told of a message (docs/promises.md, promise 2: ACCEPTED only once every subscription in force accepted it or ended)."""
     ACCEPTED = 1
     REJECTED = 2
     RELEASED = 3
@@ -19,29 +19,6 @@ class Outcome(IntEnum):
 # (module constants for per-message code: see router.core.S_QUEUED)
 O_ACCEPTED, O_REJECTED, O_RELEASED, O_MODIFIED = Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RELEASED, Outcome.MODIFIED
 
-
-# link properties of the client extensions (resume, in-doubt declarations, ...)
-PROP_CLIENT = symbol("oncemesh.client")  # our client library (understands final notifications)
-PROP_RESUME = symbol("oncemesh.resume")  # subscriber: ids accepted but not seen settled
-PROP_IN_DOUBT = symbol("oncemesh.in-doubt")  # publisher: tags it still holds in doubt
-PROP_NEXT_SEQ = symbol("oncemesh.next-seq")  # publisher: the next counter-tag sequence number it uses
-PROP_RESUMED = symbol("oncemesh.resumed")  # router -> subscriber: the subscription resumed
-PROP_RECEIVED = symbol("oncemesh.received")  # publisher: send RECEIVED once a router holds a message
-PROP_EPOCH = symbol("oncemesh.epoch")  # subscription epoch: answered on attach, presented on resume
-PROP_CAUSAL_PAST = symbol("oncemesh.causal-past")  # publisher: [gid, topic] of its client's causal past
-PROP_HANDED_LAST = symbol("oncemesh.handed-last")  # subscriber: per publisher link, the latest id handed over
-# connection and link properties naming a router, and those of inter-router connections
-PROP_ROUTER = symbol("oncemesh.router")
-PROP_INCARNATION = symbol("oncemesh.incarnation")
-PROP_MESH = symbol("oncemesh.mesh")
-PROP_VERSION = symbol("oncemesh.version")  # inter-router: the protocol version the router speaks (absent: 1)
-PROP_CLIENT_URL = symbol("oncemesh.client-url")  # inter-router: where the router's clients connect
-
-# the info fields of a redirect condition (AMQP 1.0, amqp:connection:redirect and amqp:link:redirect)
-REDIRECT_HOSTNAME = symbol("hostname")
-REDIRECT_NETWORK_HOST = symbol("network-host")
-REDIRECT_PORT = symbol("port")
-REDIRECT_ROUTER = symbol("oncemesh.router")  # ours: the id of the router it points at
 
 # final notifications: pre-settled control transfers to our subscribers naming ids accepted on an
 # earlier link that are now final (tags start with "$", which no global id does)

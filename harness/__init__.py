@@ -1,2 +1,3 @@
-"""Measurement and test harness: bench, demo, failover and convergence measurements, chaos runs, router
-and client processes for tests. Product code (trio.testing style), outside the router."""
+"""The tools around the product: bench, demo, failover and convergence measurements, chaos and soak
+runs, and the router and client processes they drive (procs.py, which the tests use too). Each is
+loaded by its subcommand when it runs: a router process imports none of them."""

@@ -43,7 +43,7 @@ from typing import Any
 
 from ..topology.load import example_path
 from .benchclients import MIN_SIZE, MODES
-from .testing import Proc, RouterProcess, cpu_seconds, python_cmd, read_json, rss_kb, wait_for
+from .procs import Proc, RouterProcess, cpu_seconds, python_cmd, read_json, rss_kb, wait_for
 
 CLIENTS_NOTE = ("lean engine clients (harness.benchclients: common.engine driven directly, one "
                 "process per publisher and subscriber), not the full client library (its dedup store, "
@@ -152,7 +152,8 @@ def run_container_relay(ready: Path, host: str = "127.0.0.1") -> int:
     Exactly-once chaining, like the router: the publisher's delivery is accepted once every copy was
     accepted, and the copies are settled when the publisher settles. Messages are decoded and
     re-encoded (that is what `on_message` gives you). Prefetch 500 matches the router's link credit.
-    Kept small on purpose: it is the baseline of DESIGN.md's reference points, not a product.
+    Kept small on purpose: it is the baseline the performance targets are stated against
+    (docs/performance.md, "Where the router stands against its targets"), not a product.
     """
     from proton import Delivery, Link
     from proton.handlers import MessagingHandler
@@ -1471,7 +1472,7 @@ def format_report(rep: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------- CLI
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "bench", help="measure throughput, latency, CPU and memory against baselines",
         description="Benchmark a router (or a topology) with client processes, side by side with a direct\n"
@@ -1484,7 +1485,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                "  oncemesh bench --json > bench.json\n"
                "  oncemesh bench --topology topology/examples/line3.toml --pub-at A --sub-at C,C\n"
                "  oncemesh bench --scale-out --memory --profile 3  # everything of docs/performance.md")
-    p.add_argument("--mode", choices=MODES, default="exactly-once")
+    p.add_argument("--mode", choices=MODES, default="exactly-once",
+                   help="the publishers' delivery guarantee (default exactly-once)")
     p.add_argument("--size", type=int, default=100, help=f"encoded message size in bytes (>= {MIN_SIZE})")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--duration", type=float, default=3.0, help="seconds each publisher sends (default 3)")
@@ -1493,8 +1495,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
                                                             "(default 0: unbounded)")
     p.add_argument("--latency-rate", type=float, default=2000.0,
                    help="msg/s per publisher of the latency pass (0: no latency pass; default 2000)")
-    p.add_argument("--publishers", type=int, default=1)
-    p.add_argument("--subscribers", type=int, default=2)
+    p.add_argument("--publishers", type=int, default=1, help="publisher processes (default 1)")
+    p.add_argument("--subscribers", type=int, default=2, help="subscriber processes (default 2)")
     p.add_argument("--topology", type=Path, default=None, help="run the scenario on this topology (TOML)")
     p.add_argument("--pub-at", default=None, help="router ids of the publishers, comma-separated "
                                                    "(default: --publishers at the first router)")
@@ -1521,7 +1523,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,
     p.add_argument("--memory", action="store_true", help="also: memory per idle connection and per held "
                                                         "message, and --connections held at once")
     p.add_argument("--connections", type=int, default=5000, help="idle connections to hold (default 5000)")
-    p.add_argument("--held-messages", type=int, default=10_000)
+    p.add_argument("--held-messages", type=int, default=10_000,
+                   help="--memory: messages held for a suspended subscription (default 10000)")
     p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                    help="also: py-spy profile of the router under 1:1 load for SECONDS")
     p.add_argument("--instructions", type=int, default=0, metavar="N",

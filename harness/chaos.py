@@ -1,6 +1,6 @@
 """`oncemesh chaos`: a mesh of real processes, real traffic, a seeded fault schedule, and a verdict.
 
-The promises (DESIGN.md section 1) must hold while routers, links and clients crash; this is where
+The promises (docs/promises.md) must hold while routers, links and clients crash; this is where
 that is tried as a whole. Theory of operation:
 
 1. The fault schedule is generated from the seed before anything starts (`harness.faults`), printed
@@ -44,11 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..spark import pyspark_missing
 from ..topology.launcher import Mesh, MeshError, RouterState
 from ..topology.load import TopologyError, example_path, load_topology, with_topic_order
 from .faults import ALL_FAULTS, Fault, FaultKind, Limits, make_schedule, parse_faults
+from .procs import Proc, python_cmd
 from .progress import ClientLogs
-from .testing import Proc, python_cmd
 
 if TYPE_CHECKING:
     from ..spark.reconcile import Summary
@@ -780,7 +781,7 @@ def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None 
 
 
 # ---------------------------------------------------------------------- CLI
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg, unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "chaos", help="run a mesh under a seeded fault schedule and judge it by reconciliation",
         description="Start the mesh of TOPOLOGY as local processes with a fault-injecting proxy on every\n"
@@ -829,6 +830,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    missing = None if args.no_reconcile else pyspark_missing("oncemesh chaos")
+    if missing is not None:  # (before the run: its verdict is the reconciliation)
+        print(f"{missing} (its verdict; --no-reconcile runs without one)", file=sys.stderr)
+        return 2
     old = signal.signal(signal.SIGTERM, terminate)
     try:
         result = run_chaos(args.topology, duration=args.duration, seed=args.seed, faults=parse_faults(args.faults),

@@ -33,8 +33,8 @@ from pathlib import Path
 from ..topology.launcher import Mesh
 from ..topology.load import with_topic_order
 from .chaos import resolve_topology
+from .procs import Proc, python_cmd, wait_for
 from .progress import ClientLogs
-from .testing import Proc, python_cmd, wait_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +115,11 @@ def measure(topology: str | Path, fault: str, *, repeat: int = 3, publisher: str
             wait_for(handed_at_least(len(s.handed) + int(rate * 2)), 30, "steady traffic")
             if victim in on_path and victim not in (publisher, subscriber):  # a transit router: traffic must cross it now
                 start = transit(victim)
-                wait_for(lambda n=start: transit(victim) >= n + rate / 2, 30,  # type: ignore[misc]
-                         f"traffic to cross {victim}")
+
+                def crossed(n: int = start) -> bool:
+                    return transit(victim) >= n + rate / 2
+
+                wait_for(crossed, 30, f"traffic to cross {victim}")
             t_fault = time.time()
             if fault == "kill":
                 mesh.kill_router(victim)

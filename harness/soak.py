@@ -48,11 +48,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..router.core import CoreConfig
+from ..spark import pyspark_missing
 from ..topology.load import TopologyError, with_topic_order
 from .bench import BenchError, Case, MeshServer, Server, Settings, SingleRouter, run_once, run_suffix
 from .chaos import ChaosError, resolve_topology
+from .procs import Proc, ProcessFailed, RouterProcess, python_cmd, read_json, rss_kb
 from .progress import ClientLogs
-from .testing import Proc, ProcessFailed, RouterProcess, python_cmd, read_json, rss_kb
 
 if TYPE_CHECKING:
     from ..spark.reconcile import Summary
@@ -891,7 +892,7 @@ def render_chart(r: SoakResult, path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------- CLI
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "soak", help="run a router or a mesh under steady traffic for a long time; sample and judge it",
         description="Run one router (TARGET 'router') or the mesh of a topology file under traffic for\n"
@@ -962,6 +963,10 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
     if args.chart is not None and not chart_available():
         print("oncemesh soak: --chart needs matplotlib (pip install 'oncemesh[chart]')", file=sys.stderr)
+        return 2
+    missing = None if args.no_reconcile else pyspark_missing("oncemesh soak")
+    if missing is not None:  # (before the run: its verdict is the reconciliation)
+        print(f"{missing} (its verdict; --no-reconcile runs without one)", file=sys.stderr)
         return 2
 
     def terminate(signum: int, frame: object) -> None:

@@ -143,6 +143,8 @@ class Sessions(Generic[M]):
                 o.wait = self.retry
         if seq == 0:
             return [], False
+        # (a frame numbered above 0 carries its message: the codec refuses one without)
+        assert msg is not None, "a frame with a seq above 0 and no message"
         broken = False
         i = self._in.get(src)
         if i is None or epoch > i.epoch:
@@ -166,9 +168,9 @@ class Sessions(Generic[M]):
                 self.stats["early_dropped"] += 1  # not acknowledged: its sender sends it again
                 return ready, broken
             self.stats["early"] += 1
-            i.early[seq] = msg  # type: ignore[assignment]
+            i.early[seq] = msg
             return ready, broken
-        ready.append(msg)  # type: ignore[arg-type]
+        ready.append(msg)
         i.got = seq
         while (nxt := i.early.pop(i.got + 1, None)) is not None:
             ready.append(nxt)

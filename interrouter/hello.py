@@ -1,5 +1,5 @@
-"""Neighbour liveness: HELLO every `interval`, dead after `dead_after` of silence (seed 002's
-failure detector). A neighbour that comes back with another incarnation restarted meanwhile.
+"""Neighbour liveness: HELLO every `interval`, dead after `dead_after` of silence (the mesh's failure
+detector: docs/operations.md, "How failures are noticed"). A neighbour that comes back with another incarnation restarted meanwhile.
 
 Pure: the adapter reports what it heard (`heard`, `lost`) and calls `tick(now)`.
 """

@@ -27,8 +27,8 @@ from typing import Any
 from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link, connect
+from ..common.symbols import PROP_CLIENT_URL, PROP_INCARNATION, PROP_MESH, PROP_ROUTER, PROP_VERSION
 from ..common.tls import router_uri
-from ..common.vocab import PROP_CLIENT_URL, PROP_INCARNATION, PROP_MESH, PROP_ROUTER, PROP_VERSION
 from .messages import PROTOCOL_VERSION, UNVERSIONED, negotiate_version
 
 log = logging.getLogger("oncemesh.interrouter")

@@ -17,12 +17,12 @@ from ..common.engine import AmqpConnection, Engine, listen
 from ..common.tls import TlsFiles, TlsProvider
 from ..router.actions import MeshAction
 from ..router.config import client_url_of
-from ..router.server import Router
 from ..topology.model import Topology, TotalOrder
 from .codec import FrameError
 from .links import Peer, PeerHandler, dial
 from .node import MeshNode
 from .orderstate import OrderStore
+from .routerport import RouterPort
 
 log = logging.getLogger("oncemesh.mesh")
 
@@ -61,11 +61,12 @@ def total_topics(topo: Topology) -> frozenset[str]:
 
 
 class Mesh:
-    """The mesh layer of one router (it satisfies `router.meshport.MeshPort`). The router's core must
-    be told the total-order topics and causal groups of `topo` before the router is built (the
-    composition root does: `oncemesh.cli`)."""
+    """The mesh layer of one router (it satisfies `router.meshport.MeshPort`, and reaches its router
+    only through `interrouter.routerport.RouterPort`). The router's core must be told the total-order
+    topics and causal groups of `topo` before the router is built (the composition root does:
+    `oncemesh.cli`)."""
 
-    def __init__(self, router: Router, topo: Topology, state_dir: Path | None, peers_dir: Path | None,
+    def __init__(self, router: RouterPort, topo: Topology, state_dir: Path | None, peers_dir: Path | None,
                  tls: MeshTls | None = None) -> None:
         self.router = router
         self.tls = tls  # None: an insecure mesh (--insecure-mesh)
@@ -85,7 +86,7 @@ class Mesh:
         # the total-order streams' votes on disk: a restart is not amnesic (interrouter.orderstate)
         self.order_store = OrderStore(state_dir, self.me) if state_dir is not None and total else None
         store = self.order_store
-        self.node = MeshNode(self.me, router.incarnation, router.core, set(topo.routers), nbrs,
+        self.node = MeshNode(self.me, router.incarnation, router.core, router.table, set(topo.routers), nbrs,
                              topo.hello_interval, topo.dead_after, time.time(), sequenced=sequenced,
                              bootstrap=first, lamport_topics=lamport,
                              lamport_restore=store.lamport_restore(lamport) if store and not first else None,
@@ -103,16 +104,13 @@ class Mesh:
         self._dialers: list[asyncio.Task[None]] = []
         self._stopping = False
 
-        router.core.set_ready(self.node.ready)
-        router.core.mesh_size = len(self.node.routers)
-
     # ------------------------------------------------------------------ lifecycle
     async def start(self, engine: Engine) -> None:
         self.engine = engine
         self.handler.client_url = self.router.client_url()  # (bound by now) told to every neighbour
         host, port = self.listen_addr
         self.server = await listen(
-            self.engine, lambda: self.handler.make_connection(self.engine, True, self.topo.dead_after),  # type: ignore[arg-type]
+            engine, lambda: self.handler.make_connection(engine, True, self.topo.dead_after),
             host, port, backlog=128, tls=self.tls.server if self.tls is not None else None)
         if self.tls is None:
             log.warning("mesh.INSECURE inter_router=%s:%d: any process that reaches this port can join the mesh "
@@ -269,7 +267,7 @@ class Mesh:
             events, node.events = node.events, []
             now = time.time()
             for ev, peer_id, info in events:
-                self.router.slog.write(ev, now, peer=peer_id, info=info or None)
+                self.router.mesh_event(ev, now, peer_id, info or None)
         if node.close:
             gone, node.close = node.close, []
             for pid in gone:

@@ -36,7 +36,7 @@ from ..router.order import lamport
 from ..router.order.lamport import LamportNode
 from ..router.order.sequencer import Delivered, Journal, Restore, SendTo, SeqState, SequencerNode, Unresolved
 from ..router.order.total import Checkpoint, parse_start
-from ..router.subscriptions import Subscription, SubState
+from ..router.subscriptions import Subscription, SubscriptionTable, SubState
 from . import codec
 from .channel import Sessions
 from .gossip import Gossip
@@ -104,7 +104,7 @@ log = logging.getLogger("oncemesh.mesh")
 
 
 class MeshNode:
-    def __init__(self, me: str, inc: str, core: DeliveryCore, routers: set[str],
+    def __init__(self, me: str, inc: str, core: DeliveryCore, table: SubscriptionTable, routers: set[str],
                  neighbours: dict[str, float], hello_interval: float, dead_after: float, now: float,
                  sequenced: Iterable[str] = (), bootstrap: bool = True, lamport_topics: Iterable[str] = (),
                  lamport_restore: Mapping[str, lamport.Snapshot] | None = None,
@@ -117,23 +117,26 @@ class MeshNode:
         restarted with its state directory recovers its part from the others); `lamport_restore`:
         what an earlier life wrote (`persist`: where a stream's durable part goes when it changed,
         once per pass, before that pass's frames leave: `flush`); `seq_restore`, `persist_seq`: the
-        same for the sequencers' votes (a journal, `SequencerNode.take_journal`)."""
+        same for the sequencers' votes (a journal, `SequencerNode.take_journal`).
+
+        `core`: this router's delivery core, which the node reaches only through its inputs and the
+        queries at the end of `router.meshside.MeshSide`; `table`: the subscription table the core
+        reads, which the node's gossip keeps in step with the other routers' (the same object)."""
         self.me = me
         self.inc = inc
         self.core = core
-        if not core.incarnation:  # (the router's adapter sets it; claims in the table carry it)
-            core.incarnation = inc
+        self.table = table
         self.routers = set(routers)
         self.hello = HelloMonitor(neighbours, hello_interval, dead_after)
         self.lsdb = LinkStateDb(me, inc)
-        self.gossip = Gossip(me, inc, core.table, self.routers)
+        self.gossip = Gossip(me, inc, table, self.routers)
         self.connected: dict[str, str] = {}  # neighbour -> incarnation, while a connection is up
         self.versions: dict[str, int] = {}  # neighbour -> the protocol version spoken with it
         self.started = now
         self.dead_after = dead_after
         self.ready = len(self.routers) == 1
         core.set_ready(self.ready)
-        core.mesh_size = len(self.routers)
+        core.set_mesh(len(self.routers), inc)
         # outputs, drained by the adapter
         self.sends: list[tuple[str, bytes]] = []  # (neighbour, frame)
         self.attach_done: list[tuple[str, str | None]] = []  # (sid, refusal reason or None)
@@ -212,7 +215,7 @@ class MeshNode:
 
     def _routes_changed(self, now: float) -> None:
         reach = dict(self.lsdb.routes().reachable)
-        if reach == self.core.reachable:
+        if reach == self.core.reachable_routers():
             return
         fresh = self.gossip.reachable_changed(reach)
         for r in fresh:
@@ -250,81 +253,83 @@ class MeshNode:
             raise codec.FrameError(f"unknown frame kind {kind!r}")
 
     def _on_control(self, peer: str, msg: Control, now: float) -> None:
-        t = type(msg)
-        if t is Hello:
-            if self.hello.heard(peer, msg.inc, now):  # type: ignore[union-attr]
+        # As `perform` (below): final classes, `type(msg) is C` (mypy narrows it), assert_never at the
+        # end; after the neighbour-only kinds, the ones most frequent under load come first.
+        if type(msg) is Hello:
+            if self.hello.heard(peer, msg.inc, now):
                 self._neighbours_changed(now)
             return
-        if t is LinkState:
-            if self.lsdb.update(msg):  # type: ignore[arg-type]
-                self._flood(msg, exclude=peer)  # type: ignore[arg-type]
+        if type(msg) is LinkState:
+            if self.lsdb.update(msg):
+                self._flood(msg, exclude=peer)
                 self._routes_changed(now)
             return
-        if t is Bye:
+        if type(msg) is Bye:
             if self.hello.lost(peer):
                 self._neighbours_changed(now)
             return
-        dst = msg.dst  # type: ignore[union-attr]
-        if dst != self.me:
-            self._route_control(msg)  # type: ignore[arg-type]
+        if msg.dst != self.me:
+            self._route_control(msg)
             return
         core = self.core
-        if t is Acks:
-            for gid, sid, state, err in msg.items:  # type: ignore[union-attr]
+        if type(msg) is Acks:
+            for gid, sid, state, err in msg.items:
                 core.handle_ack(gid, sid, state, err, now)
-        elif t is Finals:
-            notes = {n[0]: n for n in msg.notes} if msg.notes else None  # type: ignore[union-attr]
-            for gid in msg.gids:  # type: ignore[union-attr]
+        elif type(msg) is Finals:
+            notes = {n[0]: n for n in msg.notes} if msg.notes else None
+            for gid in msg.gids:
                 if not core.handle_final(gid, now, notes.get(gid) if notes else None):  # (stats: finals_ignored)
                     log.warning("mesh.final_ignored from=%s gid=%s: its publisher's delivery is open here",
-                                msg.src, gid)  # type: ignore[union-attr]
-        elif t is Probes:
-            if msg.inc != self.inc:  # type: ignore[union-attr]
+                                msg.src, gid)
+        elif type(msg) is LamportOrder:
+            self._lamport_in(msg, now)
+        elif type(msg) is Order:
+            seq = self.seqs.get(msg.topic)
+            if seq is None:
+                self.stats["order_unknown_topic"] = self.stats.get("order_unknown_topic", 0) + 1
+                log.warning("mesh.order_unknown_topic from=%s topic=%s: not in total order here (topology "
+                            "files differ?)", msg.src, msg.topic)
+                return
+            try:
+                seq.handle(msg.src, msg.wire, now)
+            except RemoteProtocolError as exc:
+                self.stats["order_refused"] = self.stats.get("order_refused", 0) + 1
+                log.error("mesh.order_refused from=%s topic=%s error=%s", msg.src, msg.topic, exc)
+            self._drain_order(now)
+        elif type(msg) is Probes:
+            if msg.inc != self.inc:
                 # asked of an earlier life of ours: we cannot know; the asker learns our new
                 # incarnation from the link state and asks everybody instead
                 self.stats["stale_probes"] += 1
                 return
-            for gid in msg.gids:  # type: ignore[union-attr]
-                core.handle_probe(gid, msg.src, now)  # type: ignore[union-attr]
-        elif t is Queries:
-            for gid in msg.gids:  # type: ignore[union-attr]
-                core.handle_query(gid, msg.src, now)  # type: ignore[union-attr]
-        elif t is Holds:
-            for gid in msg.gids:  # type: ignore[union-attr]
-                core.handle_hold(gid, msg.src, now)  # type: ignore[union-attr]
-        elif t is PubDeclare:
-            core.publisher_declared_elsewhere(msg.plid, set(msg.gids), msg.src, now, msg.mark)  # type: ignore[union-attr]
-        elif t is SubUpdate:
-            old = self.gossip.handle_update(msg)  # type: ignore[arg-type]
-            if msg.presented:  # type: ignore[union-attr]
+            for gid in msg.gids:
+                core.handle_probe(gid, msg.src, now)
+        elif type(msg) is Holds:
+            for gid in msg.gids:
+                core.handle_hold(gid, msg.src, now)
+        elif type(msg) is Queries:
+            for gid in msg.gids:
+                core.handle_query(gid, msg.src, now)
+        elif type(msg) is PubDeclare:
+            core.publisher_declared_elsewhere(msg.plid, set(msg.gids), msg.src, now, msg.mark)
+        elif type(msg) is SubUpdate:
+            old = self.gossip.handle_update(msg)
+            if msg.presented:
                 # what its client holds counts as accepted before anything is re-routed to it
-                core.presented_elsewhere(msg.entry["sid"], msg.presented, msg.src, now)  # type: ignore[union-attr]
+                core.presented_elsewhere(msg.entry["sid"], msg.presented, msg.src, now)
             if old is not None:
                 self._subscription_changed(old, now)
             self._pump_gossip()
-        elif t is Order:
-            seq = self.seqs.get(msg.topic)  # type: ignore[union-attr]
-            if seq is None:
-                self.stats["order_unknown_topic"] = self.stats.get("order_unknown_topic", 0) + 1
-                log.warning("mesh.order_unknown_topic from=%s topic=%s: not in total order here (topology "
-                            "files differ?)", msg.src, msg.topic)  # type: ignore[union-attr]
-                return
-            try:
-                seq.handle(msg.src, msg.wire, now)  # type: ignore[union-attr]
-            except RemoteProtocolError as exc:
-                self.stats["order_refused"] = self.stats.get("order_refused", 0) + 1
-                log.error("mesh.order_refused from=%s topic=%s error=%s", msg.src, msg.topic, exc)  # type: ignore[union-attr]
-            self._drain_order(now)
-        elif t is LamportOrder:
-            self._lamport_in(msg, now)  # type: ignore[arg-type]
-        elif t is SubAck:
-            self.gossip.handle_ack(msg)  # type: ignore[arg-type]
+        elif type(msg) is SubAck:
+            self.gossip.handle_ack(msg)
             self._pump_gossip()
-        elif t is TableSync:
-            for old in self.gossip.handle_sync(msg):  # type: ignore[arg-type]
+        elif type(msg) is TableSync:
+            for old in self.gossip.handle_sync(msg):
                 self._subscription_changed(old, now)
             self._pump_gossip()
             self._check_ready(now)
+        else:
+            assert_never(msg)
 
     # ------------------------------------------------------------------ routing out
     def _route_copy(self, origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]],
@@ -370,7 +375,7 @@ class MeshNode:
         for dst, items in self._acks.items():
             for part in _runs(items):
                 self._route_control(Acks(self.me, dst, part))
-        notes = self.core.final_notes
+        notes = self.core.has_final_notes()
         for dst, gids in self._finals.items():
             # (what a resend of a message the router settled in mode first is answered with: identity.py)
             for part in _runs(gids):
@@ -417,7 +422,7 @@ class MeshNode:
         elif type(act) is SendQuery:
             self._queries.setdefault(act.to, []).append(act.gid)
         elif type(act) is DeclarePublisher:
-            for r in sorted(self.core.reachable):
+            for r in sorted(self.core.reachable_routers()):
                 if r != self.me:
                     self._route_control(PubDeclare(self.me, r, act.plid, list(act.in_doubt), act.mark))
         elif type(act) is Announce:
@@ -443,8 +448,8 @@ class MeshNode:
 
     def _started(self, sid: str, topic: str) -> None:
         """A start was numbered: the ATTACH that waits for it may be answered, if it is this life's."""
-        sub = self.core.table.get(sid)
-        if sub is None or not sub.live or self.core.total[topic].start_of(sid, sub.created) is None:
+        sub = self.table.get(sid)
+        if sub is None or not sub.live or self.core.total_start_of(topic, sid, sub.created) is None:
             return  # an earlier life's start
         self._await_start.discard(sid)
         if sid not in self.awaiting.values():
@@ -481,7 +486,7 @@ class MeshNode:
                         life = parse_start(a.gid) if self._await_start else None
                         if life is not None and life[0] in self._await_start:
                             self._started(life[0], topic)
-                    elif type(a) is Unresolved and (a.gid in self.core.records or self._start_awaited(topic, a.gid)):
+                    elif type(a) is Unresolved and (self.core.has_record(a.gid) or self._start_awaited(topic, a.gid)):
                         seq.submit(a.gid, now)  # it restarted past compacted history: ask again
                     elif type(a) is Restore:
                         self._restored(topic, a.cp, now)
@@ -532,28 +537,27 @@ class MeshNode:
         overflow: list[str] = []
         delivered = False
         for a in actions:
-            t = type(a)
-            if t is lamport.Send:
-                to = a.to  # type: ignore[union-attr]
-                if to not in overflow and not ses.send(to, a.msg, now):  # type: ignore[union-attr]
+            if type(a) is lamport.Send:
+                to = a.to
+                if to not in overflow and not ses.send(to, a.msg, now):
                     overflow.append(to)
-            elif t is lamport.Deliver:
-                gid = a.gid  # type: ignore[union-attr]
+            elif type(a) is lamport.Deliver:
+                gid = a.gid
                 self._lam_submitted[topic].discard(gid)
-                self.core.ordered(topic, a.n, gid, now, pump=False)  # type: ignore[union-attr]  # (pumped once, below)
+                self.core.ordered(topic, a.n, gid, now, pump=False)  # (pumped once, below)
                 delivered = True
                 life = parse_start(gid) if self._await_start else None
                 if life is not None and life[0] in self._await_start:
                     self._started(life[0], topic)
-            elif t is lamport.Orphaned:
+            elif type(a) is lamport.Orphaned:
                 # stamped, then dropped by a view change before anybody delivered them: ours go again,
                 # after the messages of this batch (a stamp sent before them would break FIFO)
-                again += [g for g in a.gids if g in self._lam_submitted[topic]]  # type: ignore[union-attr]
-            elif t is lamport.ViewInstalled:
-                self.events.append(("order_view", topic, f"view={a.view} members={','.join(a.members)}"))  # type: ignore[union-attr]
-                log.info("mesh.order_view topic=%s view=%s members=%s", topic, a.view, ",".join(a.members))  # type: ignore[union-attr]
-            elif t is lamport.Restore:
-                cp = a.cp  # type: ignore[union-attr]
+                again += [g for g in a.gids if g in self._lam_submitted[topic]]
+            elif type(a) is lamport.ViewInstalled:
+                self.events.append(("order_view", topic, f"view={a.view} members={','.join(a.members)}"))
+                log.info("mesh.order_view topic=%s view=%s members=%s", topic, a.view, ",".join(a.members))
+            elif type(a) is lamport.Restore:
+                cp = a.cp
                 self._restored(topic, cp, now)
                 delivered = True
                 log.info("mesh.order_restored topic=%s number=%d starts=%d: went on from the others' checkpoint",
@@ -597,7 +601,7 @@ class MeshNode:
             self.stats["order_out"] += len(out)
 
     def _announce(self, sid: str, presented: tuple[str, ...] = ()) -> None:
-        sub = self.core.table.get(sid)
+        sub = self.table.get(sid)
         if sub is None:
             return
         for old in [r for r, s in self.awaiting.items() if s == sid]:
@@ -613,13 +617,12 @@ class MeshNode:
         self._pump_gossip()
 
     def _subscription_changed(self, old: Subscription, now: float) -> None:
-        core = self.core
-        won = core.table.get(old.sid)
+        won = self.table.get(old.sid)
         theirs = (won.home, won.epoch, won.state.value) if won is not None else None
-        reclaimed = core.stats_reclaimed
-        core.subscription_changed(old, now)
-        if core.stats_reclaimed != reclaimed:
-            now_entry = core.table.get(old.sid)
+        reclaimed = self.core.subscriptions_reclaimed()
+        self.core.subscription_changed(old, now)
+        if self.core.subscriptions_reclaimed() != reclaimed:
+            now_entry = self.table.get(old.sid)
             log.info("subscription.reclaimed sid=%s epoch=%s over=%s: its link is live here and that claim "
                      "has none", old.sid, now_entry.epoch if now_entry is not None else None, theirs)
 
@@ -633,7 +636,7 @@ class MeshNode:
         self.gossip.out.clear()
         for p in self.gossip.completed():
             sid = self.awaiting.pop(p.req, None)
-            if p.new_life and p.refused is None and self.core.table.confirm(p.sid):
+            if p.new_life and p.refused is None and self.table.confirm(p.sid):
                 self.gossip.announce(p.sid, wait=False, new_life=False)  # tell everyone it is confirmed
                 for msg in self.gossip.out:
                     self._route_control(msg)
@@ -665,7 +668,7 @@ class MeshNode:
         bounded")."""
         core = self.core
         for t, lam in self.lamports.items():
-            if t not in core.total:
+            if not core.in_total_order(t):
                 continue
             self._lamport_do(t, lam.note_floor(core.total_floor(t, now), now), now)
             cp = self._checkpoint(t, lam.safe_floor())
@@ -674,7 +677,7 @@ class MeshNode:
             self._history_full(t, lam.stats.history_full, lam.count - lam.hbase,
                                {r: f for r, (_, f) in lam.floors.items()} | {self.me: lam.own_floor})
         for t, seq in self.seqs.items():
-            if t not in core.total:
+            if not core.in_total_order(t):
                 continue
             seq.note_floor(core.total_floor(t, now), now)
             cp = self._checkpoint(t, seq.safe_floor())
@@ -687,9 +690,9 @@ class MeshNode:
 
     def _checkpoint(self, topic: str, safe: int) -> Checkpoint:
         """The delivery core's checkpoint of `topic`, compacted up to `safe` first if it is behind."""
-        if safe > self.core.total[topic].base:
+        if safe > self.core.total_base(topic):
             return self.core.total_compact(topic, safe)
-        return self.core.total[topic].checkpoint()
+        return self.core.total_checkpoint(topic)
 
     def _history_full(self, topic: str, waits: int, kept: int, floors: dict[str, int]) -> None:
         """Say so (once per FLOOR_INTERVAL while it lasts) when a stream stopped numbering because its

@@ -96,6 +96,22 @@ class RouterConfig:
     allow_anonymous: bool = False
     # authorization (docs/security.md): topics per user/group and per-user limits; none: all allowed
     policy_file: str = ""
+    # before a client is anyone (router/admission.py; docs/operations.md, "Bad input"): a connection
+    # that has not logged in and sent its AMQP open this long after the accept is closed; at most
+    # max_preauth_per_source such connections from one address and max_preauth_connections in all
+    auth_timeout: float = 10.0
+    max_preauth_per_source: int = 64
+    max_preauth_connections: int = 1024
+    # links one connection may hold (a policy may lower it per user); beyond it an attach is refused
+    max_links_per_connection: int = 1000
+    # failed password logins per source address and per user: login_failures_free cost nothing, then
+    # each login waits login_backoff seconds doubled per further failure, at most login_backoff_max
+    login_failures_free: int = 5
+    login_backoff: float = 1.0
+    login_backoff_max: float = 60.0
+    # password logins (SCRAM) on a listener without TLS: "loopback" (only from a loopback address),
+    # "allow" (from anywhere: a captured exchange can be attacked offline, docs/security.md) or "refuse"
+    passwords_without_tls: str = "loopback"
     # HTTP listener for /metrics, /healthz, /readyz (docs/operations.md), e.g. "127.0.0.1:9090"; off if empty
     http_listen: str = ""
     # the read-only web console on the HTTP listener (/console): the mesh, rates, topics, subscriptions;

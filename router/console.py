@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..common import mgmtwire as W
-from .core import DeliveryCore
 from .management import MeshView, Request, RouterState, answer
+from .snapshot import SnapshotSource
 
 SUBSCRIPTION_ROWS = 500  # subscriptions in one console.json (the page says when there are more)
 AUDIT_MAX_BYTES = 1 << 20
@@ -29,7 +29,7 @@ STATS = ("records", "undecided", "inflight_bytes", "connections", "subscriptions
          "publisher_links", "loop_lag_p99_ms", "loop_lag_max_ms", "rss_kb")
 
 
-def console_json(core: DeliveryCore, state: RouterState, mesh: MeshView | None, event_counts: dict[str, int],
+def console_json(core: SnapshotSource, state: RouterState, mesh: MeshView | None, event_counts: dict[str, int],
                  http_self: str | None, peers_dir: Path | None, audit_file: Path | None, now: float) -> dict[str, Any]:
     status = state.management_status()
     stats: dict[str, Any] = status.get("stats", {})

@@ -37,6 +37,20 @@ same link name, declares its in-doubt tags, and resends them; resends merge by g
 
 Back-pressure: publishers get credit only while undecided records of this origin, plus credit
 already granted, stay within the budget (messages and bytes). Nothing is ever dropped.
+
+Who owns what
+-------------
+- The records, their per-subscription states and every count that follows from them (`pending`,
+  `undecided`, `inflight_bytes`, `destination_records`): `self.book`, a `records.RecordBook`, which
+  alone writes them (the rules: router/records.py; a test fails on a write anywhere else). The core
+  decides when a record is made, moved, decided and freed, and asks the book to do it.
+- The order of each topic: its policy (router/order/policy.py; `self.orders`, FIFO the default),
+  which `_pump` asks before it hands a record; the pump has no branch per mode.
+- Which message a transfer is (tags reused by clients not ours): `self.ids`, an
+  `identity.Identities`, which owns the notes and new identities it keeps.
+- The subscriptions' delivery side (`SubRuntime`), the publisher links (`PubLink`), placeholders and
+  the final memory are the core's; `Handing`, `MeshSide` and `Sweeps` are parts of this class
+  (mixins over the same state) for the publisher-left rules, the mesh side and housekeeping.
 """
 
 from __future__ import annotations
@@ -45,7 +59,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..common import errors
 from ..common.ids import PLID_LEN, counter_seq, global_id
@@ -68,12 +82,16 @@ from .actions import (
 )
 from .finals import FinalNotes, OldFinals
 from .handing import Handing
-from .identity import Identity
+from .identity import Identities, WireNote
 from .meshside import MeshSide
+from .order.causal_policy import CausalOrder
+from .order.modes import DEFAULT, MODES, topic_modes
+from .order.policy import BLOCK, PARK, SKIP, OrderPolicy, Verdict
 from .order.total import TotalStream, start_key
+from .order.total_policy import TotalOrder
+from .records import RecordBook
 from .state import (
     _EVENT_OF,
-    _TO_STATE,
     S_ACCEPTED,
     S_ENDED,
     S_QUEUED,
@@ -83,8 +101,6 @@ from .state import (
     Record,
     S,
     SubRuntime,
-    _illegal,
-    move,
     tnum_key,
 )
 from .subscriptions import Subscription, SubscriptionTable
@@ -132,21 +148,27 @@ class CoreConfig:
     total_pin: float = 60.0
     # topics in causal order -> their causal group (a topic without a group is a group of its own)
     causal_groups: dict[str, str] = field(default_factory=dict)
+    # topics in an order mode named here (router/order/modes.py), over what the settings above say
+    topic_orders: dict[str, str] = field(default_factory=dict)
 
 
-class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
+class DeliveryCore(Handing, MeshSide, Sweeps):
     """The delivery core of one router. The per-message path (publish -> pump -> send -> resolve)
-    is here; what may be handed now is in `Handing` (router/handing.py), which message a transfer
-    is in `Identity` (router/identity.py), the mesh side in `MeshSide` (router/meshside.py),
-    housekeeping in `Sweeps` (router/sweeps.py); the state of a message for a subscription changes
-    only through `state.move`."""
+    is here; the order of each topic is its policy (router/order/policy.py), what may be handed
+    now otherwise is in `Handing` (router/handing.py), which message a transfer
+    is `ids` (router/identity.py), the mesh side in `MeshSide` (router/meshside.py),
+    housekeeping in `Sweeps` (router/sweeps.py); the records, their states and counts are written by
+    `book` alone (router/records.py)."""
 
     def __init__(self, router_id: str, table: SubscriptionTable | None = None,
                  config: CoreConfig | None = None) -> None:
         self.router_id = router_id
         self.table = table if table is not None else SubscriptionTable()  # (an empty table is falsy)
         self.cfg = config if config is not None else CoreConfig()
-        self.records: dict[str, Record] = {}
+        # the records, their states and the counts that follow from them: written by the book alone
+        # (router/records.py); `records` is its dict, read here and by the mesh layer, never written
+        self.book = RecordBook()
+        self.records: dict[str, Record] = self.book.by_gid
         self.subs: dict[str, SubRuntime] = {}  # subscriptions homed here
         self.remote_pending: dict[str, dict[str, Record]] = {}  # remote sid -> origin records owing it
         self.pub_links: dict[Any, PubLink] = {}
@@ -156,20 +178,11 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         self.old_finals = OldFinals()  # and the compacted old tier (router/finals.py)
         # which message a transfer is, for clients that reuse tags (router/identity.py)
         self.incarnation = ""  # (the adapter sets it: new identities are unique to it)
-        self.final_notes = FinalNotes()  # tag -> the newest message under it final while its outcome may be lost
-        self.noted: dict[str, str | None] = {}  # records that leave a note when final -> digest of their bytes
-        self.alias_of: dict[str, str] = {}  # plain gid -> the new identity under its tag whose record lives
-        self.plain_of: dict[str, str] = {}  # and back
-        self.fresh_of: dict[str, tuple[str, float]] = {}  # plid -> (PubLink.fresh of its last link here, when)
-        self.stats_new_identities = 0  # messages under a tag used before, given a new identity
+        self.ids = Identities(self)  # (it owns what it remembers of tags and final messages)
         self.stats_reclaimed = 0  # subscriptions claimed again for their live link here (meshside.py)
-        self.stats_finals_answered = 0  # resends of final messages answered with their outcome
         self.held_for: dict[str, dict[str, float]] = {}  # gid -> routers that asked for its FINAL
         self._ph_queried: dict[str, float] = {}  # placeholder gid -> last time we asked the mesh
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
-        self.inflight_bytes = 0
-        self.undecided = 0  # records of this origin still waiting: what the budget counts
-        self.destination_records = 0  # records held for another origin (counted, not scanned, for the status)
         self._orphans_swept: float = -math.inf  # when Sweeps._sweep_orphans last looked at every record
         self.stats_final_ignored = 0  # FINALs refused: the publisher's delivery is open here
         self.newest_link: dict[str, PubLink] = {}  # plid -> its most recent attach here
@@ -206,9 +219,44 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         self.pasts: dict[tuple[str, str], dict[str, tuple[int, str, str, float]]] = {}
         self.stats_causal_deps = 0  # dependencies attached to messages published here
         self.stats_causal_cycles = 0  # two messages found waiting for each other (one went first)
+        # the order of each topic: one policy object per mode (router/order/modes.py), FIFO the default
+        self.order_modes: dict[str, OrderPolicy] = {name: mode(self) for name, mode in MODES.items()}
+        self.fifo = self.order_modes[DEFAULT]
+        self.orders = {t: self.order_modes[m] for t, m in topic_modes(self.cfg).items()}  # (not the default)
+        # (the two the core also asks outside the pump: numbering, and a publisher's causal past)
+        self.total_order = cast(TotalOrder, self.order_modes[TotalOrder.name])
+        self.causal_order = cast(CausalOrder, self.order_modes[CausalOrder.name])
         for sub in self.table.live():
             if sub.home == router_id:
                 self.subs.setdefault(sub.sid, SubRuntime(sub.sid))
+
+    @property
+    def undecided(self) -> int:
+        """Records of this origin still waiting: what the budget counts (kept by `book`)."""
+        return self.book.undecided
+
+    @property
+    def inflight_bytes(self) -> int:
+        return self.book.inflight_bytes
+
+    @property
+    def destination_records(self) -> int:
+        """Records held for another origin (counted, not scanned, for the status; kept by `book`)."""
+        return self.book.destination_records
+
+    @property
+    def final_notes(self) -> FinalNotes:
+        """Notes on final messages whose publisher may resend them (kept by `ids`, router/identity.py)."""
+        return self.ids.final_notes
+
+    def notes_on(self, gids: list[str]) -> tuple[WireNote, ...]:
+        """The notes this router has on `gids` (a FINAL it sends carries them)."""
+        return self.ids.notes_on(gids)
+
+    def _identify(self, pl: PubLink, pub: Any, tag: bytes, gid: str, rec: Record | None, payload: bytes,
+                  now: float) -> tuple[str, Record | None, bool]:
+        """Which message a transfer is, when its tag may name another one (`Identities.identify`)."""
+        return self.ids.identify(pl, pub, tag, gid, rec, payload, now)
 
     def is_final(self, gid: str) -> bool:
         """Did `gid` become final here within `final_memory` (its record freed)?"""
@@ -229,9 +277,9 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         if group is not None:
             for g, t in past:
                 if self.causal.get(t) == group:
-                    self._causal_note(client, group, g, t, ())
+                    self.causal_order.note(client, group, g, t, ())
         if in_doubt is None:  # not ours: it may reuse tags (router/identity.py; before it is the newest)
-            self._fresh_floor(pl)
+            self.ids.fresh_floor(pl)
         self.pub_links[token] = pl
         # the newest attach of a link name supersedes older ones still open here (their connections
         # not yet noticed dead, e.g. after a freeze): only its declaration is evidence (an older
@@ -253,8 +301,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             return
         if self.newest_link.get(pl.plid) is pl:
             del self.newest_link[pl.plid]
-        if pl.fresh:
-            self.fresh_of[pl.plid] = (pl.fresh, self._now)  # (router/identity.py)
+        self.ids.link_gone(pl, self._now)
         self.reserved_credit -= pl.outstanding
         pl.outstanding = 0
         for pub, gid in pl.pubs.items():
@@ -291,11 +338,11 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 group = self.causal.get(pl.topic)
                 # (a resend its client declared in doubt gets none here: what the client was handed
                 # since it first sent it is no dependency of it, and could close a cycle of waits)
-                deps = self._causal_deps(pl, group) if group is not None and not (
+                deps = self.causal_order.deps(pl, group) if group is not None and not (
                     pl.declared and gid in pl.declared) else ()
                 self._new_record(gid, pl.topic, payload, now, deps, pub, pl)
                 if group is not None and pl.client:
-                    self._causal_note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
+                    self.causal_order.note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
             else:
                 self._new_record(gid, pl.topic, payload, now, (), pub, pl)
         else:
@@ -333,7 +380,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         rec = self.records.get(gid)
         if rec is None:
             if pl.declared is None:  # an answered resend (router/identity.py): its tag is free on the link
-                self._settled_on_link(pl, gid)
+                self.ids.settled_on_link(pl, gid)
             return
         try:  # noqa: SIM105 - one search of the list, not two (contextlib.suppress costs two calls)
             rec.pubs.remove(pub)
@@ -343,7 +390,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         if rec.outcome is not None:  # (_maybe_final, inlined)
             self._finalize(rec, now)
         elif pl.declared is None:  # settled before its outcome: the tag is free on this link (identity.py)
-            self._settled_on_link(pl, gid)
+            self.ids.settled_on_link(pl, gid)
 
     def _new_record(self, gid: str, topic: str, payload: bytes, now: float,
                     deps: tuple[tuple[str, str], ...], pub: Any, pl: PubLink) -> Record:
@@ -357,41 +404,35 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             # Any other client's order is the one we receive its messages in (`_chain`): a tag it
             # chose says nothing of it (random, or started again on a new connection)
             rec.seq = counter_seq(gid)
-        self.records[gid] = rec
         rec.pubs.append(pub)
         pl.pubs[pub] = gid
         self.pub_of[pub] = (pl, gid)
-        self.inflight_bytes += len(payload)
-        self.undecided += 1
         self._chain(rec)
         if deps:
-            self._add_deps(rec, deps)
+            CausalOrder.add_deps(rec, deps)
         if self.held_for:
             asked = self.held_for.pop(gid, None)
             if asked:
                 rec.holders = set(asked)
         held = self.placeholders.pop(gid, None) if self.placeholders else None
         me = self.router_id
+        live = self.table.live_for_topic(topic)
+        self.book.add_origin(rec, live, held, me)  # owed to each (but what their clients hold already)
         subs = self.subs
-        owed = rec.owed
         remote = False
         queued = 0
         first: SubRuntime | None = None  # local subscriptions to pump once the record is set up
         more: list[SubRuntime] | None = None
-        for sub in self.table.live_for_topic(topic):
+        for sub in live:
             sid = sub.sid
             if sub.home == me:
                 if held is not None and sid in held:
-                    move(rec, sid, S_ACCEPTED)
                     self.log.append(("accepted", gid, topic, sid, "placeholder"))
                     rt = subs.get(sid)  # (pumped below all the same, as every local part is)
                     if rt is None:
                         continue
                 else:
                     rt = subs[sid]
-                    # (None -> QUEUED, by `state.MOVES` pending +1: applied here directly, the record
-                    # is fresh and the table's subscriptions are distinct; one call per message less)
-                    owed[sid] = S_QUEUED
                     queued += 1
                     rt.owed[gid] = rec
                     if rt.link is not None:
@@ -404,14 +445,14 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                     else:
                         more.append(rt)
             else:
-                owed[sid] = S_QUEUED
                 queued += 1
                 self.remote_pending.setdefault(sid, {})[gid] = rec
                 remote = True
-        rec.pending = queued
-        self.log.append(("received", gid, topic, None, self._owed_set(topic)))
+        hit = self._owed_sets.get(topic)  # (`_owed_set`, its usual case inlined: once per message)
+        self.log.append(("received", gid, topic, None,
+                         hit[1] if hit is not None and hit[0] == self.table.version else self._owed_set(topic)))
         if self.total and topic in self.total:
-            self._number(rec, now)  # may add or end parts, and decide it
+            self.total_order.number(rec, now)  # may add or end parts, and decide it
             if rec.outcome is not None:
                 return rec
             if rec.pending == 0:
@@ -455,12 +496,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
     def _adopt(self, rec: Record, payload: bytes, now: float) -> None:
         """A publisher resent here a message we only held as a destination (its origin died or the
         publisher failed over to us): we become an origin for it, owing what our table says."""
-        rec.origin = None
-        self.destination_records -= 1
-        if not rec.payload:
-            rec.payload = payload
-            self.inflight_bytes += len(payload)
-        self.undecided += 1  # counted until decided, like any record of ours
+        self.book.adopt(rec, payload)  # counted until decided, like any record of ours
         self._chain(rec)
         self._absorb_placeholders(rec)
         for sub in self.table.live_for_topic(rec.topic):
@@ -469,7 +505,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 if rt is not None:
                     self._pump(rt)
         if self.total and rec.topic in self.total:
-            self._number(rec, now)
+            self.total_order.number(rec, now)
             if rec.outcome is not None:
                 return
         if rec.pending == 0:
@@ -481,7 +517,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         """A new QUEUED part of `rec` (not on the hot path of `_new_record`) for `sid`, homed at
         `home` (None: not in our table yet). Returns the local subscription when it has a link
         (the caller pumps it)."""
-        move(rec, sid, S_QUEUED)
+        self.book.move(rec, sid, S_QUEUED)
         if rec.origin is None:  # a part added after the record was received: the log says so
             self.log.append(("owed", rec.gid, rec.topic, None, Owed(((sid, home),))))
         if home != self.router_id:
@@ -500,37 +536,34 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
     def _decide(self, rec: Record, now: float) -> None:
         if self.total and rec.tnum is None and rec.origin is None and rec.topic in self.total:
             return  # its number may make it owed to more subscriptions: decided once numbered
+        book = self.book
         if rec.origin is not None:  # a destination record: our local subscriptions are done
             rec.decided = now
-            self.inflight_bytes -= len(rec.payload)
-            rec.payload = b""
+            book.free_payload(rec)
             if not rec.owed and rec.gid not in self.placeholders:
-                del self.records[rec.gid]  # no subscription here has a part in it any more
-                self.destination_records -= 1
+                book.remove(rec)  # no subscription here has a part in it any more
             return
+        rec.decided = now
+        # every subscription is done with it: only its outcome and settlement remain to be told, so
+        # the payload is freed now and the record stops counting against the in-flight budget
         if rec.rejected_by:
-            rec.outcome = O_REJECTED
             names = ", ".join(sid for sid, _ in rec.rejected_by)
             first = rec.rejected_by[0][1]
             # the first subscriber's condition travels on; the description names every rejecter
             detail = f": {first[1]}" if first and first[1] else ""
-            rec.error = (first[0] if first else errors.SUBSCRIBER_REJECTED,
-                         f"rejected by subscription(s) {names}{detail}")
+            outcome = O_REJECTED
+            book.decide(rec, outcome, (first[0] if first else errors.SUBSCRIBER_REJECTED,
+                                       f"rejected by subscription(s) {names}{detail}"))
         else:
-            rec.outcome = O_ACCEPTED
-        rec.decided = now
-        # every subscription is done with it: only its outcome and settlement remain to be told, so
-        # the payload is freed now and the record stops counting against the in-flight budget
-        self.undecided -= 1
-        self.inflight_bytes -= len(rec.payload)
-        rec.payload = b""
+            outcome = O_ACCEPTED
+            book.decide(rec, outcome, rec.error)
         if self._blocked:
             self._unblock()
-        if rec.outcome is O_ACCEPTED and rec.error is None:
+        if outcome is O_ACCEPTED and rec.error is None:
             self.log.append(("outcome", rec.gid, rec.topic, None, AcceptedBy(len(rec.owed))))
         else:
             self.log.append(("outcome", rec.gid, rec.topic, None, {
-                "outcome": rec.outcome.name, "count": len(rec.owed),
+                "outcome": outcome.name, "count": len(rec.owed),
                 "error": f"{rec.error[0]}: {rec.error[1]}" if rec.error else None}))
         for pub in list(rec.pubs):
             entry = self.pub_of.get(pub)
@@ -549,7 +582,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             pl.pubs.pop(pub, None)
             self.pub_of.pop(pub, None)
             if pl.declared is None:
-                self._settled_on_link(pl, rec.gid)  # the tag is free on this link (identity.py)
+                self.ids.settled_on_link(pl, rec.gid)  # the tag is free on this link (identity.py)
 
     def _maybe_final(self, rec: Record, now: float) -> None:
         if rec.outcome is None or not rec.pub_settled:
@@ -558,15 +591,10 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
 
     def _finalize(self, rec: Record, now: float) -> None:
         gid = rec.gid
-        del self.records[gid]
-        if rec.origin is not None:
-            self.destination_records -= 1
+        self.book.remove(rec)
         chain = self.chain.get(rec.plid)
         if chain is not None and chain.pop(gid, None) is not None and not chain:
             del self.chain[rec.plid]
-        if rec.payload:
-            self.inflight_bytes -= len(rec.payload)
-            rec.payload = b""
         for pub in rec.pubs:  # other legs (a resend on a second link): settle them too
             entry = self.pub_of.pop(pub, None)
             if entry is not None:
@@ -607,8 +635,9 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             for router in sorted(tell):
                 self.out.append(SendFinal(router, gid))
         self.recent_final[gid] = now  # late copies and late presenters learn it is final
-        if self.noted or self.plain_of:
-            self._identity_final(rec, now)  # what its tag says from now on (router/identity.py)
+        ids = self.ids
+        if ids.noted or ids.plain_of:
+            ids.final(rec, now)  # what its tag says from now on (router/identity.py)
         if self.placeholders and gid in self.placeholders:  # others here hold it without a part in it
             self._placeholder_final(gid)
         self.log.append(("settled", gid, rec.topic, None, None))
@@ -653,7 +682,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             "info": f"expiry={'never' if math.isinf(expiry) else expiry} presented={len(presented_set)}"}))
         # The client already holds what it presents, whether this is a resume or a new life of the
         # same identity (a non-durable one that ended): never hand those ids to it again.
-        for gid in presented_set:
+        for gid in dict.fromkeys(presented or ()):  # (in the order presented, not the hash seed's)
             rec = rt.owed.get(gid)
             if rec is not None:
                 self._resolve(rec, sid, S_ACCEPTED, None, now, "resume")
@@ -673,7 +702,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 elif rec2.owed.get(sid) is not S_ACCEPTED:
                     # not owed to this life (or ended in an earlier one), yet the client holds it:
                     # count it as accepted so that the final settlement reaches it
-                    move(rec2, sid, S_ACCEPTED)
+                    self.book.move(rec2, sid, S_ACCEPTED)
                     self.log.append(("accepted", gid, topic, sid, "resume"))  # (acks of it say so)
         rt.final_unnotified.clear()
         # only a client that hands over in arrival order (ours) presents `handed_last`; what a
@@ -709,7 +738,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         for gid, rec in list(rt.owed.items()):
             if rec.origin is not None:
                 del rt.owed[gid]
-                move(rec, sid, None)
+                self.book.move(rec, sid, None)
                 if rec.pending == 0:
                     self._decide(rec, now)
 
@@ -753,7 +782,7 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         for gid in rt.on_link:
             rec = self.records.get(gid)
             if rec is not None and rec.owed.get(rt.sid) is S_SENT:
-                move(rec, rt.sid, S_QUEUED)
+                self.book.move(rec, rt.sid, S_QUEUED)
                 rt.resend.add(gid)
         rt.on_link.clear()
         rt.queue.clear()
@@ -815,11 +844,15 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 rt.credit -= 1
         q = rt.queue
         sid = rt.sid
+        order = self._order_of(sid) if self.orders else self.fifo
+        may_hand = order.may_hand
+        handed = order.handed if order.watches else None
         parked: list[str] | None = None
-        late: list[Record] | None = None
-        causal_late: list[Record] | None = None
-        ttopic = self._total_topic(sid) if self.total else None
+        late: list[tuple[Verdict, Record]] | None = None
         blocked = False
+        book = self.book
+        out = self.out
+        log = self.log
         while q and rt.credit > 0:
             gid = q.popleft()
             rec = rt.owed.get(gid)
@@ -827,68 +860,39 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                 continue
             reds = rec.redeliveries
             redelivery = reds is not None and sid in reds
-            if ttopic is not None and not self._total_ready(rec, rt, redelivery):
-                continue  # not its turn: handed by number when it is (below), not kept in the queue
-            if (rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt)) \
-                    or (ttopic is None and rec.preds and not self._fifo_ready(rec, sid)):
-                if ttopic is not None:
-                    # total order: nothing numbered after it goes first (sent again in number order)
-                    q.appendleft(gid)
-                    blocked = True
-                    if rec.tnum is not None:
-                        self._ask_ahead(rt, ttopic, rec.tnum)
-                    break
+            verdict = may_hand(rt, rec, redelivery)
+            if verdict is None:
+                # (`_send`, inlined: once per message)
+                book.sent(rec, sid)
+                rt.on_link.add(gid)
+                rt.credit -= 1
+                if rt.resend:
+                    rt.resend.discard(gid)
+                out.append(Deliver(sid, gid, rec.payload, redelivery))
+                log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
+                if handed is not None:
+                    handed(rt, rec)
+            elif verdict is PARK:
                 if parked is None:
                     parked = []
                 parked.append(gid)
-                continue
-            if rt.cpassed and gid in rt.cpassed and not redelivery:
-                # causal order: a message that depends on it was handed first (it was not owed to
-                # this subscription then): handing it now would break causal order
-                rt.cpassed.discard(gid)
-                if causal_late is None:
-                    causal_late = []
-                causal_late.append(rec)
-                continue
-            seq = rec.seq  # (None: not ours, ordered by its origin's arrival order alone, `preds`)
-            if seq is not None and ttopic is None:
-                hi = rt.fifo_hi.get(rec.plid, -1)
-                if seq < hi and not redelivery and not (rt.resend and gid in rt.resend):
-                    if late is None:
-                        late = []
-                    late.append(rec)
-                    continue
-                if seq > hi:
-                    rt.fifo_hi[rec.plid] = seq
-            self._send(rt, rec, redelivery)
+            elif verdict is BLOCK:
+                q.appendleft(gid)
+                blocked = True
+                break
+            elif verdict is not SKIP:  # late: handing it now would break the order (after the walk)
+                if late is None:
+                    late = []
+                late.append((verdict, rec))
         if parked:
             q.extendleft(reversed(parked))  # kept in order; tick() pumps again
         if late:
-            # a later message of its publisher (ours: they declared their order) was handed first:
-            # it came here only after that (re-originated with a newer subscription table after its
-            # publisher failed over, for a subscription not in force when it was first sent: a
-            # message it is owed holds every later one back). Handing it now would break FIFO: it
-            # ends for this subscription. Never for another client: its tags are no order.
-            for rec in late:
-                self._resolve(rec, sid, S_ENDED, None, self._now, "fifo: a later message was handed first")
-        if causal_late:
-            for rec in causal_late:
-                self._resolve(rec, sid, S_ENDED, None, self._now, "causal: a message depending on it was handed first")
-        if ttopic is not None and not blocked:
-            # total order: hand the next numbers by looking them up (what waits is not rescanned)
-            seq_of = self.total[ttopic].seq
-            while rt.credit > 0:
-                nxt = self._total_next(rt, ttopic)
-                if nxt is None:
-                    break
-                rec = rt.owed.get(seq_of.get(nxt, ""))
-                if rec is None or rec.owed.get(sid) is not S_QUEUED:
-                    break
-                if rec.origin is None and not rec.pubs and not rec.pub_settled and self._withhold(rec, rt):
-                    q.append(rec.gid)  # asked about; tick() pumps again
-                    self._ask_ahead(rt, ttopic, nxt)
-                    break
-                self._send(rt, rec, bool(rec.redeliveries and sid in rec.redeliveries))
+            if len(late) > 1:
+                late.sort(key=lambda vr: vr[0].rank)  # (stable: each kind in the order found)
+            for verdict, rec in late:
+                self._resolve(rec, sid, S_ENDED, None, self._now, verdict.why)
+        if order.walks and not blocked:
+            order.after_queue(rt)
         if rt.drain and rt.credit > 0 and not q and not rt.notify:
             rt.credit = 0
             self.out.append(DrainCredit(sid))
@@ -897,19 +901,20 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
         """Hand `rec` (QUEUED for `rt`: the callers check it) to the subscription's link."""
         gid = rec.gid
         sid = rt.sid
-        rec.owed[sid] = S_SENT  # (QUEUED -> SENT, by `state.MOVES` pending unchanged: no `move` call)
+        self.book.sent(rec, sid)
         rt.on_link.add(gid)
         rt.credit -= 1
         if rt.resend:
             rt.resend.discard(gid)
         self.out.append(Deliver(sid, gid, rec.payload, redelivery))
         self.log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
-        if self.causal:
-            if rec.deps:
-                self._causal_passed(rt, rec)
-            group = self.causal.get(rec.topic) if rt.client else None
-            if group is not None:
-                self._causal_note(rt.client, group, gid, rec.topic, rec.deps)
+
+    def _order_of(self, sid: str) -> OrderPolicy:
+        """The order policy of subscription `sid`'s topic."""
+        if not self.orders:
+            return self.fifo
+        sub = self.table.get(sid)
+        return self.fifo if sub is None else self.orders.get(sub.topic, self.fifo)
 
     def subscriber_outcome(self, sid: str, gid: str, outcome: Outcome, settled: bool,
                            error: tuple[str, str] | None, undeliverable: bool, now: float) -> None:
@@ -947,23 +952,15 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
                     errors.DELIVERY_LIMIT,
                     f"released or modified {n - 1} times (limit {self.cfg.max_redeliveries})"), now, None)
             else:
-                move(rec, sid, S_QUEUED)
+                self.book.move(rec, sid, S_QUEUED)
                 if rt.link is not None:
                     rt.queue.appendleft(gid)
                     self._pump(rt)
 
     def _resolve(self, rec: Record, sid: str, st: S, error: tuple[str, str] | None, now: float,
                  why: str | None) -> None:
-        owed = rec.owed
-        cur = owed.get(sid)
-        if cur is not S_QUEUED and cur is not S_SENT:
+        if not self.book.resolve(rec, sid, st):
             return  # not owed, or resolved already
-        # (`state.move`, inlined with what is known here: once per message)
-        delta = _TO_STATE[st][cur]
-        if delta is None:
-            _illegal(rec, sid, st)
-        owed[sid] = st
-        rec.pending += delta
         gid = rec.gid
         rt = self.subs.get(sid)
         if rt is not None:
@@ -991,19 +988,19 @@ class DeliveryCore(Handing, Identity, MeshSide, Sweeps):
             if rec.origin is not None or rec.outcome is None:
                 self._decide(rec, now)
             elif rec.payload:  # decided already (another origin's copy added this one): done again
-                self.inflight_bytes -= len(rec.payload)
-                rec.payload = b""
+                self.book.free_payload(rec)
 
     # ================================================================ credit
     def _grant(self, pl: PubLink) -> None:
         want = self.cfg.link_credit - pl.outstanding
         if want <= 0 or pl.token not in self.pub_links:
             return
-        room = self.cfg.max_inflight_messages - self.undecided - self.reserved_credit
-        if len(self.records) >= self.cfg.max_decided_records + self.cfg.max_inflight_messages:
+        book = self.book
+        room = self.cfg.max_inflight_messages - book.undecided - self.reserved_credit
+        if len(book.by_gid) >= self.cfg.max_decided_records + self.cfg.max_inflight_messages:
             room = 0
         if not self.ready or not self.log_writable or self.draining \
-                or self.inflight_bytes >= self.cfg.max_inflight_bytes:
+                or book.inflight_bytes >= self.cfg.max_inflight_bytes:
             room = 0
         n = min(want, room)
         if n > 0:

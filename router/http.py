@@ -3,9 +3,10 @@
 
 Off the per-message path: nothing is counted for it per message but the settlement-log events the
 router writes anyway (`Router.event_counts`, one C-level Counter.update per loop pass); everything
-else is read from the router's state when scraped. It runs on the router's event loop (a scrape
-reads the same state the loop changes, so it must not run in another thread), serves one request
-per connection, and bounds what it reads: a slow or abusive HTTP client cannot stall the router.
+else is read from the router's state when scraped (the delivery core's through its snapshot,
+router/snapshot.py). It runs on the router's event loop (a scrape reads the same state the loop
+changes, so it must not run in another thread), serves one request per connection, and bounds what
+it reads: a slow or abusive HTTP client cannot stall the router.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from ..common.vocab import Outcome
 from .console import console_json
-from .management import unnumbered
+from .snapshot import CoreSnapshot, Parts
 
 if TYPE_CHECKING:
     from .server import Router
@@ -52,7 +53,8 @@ class RouterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         r = self.router
-        info = r.ready_info()
+        snap = r.core.snapshot(time.time(), Parts(counts=True))
+        info = r.ready_info(snap)
         stats: dict[str, Any] = info.get("stats", {})
         yield from _router_info(r, info)
         ev = CounterMetricFamily("oncemesh_events", "settlement-log events written by this router, by event "
@@ -93,7 +95,7 @@ class RouterCollector(Collector):
             yield GaugeMetricFamily(name, doc, value=v * 1024 if key == "rss_kb" else v)
         yield GaugeMetricFamily("oncemesh_publisher_links_without_credit",
                                 "publisher links waiting for credit (back-pressure: credit withheld)",
-                                value=len(r.core._blocked))
+                                value=snap.blocked_publishers)
         holds = CounterMetricFamily("oncemesh_holds", "times a delivery was held back behind an earlier message "
                                     "(fifo: of its publisher; total: of its topic's order)", labels=["order"])
         holds.add_metric(["fifo"], stats.get("fifo_holds", 0))
@@ -114,7 +116,7 @@ class RouterCollector(Collector):
         for name in SECURITY_COUNTERS:
             sec.add_metric([name], stats.get(name, 0))
         yield sec
-        yield GaugeMetricFamily("oncemesh_ready", "1 when ready (see /readyz)", value=1 if readiness(r)[0] else 0)
+        yield GaugeMetricFamily("oncemesh_ready", "1 when ready (see /readyz)", value=1 if readiness(r, snap)[0] else 0)
         if r.mesh is not None:
             yield from _mesh_metrics(r, info, self.neighbours_seen)
 
@@ -167,7 +169,7 @@ def _mesh_metrics(r: Router, info: dict[str, Any], seen: set[str]) -> Iterator[M
     queued = GaugeMetricFamily("oncemesh_order_queued", "Lamport stream entries waiting for acknowledgements",
                                labels=["topic"])
     ostreams: dict[str, dict[str, Any]] = info.get("order", {})
-    waits = unnumbered(r.core, set(ostreams))
+    waits = r.core.snapshot(time.time(), Parts(unnumbered=frozenset(ostreams))).unnumbered
     for topic, st in sorted(ostreams.items()):
         order.add_metric([topic, str(st.get("algorithm"))], st.get("numbered", 0))
         waiting.add_metric([topic], waits.get(topic, 0))
@@ -193,9 +195,10 @@ def _log_bytes(r: Router) -> int:
     return total
 
 
-def readiness(r: Router) -> tuple[bool, dict[str, Any]]:
-    """Ready to take traffic (see `ready_from`)."""
-    return ready_from(r.core.ready, r.core.log_writable, r.mesh.ready_info() if r.mesh is not None else None,
+def readiness(r: Router, snap: CoreSnapshot | None = None) -> tuple[bool, dict[str, Any]]:
+    """Ready to take traffic (see `ready_from`); `snap`: the core's, if the caller has one."""
+    seen = snap if snap is not None else r.core.snapshot(time.time())
+    return ready_from(seen.ready, seen.log_writable, r.mesh.ready_info() if r.mesh is not None else None,
                       r.draining)
 
 

@@ -1,5 +1,5 @@
 """Which message a publisher's transfer is: a new one, a resend of one in flight, or a resend of one
-that became final. Part of the delivery core (`router.core.DeliveryCore` composes it); sans-IO.
+that became final. One part of the delivery core (`router.core.DeliveryCore` holds one `Identities` and asks it); sans-IO.
 
 Theory of operation
 -------------------
@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 from ..common.ids import counter_tag, new_identity, payload_digest
 from ..common.vocab import Outcome
 from .actions import SendOutcome
-from .finals import FinalNote
+from .finals import FinalNote, FinalNotes
 from .state import PubLink, Record
 
 if TYPE_CHECKING:
@@ -73,10 +73,37 @@ def later(gid: str, than: str) -> bool:
     return len(gid) > len(than) or (len(gid) == len(than) and gid > than)
 
 
-class Identity:
-    """Part of `DeliveryCore` (its methods run on the core's state: `self` is the core)."""
+class Identities:
+    """Which message a transfer is (see the theory above): one per delivery core, which asks it
+    (`identify`, `settled_on_link`, `final`, ...). It alone writes what it remembers: the notes on
+    final messages (`final_notes`), the records that leave one (`noted`), the new identities given
+    under a tag (`alias_of`, `plain_of`) and the tag floors of links gone (`fresh_of`); it reads the
+    core's records, final memory and publisher links."""
 
-    def _identify(self: DeliveryCore, pl: PubLink, pub: Any, tag: bytes, gid: str, rec: Record | None,
+    __slots__ = ("core", "final_notes", "noted", "alias_of", "plain_of", "fresh_of", "stats_new_identities",
+                 "stats_finals_answered")
+
+    def __init__(self, core: DeliveryCore) -> None:
+        self.core = core
+        self.final_notes = FinalNotes()  # tag -> the newest message under it final while its outcome may be lost
+        self.noted: dict[str, str | None] = {}  # records that leave a note when final -> digest of their bytes
+        self.alias_of: dict[str, str] = {}  # plain gid -> the new identity under its tag whose record lives
+        self.plain_of: dict[str, str] = {}  # and back
+        self.fresh_of: dict[str, tuple[str, float]] = {}  # plid -> (PubLink.fresh of its last link here, when)
+        self.stats_new_identities = 0  # messages under a tag used before, given a new identity
+        self.stats_finals_answered = 0  # resends of final messages answered with their outcome
+
+    def link_gone(self, pl: PubLink, now: float) -> None:
+        """Publisher link `pl` detached: where its tags stood, for its next link here (`fresh_floor`)."""
+        if pl.fresh:
+            self.fresh_of[pl.plid] = (pl.fresh, now)
+
+    def orphaned(self, rec: Record) -> None:
+        """`rec`, ours, becomes final without its publisher: it may still resend it (a note is left)."""
+        if rec.origin is None and rec.gid not in self.noted:
+            self.noted[rec.gid] = None
+
+    def identify(self, pl: PubLink, pub: Any, tag: bytes, gid: str, rec: Record | None,
                   payload: bytes, now: float) -> tuple[str, Record | None, bool]:
         """The message a transfer of `tag` (plain gid `gid`, its record `rec` if one lives) on `pl`
         is: (its gid, the record to merge into or None for a new record, answered): answered when
@@ -89,56 +116,56 @@ class Identity:
         if pl.declared is not None:  # ours: only a declared resend comes here (with no record)
             note = self.final_notes.get(gid) if rec is None else None
             if note is not None and (note.digest is None or note.digest == payload_digest(payload)):
-                self._answer_from_note(pl, pub, gid, note, len(payload))
+                self.answer_from_note(pl, pub, gid, note, len(payload))
                 return note.gid, None, True
             return gid, rec, False
         if pl.settled is not None and gid in pl.settled:
-            return self._renamed(pl, tag, gid, payload), None, False  # rule 1
+            return self.renamed(pl, tag, gid, payload), None, False  # rule 1
         alias = self.alias_of.get(gid) if self.alias_of else None
-        live = self.records.get(alias) if alias is not None else None
+        live = self.core.records.get(alias) if alias is not None else None
         if live is None:
             live = rec
         if live is not None:
             if live.pubs and any(p in pl.pubs for p in live.pubs):
-                return self._renamed(pl, tag, gid, payload), None, False  # rule 1: its delivery is open here
+                return self.renamed(pl, tag, gid, payload), None, False  # rule 1: its delivery is open here
             if not pl.second and live.gid not in self.noted:
                 self.noted[live.gid] = payload_digest(payload)
             return live.gid, live, False  # rule 2
         note = self.final_notes.get(gid)
-        if note is None and not self.is_final(gid):
+        if note is None and not self.core.is_final(gid):
             if not pl.second:
                 self.noted[gid] = payload_digest(payload)
             return gid, None, False  # rule 4
         if note is not None and (note.digest is None or note.digest == payload_digest(payload)):
-            self._answer_from_note(pl, pub, gid, note, len(payload))
+            self.answer_from_note(pl, pub, gid, note, len(payload))
             return note.gid, None, True  # rule 3: a resend of a final message
-        return self._renamed(pl, tag, gid, payload), None, False  # rule 3: its publisher had the outcome, or other bytes
+        return self.renamed(pl, tag, gid, payload), None, False  # rule 3: its publisher had the outcome, or other bytes
 
-    def _renamed(self: DeliveryCore, pl: PubLink, tag: bytes, gid: str, payload: bytes) -> str:
+    def renamed(self, pl: PubLink, tag: bytes, gid: str, payload: bytes) -> str:
         """A new identity for another message under the tag of `gid` (see the theory above)."""
         self.stats_new_identities += 1
-        new = new_identity(pl.plid, tag, f"{self.router_id}\0{self.incarnation}\0{self.stats_new_identities}")
+        new = new_identity(pl.plid, tag, f"{self.core.router_id}\0{self.core.incarnation}\0{self.stats_new_identities}")
         self.alias_of[gid] = new
         self.plain_of[new] = gid
         if not pl.second:
             self.noted[new] = payload_digest(payload)
         return new
 
-    def _answer_from_note(self: DeliveryCore, pl: PubLink, pub: Any, gid: str, note: FinalNote, size: int) -> None:
+    def answer_from_note(self, pl: PubLink, pub: Any, gid: str, note: FinalNote, size: int) -> None:
         """A resend of a message that became final here (its outcome lost with the publisher's
         connection): its outcome, never another delivery."""
         self.stats_finals_answered += 1
-        self.log.append(("received", note.gid, pl.topic, None, {"size": size, "info": "merged"}))
+        self.core.log.append(("received", note.gid, pl.topic, None, {"size": size, "info": "merged"}))
         settle = not pl.second
-        self.out.append(SendOutcome(pub, note.outcome, note.error, settle))
+        self.core.out.append(SendOutcome(pub, note.outcome, note.error, settle))
         if settle:
             if pl.declared is None:
-                self._settled_on_link(pl, gid)
+                self.settled_on_link(pl, gid)
         else:  # (its settlement frees the tag on this link: `publisher_settled`)
             pl.pubs[pub] = gid
-            self.pub_of[pub] = (pl, gid)
+            self.core.pub_of[pub] = (pl, gid)
 
-    def _settled_on_link(self: DeliveryCore, pl: PubLink, gid: str) -> None:
+    def settled_on_link(self, pl: PubLink, gid: str) -> None:
         """The delivery of (plain) `gid` on `pl` was settled while the link stays attached: that tag
         names another message if it comes again on this link (rule 1). The newest `SETTLED_KEPT`."""
         kept = pl.settled
@@ -148,7 +175,7 @@ class Identity:
         if len(kept) > SETTLED_KEPT:
             kept.popitem(last=False)
 
-    def _identity_final(self: DeliveryCore, rec: Record, now: float) -> None:
+    def final(self, rec: Record, now: float) -> None:
         """`rec` (ours, an origin record) became final: what its tag must say from now on."""
         gid = rec.gid
         plain = self.plain_of.pop(gid, None) if self.plain_of else None
@@ -162,7 +189,7 @@ class Identity:
         if rec.outcome is not None and rec.origin is None:
             self.final_notes.put(plain or gid, FinalNote(gid, rec.outcome, rec.error, digest, now))
 
-    def notes_on(self: DeliveryCore, gids: list[str]) -> tuple[WireNote, ...]:
+    def notes_on(self, gids: list[str]) -> tuple[WireNote, ...]:
         """The notes this router has on `gids` (a FINAL it sends carries them: a router the
         publisher fails over to then knows a resend of one for what it is)."""
         out = []
@@ -173,13 +200,13 @@ class Identity:
                 out.append((gid, plain, int(n.outcome), n.error, n.digest))
         return tuple(out)
 
-    def _learn_note(self: DeliveryCore, note: WireNote, now: float) -> None:
+    def learn_note(self, note: WireNote, now: float) -> None:
         """Another router's note on a message that became final there (its FINAL carried it)."""
         gid, plain, outcome, error, digest = note
         if outcome in _OUTCOMES:
             self.final_notes.put(plain, FinalNote(gid, Outcome(outcome), error, digest, now))
 
-    def _resent_final(self: DeliveryCore, rec: Record, note: WireNote) -> bool:
+    def resent_final(self, rec: Record, note: WireNote) -> bool:
         """A FINAL with a note for a record whose publisher's delivery is open here: is that
         delivery a resend of the message that became final there (the same bytes)? Its publisher
         lost the outcome and came here; it is answered with that outcome (see `handle_final`)."""
@@ -188,29 +215,29 @@ class Identity:
         self.stats_finals_answered += 1
         return True
 
-    def _fresh_floor(self: DeliveryCore, pl: PubLink) -> None:
+    def fresh_floor(self, pl: PubLink) -> None:
         """Where a new link of a client not ours starts `PubLink.fresh`: at the largest counter gid of its publisher link
         remembered in the old tier of the final memory, sent by an earlier link of it here
         (`fresh_of`), or by one still attached."""
         plid = pl.plid
         floor = ""
-        top = self.old_finals.top(plid)
+        top = self.core.old_finals.top(plid)
         if top is not None:
             floor = f"{plid}:{counter_tag(top).decode()}"
         earlier = self.fresh_of.get(plid)
         if earlier is not None and later(earlier[0], floor):
             floor = earlier[0]
-        newest = self.newest_link.get(plid)
+        newest = self.core.newest_link.get(plid)
         if newest is not None and later(newest.fresh, floor):
             floor = newest.fresh
         pl.fresh = floor
         if pl.second:
             pl.flen = len(floor)
 
-    def _forget_identities(self: DeliveryCore, now: float) -> None:
+    def forget(self, now: float) -> None:
         """Tick: forget notes and links' tag floors older than `final_memory`."""
-        before = now - self.cfg.final_memory
-        self.final_notes.forget(before, self.cfg.final_notes_max)
+        before = now - self.core.cfg.final_memory
+        self.final_notes.forget(before, self.core.cfg.final_notes_max)
         if self.fresh_of:
             for plid in [p for p, (_, t) in self.fresh_of.items() if t < before]:
                 del self.fresh_of[plid]

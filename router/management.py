@@ -1,7 +1,8 @@
 """Management requests (`$management`, `oncemesh stat`): parse a request, answer it from the router's
 state. Sans-IO: the adapter (router/mgmtlink.py) decodes AMQP, checks who may ask, gathers what
 only it knows (connections and links, as plain `ConnInfo`/`LinkInfo`) and sends the `Answer`;
-everything here is a function of those values, the delivery core and the time given.
+everything here is a function of those values, the delivery core's snapshot (router/snapshot.py:
+each view asks for the parts it shows) and the time given.
 
 The wire format is in common/mgmtwire.py. Views are tables (`columns`, `rows`) so that a client
 prints any view without knowing it; each is bounded by the request's `limit` (a table of 100,000
@@ -10,16 +11,13 @@ subscriptions must not become one 10 MB message unless asked for).
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..common import mgmtwire as W
 from ..common.errors import OncemeshError
-from .core import DeliveryCore
-from .subscriptions import Subscription
+from .snapshot import Page, Parts, RowPage, SnapshotSource, SubscriptionRow, TopicOrder, TopicRow
 
 
 class ManagementError(OncemeshError):
@@ -80,7 +78,7 @@ class MeshView:
 
 
 class RouterState(Protocol):
-    """What management reads from a router besides its delivery core (the adapter's part)."""
+    """What management reads from a router besides its delivery core's snapshot (the adapter's part)."""
 
     @property
     def id(self) -> str: ...
@@ -121,7 +119,7 @@ def parse_request(properties: Mapping[Any, Any] | None, body: Any) -> Request:
     return Request(W.QUERY, view, int(limit), bool(opts.get("all", False)), int(offset))
 
 
-def answer(req: Request, core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float) -> Answer:
+def answer(req: Request, core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float) -> Answer:
     columns, rows, total = _VIEWS[req.view](core, state, mesh, now, req)
     if total is None:  # (a small view: every row made, the page cut here)
         total = len(rows)
@@ -144,13 +142,13 @@ def _all(columns: tuple[str, ...], rows: list[list[Any]]) -> Rows:
     return columns, rows, None
 
 
-def _router(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
+def _router(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
     st = state.management_status()
     stats: dict[str, Any] = st.get("stats", {})
     cols = ("id", "incarnation", "uptime_s", "url", "client_auth", "mesh_security", "ready", "not_ready",
             "connections", "subscriptions", "records", "undecided", "inflight_bytes", "peers")
     why: dict[str, Any] = st.get("why", {})
-    not_ready = ",".join(k for k, v in why.items() if v is False)
+    not_ready = ",".join(not_ready_reasons(why))
     started = int(state.incarnation) / 1e6 if state.incarnation.isdigit() else now
     row = [state.id, state.incarnation, round(now - started, 1), st.get("url"), st.get("client_auth"),
            st.get("mesh_security", "standalone"), bool(st.get("ready")), not_ready,
@@ -159,7 +157,15 @@ def _router(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: 
     return _all(cols, [row])
 
 
-def _connections(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
+def not_ready_reasons(why: dict[str, Any]) -> list[str]:
+    """What keeps a router from ready (router/http.py `readiness`), the same ones that make `ready`
+    false: empty exactly when it is ready. (`draining` is true when it blocks; `mesh_converged` is
+    reported, not required.)"""
+    out = [k for k in ("table_synced", "log_writable", "peers_known") if why.get(k) is False]
+    return out + (["draining"] if why.get("draining") else [])
+
+
+def _connections(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
     cols = ("peer", "container", "user", "tls", "links", "publishers", "subscribers")
     rows = []
     for c in sorted(state.management_connections(), key=lambda c: c.peer):
@@ -169,101 +175,69 @@ def _connections(core: DeliveryCore, state: RouterState, mesh: MeshView | None, 
     return _all(cols, rows)
 
 
-def _links(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
+def _links(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
     """Per link: `credit` is what the peer granted us (subscriber) or we granted it (publisher);
     `unsettled` deliveries on the link; `backlog` messages held here for its subscription."""
     cols = ("peer", "container", "name", "role", "topic", "credit", "unsettled", "backlog", "blocked")
-    blocked = {id(pl) for pl in core._blocked}
+    conns = sorted(state.management_connections(), key=lambda c: c.peer)
+    links = [link for c in conns for link in c.links]
+    tokens = [li.token for li in links if li.role == "publisher"]
+    sids = [li.sid for li in links if li.role == "subscriber" and li.sid is not None]
+    snap = core.snapshot(now, Parts(publishers=tokens, subscribers=sids))
     rows = []
-    for c in sorted(state.management_connections(), key=lambda c: c.peer):
+    for c in conns:
         for link in sorted(c.links, key=lambda li: li.name):
             credit, backlog, is_blocked = link.credit, None, None
             if link.role == "publisher":
-                pl = core.pub_links.get(link.token)
+                pl = snap.publishers.get(link.token)
                 credit = pl.outstanding if pl is not None else 0
-                is_blocked = pl is not None and id(pl) in blocked
+                is_blocked = pl is not None and pl.blocked
             elif link.role == "subscriber" and link.sid is not None:
-                rt = core.subs.get(link.sid)
-                backlog = len(rt.owed) if rt is not None else 0
+                backlog = snap.backlogs.get(link.sid, 0)
             rows.append([c.peer, c.container, link.name, link.role, link.topic, credit, link.unsettled, backlog,
                          is_blocked])
     return _all(cols, rows)
 
 
-def topic_orders(core: DeliveryCore, status: dict[str, Any]) -> Callable[[str], str]:
+def topic_orders(status: dict[str, Any]) -> Callable[[TopicRow], str]:
     """The order of a topic as this router enforces it: total (sequencer|lamport), causal, fifo."""
     streams: dict[str, Any] = status.get("order", {})
 
-    def order(topic: str) -> str:
-        if topic in core.total:
-            return f"total ({streams.get(topic, {}).get('algorithm', 'sequencer')})"
-        return "causal" if topic in core.causal else "fifo"
+    def order(row: TopicRow) -> str:
+        if row.order is TopicOrder.TOTAL:
+            return f"total ({streams.get(row.topic, {}).get('algorithm', 'sequencer')})"
+        return row.order.value
 
     return order
 
 
-def _topics(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
+def _topics(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
     cols = ("topic", "order", "subscriptions", "active", "homed_here", "publishers_here", "records", "undecided",
             "backlog")
-    agg: dict[str, list[int]] = {}
-
-    def entry(topic: str) -> list[int]:
-        return agg.setdefault(topic, [0, 0, 0, 0, 0, 0, 0])
-
-    for sub in core.table.live():
-        e = entry(sub.topic)
-        e[0] += 1
-        e[1] += sub.state.value == "active"
-        if sub.home == core.router_id:
-            e[2] += 1
-            rt = core.subs.get(sub.sid)
-            e[6] += len(rt.owed) if rt is not None else 0
-    for pl in core.pub_links.values():
-        entry(pl.topic)[3] += 1
-    for rec in core.records.values():
-        e = entry(rec.topic)
-        e[4] += 1
-        e[5] += rec.origin is None and rec.outcome is None
-    order = topic_orders(core, state.management_status())
-    return _all(cols, [[t, order(t), *v] for t, v in sorted(agg.items())])
+    topics = core.snapshot(now, Parts(topics=True)).topics
+    assert topics is not None
+    order = topic_orders(state.management_status())
+    return _all(cols, [[t.topic, order(t), t.subscriptions, t.active, t.homed_here, t.publishers_here, t.records,
+                        t.undecided, t.backlog] for t in topics])
 
 
-def _expiry(sub: Subscription) -> float | None:
-    return None if math.isinf(sub.expiry) else sub.expiry
-
-
-def _by_topic(sub: Subscription) -> str:
-    return f"{sub.topic}\x00{sub.sid}"
-
-
-def subscription_rows(core: DeliveryCore, include_ended: bool, now: float, offset: int = 0,
-                      limit: int = W.PAGE_MAX) -> tuple[list[list[Any]], int]:
-    """One row per subscription of the page, and how many there are: `backlog` is what this router
-    holds for it (its home: messages owed and not yet resolved; elsewhere: messages of this origin
-    still pending for it), `on_link` what is sent and unsettled, `queued` what waits for credit
-    (its home only)."""
-    subs = list(core.table if include_ended else core.table.live())
-    # (the page only: a table of 100,000 is not sorted whole for a page of 1,000)
-    page = heapq.nsmallest(offset + limit, subs, key=_by_topic)[offset:]
-    rows = []
-    for sub in page:
-        rt = core.subs.get(sub.sid) if sub.home == core.router_id else None
-        backlog = len(rt.owed) if rt is not None else len(core.remote_pending.get(sub.sid, ()))
-        rows.append([sub.sid, sub.topic, sub.container, sub.link, sub.state.value, sub.home, sub.owner or None,
-                     sub.epoch, _expiry(sub), round(now - sub.since, 1), backlog,
-                     len(rt.queue) if rt is not None else None, len(rt.on_link) if rt is not None else None,
-                     sub.end_reason])
-    return rows, len(subs)
+def subscription_rows(page: RowPage[SubscriptionRow]) -> list[list[Any]]:
+    """One row per subscription of the page: `backlog` is what this router holds for it (its home:
+    messages owed and not yet resolved; elsewhere: messages of this origin still pending for it),
+    `on_link` what is sent and unsettled, `queued` what waits for credit (its home only)."""
+    return [[r.sid, r.topic, r.container, r.link, r.state.value, r.home, r.owner or None, r.epoch, r.expiry_s,
+             round(r.since_s, 1), r.backlog, r.queued, r.on_link, r.end_reason] for r in page.rows]
 
 
 SUBSCRIPTION_COLUMNS = ("sid", "topic", "container", "link", "state", "home", "owner", "epoch", "expiry_s",
                         "since_s", "backlog", "queued", "on_link", "end_reason")
 
 
-def _subscriptions(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float,
+def _subscriptions(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float,
                    req: Request) -> Rows:
-    rows, total = subscription_rows(core, req.include_ended, now, req.offset, req.limit)
-    return SUBSCRIPTION_COLUMNS, rows, total
+    page = core.snapshot(now, Parts(subscriptions=Page(req.offset, req.limit, req.include_ended))).subscriptions
+    assert page is not None
+    return SUBSCRIPTION_COLUMNS, subscription_rows(page), page.total
 
 
 def peer_rows(me: str, status: dict[str, Any], mesh: MeshView | None) -> list[list[Any]]:
@@ -285,35 +259,27 @@ def peer_rows(me: str, status: dict[str, Any], mesh: MeshView | None) -> list[li
 PEER_COLUMNS = ("router", "reachable", "link_up", "incarnation", "synced")
 
 
-def _peers(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
+def _peers(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
     return _all(PEER_COLUMNS, peer_rows(state.id, state.management_status(), mesh))
 
 
-def _inflight(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
+def _inflight(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
     """Records oldest first: `origin` is `here` or the router that sent the copy; `pending`
     subscriptions still QUEUED or SENT; `publisher` whether its publisher's delivery is open here."""
     cols = ("gid", "topic", "origin", "age_s", "outcome", "pending", "parts", "publisher", "number")
-    recs = heapq.nsmallest(req.offset + req.limit, core.records.values(), key=lambda r: r.created)[req.offset:]
-    rows = [[r.gid, r.topic, r.origin or "here", round(now - r.created, 3),
-             r.outcome.name.lower() if r.outcome is not None else None, r.pending, len(r.owed), bool(r.pubs),
-             r.tnum] for r in recs]
-    return cols, rows, len(core.records)
+    page = core.snapshot(now, Parts(records=Page(req.offset, req.limit))).records
+    assert page is not None
+    rows = [[r.gid, r.topic, r.origin or "here", round(r.age_s, 3),
+             r.outcome.name.lower() if r.outcome is not None else None, r.pending, r.parts, r.publisher,
+             r.number] for r in page.rows]
+    return cols, rows, page.total
 
 
-def unnumbered(core: DeliveryCore, topics: set[str]) -> dict[str, int]:
-    """Records of these total-order topics held here without their number yet (order-stream lag)."""
-    out: dict[str, int] = {}
-    if topics:
-        for rec in core.records.values():
-            if rec.tnum is None and rec.topic in topics:
-                out[rec.topic] = out.get(rec.topic, 0) + 1
-    return out
-
-
-def _orders(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
+def _orders(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float, req: Request) -> Rows:
     cols = ("topic", "algorithm", "state", "sequencer", "view", "numbered", "waiting_here", "queued", "unacked")
     streams: dict[str, dict[str, Any]] = state.management_status().get("order", {})
-    waiting = unnumbered(core, set(streams))
+    # (records of these total-order topics held here without their number yet: order-stream lag)
+    waiting = core.snapshot(now, Parts(unnumbered=frozenset(streams))).unnumbered
     rows = []
     for topic, st in sorted(streams.items()):
         view = st.get("view")
@@ -323,7 +289,7 @@ def _orders(core: DeliveryCore, state: RouterState, mesh: MeshView | None, now: 
     return _all(cols, rows)
 
 
-_VIEWS: dict[str, Callable[[DeliveryCore, RouterState, MeshView | None, float, Request], Rows]] = {
+_VIEWS: dict[str, Callable[[SnapshotSource, RouterState, MeshView | None, float, Request], Rows]] = {
     "router": _router, "connections": _connections, "links": _links, "topics": _topics,
     "subscriptions": _subscriptions, "peers": _peers, "inflight": _inflight, "orders": _orders,
 }

@@ -6,7 +6,7 @@ Part of the delivery core (`router.core.DeliveryCore` composes it); sans-IO like
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ..common import errors
@@ -22,6 +22,7 @@ from .actions import (
     SendHold,
 )
 from .identity import WireNote
+from .order.total import Checkpoint
 from .state import (
     HELD,
     RESOLVED,
@@ -29,11 +30,9 @@ from .state import (
     S_ENDED,
     S_QUEUED,
     S_SENT,
-    PubLink,
     Record,
     S,
     SubRuntime,
-    move,
 )
 from .subscriptions import Subscription, SubState
 
@@ -78,14 +77,11 @@ class MeshSide:
             rec = Record(gid, topic, payload, now)
             if not by_arrival:
                 rec.seq = counter_seq(gid)
-            rec.origin = origin
-            self.destination_records += 1
             rec.origins = {origin: origin_inc}
             asked = self.held_for.pop(gid, None)
             if asked:
                 rec.holders = set(asked)
-            self.records[gid] = rec
-            self.inflight_bytes += len(payload)
+            self.book.add_copy(rec, origin)
             self.log.append(("forward_received", gid, topic, None, Peer(origin)))
         else:  # a destination record, or ours when the publisher failed over to `origin`
             if by_arrival:
@@ -96,7 +92,7 @@ class MeshSide:
         if preds:  # every origin's predecessors count (each saw its own part of the publisher's order)
             rec.preds = preds if not rec.preds else tuple(dict.fromkeys(rec.preds + preds))
         if deps:
-            self._add_deps(rec, deps)
+            self.causal_order.add_deps(rec, deps)
         self._absorb_placeholders(rec)
         ts = self.total.get(topic) if self.total else None
         if ts is not None and rec.tnum is None:
@@ -119,7 +115,7 @@ class MeshSide:
                 new_pending = True
             cur = rec.owed.get(sid)
             if cur is None:
-                move(rec, sid, S_QUEUED)
+                self.book.move(rec, sid, S_QUEUED)
                 rt = self.subs[sid]
                 rt.owed[gid] = rec
                 new_pending = True
@@ -131,9 +127,7 @@ class MeshSide:
             else:
                 self.out.append(SendAck(origin, gid, sid, HELD, None))
         if new_pending:
-            if not rec.payload:
-                rec.payload = payload
-                self.inflight_bytes += len(payload)
+            self.book.carry(rec, payload)
             for sid in sids:
                 local = self.subs.get(sid)
                 if local is not None and local.link is not None and local.credit > 0:
@@ -152,7 +146,7 @@ class MeshSide:
                 if rec.owed.get(sid) in (S_QUEUED, S_SENT):
                     self._resolve(rec, sid, S_ACCEPTED, None, rec.created, "placeholder")
                 else:
-                    move(rec, sid, S_ACCEPTED)
+                    self.book.move(rec, sid, S_ACCEPTED)
                     self.log.append(("accepted", rec.gid, rec.topic, sid, "placeholder"))
 
     def handle_final(self: DeliveryCore, gid: str, now: float, note: WireNote | None = None) -> bool:
@@ -163,7 +157,7 @@ class MeshSide:
         cost at most a query later, a wrong one would be a false ACCEPTED. `note`: the sender's
         note on it (router/identity.py): then that open delivery may be a resend of it."""
         if note is not None:
-            self._learn_note(note, now)
+            self.ids.learn_note(note, now)
         rec = self.records.get(gid)
         if rec is None:
             if gid in self.placeholders:
@@ -173,7 +167,7 @@ class MeshSide:
             return True
         resent = False
         if rec.pubs and rec.outcome is None and not rec.pub_settled:
-            resent = note is not None and self._resent_final(rec, note)
+            resent = note is not None and self.ids.resent_final(rec, note)
             if not resent:
                 self.stats_final_ignored += 1
                 return False
@@ -181,9 +175,7 @@ class MeshSide:
             # we are an origin too, still waiting, but its publisher settled it through another
             # origin: it is final everywhere. Stop: withdraw what is pending here. (A resend of a
             # message the router that sent the note settled: its outcome, told below.)
-            self.undecided -= 1
-            rec.outcome = O_ACCEPTED if note is None else Outcome(note[2])
-            rec.error = None if note is None else note[3]
+            self.book.conclude(rec, O_ACCEPTED if note is None else Outcome(note[2]), None if note is None else note[3])
             self.log.append(("ended", gid, rec.topic, None, "final elsewhere" if not resent else "resent final"))
         rec.pub_settled = True
         self._finalize(rec, now)
@@ -223,25 +215,21 @@ class MeshSide:
         if self.is_final(gid):
             self.out.append(SendFinal(frm, gid))
             return
-        pl = self._declaring(plid_of(gid))
-        if pl is None:
+        # the newest attach of its publisher link here, if it declared what it held in doubt (our clients)
+        pl = self.newest_link.get(plid_of(gid))
+        if pl is None or pl.declared is None:
             return
-        if declared_settled(pl.declared, pl.mark, gid):  # type: ignore[arg-type]
+        if declared_settled(pl.declared, pl.mark, gid):
             self.out.append(SendFinal(frm, gid))  # its publisher is attached here and settled it
-        elif gid in pl.declared:  # type: ignore[operator]
+        elif gid in pl.declared:
             self.held_for.setdefault(gid, {}).setdefault(frm, now)  # resent here: the asker gets our FINAL
         # else: published after that attach, elsewhere (this link is stale): we know nothing
 
-    def _declaring(self: DeliveryCore, plid: str) -> PubLink | None:
-        """The newest attach of publisher link `plid` here, if it declared what it holds in doubt
-        (None: not attached here, or not one of our clients)."""
-        pl = self.newest_link.get(plid)
-        return pl if pl is not None and pl.declared is not None else None
-
     def _settled_by_local_publisher(self: DeliveryCore, gid: str) -> bool:
-        """Its publisher is attached here and declared it no longer in doubt: it settled it."""
-        pl = self._declaring(plid_of(gid))
-        return pl is not None and declared_settled(pl.declared, pl.mark, gid)  # type: ignore[arg-type]
+        """Its publisher is attached here and declared it no longer in doubt: it settled it. (The
+        newest attach of its link, and only if it declared what it held in doubt: our clients.)"""
+        pl = self.newest_link.get(plid_of(gid))
+        return pl is not None and pl.declared is not None and declared_settled(pl.declared, pl.mark, gid)
 
     def handle_ack(self: DeliveryCore, gid: str, sid: str, state: int, error: tuple[str, str] | None, now: float) -> None:
         rec = self.records.get(gid)
@@ -394,7 +382,7 @@ class MeshSide:
                 if st is S_QUEUED or st is S_SENT:
                     self._resolve(rec, sid, S_ACCEPTED, None, now, "presented")
                 elif st is None:
-                    move(rec, sid, S_ACCEPTED)
+                    self.book.move(rec, sid, S_ACCEPTED)
             elif rec is None and self.is_final(gid):
                 self.out.append(SendFinal(home, gid))
 
@@ -407,7 +395,7 @@ class MeshSide:
         for gid, rec in sorted(self.remote_pending.pop(sid, {}).items(), key=lambda kv: kv[1].created):
             rt.owed[gid] = rec
             if rec.owed.get(sid) is S_SENT:
-                move(rec, sid, S_QUEUED)
+                self.book.move(rec, sid, S_QUEUED)
             if rt.link is not None:
                 rt.queue.append(gid)
 
@@ -426,10 +414,10 @@ class MeshSide:
         for gid, rec in list(rt.owed.items()):
             if rec.origin is None:  # ours: it is remote now, send it to the new home
                 if rec.owed.get(sid) is S_SENT:
-                    move(rec, sid, S_QUEUED)
+                    self.book.move(rec, sid, S_QUEUED)
                 self.remote_pending.setdefault(sid, {})[gid] = rec
             else:  # a destination copy: drop our part; its origin re-routes it
-                move(rec, sid, None)
+                self.book.move(rec, sid, None)
                 if rec.pending == 0:
                     self._decide(rec, now)
         self._forget_routing(sid)
@@ -502,3 +490,53 @@ class MeshSide:
             else:
                 rt.final_unnotified.add(gid)
             self.log.append(("placeholder_final", gid, None, sid, None))
+
+    # ---- read by the mesh side (interrouter/node.py)
+    # What the mesh layer (`interrouter.node.MeshNode`) asks of the core besides its inputs above:
+    # one input that configures the core for the mesh, and queries that read without writing. The
+    # node reads nothing else of the core (tests/unit/test_mesh_seam.py holds the list).
+
+    def set_mesh(self: DeliveryCore, size: int, incarnation: str) -> None:
+        """Input from the mesh layer when it starts: the topology has `size` routers (1: a router
+        alone) and this life of the router is `incarnation` (the one its adapter gave the core, if
+        it did: the router's), which claims in the subscription table and new identities carry."""
+        self.incarnation = incarnation
+        self.mesh_size = size
+
+    def reachable_routers(self: DeliveryCore) -> Mapping[str, str]:
+        """Router -> incarnation of every router this one reaches, itself included: what
+        `set_reachable` was last told (read only)."""
+        return self.reachable
+
+    def has_record(self: DeliveryCore, gid: str) -> bool:
+        """Does this router hold a delivery record of `gid`?"""
+        return gid in self.records
+
+    def has_final_notes(self: DeliveryCore) -> bool:
+        """Does this router keep any note on a final message whose outcome its publisher may have
+        missed? (If not, `notes_on` finds nothing: the FINALs it sends need not ask it.)"""
+        return bool(self.final_notes)
+
+    def subscriptions_reclaimed(self: DeliveryCore) -> int:
+        """How many subscriptions this router claimed again for their live link here (a count that
+        only grows: `subscription_changed` raised it when it changed)."""
+        return self.stats_reclaimed
+
+    def in_total_order(self: DeliveryCore, topic: str) -> bool:
+        """Is `topic` in total order here (the core keeps its numbering stream)?"""
+        return topic in self.total
+
+    def total_base(self: DeliveryCore, topic: str) -> int:
+        """Up to which number the stream of `topic` (in total order) forgot its history here
+        (compacted; 0: nothing yet)."""
+        return self.total[topic].base
+
+    def total_checkpoint(self: DeliveryCore, topic: str) -> Checkpoint:
+        """The checkpoint of the stream of `topic` (in total order) as it stands, compacted nothing
+        more (`total_compact` compacts first)."""
+        return self.total[topic].checkpoint()
+
+    def total_start_of(self: DeliveryCore, topic: str, sid: str, created: float) -> int | None:
+        """The number that the start of the life of subscription `sid` created at `created` got in the
+        stream of `topic` (in total order); None while it has none here."""
+        return self.total[topic].start_of(sid, created)

@@ -26,6 +26,7 @@ from ..common import mgmtwire as W
 from ..common.engine import AmqpConnection, Link
 from .http import readiness
 from .management import ConnInfo, LinkInfo, ManagementError, answer, error_answer, parse_request
+from .snapshot import Parts
 
 if TYPE_CHECKING:
     from .server import Router
@@ -66,8 +67,9 @@ class ManagementLinks:
         return self.router.incarnation
 
     def management_status(self) -> dict[str, Any]:
-        info = self.router.ready_info()
-        info["ready"], info["why"] = readiness(self.router)
+        snap = self.router.core.snapshot(time.time(), Parts(counts=True))
+        info = self.router.ready_info(snap)
+        info["ready"], info["why"] = readiness(self.router, snap)
         return info
 
     def management_connections(self) -> list[ConnInfo]:

@@ -11,6 +11,7 @@ file), for anonymous clients (`[anonymous]`) and for everybody (`[defaults]`):
     subscribe = ["#"]
     [users.alice]
     max_message_size = 65536
+    max_links_per_connection = 50    # links on one connection (the router's own limit still applies)
     manage = true                    # may read the management views (oncemesh stat)
 
 Topics are dot-separated; in a pattern `*` is exactly one segment and `#` is any number of them
@@ -34,7 +35,8 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
-LIMITS = ("max_connections", "max_connections_per_host", "max_subscriptions", "max_message_size")
+LIMITS = ("max_connections", "max_connections_per_host", "max_subscriptions", "max_message_size",
+          "max_links_per_connection")
 RULE_KEYS = ("publish", "subscribe", "manage", *LIMITS)
 TOP_KEYS = ("defaults", "groups", "users", "anonymous")
 

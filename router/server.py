@@ -31,17 +31,10 @@ from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
-from ..common.sasl import SaslServer, ScramSecret, ServerPolicy
+from ..common.passrules import HandoverHold
+from ..common.sasl import PLAIN, SCRAM, SaslServer, ScramSecret, ServerPolicy
 from ..common.settlement_log import Segments, SettlementLog
-from ..common.tls import TlsFiles, TlsProvider
-from ..common.urls import redirect_info
-from ..common.vocab import (
-    FINAL_SUBJECT,
-    FINAL_TAG_PREFIX,
-    O_ACCEPTED,
-    O_MODIFIED,
-    O_REJECTED,
-    O_RELEASED,
+from ..common.symbols import (
     PROP_CAUSAL_PAST,
     PROP_CLIENT,
     PROP_EPOCH,
@@ -52,8 +45,19 @@ from ..common.vocab import (
     PROP_RESUME,
     PROP_RESUMED,
     PROP_ROUTER,
+)
+from ..common.tls import TlsFiles, TlsProvider
+from ..common.urls import redirect_info
+from ..common.vocab import (
+    FINAL_SUBJECT,
+    FINAL_TAG_PREFIX,
+    O_ACCEPTED,
+    O_MODIFIED,
+    O_REJECTED,
+    O_RELEASED,
     Outcome,
 )
+from . import admission
 from .actions import (
     Action,
     Announce,
@@ -74,6 +78,7 @@ from .actions import (
     SettlePublisher,
     SubmitOrder,
 )
+from .admission import LoginThrottle, PreAuth, PreAuthLimits, ThrottleLimits
 from .config import RouterConfig, client_url_of, parse_hostport
 from .core import DeliveryCore, SubscriberAttach
 from .drain import ConnView, Dependents, Drain, DrainPhase, core_dependents
@@ -83,6 +88,7 @@ from .looplag import LagSummary, LoopLag
 from .meshport import MeshPort
 from .mgmtlink import ManagementLinks, MgmtCtx
 from .policy import Grants, PolicyError, load_policy
+from .snapshot import CoreSnapshot, Parts
 from .statusfile import StatusFile
 from .subscriptions import Subscription, SubscriptionStore, SubscriptionTable
 from .users import Users
@@ -135,12 +141,26 @@ class PubLinkCtx:
 
 
 class ConnCtx:
-    __slots__ = ("container", "peer_kind", "counted")
+    __slots__ = ("container", "peer_kind", "counted", "refused", "opened", "links_refused")
 
     def __init__(self) -> None:
         self.container: str | None = None
         self.peer_kind = "client"
         self.counted: tuple[str, str] | None = None  # (user, host) counted against connection limits
+        self.refused = False  # closed as it came (a connection limit): nothing of it is carried out
+        self.opened = False  # its AMQP open came (after its login, if any)
+        self.links_refused = 0  # attaches refused for max_links_per_connection (logged once)
+
+
+class ClientConnection(AmqpConnection):
+    """A connection of the client listener: the router hears of it as soon as its transport is up,
+    before a byte of it is read (admission: router/admission.py)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        handler = self.handler
+        assert isinstance(handler, Router)
+        handler.on_transport_up(self)
 
 
 
@@ -199,12 +219,22 @@ class Router:
                              "(certificates), or allow_anonymous = true (--allow-anonymous) for an open router "
                              "where anyone who reaches the port may publish and subscribe")
         self._conns_by_user: dict[str, int] = {}
+        # connections not yet logged in and open, and failed password logins (router/admission.py)
+        self.preauth: PreAuth[AmqpConnection] = PreAuth(PreAuthLimits(
+            cfg.auth_timeout, cfg.max_preauth_per_source, cfg.max_preauth_connections))
+        self.throttle = LoginThrottle(ThrottleLimits(cfg.login_failures_free, cfg.login_backoff,
+                                                     cfg.login_backoff_max))
+        if cfg.passwords_without_tls not in ("loopback", "allow", "refuse"):
+            raise ValueError(f"passwords_without_tls: {cfg.passwords_without_tls!r} is none of 'loopback', "
+                             f"'allow', 'refuse'")
         self.event_counts: Counter[str] = Counter()  # settlement-log events of the core, by name (/metrics)
         self.outcomes_sent = [0] * (max(Outcome) + 1)  # outcomes told publishers, indexed by Outcome (/metrics)
         self.accepted_sent = 0  # (ACCEPTED ones: counted apart, see _perform)
         self.http: HttpEndpoint | None = None
         self.management = ManagementLinks(self)  # $management links (router/mgmtlink.py)
-        self.stats_refusals = {"unauthorized_attaches": 0, "limited_attaches": 0, "limited_connections": 0}
+        self.stats_refusals = {"unauthorized_attaches": 0, "limited_attaches": 0, "limited_connections": 0,
+                               "limited_links": 0, "preauth_refused": 0, "auth_timeouts": 0,
+                               "logins_throttled": 0}
         self._conns_by_host: dict[tuple[str, str], int] = {}
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None
@@ -217,6 +247,7 @@ class Router:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_due = 0.0  # loop time the tick was asked for: how late it runs is the loop's lag
         self.lag = LoopLag(cfg.loop_lag_window, cfg.loop_stall)
+        self.handover_hold = HandoverHold()  # after a stall of the process (`_on_stall`)
         self._gc_started = 0.0
         self._pools_trimmed = time.monotonic()  # (the first trim one interval after the start)
         self._stopped = asyncio.Event()
@@ -265,15 +296,20 @@ class Router:
                         "and subscribe without credentials (allow_anonymous; set users_file and/or "
                         "tls_verify_clients to require them)", *self.bound)
 
-    def ready_info(self) -> dict[str, Any]:
+    def ready_info(self, snap: CoreSnapshot | None = None) -> dict[str, Any]:
+        """The status (the ready file's content); `snap`: the core's with its counts, if the caller
+        has one."""
         assert self.bound is not None
+        if snap is None:
+            snap = self.core.snapshot(time.time(), Parts(counts=True))
+        assert snap.counts is not None
         info: dict[str, Any] = {"id": self.id, "pid": os.getpid(), "incarnation": self.incarnation,
                                 "listen": f"{self.bound[0]}:{self.bound[1]}",
                                 "url": f"{'amqps' if self.client_tls else 'amqp'}://{self.bound[0]}:{self.bound[1]}",
                                 "peers": [], "converged": True, "updated": time.time(),
                                 "client_auth": ("sasl" + ("+anonymous" if self.cfg.allow_anonymous else ""))
                                 if self.client_auth else "anonymous",
-                                "stats": {**self.core.stats(), "connections": len(self.connections),
+                                "stats": {**snap.counts.as_dict(), "connections": len(self.connections),
                                           "rss_kb": _rss_kb(), **self._lag_fields(), **self.stats_refusals,
                                           **(self.engine.counters if self.engine is not None else {}),
                                           **self.slog.stats()}}
@@ -377,8 +413,15 @@ class Router:
 
     def _sasl_for(self, conn: AmqpConnection) -> SaslServer:
         users = self.users
-        return SaslServer(ServerPolicy(users.secret if users is not None else _no_secret, conn.encrypted,
-                                       conn.peer_common_name, self.cfg.allow_anonymous))
+        source = _host_of(conn.peer)
+        encrypted = conn.encrypted
+        passwords = users is not None and (encrypted or admission.passwords_in_clear(
+            self.cfg.passwords_without_tls, source))
+        return SaslServer(ServerPolicy(users.secret if users is not None else _no_secret, encrypted,
+                                       conn.peer_common_name, self.cfg.allow_anonymous,
+                                       passwords=passwords,
+                                       decoy=users.decoy if users is not None else None,
+                                       throttle=lambda user: self.throttle.wait(source, user, time.monotonic())))
 
     def reload(self) -> None:
         """SIGHUP: re-read the client listener's TLS files and the users file (for new logins)."""
@@ -395,17 +438,21 @@ class Router:
 
     def _make_connection(self) -> AmqpConnection:
         assert self.engine is not None
-        conn = AmqpConnection(self.engine, self, server=True, container_id=f"oncemesh-router-{self.id}",
+        conn = ClientConnection(self.engine, self, server=True, container_id=f"oncemesh-router-{self.id}",
                               idle_timeout=self.cfg.idle_timeout, max_frame=self.cfg.max_frame,
                               properties={PROP_ROUTER: self.id},
                               sasl=self._sasl_for if self.client_auth else None)
         conn.ctx = ConnCtx()
-        if len(self.connections) >= self.cfg.max_connections:
+        # (connections not yet logged in and open have their own limits: they never fill this one)
+        if len(self.connections) - len(self.preauth) >= self.cfg.max_connections:
             log.warning("connection.refused reason=max_connections limit=%d", self.cfg.max_connections)
+            conn.ctx.refused = True
             conn.close(errors.ResourceLimitExceeded.condition,
                        f"router {self.id} holds its maximum of {self.cfg.max_connections} connections")
         self.connections.add(conn)
         return conn
+
+    LINKS_CLOSE_GRACE = 1.0  # seconds a connection closed for its links has for the close to go out
 
     # ------------------------------------------------------------------ drain
     DRAIN_CHECK = 0.05  # seconds between looks while draining
@@ -576,6 +623,7 @@ class Router:
             else:
                 self.core.tick(now)
             self.drain()
+            self._expire_preauth(time.monotonic())
             if self.heap_probe is not None:
                 self.heap_probe.maybe_sample(time.monotonic())
             self._maybe_trim_pools(time.monotonic())
@@ -601,9 +649,53 @@ class Router:
         except Exception:  # supervision point for timers
             log.exception("router.tick_failed")
 
+    # ------------------------------------------------------------------ admission
+    def on_transport_up(self, conn: AmqpConnection) -> None:
+        """A client's TCP (and TLS) connection is up: it holds a pre-authentication slot until its
+        AMQP open, at most `auth_timeout` (router/admission.py)."""
+        ctx = conn.ctx
+        if ctx.opened or conn.closed:
+            return
+        why = self.preauth.arrive(conn, _host_of(conn.peer), time.monotonic())
+        if why is not None:
+            self.stats_refusals["preauth_refused"] += 1
+            limit = self.cfg.max_preauth_per_source if why == "preauth_per_source" else self.cfg.max_preauth_connections
+            log.warning("connection.refused peer=%s reason=%s limit=%d (connections not yet logged in and open)",
+                        conn.peer, why, limit)
+            ctx.refused = True
+            conn.abort()
+
+    def _expire_preauth(self, now: float) -> None:
+        """Close the connections that have not logged in and opened within `auth_timeout`."""
+        for conn in self.preauth.expired(now):
+            self.preauth.leave(conn)
+            self.stats_refusals["auth_timeouts"] += 1
+            sasl = conn.sasl
+            stage = ("sasl" if isinstance(sasl, SaslServer) and not sasl.done else "open")
+            log.warning("connection.auth_timeout peer=%s stage=%s timeout_s=%g (no %s within auth_timeout: "
+                        "closed)", conn.peer, stage, self.cfg.auth_timeout,
+                        "login" if stage == "sasl" else "AMQP open")
+            conn.ctx.refused = True
+            conn.abort()
+
+    def _record_login(self, conn: AmqpConnection) -> None:
+        """A connection that ends: a password login that failed counts for the throttle."""
+        sasl = conn.sasl
+        if not isinstance(sasl, SaslServer) or sasl.login is None or sasl.throttled:
+            return
+        if sasl.done and sasl.user is None and sasl.mechanism in (SCRAM, PLAIN):
+            self.throttle.failed(_host_of(conn.peer), sasl.login, time.monotonic())
+
     # ------------------------------------------------------------------ engine events
     def on_connection_open(self, conn: AmqpConnection) -> None:
         conn.ctx.container = conn.remote_container
+        conn.ctx.opened = True
+        self.preauth.leave(conn)
+        if conn.ctx.refused:  # (closed as it came: its open is answered with the close, nothing else)
+            return
+        sasl = conn.sasl
+        if isinstance(sasl, SaslServer) and sasl.user is not None and sasl.login is not None:
+            self.throttle.succeeded(sasl.login)
         if self._drain is not None:
             self._redirect(conn, "new connection")
             return
@@ -618,6 +710,7 @@ class Router:
                 self.stats_refusals["limited_connections"] += 1
                 log.warning("connection.refused reason=max_connections_per_%s user=%s host=%s limit=%d", what, user,
                             host, limit)
+                conn.ctx.refused = True
                 conn.close(errors.ResourceLimitExceeded.condition,
                            f"user {user!r} holds its maximum of {limit} connections"
                            + (f" from {host}" if what == "host" else ""))
@@ -659,6 +752,11 @@ class Router:
     def on_link_open(self, link: Link) -> None:
         if not link.local_uninit:
             return
+        ctx = link.conn.ctx
+        if ctx.refused:  # a refused connection does nothing (its attaches came right behind its open)
+            return
+        if self._too_many_links(link):
+            return
         if self._drain is not None:  # nothing new attaches to a router that is leaving
             description, info = self._redirect_to()
             log.info("link.redirected peer=%s container=%s link=%s", link.conn.peer, link.conn.ctx.container,
@@ -682,6 +780,43 @@ class Router:
                         link.conn.ctx.container, link.name, exc.condition, exc)
             link.close(exc.condition, str(exc))
         self.drain()
+
+    def _too_many_links(self, link: Link) -> bool:
+        """Refuse an attach beyond the connection's link limit (`max_links_per_connection`, or the
+        user's in the policy if lower): logged once per connection, counted every time."""
+        conn = link.conn
+        limit = self.cfg.max_links_per_connection
+        grants = self._grants(conn)
+        own = grants.limit("max_links_per_connection") if grants is not None else None
+        if own is not None:
+            limit = min(limit, own)
+        held = len(conn.links)  # (the links Proton holds for it, this one and refused ones not yet detached)
+        if held <= limit:
+            return False
+        ctx = conn.ctx
+        ctx.links_refused += 1
+        self.stats_refusals["limited_links"] += 1
+        if ctx.links_refused == 1:
+            log.warning("link.refused peer=%s container=%s link=%s condition=%s reason=max_links_per_connection "
+                        "limit=%d (further refusals on this connection are counted, not logged)", conn.peer,
+                        ctx.container, link.name, errors.ResourceLimitExceeded.condition, limit)
+        link.close(errors.ResourceLimitExceeded.condition,
+                   f"this connection holds its maximum of {limit} links (max_links_per_connection): detach some "
+                   f"or open another connection")
+        if held > 2 * limit and not ctx.refused:
+            # A peer that keeps attaching past its refusals: Proton's work per attach grows with the
+            # links a session holds (refused ones too, until the peer detaches them), so the
+            # connection goes, and nothing more of it is read.
+            ctx.refused = True
+            log.warning("connection.closed_for_links peer=%s container=%s links=%d limit=%d (it kept attaching "
+                        "past its refusals)", conn.peer, ctx.container, held, limit)
+            conn.close(errors.ResourceLimitExceeded.condition,
+                       f"{held} links attached, twice the maximum of {limit} (max_links_per_connection)")
+            if conn.sock is not None:
+                conn.sock.pause_reading()
+                assert self.engine is not None
+                self.engine.loop.call_later(self.LINKS_CLOSE_GRACE, conn.abort)  # (if the peer never answers)
+        return True
 
     def _open_subscriber(self, link: Link) -> None:
         container = link.conn.ctx.container or ""
@@ -932,6 +1067,8 @@ class Router:
     def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
         self.drain()
         self.connections.discard(conn)
+        if isinstance(conn.ctx, ConnCtx) and not conn.ctx.opened:
+            self._closed_before_open(conn, condition)
         counted = conn.ctx.counted if isinstance(conn.ctx, ConnCtx) else None
         if counted is not None:
             conn.ctx.counted = None
@@ -950,6 +1087,21 @@ class Router:
             log.info("connection.closed peer=%s container=%s condition=%s", conn.peer,
                      conn.ctx.container if conn.ctx else None, condition)
         self.drain()
+
+    def _closed_before_open(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None:
+        """A connection that ends before its AMQP open: every one is logged (an idle timeout, a
+        failed login, a peer that left), once, with why."""
+        was_pending = self.preauth.leave(conn)
+        self._record_login(conn)
+        if conn.ctx.refused and not was_pending:
+            return  # (logged when refused or timed out)
+        sasl = conn.sasl
+        if isinstance(sasl, SaslServer) and sasl.done and sasl.user is None:
+            if sasl.throttled:
+                self.stats_refusals["logins_throttled"] += 1
+            return  # (logged by the engine: connection.auth_failed)
+        log.info("connection.closed_before_open peer=%s stage=%s condition=%s", conn.peer,
+                 "sasl" if isinstance(sasl, SaslServer) and not sasl.done else "open", condition)
 
     def _forget_sub_link(self, link: Link) -> None:
         ctx = link.ctx
@@ -1015,15 +1167,21 @@ class Router:
         """The process stalled (frozen, starved). What it reads now may be a peer's or a publisher's
         messages for a subscriber whose goodbye waits, unread, in a later read, or even in the next
         poll: that subscriber has failed over and may have accepted them at another router. Hand
-        nothing over until the loop has polled once more and taken what that brought."""
+        nothing over until the pass the edge's rules say (common/passrules.py, `HandoverHold`)."""
+        assert self.engine is not None and self.engine.pass_clock is not None
+        due = self.handover_hold.stalled(self.engine.pass_clock)
+        if due is None:
+            return
         self.core.hold_handovers()
-        loop = asyncio.get_running_loop()
-        # (the first callback runs in this pass; the second ahead of the next poll's reads; the
-        # release at the end of that pass, after them)
-        loop.call_soon(loop.call_soon, self._arm_release)
+        # (asked at the start of each pass, ahead of its reads, until the release is due; then the
+        # release runs at that pass's end, after them)
+        asyncio.get_running_loop().call_soon(self._arm_release, due)
 
-    def _arm_release(self) -> None:
-        assert self.engine is not None
+    def _arm_release(self, due: int) -> None:
+        assert self.engine is not None and self.engine.pass_clock is not None
+        if not HandoverHold.release_due(due, self.engine.pass_clock):
+            asyncio.get_running_loop().call_soon(self._arm_release, due)
+            return
         self.engine.call_after_pass(self._release_handovers)
 
     def _release_handovers(self) -> None:
@@ -1059,7 +1217,8 @@ class Router:
         link.open()
         self.slog.write("resumed" if ctx.resumed else "subscribed", time.time(), None, ctx.topic, ctx.sid,
                         container=link.conn.ctx.container, link=link.name, count=epoch)
-        self.slog.flush()
+        # (no flush here: this runs after the pass, and the engine's before_output hook writes the
+        # log before the answer leaves; a flush per subscriber was a write per attach)
         self.core.subscriber_credit(ctx.sid, link.credit, link.draining)
 
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:
@@ -1078,6 +1237,11 @@ class Router:
             return
         self._pending_opens.append(link)
         self.drain()
+
+    def mesh_event(self, event: str, now: float, peer: str, info: str | None) -> None:
+        """An event of the mesh layer for the settlement log: a neighbour up or down, a total-order
+        stream's new view (interrouter.routerport.RouterPort)."""
+        self.slog.write(event, now, peer=peer, info=info)
 
     def _settle_publisher_delivery(self, d: Any) -> None:
         link = self.pub_deliveries.pop(d)
@@ -1190,11 +1354,16 @@ _VOLATILE_STATS = ("rss_kb", "loop_lag_max_ms", "loop_lag_p99_ms", "gc_pause_max
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 _first = itemgetter(0)
 # Counter.update's C helper: counts an iterable into a mapping
-_count_elements: Callable[[Any, Any], None] = collections._count_elements  # type: ignore[attr-defined]
+_count_elements: Callable[[Any, Any], None] = collections._count_elements  # type: ignore[attr-defined]  # typeshed lacks this private helper
 
 
 def _no_secret(user: str) -> ScramSecret | None:
     return None  # (no users file: no password logins)
+
+
+def _host_of(peer: str) -> str:
+    """The address of a peer "HOST:PORT" (IPv6 hosts as they come, without the port)."""
+    return peer.rsplit(":", 1)[0]
 
 
 def _rss_kb() -> int:

@@ -1,4 +1,4 @@
-"""The state of a message for each subscription it is owed to: the rules, then the records.
+"""The state of a message for each subscription it is owed to, and what a record holds.
 
 Theory of operation
 -------------------
@@ -7,10 +7,14 @@ SENT (handed to the subscription's current link, no outcome yet), then one of th
 ACCEPTED, REJECTED (counted in the publisher's outcome) or ENDED (the subscription ended first).
 `Record.pending` counts the subscriptions still QUEUED or SENT: at 0 the record is decided.
 
-Everything that changes a state goes through `move`, which applies the table `MOVES` below: a move
-not in the table is a bug of ours (`IllegalMove`), and `pending` follows from the table, never by
-hand. Absent (None) means "not owed": a subscription that was not in force, or whose part was
-dropped (it moved away, or a stale copy was distrusted).
+Absent (None) means "not owed": a subscription that was not in force, or whose part was dropped
+(it moved away, or a stale copy was distrusted).
+
+This module says what the states are and what a record holds. Who changes them is one object:
+`router.records.RecordBook`, which holds the records, applies the table of moves (`MOVES`: a move
+not in it is a bug of ours, `IllegalMove`), and alone writes `owed`, `pending` and what the counts
+of the core follow from (`origin`, `outcome`, `payload`). Nothing else writes them (a test says so).
+The subscription- and publisher-side state below (`SubRuntime`, `PubLink`) is written by the core.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from enum import IntEnum
-from typing import Any, NoReturn
+from typing import Any
 
 from ..common.errors import OncemeshError
 from ..common.ids import PLID_LEN
@@ -46,55 +50,6 @@ HELD = 5  # acknowledgement state: the copy arrived at the subscription's home (
 
 class IllegalMove(OncemeshError):
     """A state change the rules do not allow: a bug in the delivery core, never the peer's fault."""
-
-
-# (from, to) -> change of Record.pending. Only these moves exist.
-MOVES: dict[tuple[S | None, S | None], int] = {
-    (None, S_QUEUED): +1,  # owed: in force when it was published (or a copy for it came)
-    (None, S_ACCEPTED): 0,  # its subscriber holds it already (presented it), owed or not
-    (S_ENDED, S_ACCEPTED): 0,  # ended in an earlier life of the same identity that holds it
-    (S_REJECTED, S_ACCEPTED): 0,  # (the same, rejected then: the client says it holds it)
-    (S_QUEUED, S_SENT): 0,  # handed to the current link
-    (S_SENT, S_QUEUED): 0,  # its link went, or it was released: handed again later
-    (S_QUEUED, S_QUEUED): 0,
-    **{(a, b): -1 for a in (S_QUEUED, S_SENT) for b in RESOLVED},  # resolved
-    (S_QUEUED, None): -1,  # dropped: it moved away, or a stale copy
-    (S_SENT, None): -1,
-}
-
-
-# MOVES as `move` reads it per message (three moves per message on the hot path): a list per
-# destination state indexed by the origin state (_ABSENT for none), holding the change of pending or
-# None for "not a move"; moves to None (a dropped part) in a dict of their own. Half the cost of
-# looking (from, to) tuples up in MOVES.
-_ABSENT = len(S)
-_TO_STATE: list[list[int | None]] = [[None] * (len(S) + 1) for _ in S]
-_TO_NONE: dict[S | None, int] = {}
-for (_old, _to), _delta in MOVES.items():
-    if _to is None:
-        _TO_NONE[_old] = _delta
-    else:
-        _TO_STATE[_to][_ABSENT if _old is None else _old] = _delta
-
-
-def move(rec: Record, sid: str, to: S | None) -> None:
-    """The one way to change the state of `rec` for `sid` (see MOVES)."""
-    owed = rec.owed
-    if to is not None:
-        delta = _TO_STATE[to][owed.get(sid, _ABSENT)]
-        if delta is None:
-            _illegal(rec, sid, to)
-        owed[sid] = to
-    else:
-        delta = _TO_NONE.get(owed.get(sid))
-        if delta is None:
-            _illegal(rec, sid, to)
-        del owed[sid]
-    rec.pending += delta
-
-
-def _illegal(rec: Record, sid: str, to: S | None) -> NoReturn:
-    raise IllegalMove(f"message {rec.gid} for subscription {sid}: {rec.owed.get(sid)!r} -> {to!r} is not a move")
 
 
 class Record:

@@ -297,8 +297,11 @@ class SubscriptionStore:
     def save(self, snap: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
+        # (json.dumps, not json.dump: dump encodes in Python, chunk by chunk; dumps in C, ~3x faster.
+        # The loop waits for this once per pass that changed the table)
+        text = json.dumps(snap, separators=(",", ":"))
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(snap, f, separators=(",", ":"))
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

@@ -8,6 +8,17 @@ from typing import TYPE_CHECKING
 
 from .actions import SendProbe
 from .finals import age_finals
+from .snapshot import (
+    NOTHING,
+    CoreCounts,
+    CoreSnapshot,
+    Parts,
+    publisher_rows,
+    record_page,
+    subscription_page,
+    topic_rows,
+    unnumbered,
+)
 from .subscriptions import SUB_ACTIVE
 
 if TYPE_CHECKING:
@@ -57,8 +68,7 @@ class Sweeps:
                 break
             excess -= 1
             rec.pub_settled = True
-            if rec.origin is None and rec.gid not in self.noted:
-                self.noted[rec.gid] = None  # its publisher may still resend it (router/identity.py)
+            self.ids.orphaned(rec)  # its publisher may still resend it (router/identity.py)
             self.log.append(("orphan_final", rec.gid, rec.topic, None, None))
             self._finalize(rec, now)
 
@@ -108,12 +118,12 @@ class Sweeps:
                 del self.driven_elsewhere[gid]
         age_finals(self.recent_final, self.old_finals, now, self.cfg.final_memory, self.cfg.final_memory_young,
                    self.cfg.final_memory_entries)
-        self._forget_identities(now)
+        self.ids.forget(now)
 
     def _sweep_parked(self: DeliveryCore, now: float) -> None:
         """Deliveries parked while we asked about them: pump the links that have credit."""
         for rt in self.subs.values():
-            if rt.link is not None and rt.credit > 0 and (rt.queue or (self.total and self._total_topic(rt.sid))):
+            if rt.link is not None and rt.credit > 0 and (rt.queue or self._order_of(rt.sid).walks):
                 self._pump(rt)
 
     def _sweep_unconfirmed_copies(self: DeliveryCore, now: float) -> None:
@@ -163,9 +173,25 @@ class Sweeps:
             "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
             "causal_cycles": self.stats_causal_cycles,
             "finals_ignored": self.stats_final_ignored, "subscriptions_reclaimed": self.stats_reclaimed,
-            "new_identities": self.stats_new_identities, "finals_answered": self.stats_finals_answered,
-            "final_notes": len(self.final_notes),
+            "new_identities": self.ids.stats_new_identities, "finals_answered": self.ids.stats_finals_answered,
+            "final_notes": len(self.ids.final_notes),
             "final_gids": len(self.recent_final) + self.old_finals.gids,
             "final_entries": len(self.recent_final) + len(self.old_finals),
             "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
         }
+
+    def snapshot(self: DeliveryCore, now: float, parts: Parts = NOTHING) -> CoreSnapshot:
+        """What the status, /metrics and the management views see of the core, as of `now`: the
+        parts asked for (router/snapshot.py). Made when a reader asks, never per message."""
+        subs, pub_links, records = self.subs, self.pub_links, self.records
+        return CoreSnapshot(
+            now, self.ready, self.log_writable, len(self._blocked),
+            counts=CoreCounts(**self.stats()) if parts.counts else None,
+            topics=topic_rows(self.table, subs, self.router_id, pub_links.values(), records.values(), self.total,
+                              self.causal) if parts.topics else None,
+            publishers=publisher_rows(pub_links, self._blocked, parts.publishers) if parts.publishers else {},
+            backlogs={sid: len(rt.owed) for sid in parts.subscribers if (rt := subs.get(sid)) is not None},
+            subscriptions=subscription_page(self.table, subs, self.remote_pending, self.router_id,
+                                            parts.subscriptions, now) if parts.subscriptions is not None else None,
+            records=record_page(records, parts.records, now) if parts.records is not None else None,
+            unnumbered=unnumbered(records.values(), parts.unnumbered))

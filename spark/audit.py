@@ -476,8 +476,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    from . import pyspark_missing
     from .job import spark_session
 
+    no_spark = pyspark_missing("oncemesh audit")
+    if no_spark is not None:
+        print(no_spark, file=sys.stderr)
+        return 2
     missing = [d for d in args.logdirs if not _is_uri(d) and not Path(d).is_dir()]
     if missing:
         print(f"oncemesh audit: no such directory: {', '.join(missing)}", file=sys.stderr)

@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     spark, _ = spark_session(a.master, a.driver_memory, a.shuffle_partitions, app_name="oncemesh-bench")
     start_s = time.monotonic() - t0
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
-    jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None, "a live Spark session has its JVM gateway"
+    jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
     files = find_logs([data])
     try:
         t1 = time.monotonic()

@@ -13,8 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .schema import CLASSES
-
 KIND_ORDER = {"end_to_end": 0, "publish": 1, "mesh": 2, "deliver": 3}
 
 _COLOURS = {"lost": "#d62728", "duplicated": "#9467bd", "unexpected": "#8c564b",
@@ -51,6 +49,9 @@ def render(curves: Sequence[HopCurve], timeline: Mapping[str, Sequence[tuple[flo
     """Draw the chart to `path` (PNG). `timeline`: class -> [(t, n)] anomalous pairs per time bucket
     of `bucket` seconds."""
     import matplotlib
+
+    # (here, not at the top: schema loads pyspark, and bench and soak ask `available()` without it)
+    from .schema import CLASSES
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -761,6 +761,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
+    from . import pyspark_missing
+
+    missing = pyspark_missing("oncemesh reconcile")
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
     try:
         files = find_logs(args.logdirs)
         since = parse_since(args.since)

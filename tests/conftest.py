@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from oncemesh.harness.testing import Proc, RouterProcess
+from oncemesh.harness.procs import Proc, RouterProcess
 from oncemesh.topology.load import example_path
 from tests import workers
 
@@ -155,3 +155,4 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--sim-total", action="store_true", help="the topic in total order (sequencer) for --sim-seed")
     g.addoption("--sim-lamport", action="store_true", help="the topic in total order (Lamport) for --sim-seed")
     g.addoption("--sim-causal", action="store_true", help="the topic in causal order for --sim-seed")
+    g.addoption("--sim-no-hold", action="store_true", help="without the hand-over hold after a stall, for --sim-seed")

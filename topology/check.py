@@ -468,7 +468,7 @@ def bind_problem(host: str, port: int) -> str | None:
 
 
 # ---------------------------------------------------------------------- command line
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg,unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check", help="check a topology and every file it names before deploying",
         description="Check everything a router of the mesh would load, as it would load it: the topology\n"

@@ -105,6 +105,7 @@ class RouterStatus:
     order: dict[str, Any] | None = None  # per total-order topic: its sequencer as this router sees it
     loop_lag_ms: tuple[float, float] | None = None  # event-loop lag, max and p99 of the last minute
     log_blocked: str | None = None  # why the settlement log cannot be written (no publisher credit)
+    http: str | None = None  # HOST:PORT of /metrics, /healthz, /readyz (with http_listen)
 
     @property
     def alive(self) -> bool:
@@ -426,7 +427,7 @@ class Mesh:
             incarnation=ready.get("incarnation"), peers=tuple(sorted(ready.get("peers", ()))),
             converged=bool(ready.get("converged")), started=started, order=ready.get("order") or None,
             loop_lag_ms=_lag_of(ready.get("stats") or {}),
-            log_blocked=_log_blocked_of(ready.get("stats") or {}))
+            log_blocked=_log_blocked_of(ready.get("stats") or {}), http=ready.get("http"))
 
     def _ids(self, st: dict[str, Any]) -> list[str]:
         """The topology's routers, and any other this state dir started that still runs (e.g. one
@@ -656,7 +657,7 @@ class Mesh:
                 self._launch(rid, st)
         if wait:
             self._wait_ready(started, deadline, timeout)
-            self.wait_converged(max(0.0, deadline - time.monotonic()))
+            return self.wait_converged(max(0.0, deadline - time.monotonic()))
         return self.status()
 
     def start_router(self, router_id: str, wait: float | None = None, sticky: bool = True) -> None:
@@ -721,10 +722,12 @@ class Mesh:
             return ()
         return tuple(sorted(nx.node_connected_component(g, router_id) - {router_id}))
 
-    def convergence_problems(self, up: Iterable[str] | None = None) -> list[str]:
-        """What keeps the mesh from having converged (empty when it has), one line per router."""
+    def convergence_problems(self, up: Iterable[str] | None = None,
+                             statuses: list[RouterStatus] | None = None) -> list[str]:
+        """What keeps the mesh from having converged (empty when it has), one line per router; judged
+        on `statuses` when given (one reading of the status files), else on a fresh reading."""
         expect = sorted(self.topology.routers if up is None else up)
-        by_id = {s.id: s for s in self.status()}
+        by_id = {s.id: s for s in (self.status() if statuses is None else statuses)}
         problems = []
         for rid in expect:
             s = by_id.get(rid) or RouterStatus(rid, RouterState.STOPPED)
@@ -739,13 +742,16 @@ class Mesh:
 
     def wait_converged(self, timeout: float = 30.0, up: Iterable[str] | None = None) -> list[RouterStatus]:
         """Wait until each router in `up` (default: all) runs, says it has converged and sees as
-        peers exactly the routers it can reach. Fails at once if a router is not running."""
+        peers exactly the routers it can reach. Fails at once if a router is not running. Returns the
+        reading of the status files that was judged converged (a later reading may already show the
+        next change: a peer that flaps, a router that dies)."""
         expect = sorted(self.topology.routers if up is None else up)
         deadline = time.monotonic() + timeout
         while True:
-            problems = self.convergence_problems(expect)
+            statuses = self.status()
+            problems = self.convergence_problems(expect, statuses)
             if not problems:
-                return self.status()
+                return statuses
             gone = [p for p in problems if p.endswith((": dead", ": stopped"))]
             if gone:
                 rid = gone[0].split(":")[0]
@@ -944,7 +950,7 @@ def default_state_dir() -> Path:
     return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg, unused-ignore]
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     state_help = (f"where the mesh keeps its state, logs and status files (default ${STATE_DIR_ENV} or "
                   f"./{DEFAULT_STATE_DIR}); one mesh per state directory")
     p = sub.add_parser(
@@ -1055,7 +1061,7 @@ def _log_blocked_of(stats: dict[str, Any]) -> str | None:
 
 
 def format_table(statuses: list[RouterStatus]) -> str:
-    rows = [("ID", "PID", "URL", "ALIVE", "PEERS", "LOOP LAG MAX/P99", "INCARNATION")]
+    rows: list[tuple[str, ...]] = [("ID", "PID", "URL", "ALIVE", "PEERS", "LOOP LAG MAX/P99", "INCARNATION", "METRICS")]
     for s in statuses:
         peers = ",".join(s.peers) if s.peers else "-"
         if s.state is RouterState.RUNNING and not s.converged:
@@ -1063,7 +1069,9 @@ def format_table(statuses: list[RouterStatus]) -> str:
         lag = f"{s.loop_lag_ms[0]:.0f}/{s.loop_lag_ms[1]:.0f} ms" if s.loop_lag_ms else "-"
         alive = _alive_text(s) + (f", LOG BLOCKED: {s.log_blocked} (no publisher credit)" if s.log_blocked else "")
         rows.append((s.id, str(s.pid) if s.pid else "-", s.url or "-", alive, peers, lag,
-                     s.incarnation or "-"))
+                     s.incarnation or "-", f"http://{s.http}/metrics" if s.http else "-"))
+    if all(r[-1] == "-" for r in rows[1:]):  # (no router serves HTTP: no column for it)
+        rows = [r[:-1] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
@@ -1117,6 +1125,19 @@ def format_topics(topo: Topology, statuses: list[RouterStatus]) -> str:
     return "\n".join(out)
 
 
+def file_problems(topology: Path) -> list[Any]:
+    """`oncemesh check`'s errors for the files a topology names (certificates, keys, users, policy),
+    before any router starts on them (ports are left to the routers: `up` may find its own running).
+    A topology that does not load is left to `Mesh`, which says why."""
+    from .check import check  # (cryptography and the router's file readers: only for `up`)
+
+    try:
+        load_topology(topology)
+    except TopologyError:
+        return []
+    return list(check(topology, ports=False).errors)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or default_state_dir()
     if args.check:
@@ -1129,6 +1150,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(exc, file=sys.stderr)
             return 2
         return 0
+    if args.topology is not None and (problems := file_problems(args.topology)):
+        for f in problems:
+            print(str(f), file=sys.stderr)
+        print(f"oncemesh up: {len(problems)} error(s) in what {args.topology} names; no router started "
+              f"(`oncemesh check {args.topology}` checks it all)", file=sys.stderr)
+        return 2
     try:
         mesh = Mesh.open(state_dir) if args.topology is None else Mesh(args.topology, state_dir)
         before = {s.id for s in mesh.status() if s.alive}

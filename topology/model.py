@@ -21,11 +21,11 @@ DEFAULT_COST = 1.0
 
 
 class Order(StrEnum):
-    """Per-topic delivery order (DESIGN.md promise 6)."""
+    """Per-topic delivery order (docs/promises.md, promise 6)."""
 
-    FIFO = "fifo"  # per publisher and subscription, while nothing fails
-    CAUSAL = "causal"  # version vectors (seed 003), optionally across a causal group of topics
-    TOTAL = "total"  # one order for all subscribers of the topic (seed 002)
+    FIFO = "fifo"  # per publisher link and subscription, across failover (docs/ordering.md)
+    CAUSAL = "causal"  # what a client was handed comes before what it then published (docs/ordering.md)
+    TOTAL = "total"  # one order for all subscribers of the topic (docs/ordering.md)
 
 
 class TotalOrder(StrEnum):

@@ -1,10 +1,10 @@
 """A fault-injecting TCP proxy for inter-router links (tests, chaos runs, failover figures).
 
-Why it exists: the fault model (DESIGN.md section 1) has links that reset, go silent, or are slow,
-and partitions that heal. Killing a router produces none of these: its peers see a clean FIN from
-the kernel at once. Firewall rules need root. So the launcher can put one of these proxies on every
-inter-router link: the dialing router connects to the proxy, which forwards the bytes to the
-listening router, until told otherwise.
+Why it exists: the fault model (docs/promises.md, "The faults the promises survive") has links
+that reset, go silent, or are slow, and partitions that heal. Killing a router produces none of
+these: its peers see a clean FIN from the kernel at once. Firewall rules need root. So the
+launcher can put one of these proxies on every inter-router link: the dialing router connects to
+the proxy, which forwards the bytes to the listening router, until told otherwise.
 
 Theory of operation (one `LinkProxy` per link, all of them on one asyncio loop):
 

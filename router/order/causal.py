@@ -1,4 +1,7 @@
-"""Causal delivery with reduced version vectors (seed 003): the publishing side and the hold-back.
+"""Causal delivery with reduced version vectors: the publishing side and the hold-back.
+
+The idea, and why the routers run a simpler form of it: docs/ordering.md, "The cores for causal and
+total order".
 
 Theory of operation
 -------------------

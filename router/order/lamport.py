@@ -1,4 +1,7 @@
-"""Total order by Lamport clocks and acknowledgements for one ordered stream (seed 002, section 2.2).
+"""Total order by Lamport clocks and acknowledgements for one ordered stream.
+
+The idea: docs/ordering.md, "Total order by Lamport clocks" and "Clocks, vectors and elections, and
+the modes compared".
 
 Theory of operation
 -------------------

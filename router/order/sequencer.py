@@ -1,4 +1,7 @@
-"""Total-order numbering of one ordered stream (one topic) across a mesh of routers (seed 002, 2.1).
+"""Total-order numbering of one ordered stream (one topic) across a mesh of routers.
+
+The idea: docs/ordering.md, "Total order by the sequencer" and "The cores for causal and total
+order".
 
 Theory of operation
 -------------------

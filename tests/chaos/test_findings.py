@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from oncemesh.harness.procs import Proc, RouterProcess, wait_for
 from oncemesh.harness.progress import ClientLogs
-from oncemesh.harness.testing import Proc, RouterProcess, wait_for, worker
+from tests.helpers import worker
 
 # The subscriber worker, with a SIGKILL of itself right after the state's hand-over COMMIT: the
 # moment the chaos run's client-kill happened to hit.

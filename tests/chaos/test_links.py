@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from oncemesh.harness.procs import Proc, wait_for
 from oncemesh.harness.progress import ClientLogs, Subscription
-from oncemesh.harness.testing import Proc, wait_for, worker
 from oncemesh.topology.launcher import Mesh
 from oncemesh.topology.proxy import Mode
 from tests.conftest import Procs
+from tests.helpers import worker
 
 SIZE = 200  # message bytes: far more than a HELLO, so that proxy byte counts show where messages went
 

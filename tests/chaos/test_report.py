@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from oncemesh.harness.chaos import router_evidence
-from oncemesh.spark import forge
+from tests.spark import forge
 
 
 def test_the_evidence_of_a_duplicated_pair_lists_its_deliveries_and_acceptance_in_time_order(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from oncemesh.harness.testing import Proc
+from oncemesh.harness.procs import Proc
 from tests.foreign.clients import Family, read_report, wait_progress
 from tests.foreign.verdict import (
     assert_router_verdict,
@@ -106,7 +106,7 @@ def test_fanout_over_line3_with_routers_killed_mid_stream(pub_family: str, sub_f
 
 
 def test_the_routers_logs_alone_judge_every_pair(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """DESIGN promise 9: the routers' own logs suffice to judge every (message, subscription)
+    """docs/promises.md, promise 9: the routers' own logs suffice to judge every (message, subscription)
     pair of the runs above; none of these clients writes a log of its own."""
     if not RUNS:
         pytest.skip("no fan-out run passed in this session (run the whole module)")

@@ -20,9 +20,10 @@ import pytest
 
 from oncemesh.common.pki import issue, make_ca
 from oncemesh.common.settlement_log import log_files, read_events
-from oncemesh.harness.testing import Proc, RouterProcess, log_has
+from oncemesh.harness.procs import Proc, RouterProcess
 from tests.foreign.clients import Family, read_report, wait_progress
 from tests.foreign.verdict import client_verdict, gid_for
+from tests.helpers import log_has
 
 pytestmark = pytest.mark.foreign
 

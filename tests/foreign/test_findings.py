@@ -44,7 +44,7 @@ from proton.reactor import Container, ReceiverOption
 from proton.utils import BlockingConnection, BlockingSender, LinkDetached
 
 from oncemesh.common.pki import issue, make_ca
-from oncemesh.harness.testing import Proc, wait_for
+from oncemesh.harness.procs import Proc, wait_for
 from tests.foreign.clients import Family, read_report
 from tests.foreign.verdict import client_verdict
 
@@ -207,7 +207,7 @@ def test_qpid_jms_unsubscribe_ends_its_durable_subscription(where: str, jms: Fam
     conn = blocking(there, "after")
     try:
         snd = conn.create_sender("t", name="p")
-        # no subscription in force any more: ACCEPTED at once (DESIGN promise 2)
+        # no subscription in force any more: ACCEPTED at once (docs/promises.md, promise 2)
         assert publish(conn, snd, "0", "m", wait=10)[0] == Delivery.ACCEPTED, "held for a subscription JMS ended"
     finally:
         conn.close()

@@ -2,7 +2,7 @@
 (`oncemesh reconcile --json` over the routers' settlement logs alone).
 
 Clients' view. Every message the publisher was told ACCEPTED must reach every subscription exactly
-once once the subscriber drops deliveries whose identity it has seen (DESIGN.md promise 1: what is
+once once the subscriber drops deliveries whose identity it has seen (docs/promises.md, promise 1: what is
 in doubt after a reattach is redelivered under the same tag, the global id). The identity is the
 delivery tag where the client shows it, else the message id (JMS). Raw duplicates (the same
 identity again) are counted apart: they are expected after a reattach. What dedup cannot hide is a
@@ -127,7 +127,7 @@ ROUTER_FAILURES = ("lost", "duplicated", "false_accept", "unexpected")
 def assert_router_verdict(summary: dict[str, Any], pairs: int, routers: list[str]) -> None:
     """Every one of `pairs` (accepted messages x subscriptions) judged from the routers' logs, each
     ok or redelivered (accepted at a router SIGKILLed before it told anyone, so handed again under
-    the same id after the reattach: DESIGN promise 1, the client deduplicates by it), nothing
+    the same id after the reattach: docs/promises.md, promise 1, the client deduplicates by it), nothing
     unjudged, unresolved or ended; every router that took part counted with pairs it judged; the
     run's verdict pass."""
     view = summary[ROUTER_VIEW]

@@ -17,7 +17,7 @@ from proton import symbol, ubyte, uint
 
 from oncemesh.clients.runtime import Client
 from oncemesh.common.errors import LinkRefused
-from oncemesh.harness.testing import RouterProcess
+from oncemesh.harness.procs import RouterProcess
 from tests.integration.rawamqp import (
     ATTACH,
     BEGIN,
@@ -400,7 +400,7 @@ def test_a_restarted_publisher_declaring_its_message_in_doubt_gets_no_outcome_be
     the resend ACCEPTED at once.)"""
     import signal
 
-    from oncemesh.harness.testing import worker
+    from tests.helpers import worker
 
     raw = RawClient(*host_port(router))
     raw.handshake()

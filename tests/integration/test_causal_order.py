@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from oncemesh.harness.testing import LogSummary, wait_for
+from oncemesh.harness.procs import wait_for
 from oncemesh.topology.launcher import Mesh
+from tests.helpers import OrderSummary
 from tests.integration.test_failover import run_all
 from tests.integration.test_total_order import count_events, worker
 
@@ -53,7 +54,7 @@ def test_a_reply_that_overtakes_what_it_answers_is_held_back(tmp_path: Path,
         finally:
             sub.stop(5)
             relay.stop(5)
-        s = LogSummary(logs)
+        s = OrderSummary(logs)
         assert len(s.published) == 2 * n and set(s.outcome.values()) == {"ACCEPTED"}
         subs = s.subs()
         assert len(subs) == 2

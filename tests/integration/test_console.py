@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from oncemesh.clients.runtime import Client
-from oncemesh.harness.testing import wait_for
+from oncemesh.harness.procs import wait_for
 from tests.conftest import EXAMPLES
 from tests.integration.test_single_router import run
 

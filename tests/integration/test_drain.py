@@ -28,14 +28,15 @@ from proton import Message, symbol
 from oncemesh.clients.runtime import Client
 from oncemesh.common.engine import AmqpConnection, Engine, connect
 from oncemesh.common.pki import issue
+from oncemesh.common.symbols import PROP_INCARNATION, PROP_MESH, PROP_ROUTER, PROP_VERSION
 from oncemesh.common.tls import TlsFiles, make_context
 from oncemesh.common.urls import parse_url_tls
-from oncemesh.common.vocab import PROP_INCARNATION, PROP_MESH, PROP_ROUTER, PROP_VERSION
-from oncemesh.harness.testing import LogSummary, Proc, log_has, wait_for
+from oncemesh.harness.procs import Proc, wait_for
 from oncemesh.interrouter.links import Peer, PeerHandler
 from oncemesh.interrouter.messages import PROTOCOL_VERSION
 from oncemesh.topology.launcher import DrainResult, Mesh, RouterState
 from tests.conftest import EXAMPLES
+from tests.helpers import OrderSummary, log_has
 from tests.integration.rawamqp import (
     ATTACH,
     CLOSE,
@@ -172,7 +173,7 @@ def test_a_drained_router_moves_our_clients_at_once_and_exits_with_nothing_in_fl
         run_all([pub, sub], 120)
     finally:
         sub.stop(5)
-    s = LogSummary(logs)
+    s = OrderSummary(logs)
     assert len(s.published) == n and set(s.outcome.values()) == {"ACCEPTED"}
     assert not s.check_exactly_once(s.subs()) and not s.check_fifo(s.subs())
     [res] = _publisher_results([pub])

@@ -3,9 +3,10 @@
     line3:     A --- B --- C
     triangle:  A --- B, B --- C, A --- C
 
-The first test is the scenario Qpid Dispatch Router 1.19 fails (DESIGN.md section 5): subscribers
-on A and C, the middle router killed mid-stream and back after 4 s. Verdicts come from the client
-settlement logs: every message handed exactly once to every subscription, every outcome ACCEPTED.
+The first test is the scenario Qpid Dispatch Router 1.19 fails (docs/promises.md, "Why these
+promises are rare"): subscribers on A and C, the middle router killed mid-stream and back after
+4 s. Verdicts come from the client settlement logs: every message handed exactly once to every
+subscription, every outcome ACCEPTED.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from oncemesh.harness.testing import LogSummary, Proc, deliveries_after_acceptance, python_cmd, wait_for
+from oncemesh.harness.procs import Proc, python_cmd, wait_for
+from tests.helpers import OrderSummary, deliveries_after_acceptance
 
 
 def consumer(tmp: Path, logs: Path, urls: list[str], name: str, count: int) -> Proc:
@@ -40,7 +42,7 @@ def subscribed(logs: Path) -> int:
 
 
 def verdict(logs: Path, n_subs: int, n_msgs: int) -> None:
-    s = LogSummary(logs)
+    s = OrderSummary(logs)
     assert len(s.published) == n_msgs
     assert len(s.outcome) == n_msgs and set(s.outcome.values()) == {"ACCEPTED"}
     subs = s.subs()

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from oncemesh.common.settlement_log import log_files, read_events
-from oncemesh.harness.testing import LogSummary, RouterProcess, wait_for, worker
+from oncemesh.harness.logsummary import LogSummary
+from oncemesh.harness.procs import RouterProcess, wait_for
+from tests.helpers import worker
 
 COUNT = 400
 

@@ -17,7 +17,7 @@ import pytest
 
 from oncemesh.clients.runtime import Client
 from oncemesh.clients.subscriber import Subscriber
-from oncemesh.harness.testing import LogSummary
+from oncemesh.harness.logsummary import LogSummary
 from tests.integration.test_single_router import run
 
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from oncemesh.clients.runtime import Client
 from oncemesh.common.settlement_log import read_events
-from oncemesh.harness.testing import wait_for
+from oncemesh.harness.procs import wait_for
 from tests.conftest import EXAMPLES
 from tests.integration.test_single_router import run
 

@@ -18,13 +18,14 @@ import pytest
 
 from oncemesh.clients.runtime import Client
 from oncemesh.common.engine import AmqpConnection, Engine, connect
-from oncemesh.common.errors import NoRouterAvailable
+from oncemesh.common.errors import NoRouterAvailable, TlsFailed
 from oncemesh.common.pki import issue, make_ca
+from oncemesh.common.symbols import PROP_INCARNATION, PROP_MESH, PROP_ROUTER
 from oncemesh.common.tls import TlsFiles, make_context
-from oncemesh.common.vocab import PROP_INCARNATION, PROP_MESH, PROP_ROUTER
-from oncemesh.harness.testing import log_has, wait_for
+from oncemesh.harness.procs import wait_for
 from oncemesh.topology.launcher import Mesh
 from tests.conftest import EXAMPLES
+from tests.helpers import log_has
 from tests.integration.test_single_router import run
 
 
@@ -178,7 +179,7 @@ def test_client_tls_certificates_are_reloaded_without_dropping_connections(make_
              "the plaintext client is logged")
 
     async def main() -> None:
-        with pytest.raises(NoRouterAvailable, match="CERTIFICATE_VERIFY_FAILED"):  # trusting another CA
+        with pytest.raises(TlsFailed, match="CERTIFICATE_VERIFY_FAILED"):  # trusting another CA: final, at once
             await Client(r.url, tls=ca2, reconnect_timeout=2, connect_timeout=5).start()
         kept = await Client(r.url, tls=ca1).start()
         try:
@@ -199,7 +200,7 @@ def test_client_tls_certificates_are_reloaded_without_dropping_connections(make_
             assert (await asyncio.wait_for(after, 10)).accepted and kept.failovers == 0
             fresh = await Client(r.url, tls=ca2).start()
             await fresh.close()
-            with pytest.raises(NoRouterAvailable, match="CERTIFICATE_VERIFY_FAILED"):
+            with pytest.raises(TlsFailed, match="CERTIFICATE_VERIFY_FAILED"):
                 await Client(r.url, tls=ca1, reconnect_timeout=2, connect_timeout=5).start()
         finally:
             await kept.close()

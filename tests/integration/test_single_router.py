@@ -21,7 +21,9 @@ from oncemesh.clients.publisher import Publisher
 from oncemesh.clients.runtime import Client
 from oncemesh.common.cmalloc import trimmer
 from oncemesh.common.vocab import Outcome
-from oncemesh.harness.testing import LogSummary, RouterProcess, wait_for, worker
+from oncemesh.harness.logsummary import LogSummary
+from oncemesh.harness.procs import RouterProcess, wait_for
+from tests.helpers import worker
 
 T = TypeVar("T")
 

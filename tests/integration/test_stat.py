@@ -18,7 +18,8 @@ from proton.utils import BlockingConnection, LinkDetached, SyncRequestResponse
 from oncemesh.clients.runtime import Client
 from oncemesh.clients.stat import Management
 from oncemesh.common.pki import issue, make_ca
-from oncemesh.harness.testing import log_has, wait_for
+from oncemesh.harness.procs import wait_for
+from tests.helpers import log_has
 from tests.integration.test_auth import _oncemesh, users_file  # noqa: F401  (a fixture)
 from tests.integration.test_single_router import run
 

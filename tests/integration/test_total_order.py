@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from oncemesh.harness.testing import LogSummary, Proc, python_cmd, wait_for
+from oncemesh.harness.procs import Proc, python_cmd, wait_for
+from tests.helpers import OrderSummary
 from tests.integration.test_failover import run_all
 
 TOPIC = "ledger"
@@ -39,8 +40,8 @@ def count_events(logs: Path, ev: str) -> int:
     return sum(1 for f in logs.glob("*.subscriber.jsonl") for line in open(f) if f'"ev":"{ev}"' in line)
 
 
-def verdict(logs: Path, n_subs: int, n_msgs: int) -> LogSummary:
-    s = LogSummary(logs)
+def verdict(logs: Path, n_subs: int, n_msgs: int) -> OrderSummary:
+    s = OrderSummary(logs)
     assert len(s.published) == n_msgs
     assert len(s.outcome) == n_msgs and set(s.outcome.values()) == {"ACCEPTED"}
     subs = s.subs()
@@ -52,7 +53,7 @@ def verdict(logs: Path, n_subs: int, n_msgs: int) -> LogSummary:
     return s
 
 
-def interleaved(s: LogSummary) -> bool:
+def interleaved(s: OrderSummary) -> bool:
     """Did the publishers' messages interleave in the order (so that the check could fail)?"""
     [sub, *_] = sorted(s.subs())
     pubs = [g.split(":")[0] for _, _, g in sorted(s.hand_order[sub])]

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from oncemesh.common.settlement_log import log_files, read_events
-from oncemesh.harness.testing import LogSummary, wait_for, worker
+from oncemesh.harness.logsummary import LogSummary
+from oncemesh.harness.procs import wait_for
+from tests.helpers import worker
 
 KILL_AFTER = 1500  # outcomes the publisher has before the router is killed
 

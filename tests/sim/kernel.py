@@ -3,7 +3,9 @@
 The three simulations (the whole mesh in simulator.py, the sequencer in order_sequencer_sim.py,
 Lamport in test_order_lamport_sim.py) run real sans-IO cores under this kernel. Everything random
 is drawn from the scheduler's `rng`, and events at the same time run in the order they were
-scheduled, so a seed replays exactly (under the same PYTHONHASHSEED: see `replay_line`).
+scheduled, and nothing iterates in an order that depends on the interpreter's hash seed or on
+object addresses, so a seed replays exactly, in any process (test_kernel.py runs some under two
+hash seeds).
 
 The network: per ordered pair (src, dst) a FIFO channel; a frame arrives after the delay its sender
 drew, never before a frame sent earlier on the same pair. Each channel belongs to a connection,
@@ -141,12 +143,8 @@ class Network:
 
 
 def replay_line(command: str) -> str:
-    """The command that replays a run. The cores iterate over sets of strings, whose order depends
-    on the interpreter's hash seed: a replay is exact under the same PYTHONHASHSEED."""
-    hash_seed = os.environ.get("PYTHONHASHSEED")
-    if hash_seed is not None:
-        return f"PYTHONHASHSEED={hash_seed} {command}"
-    return f"{command}  (this run's hash seed was random: for a bit-exact replay run both under PYTHONHASHSEED=0)"
+    """The command that replays a run (exactly, in any process: no hash seed to give)."""
+    return command
 
 
 def judged(run: Callable[[], T], *, what: str, replay: str, describe: Callable[[], str],

@@ -11,15 +11,23 @@ connection has a number, and frames of a connection that broke are never deliver
 (only the subscription table survives), freeze (no processing; peers time it out), link cuts
 (partitions), connection resets (what is in flight is lost), drain (the router's real `Drain`
 decides when each client moves and when it may leave; then it says goodbye, stops and restarts
-later, as `oncemesh roll` does).
+later, as `oncemesh roll` does), stop (SIGSTOP: the process runs nothing while its clock runs, input
+piles up in its sockets, its peers and clients time it out and fail over; then it goes on and takes
+the pile) and starve (passes that take long, late polls). A stopped or starved router's loop runs in
+passes under the edge's rules (common/passrules.py, driven by passes.py as the engine drives them);
+the older "freeze" keeps its own model (no input piles up: frames to it wait in the kernel and die
+with their connection, its clients' goodbyes are taken first when it thaws).
 
 Clients behave as our client library does: publishers resend everything in doubt under the same
 tags after a reconnect and declare their in-doubt tags; subscribers keep a dedup store, present
 what they accepted but did not see settled, and fail over to another router when theirs is gone.
 
-Checked all along (the promises of DESIGN.md section 1):
+Checked all along (the promises of docs/promises.md):
 - a router never hands a subscription a gid its client already holds, and no client hands a gid
   to its application twice;
+- no router hands a subscription a gid after its acceptance was taken (at any router whose life
+  still runs), even into the link of a client that has left: the router view's "delivered again
+  after the acceptance", stamped as the log stamps it (the pass's input time);
 - ACCEPTED only when every subscription in force for the message (its ATTACH answered before the
   publish) has handed it over or ended;
 and at the end, once faults heal and every client is back: every message owed to a live
@@ -29,6 +37,7 @@ holds a record.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +70,7 @@ from oncemesh.router.drain import ConnView, Dependents, Drain, core_dependents
 from oncemesh.router.subscriptions import SubscriptionTable
 from tests.sim.kernel import Network as KernelNetwork
 from tests.sim.kernel import Scheduler, Violation
+from tests.sim.passes import STOP_MODES, Input, SimLoop, Source
 
 TOPIC = "t"
 HELLO = 0.5
@@ -68,15 +78,19 @@ DEAD_AFTER = 1.5
 DRAIN_TIMEOUT, DRAIN_GRACE, DRAIN_CHECK = 4.0, 0.4, 0.05
 
 
-@dataclass
+_serials = itertools.count()  # (numbered anew by each Simulation: the same in any process)
+
+
+@dataclass(eq=False)
 class Token:
+    """A link or a delivery, as the core sees it: equal only to itself; hashed by its number, not
+    by its address (which differs from process to process), so that a seed replays anywhere."""
+
     label: str
+    serial: int = field(default_factory=lambda: next(_serials))
 
     def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
+        return self.serial
 
 
 # ---------------------------------------------------------------------- clients
@@ -133,6 +147,8 @@ class SimRouter:
         self.started_before = False  # a restart recovers its part of the sequencer group
         self.drain: Drain | None = None  # draining: it takes no new clients and leaves when done
         self.drain_waits: dict[Token, set[Token]] = {}  # publisher link -> its deliveries open when it began
+        # its loop in passes, when input piles up (stopped, starved): the edge's rules (passes.py)
+        self.loop = SimLoop(self, sim.hold_after_stall)
 
     def start(self) -> None:
         sim = self.sim
@@ -141,7 +157,7 @@ class SimRouter:
         if self.snapshot is not None:
             table.restore(self.snapshot, sim.now)
         self.core = DeliveryCore(self.id, table, sim.core_cfg)
-        self.node = MeshNode(self.id, str(self.incarnation), self.core, set(sim.routers), self.neighbours,
+        self.node = MeshNode(self.id, str(self.incarnation), self.core, table, set(sim.routers), self.neighbours,
                              HELLO, DEAD_AFTER, sim.now, sequenced=(TOPIC,) if sim.total == "sequencer" else (),
                              bootstrap=not self.started_before,
                              lamport_topics=(TOPIC,) if sim.total == "lamport" else ())
@@ -155,6 +171,7 @@ class SimRouter:
         self.late.clear()
         self.drain = None
         self.drain_waits.clear()
+        self.loop.reset()
         self.persist()
         inc = self.incarnation
         sim.schedule(0.0, lambda: self.tick(inc))
@@ -166,12 +183,23 @@ class SimRouter:
     def tick(self, inc: int) -> None:
         if not self.alive or inc != self.incarnation:
             return  # a tick chain of an earlier incarnation
-        if not self.frozen:
+        self.loop.next_tick = self.sim.now + 0.25
+        if self.loop.busy():
+            self.loop.timer()  # (in a pass of its loop: after that pass's reads)
+        elif not self.frozen:
             self.node.tick(self.sim.now)
             self.process()
             core = self.core  # (the status counts these as they come and go, never scanning)
             assert core.destination_records == sum(1 for r in core.records.values() if r.origin is not None)
         self.sim.schedule(0.25, lambda: self.tick(inc))
+
+    def take(self, key: Any, fn: Callable[[], object], *, eof: bool = False) -> bool:
+        """A client's input for this router: False when it is to be taken at once (the caller does,
+        as before passes existed); True when it went into the loop's pile (taken in a pass)."""
+        if not self.loop.busy():
+            return False
+        self.loop.arrive(Input(key, Source.CLIENT, fn, eof))
+        return True
 
     # -- processing: actions out of the core and the node -------------------------------------
     def process(self) -> None:
@@ -180,6 +208,9 @@ class SimRouter:
             acts, self.core.out = self.core.out, []
             for a in acts:
                 self.perform(a)
+            for e in self.core.log:
+                if e[0] == "accepted":
+                    sim.took_acceptance(self, e[3], e[1])
             if sim.watch is not None:
                 for e in self.core.log:
                     if e[1] in sim.watch or e[3] in sim.watch:
@@ -205,6 +236,7 @@ class SimRouter:
         sim = self.sim
         t = type(a)
         if t is Deliver:
+            sim.check_handover(self, a.sid, a.gid)
             entry = self.sub_links.get(a.sid)
             if sim.causal:
                 sim.delivered_by[(a.sid, a.gid)] = (self.id, self.incarnation)
@@ -264,6 +296,13 @@ class SimRouter:
     # -- client-facing inputs -----------------------------------------------------------------
     def subscriber_attach(self, link: Token, s: SimSubscriber, att: SubscriberAttach) -> None:
         """The ATTACH of `s` reaches this router; answered at once when the mesh need not acknowledge it."""
+        if self.take(link, lambda: self.subscriber_attach_now(link, s, att)):
+            return
+        self.subscriber_attach_now(link, s, att)
+
+    def subscriber_attach_now(self, link: Token, s: SimSubscriber, att: SubscriberAttach) -> None:
+        if self.sub_links.get(s.sid, (None,))[0] is not link:
+            return  # (gone before it was read)
         self.core.attach(link, att, self.sim.now)
         self.awaiting[s.sid] = (link, s, att)
         self.process()
@@ -271,8 +310,18 @@ class SimRouter:
             self.attach_done(s.sid, None)
             self.process()
 
+    def on_link(self, sid: str, link: Token) -> bool:
+        """Is `link` the subscription's link here (what a connection says is about its own link)?"""
+        rt = self.core.subs.get(sid)
+        return rt is not None and rt.link is link
+
     def usable(self) -> bool:
-        return self.alive and not self.frozen
+        return self.alive and not self.frozen and not self.loop.stopped
+
+    def reached(self) -> bool:
+        """Do its connected clients still send to it? (Stopped, it reads nothing, but they do not
+        know it before their idle timeout.)"""
+        return self.usable() or (self.alive and self.loop.stopped)
 
     def accepting(self) -> bool:
         """Takes new clients: a draining router redirects them."""
@@ -314,6 +363,15 @@ class Network:
             return True
         if r.frozen:  # the kernel buffers it; delivered when it thaws (unless the connection dies)
             return False
+        if r.loop.busy():  # (in its socket: read in a pass, even after the connection broke)
+            def take() -> None:
+                try:
+                    r.node.frame(frm, frame, self.sim.now)
+                except FrameError as exc:
+                    raise Violation(f"router {to} could not read a frame from {frm}: {exc}") from None
+
+            r.loop.arrive(Input(("mesh", frm, self.wire.connection(frm, to)), Source.MESH, take))
+            return True
         try:
             r.node.frame(frm, frame, self.sim.now)
         except FrameError as exc:
@@ -327,10 +385,14 @@ class Network:
         if not self.up.get(k):
             return
         self.up[k] = False
+        conn = self.wire.connection(a, b)
         self.wire.reset(a, b)
         for x, y in ((a, b), (b, a)):
             r = self.sim.routers[x]
-            if r.alive and not r.frozen:
+            if r.alive and not r.frozen and r.loop.busy():  # (the end, read after what came before it)
+                r.loop.arrive(Input(("mesh", y, conn), Source.MESH,
+                                    lambda r=r, y=y: r.node.peer_down(y, self.sim.now), eof=True))
+            elif r.alive and not r.frozen:
                 r.node.peer_down(y, self.sim.now)
                 r.process()
         self.sim.schedule(self.sim.rng.uniform(0.05, 0.3), lambda: self.try_connect(a, b))
@@ -343,6 +405,18 @@ class Network:
                 self.sim.schedule(0.2, lambda: self.try_connect(a, b))
             return
         self.up[k] = True
+        if ra.loop.busy() or rb.loop.busy():
+            conn = self.wire.connection(a, b)
+            for x, y in ((ra, rb), (rb, ra)):
+                def up(x: SimRouter = x, y: str = y.id, inc: str = str(y.incarnation)) -> None:
+                    x.node.peer_up(y, inc, self.sim.now)
+
+                if x.loop.busy():
+                    x.loop.arrive(Input(("mesh", y.id, conn), Source.MESH, up))
+                else:
+                    up()
+                    x.process()
+            return
         ra.node.peer_up(b, str(rb.incarnation), self.sim.now)
         rb.node.peer_up(a, str(ra.incarnation), self.sim.now)
         ra.process()
@@ -364,6 +438,8 @@ class Faults:
     partition: bool = False
     loss: float = 0.0
     drain: bool = False
+    stop: bool = False  # SIGSTOP: the process runs nothing, input piles up; clients fail over
+    starve: bool = False  # passes that take long (late polls)
 
     @classmethod
     def parse(cls, text: str) -> Faults:
@@ -379,16 +455,25 @@ class Faults:
                 f.loss = 0.002
             elif name == "drain":
                 f.drain = True
+            elif name == "stop":
+                f.stop = True
+            elif name == "starve":
+                f.starve = True
             elif name != "none":
-                raise ValueError(f"unknown fault {name!r} (kill, freeze, partition, loss, drain)")
+                raise ValueError(f"unknown fault {name!r} (kill, freeze, partition, loss, drain, stop, starve)")
         return f
 
 
 class Simulation:
     def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
                  faults: Faults | None = None, duration: float = 20.0, total: bool | str = False,
-                 causal: bool = False) -> None:
+                 causal: bool = False, hold_after_stall: bool = True) -> None:
+        global _serials
+        _serials = itertools.count()
         self.seed = seed
+        self.hold_after_stall = hold_after_stall  # (False: the edge's hold taken out, tests/sim/test_edge_sim.py)
+        # (sid, gid) -> the router life that took the subscriber's ACCEPTED, and when
+        self.accepted_by: dict[tuple[str, str], tuple[str, int, float]] = {}
         self.k = Scheduler(seed, start=1000.0)
         self.rng = self.k.rng
         self.faults = faults or Faults()
@@ -495,7 +580,7 @@ class Simulation:
                 self.schedule(rng.uniform(0.3, 3.0), lambda v=victim: self.restart(v))
         elif self.faults.freeze and r < 0.07:
             victim = self.routers[rng.choice(names)]
-            if victim.alive and not victim.frozen:
+            if victim.alive and not victim.frozen and not victim.loop.stopped:
                 self.note(f"freeze {victim.id}")
                 victim.frozen = True
                 self.schedule(rng.uniform(0.2, 3.0), lambda v=victim: self.thaw(v))
@@ -512,6 +597,17 @@ class Simulation:
                 self.net.cut.add(k)
                 self.net.reset(a, b)
                 self.schedule(rng.uniform(0.3, 4.0), lambda k=k, a=a, b=b: self.mend(k, a, b))
+        elif self.faults.stop and r < 0.16:
+            victim = self.routers[rng.choice(names)]
+            if victim.usable() and not victim.loop.busy():
+                mode = rng.choice(STOP_MODES)
+                self.note(f"stop {victim.id} ({mode})")
+                victim.loop.stop(mode, rng.uniform(1.0, 4.0), lambda v=victim: self.stopped(v))
+        elif self.faults.starve and r < 0.18:
+            victim = self.routers[rng.choice(names)]
+            if victim.usable() and not victim.loop.busy():
+                self.note(f"starve {victim.id}")
+                victim.loop.starve(self.now + rng.uniform(0.5, 3.0))
         elif r < 0.25:
             s = rng.choice(self.subs)
             if s.router is not None and s.open and rng.random() < 0.5:
@@ -537,6 +633,8 @@ class Simulation:
                 self.restart(r)
             elif r.frozen:
                 self.thaw(r)
+            elif r.loop.stopped:
+                r.loop.thaw()
         for s in self.subs:
             s.wants = True
             if s.router is None:
@@ -595,7 +693,7 @@ class Simulation:
     def drain_step(self, r: SimRouter, inc: int) -> None:
         if not r.alive or r.incarnation != inc or r.drain is None:
             return
-        if r.frozen:  # (frozen while draining: it goes on when it thaws)
+        if r.frozen or r.loop.stopped:  # (frozen while draining: it goes on when it thaws)
             self.schedule(DRAIN_CHECK, lambda: self.drain_step(r, inc))
             return
         conns: dict[Token, ConnView] = {link: ConnView(0, True) for link, _ in r.sub_links.values()}
@@ -662,6 +760,58 @@ class Simulation:
         for tok, pub in list(r.pub_links.items()):
             self.schedule(0.0, lambda r=r, tok=tok: self._late_pub_detach(r, tok))
             self.client_event(lambda pub=pub, tok=tok: self.pub_lost(pub, tok))
+
+    def stopped(self, r: SimRouter) -> None:
+        """A router's process stopped (SIGSTOP): unless it goes on before, its peers and clients
+        time it out after dead_after."""
+        stop, inc = r.loop.stops, r.incarnation
+        self.schedule(DEAD_AFTER, lambda: self.stop_timeout(r, stop, inc))
+
+    def stop_timeout(self, r: SimRouter, stop: int, inc: int) -> None:
+        """Peers stop hearing a stopped router and drop their connections; its clients (idle
+        timeout) say goodbye and fail over. What they said before, and their goodbyes, wait in its
+        sockets: it reads them when it goes on, in the passes the edge's rules decide."""
+        if not (r.alive and r.loop.stopped and r.loop.stops == stop and r.incarnation == inc):
+            return
+        self.note(f"{r.id} timed out by its peers and clients")
+        for n in self.net.graph.neighbors(r.id):
+            self.net.reset(r.id, n)
+        for sid, (link, sub) in list(r.sub_links.items()):
+            del r.sub_links[sid]
+            r.awaiting.pop(sid, None)
+            r.take(link, lambda link=link, sid=sid: r.core.detach_subscriber(link, sid, False, self.now), eof=True)
+            self.client_event(lambda sub=sub, link=link: self.sub_lost(sub, link))
+        for tok, pub in list(r.pub_links.items()):
+            r.take(tok, lambda tok=tok: self._pub_detach_now(r, tok), eof=True)
+            self.client_event(lambda pub=pub, tok=tok: self.pub_lost(pub, tok))
+
+    def _pub_detach_now(self, r: SimRouter, tok: Token) -> None:
+        r.pub_links.pop(tok, None)
+        r.core.detach_publisher(tok)
+
+    def check_handover(self, r: SimRouter, sid: str, gid: str) -> None:
+        """The router view's rule (spark/routerview.py): no hand-over of a message to a subscription
+        after the subscription's acceptance of it was taken (at any router), unless the life that
+        took the acceptance has ended since (a crash loses it, as if lost on the wire). A hand-over
+        into the link of a client that has left is no less one: the log shows it, and a client
+        other than ours cannot be told apart from one that received it."""
+        acc = self.accepted_by.get((sid, gid))
+        decided = r.loop.input_time()  # (the log's stamp: docs/settlement-log.md, "Times")
+        if acc is None or decided <= acc[2]:
+            return
+        rid, inc, at = acc
+        life = self.routers[rid]
+        if life.alive and life.incarnation == inc:
+            raise Violation(f"router {r.id} delivered {gid} to {sid} again after the acceptance "
+                            f"(taken by {rid} at {at - 1000:.4f})")
+
+    def took_acceptance(self, r: SimRouter, sid: str, gid: str) -> None:
+        """`r` logged an acceptance (a subscriber's ACCEPTED, or presented on resume): the first one
+        of a life still running counts."""
+        acc = self.accepted_by.get((sid, gid))
+        if acc is not None and self.routers[acc[0]].alive and self.routers[acc[0]].incarnation == acc[1]:
+            return
+        self.accepted_by[(sid, gid)] = (r.id, r.incarnation, r.loop.input_time())
 
     def _late_detach(self, r: SimRouter, link: Token, sid: str) -> None:
         if r.alive and not r.frozen:
@@ -772,7 +922,7 @@ class Simulation:
 
         if r.frozen:
             r.late.append(grant)  # the flow frame waits in the socket until the router runs again
-        else:
+        elif not r.take(link, grant):
             grant()
         self.schedule(self.rng.uniform(0.001, 0.05), lambda: self.sub_work(s, link))
 
@@ -791,7 +941,7 @@ class Simulation:
         if s.link is not link or not s.open:
             return
         r = self.routers[s.router] if s.router else None
-        if r is None or not r.usable():
+        if r is None or not r.reached():
             self.schedule(0.05, lambda: self.sub_work(s, link))
             return
         rng = self.rng
@@ -826,11 +976,14 @@ class Simulation:
                 self.sub_disconnect(s)
                 self.schedule(rng.uniform(0.01, 0.3), lambda: self.sub_connect(s))
                 return
-            r.core.subscriber_outcome(s.sid, gid, Outcome.ACCEPTED, False, None, False, self.now)
+            if not r.take(link, lambda gid=gid: r.on_link(s.sid, link) and r.core.subscriber_outcome(
+                    s.sid, gid, Outcome.ACCEPTED, False, None, False, self.now)):
+                r.core.subscriber_outcome(s.sid, gid, Outcome.ACCEPTED, False, None, False, self.now)
         more = rng.randint(0, 10)
         s.credit += more
-        r.core.subscriber_credit(s.sid, s.credit)
-        r.process()
+        if not r.take(link, lambda c=s.credit: r.on_link(s.sid, link) and r.core.subscriber_credit(s.sid, c)):
+            r.core.subscriber_credit(s.sid, s.credit)
+            r.process()
         self.schedule(rng.uniform(0.001, 0.08), lambda: self.sub_work(s, link))
 
     def sub_final(self, s: SimSubscriber, link: Token, gids: list[str], settle: bool) -> None:
@@ -857,7 +1010,7 @@ class Simulation:
             r.awaiting.pop(s.sid, None)
             if r.frozen:
                 self.schedule(0.0, lambda: self._late_detach(r, link, s.sid))
-            else:
+            elif not r.take(link, lambda: r.core.detach_subscriber(link, s.sid, False, self.now), eof=True):
                 r.core.detach_subscriber(link, s.sid, False, self.now)
                 r.process()
 
@@ -890,9 +1043,12 @@ class Simulation:
             past = self._presented_past(p)
             key = (self.client_of(p.name), r.id, r.incarnation)
             self.cpast.setdefault(key, set()).update(self._client_history(p))
-        r.core.attach_publisher(link, p.plid, TOPIC, True, list(p.in_doubt.values()), self.now, p.seq,
-                                client=self.client_of(p.name), past=past)
-        r.process()
+        in_doubt, seq = list(p.in_doubt.values()), p.seq
+        if not r.take(link, lambda: r.core.attach_publisher(link, p.plid, TOPIC, True, in_doubt, self.now, seq,
+                                                            client=self.client_of(p.name), past=past)):
+            r.core.attach_publisher(link, p.plid, TOPIC, True, in_doubt, self.now, seq,
+                                    client=self.client_of(p.name), past=past)
+            r.process()
         self.schedule(0.001, lambda: self.pub_work(p, link))
 
     def pub_credit(self, p: SimPublisher, link: Token, n: int) -> None:
@@ -903,7 +1059,7 @@ class Simulation:
         if p.link is not link:
             return
         r = self.routers[p.router] if p.router else None
-        if r is None or not r.usable():
+        if r is None or not r.reached():
             self.schedule(0.05, lambda: self.pub_work(p, link))
             return
         if link not in r.pub_links:
@@ -924,7 +1080,8 @@ class Simulation:
             self.published_at[gid] = self.now
             p.in_doubt[gid] = tag
             self._send(p, r, link, gid, tag)
-        r.process()
+        if not r.loop.busy():
+            r.process()
         self.schedule(self.rng.uniform(0.002, 0.05), lambda: self.pub_work(p, link))
 
     def _send(self, p: SimPublisher, r: SimRouter, link: Token, gid: str, tag: bytes) -> None:
@@ -942,7 +1099,8 @@ class Simulation:
                 # dependencies there, and its copies from there may reach a subscription first
                 self.deps[gid] = set()
             self.cpast.setdefault(key, set()).add(gid)
-        r.core.publish(link, tok, tag, b"payload:" + tag, self.now)
+        if not r.take(link, lambda: r.core.publish(link, tok, tag, b"payload:" + tag, self.now)):
+            r.core.publish(link, tok, tag, b"payload:" + tag, self.now)
 
     def pub_outcome(self, p: SimPublisher, tok: Token, outcome: Outcome, rid: str) -> None:
         gid = p.token_of.pop(tok, None)
@@ -963,7 +1121,7 @@ class Simulation:
 
             if r.frozen:
                 r.late.append(settle)  # TCP holds the settlement until the router runs again
-            else:
+            elif not r.take(p.link, settle):
                 settle()
 
     def pub_disconnect(self, p: SimPublisher) -> None:
@@ -974,6 +1132,8 @@ class Simulation:
         if r is not None and r.alive and link is not None:
             if r.frozen:
                 self.schedule(0.0, lambda: self._late_pub_detach(r, link))
+            elif r.take(link, lambda: self._pub_detach_now(r, link), eof=True):
+                pass
             else:
                 r.pub_links.pop(link, None)
                 r.core.detach_publisher(link)

@@ -1,8 +1,8 @@
 """The whole mesh in one process under a seeded simulator (see simulator.py for what is checked).
 
 Default run (`SEEDS`, first column): 200 seeds without faults, 120 per fault case, 40 per case of
-each ordering mode and per drain case (1,600 simulations over the example topologies, ~4 minutes on
-2 cores). `pytest
+each ordering mode and per drain case, 40 with stopped routers and 20 with starved ones (1,660
+simulations over the example topologies, ~4 minutes on 2 cores). `pytest
 tests/sim -m slow` runs the seeds after those up to the second column (3,800 in all, as the default
 run did before it had to fit CI's time), plus 5,000 longer runs with every fault at once. Or
 `pytest tests/sim --sim-seeds N` for seeds 1..N of every case. Replay one: `pytest tests/sim -k replay --sim-seed N
@@ -33,13 +33,13 @@ def graph(name: str) -> nx.Graph:
 
 
 def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messages: int = 30,
-             total: bool | str = False, causal: bool = False) -> Simulation:
+             total: bool | str = False, causal: bool = False, hold_after_stall: bool = True) -> Simulation:
     sim = Simulation(seed, graph(topology), faults=Faults.parse(faults), duration=duration, messages=messages,
-                     total=total, causal=causal)
+                     total=total, causal=causal, hold_after_stall=hold_after_stall)
     cmd = (f"pytest tests/sim -k replay --sim-seed {seed} --sim-topology {topology} "
            f"--sim-faults {faults or 'none'} --sim-duration {duration:g} --sim-messages {messages}"
            + (" --sim-lamport" if total == "lamport" else " --sim-total" if total else "")
-           + (" --sim-causal" if causal else ""))
+           + (" --sim-causal" if causal else "") + ("" if hold_after_stall else " --sim-no-hold"))
     judged(sim.run, what=f"seed {seed} on {topology} with faults [{faults}]", replay=cmd,
            describe=lambda: "last events:\n" + sim.describe())
     return sim
@@ -47,7 +47,7 @@ def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messa
 
 # seeds per case: (default run, with -m slow)
 SEEDS = {"mesh": (200, 500), "faults": (120, 300), "total": (40, 100), "lamport": (40, 100), "causal": (40, 100),
-         "drain": (40, 300)}
+         "drain": (40, 300), "stop": (40, 300), "starve": (20, 300)}
 
 
 def seeds(config: pytest.Config, case: str, full: bool = False) -> range:
@@ -74,7 +74,7 @@ def test_replay(pytestconfig: pytest.Config) -> None:
     sim = simulate(int(seed), pytestconfig.getoption("--sim-topology"), pytestconfig.getoption("--sim-faults"),
                    pytestconfig.getoption("--sim-duration"), pytestconfig.getoption("--sim-messages"),
                    "lamport" if pytestconfig.getoption("--sim-lamport") else pytestconfig.getoption("--sim-total"),
-                   pytestconfig.getoption("--sim-causal"))
+                   pytestconfig.getoption("--sim-causal"), not pytestconfig.getoption("--sim-no-hold"))
     print(sim.describe())
 
 
@@ -99,6 +99,22 @@ def test_mesh_with_drains(pytestconfig: pytest.Config, faults: str, full: bool =
         runs += 1
         drained += sum(1 for line in sim.log if " drained in " in line)
     assert drained or not runs  # (drains did happen, and ended)
+
+
+@pytest.mark.parametrize("faults", ["stop", "starve"])
+def test_mesh_with_stalls(pytestconfig: pytest.Config, faults: str, full: bool = False) -> None:
+    """Routers stopped (SIGSTOP: their clock runs, they process nothing, input piles up; their
+    peers and clients time them out and fail over, then they go on and take the pile) or starved
+    (passes that take long, late polls). Their loops run in passes under the edge's rules
+    (common/passrules.py, tests/sim/passes.py): no duplicate (none handed again after its
+    acceptance, even into the link of a client that has left), no false ACCEPTED; every message
+    reaches its outcome. (Without the hold: tests/sim/test_edge_sim.py.)"""
+    stalled = 0
+    for seed in seeds(pytestconfig, faults, full):
+        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
+        sim = simulate(seed, topology, faults, duration=8.0, messages=30)
+        stalled += sum(1 for line in sim.log if " stalled: " in line)
+    assert stalled  # (stalls did happen, and held hand-overs)
 
 
 @pytest.mark.parametrize("faults", ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"])
@@ -218,7 +234,7 @@ FULL_CASES = [("mesh", "")] + [(case, f) for case in ("faults",) for f in
                                 ["kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"]] + \
     [(case, f) for case in ("total", "lamport", "causal")
      for f in ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"]] + \
-    [("drain", f) for f in ["drain", "drain,kill,freeze,partition,loss"]]
+    [("drain", f) for f in ["drain", "drain,kill,freeze,partition,loss"]] + [("stop", "stop"), ("starve", "starve")]
 
 
 @pytest.mark.slow
@@ -231,5 +247,7 @@ def test_more_seeds(pytestconfig: pytest.Config, case: str, faults: str) -> None
            "total": lambda: test_total_order_with_faults(pytestconfig, faults, full=True),
            "lamport": lambda: test_lamport_order_with_faults(pytestconfig, faults, full=True),
            "causal": lambda: test_causal_order_with_faults(pytestconfig, faults, full=True),
-           "drain": lambda: test_mesh_with_drains(pytestconfig, faults, full=True)}
+           "drain": lambda: test_mesh_with_drains(pytestconfig, faults, full=True),
+           "stop": lambda: test_mesh_with_stalls(pytestconfig, faults, full=True),
+           "starve": lambda: test_mesh_with_stalls(pytestconfig, faults, full=True)}
     run[case]()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from oncemesh.harness.testing import wait_for
+from oncemesh.harness.procs import wait_for
 from oncemesh.spark.audit import AuditConfig, start
 from tests.conftest import EXAMPLES
 from tests.spark.test_foreign_clients import fan_out

@@ -1,4 +1,4 @@
-"""The checker checks itself: forged router logs (spark/forge.py), consistent histories written by
+"""The checker checks itself: forged router logs (tests/spark/forge.py), consistent histories written by
 the real writer, each with one mutation (a line removed, duplicated or moved, a log cut short), and
 the router view must report exactly the anomaly the mutation makes -- no more, no less.
 
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from oncemesh.common.settlement_log import log_files, read_lines
-from oncemesh.spark import forge
 from oncemesh.spark import reconcile as R
 from oncemesh.spark import routerview as RV
+from tests.spark import forge
 
 pytestmark = pytest.mark.spark
 

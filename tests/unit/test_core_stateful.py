@@ -4,8 +4,8 @@ The machine plays publishers and subscribers exactly as our client library does 
 a deduplication store of handed-over ids and presents the unsettled ones when it resumes; a publisher
 resends everything in doubt after a reconnect and declares its in-doubt tags), and interleaves
 attaches, detaches, unsubscribes, lost acknowledgements, link drops, expiry and router restarts
-(the core is rebuilt from its persisted subscription table). It checks the promises of DESIGN.md
-section 1 as invariants:
+(the core is rebuilt from its persisted subscription table). It checks the promises of docs/promises.md
+as invariants:
 
 - never a duplicate: the core never hands a gid to a subscription whose client already has it in
   its store (a router-side guarantee, independent of the client's dedup), and nothing is handed to

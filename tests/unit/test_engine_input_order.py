@@ -83,7 +83,7 @@ def test_input_held_across_a_stall_waits_for_one_more_poll() -> None:
     freeze not yet read: the held mesh input waits for one more poll (and its reads)."""
     def one_pass(loop: Any, eng: Engine, mesh: AmqpConnection, client: AmqpConnection) -> None:
         mesh.data_received(b"m")
-        mesh._deferred_at -= 4.0  # (SIGSTOP for 4 s, here)
+        mesh._hold.since -= 4.0  # (SIGSTOP for 4 s, here)
         loop.call_soon(client.data_received, b"bye")  # read in the next pass
 
     assert _order_of(one_pass) == ["client:bye", "mesh:m"]
@@ -141,7 +141,7 @@ def test_the_idle_timer_takes_held_input_first_unless_a_stall_made_it_stale() ->
         mesh._on_timer()
         assert order == ["mesh:fresh"]
         mesh.data_received(b"stale")
-        mesh._deferred_at -= 4.0
+        mesh._hold.since -= 4.0
         mesh._on_timer()
         assert order == ["mesh:fresh"]
         await asyncio.sleep(0.02)  # (two passes: the re-poll, then the pass end takes it)
@@ -156,7 +156,7 @@ def test_a_pass_stalled_before_the_read_also_waits_for_one_more_poll() -> None:
     poll. The pass's own start tells the stall, not the read's time."""
     def one_pass(loop: Any, eng: Engine, mesh: AmqpConnection, client: AmqpConnection) -> None:
         assert eng._pass_end is not None
-        eng._pass_end.polled_at -= 4.0  # (the poll was 4 s ago: SIGSTOP since)
+        eng._pass_end.clock.polled_at -= 4.0  # (the poll was 4 s ago: SIGSTOP since)
         mesh.data_received(b"m")  # read just now
         loop.call_soon(client.data_received, b"bye")  # in the next poll
 
@@ -187,7 +187,8 @@ def test_a_poll_that_overran_its_timeout_dates_from_before_it() -> None:
     import selectors
     import time
 
-    from oncemesh.common.engine import STALL_GAP, _PassEnd
+    from oncemesh.common.engine import _PassEnd
+    from oncemesh.common.passrules import STALL_GAP
 
     class Inner(selectors.DefaultSelector):
         def __init__(self, pause: float) -> None:
@@ -203,11 +204,11 @@ def test_a_poll_that_overran_its_timeout_dates_from_before_it() -> None:
         before = time.monotonic()
         hook.select(0)
         after = time.monotonic()
-        assert before <= hook.polled_at <= after
-        assert (after - hook.polled_at >= STALL_GAP) is late
+        assert before <= hook.clock.polled_at <= after
+        assert (after - hook.clock.polled_at >= STALL_GAP) is late
     hook = _PassEnd(object(), Inner(STALL_GAP + 0.05))
     hook.select(1.0)  # (within its timeout: an idle wait, no stall)
-    assert time.monotonic() - hook.polled_at < STALL_GAP
+    assert time.monotonic() - hook.clock.polled_at < STALL_GAP
 
 
 def test_the_engine_tells_a_stall_once_per_pass() -> None:
@@ -216,7 +217,8 @@ def test_the_engine_tells_a_stall_once_per_pass() -> None:
     import selectors
     import time
 
-    from oncemesh.common.engine import HOLD_GAP, _PassEnd
+    from oncemesh.common.engine import _PassEnd
+    from oncemesh.common.passrules import HOLD_GAP
 
     told: list[str] = []
     hook = _PassEnd(object(), selectors.DefaultSelector())
@@ -224,7 +226,7 @@ def test_the_engine_tells_a_stall_once_per_pass() -> None:
     hook.select(0)
     hook.select(0)
     assert told == []  # (quick passes)
-    hook._returned = time.monotonic() - HOLD_GAP - 0.1  # the pass before took long
+    hook.clock.returned = time.monotonic() - HOLD_GAP - 0.1  # the pass before took long
     hook.select(0)
     assert told == ["stall"]
     hook.note_stall()  # (told once per pass)
@@ -241,7 +243,7 @@ def test_the_engine_tells_a_stall_once_per_pass() -> None:
         client._push = AmqpConnection._push.__get__(client)  # (the real one: it looks at the clock)
         await asyncio.sleep(0)
         assert eng._pass_end is not None
-        eng._pass_end.polled_at -= HOLD_GAP + 0.1
+        eng._pass_end.clock.polled_at -= HOLD_GAP + 0.1
         client.data_received(b"AMQP\x00\x01\x00\x00")
 
     asyncio.run(main())

@@ -7,7 +7,7 @@ new link at B, then the publisher resent what was in doubt (378..380, tags lower
 (destination) read the tags as the publisher's sequence numbers, took 378..380 for late messages
 ("fifo: a later message was handed first") and ended them for every subscription, all in force:
 ACCEPTED, never handed. For a client not ours the order is the order its transfers came in at the
-origin (docs/architecture.md, "FIFO"): a tag lower than one handed is no evidence of anything.
+origin (docs/ordering.md, "FIFO per publisher"): a tag lower than one handed is no evidence of anything.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ class Line:
     def __init__(self) -> None:
         self.now = 0.0
         nbrs = {"A": {"B": 1.0}, "B": {"A": 1.0, "C": 1.0}, "C": {"B": 1.0}}
-        self.nodes = {r: MeshNode(r, "1", DeliveryCore(r, SubscriptionTable(), CoreConfig()), set(nbrs), nbrs[r],
+        tables = {r: SubscriptionTable() for r in nbrs}
+        self.nodes = {r: MeshNode(r, "1", DeliveryCore(r, tables[r], CoreConfig()), tables[r], set(nbrs), nbrs[r],
                                   1.0, 3.0, 0.0) for r in nbrs}
         self.sids = {r: subscription_id(f"c{r}", f"s{r}", "t") for r in "AC"}
         self.delivered: dict[str, list[str]] = {sid: [] for sid in self.sids.values()}

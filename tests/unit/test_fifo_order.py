@@ -209,7 +209,7 @@ def test_tags_started_again_after_the_router_forgot_them_are_handed() -> None:
 def test_ours_keep_their_order_by_tag() -> None:
     """Our clients declared their order (a publisher link with `oncemesh.in-doubt`): exactly as
     before, an earlier message that comes after a later one was handed was not owed to the
-    subscription then, and ends for it (docs/architecture.md, "Late messages")."""
+    subscription then, and ends for it (docs/ordering.md, "Late messages")."""
     r = One()
     r.attach(second=True, in_doubt=[])
     _, g5, acts = r.send(b"5", b"five")

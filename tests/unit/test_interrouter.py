@@ -271,8 +271,9 @@ def test_a_busy_pass_sends_small_control_frames() -> None:
     from oncemesh.interrouter.node import MAX_CONTROL_FRAME, MAX_CONTROL_ITEMS, MeshNode
     from oncemesh.router.core import CoreConfig, DeliveryCore
 
-    core = DeliveryCore("A", SubscriptionTable(), CoreConfig())
-    node = MeshNode("A", "2000", core, {"A", "B"}, {"B": 1.0}, 1.0, 3.0, 0.0)
+    table = SubscriptionTable()
+    core = DeliveryCore("A", table, CoreConfig())
+    node = MeshNode("A", "2000", core, table, {"A", "B"}, {"B": 1.0}, 1.0, 3.0, 0.0)
     node.peer_up("B", "1000", 0.0)
     node.frame("B", codec.encode_control([LinkState("B", "1000", 1, {"A": 1.0})]), 0.1)
     node.sends.clear()
@@ -300,8 +301,9 @@ def test_only_the_incarnation_that_forwarded_a_copy_answers_a_probe() -> None:
     from oncemesh.router.core import CoreConfig, DeliveryCore
 
     def finals_after(probe_inc: str) -> list[str]:
-        core = DeliveryCore("A", SubscriptionTable(), CoreConfig())
-        node = MeshNode("A", "2000", core, {"A", "B"}, {"B": 1.0}, 1.0, 3.0, 0.0)
+        table = SubscriptionTable()
+        core = DeliveryCore("A", table, CoreConfig())
+        node = MeshNode("A", "2000", core, table, {"A", "B"}, {"B": 1.0}, 1.0, 3.0, 0.0)
         node.peer_up("B", "1000", 0.0)
         node.frame("B", codec.encode_control([Probes("B", "A", ["p:1"], probe_inc)]), 0.1)
         return [a.gid for a in core.out if isinstance(a, SendFinal) and a.to == "B"]

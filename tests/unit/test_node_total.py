@@ -17,15 +17,17 @@ from oncemesh.router.subscriptions import SubscriptionTable
 
 
 def node(me: str = "A") -> MeshNode:
-    core = DeliveryCore(me, SubscriptionTable(), CoreConfig(total_topics=frozenset({"t"})))
-    n = MeshNode(me, "2000", core, {"A", "B", "C"}, {"B": 1.0}, 1.0, 3.0, 0.0, sequenced=("t",))
+    table = SubscriptionTable()
+    core = DeliveryCore(me, table, CoreConfig(total_topics=frozenset({"t"})))
+    n = MeshNode(me, "2000", core, table, {"A", "B", "C"}, {"B": 1.0}, 1.0, 3.0, 0.0, sequenced=("t",))
     n.peer_up("B", "1000", 0.0)
     return n
 
 
 def pair(**kw: tuple[str, ...]) -> dict[str, MeshNode]:
     """Routers A and B, neighbours, with topic "t" in total order (`kw`: sequenced or lamport_topics)."""
-    return {r: MeshNode(r, "1", DeliveryCore(r, SubscriptionTable(), CoreConfig(total_topics=frozenset({"t"}))),
+    tables = {r: SubscriptionTable() for r in "AB"}
+    return {r: MeshNode(r, "1", DeliveryCore(r, tables[r], CoreConfig(total_topics=frozenset({"t"}))), tables[r],
                         {"A", "B"}, {"B" if r == "A" else "A": 1.0}, 1.0, 3.0, 0.0, **kw)
             for r in "AB"}
 

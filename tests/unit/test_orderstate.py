@@ -19,9 +19,10 @@ T = "a/b topic"  # not a file name as it is
 
 
 def mesh(me: str, store: OrderStore | None, first: bool = True) -> MeshNode:
-    core = DeliveryCore(me, SubscriptionTable(), CoreConfig(total_topics=frozenset({T})))
+    table = SubscriptionTable()
+    core = DeliveryCore(me, table, CoreConfig(total_topics=frozenset({T})))
     others = {r: 1.0 for r in "AB" if r != me}
-    return MeshNode(me, "1000" if first else "2000", core, {"A", "B"}, others, 1.0, 3.0, 0.0,
+    return MeshNode(me, "1000" if first else "2000", core, table, {"A", "B"}, others, 1.0, 3.0, 0.0,
                     lamport_topics=(T,), bootstrap=first,
                     lamport_restore=store.lamport_restore([T]) if store and not first else None,
                     persist=store.persist_lamport if store else None)
@@ -105,9 +106,10 @@ def test_decisions_written_before_the_votes_and_a_crash_between_restore_consiste
 
 
 def seq_mesh(me: str, store: OrderStore, first: bool) -> MeshNode:
-    core = DeliveryCore(me, SubscriptionTable(), CoreConfig(total_topics=frozenset({T})))
+    table = SubscriptionTable()
+    core = DeliveryCore(me, table, CoreConfig(total_topics=frozenset({T})))
     others = {r: 1.0 for r in "AB" if r != me}
-    return MeshNode(me, "1000" if first else "2000", core, {"A", "B"}, others, 1.0, 3.0, 0.0,
+    return MeshNode(me, "1000" if first else "2000", core, table, {"A", "B"}, others, 1.0, 3.0, 0.0,
                     sequenced=(T,), bootstrap=first,
                     seq_restore=store.sequencer_restore([T]) if not first else None,
                     persist_seq=store.persist_sequencer)

@@ -3,6 +3,8 @@ login fails, and the byte stream cut anywhere."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +19,7 @@ from oncemesh.common.sasl import (
     ServerPolicy,
     encode_frame,
 )
+from oncemesh.router.users import User, Users, common_iterations, save_users
 
 SECRETS = {"alice": ScramSecret.from_password("wonderland", 4096), "bob": ScramSecret.from_password("builder", 4096)}
 
@@ -167,3 +170,55 @@ def test_secrets_survive_json_and_never_hold_the_password() -> None:
     d = s.to_json()
     assert "pa55word" not in str(d) and ScramSecret.from_json(d) == s
     assert s.check_password("pa55word") and not s.check_password("pa55wordx")
+
+
+def _challenge(server: SaslServer, user: str) -> dict[str, str]:
+    """The SCRAM server-first attributes a server answers `user`'s client-first with."""
+    server.receive(SASL_HEADER)
+    out = server.receive(encode_frame(0x41, ["SCRAM-SHA-256", f"n,,n={user},r=abc".encode()]))
+    text = out[out.index(b"r=abc"):].split(b"\x00")[0].decode(errors="replace")
+    return dict(p.split("=", 1) for p in text.split(",") if "=" in p)
+
+
+def test_an_unknown_user_costs_and_looks_like_a_known_one(tmp_path: Path) -> None:
+    """SCRAM shows an unknown name the users' own iteration count and a salt as stable as a real
+    one (across restarts and routers sharing the file); PLAIN checks its password against a decoy
+    with the same work (a PBKDF2 of that count) and fails."""
+    f = tmp_path / "users.json"
+    save_users(f, {"alice": User("alice", SECRETS["alice"]), "bob": User("bob", SECRETS["bob"])})
+    a, b = Users(f), Users(f)  # (two routers, or one restarted)
+    known = _challenge(SaslServer(ServerPolicy(a.secret, False, decoy=a.decoy)), "alice")
+    ghost = _challenge(SaslServer(ServerPolicy(a.secret, False, decoy=a.decoy)), "mallory")
+    again = _challenge(SaslServer(ServerPolicy(b.secret, False, decoy=b.decoy)), "mallory")
+    assert known["i"] == ghost["i"] == "4096" and ghost["s"] == again["s"] != known["s"]
+    s = SaslServer(ServerPolicy(a.secret, True, decoy=a.decoy))
+    s.receive(SASL_HEADER)
+    s.receive(encode_frame(0x41, ["PLAIN", b"\0mallory\0wonderland"]))
+    assert s.check is not None and s.check[0].iterations == SECRETS["alice"].iterations  # the same work
+    s.resolve(s.check[0].check_password(s.check[1]))
+    assert s.done and s.user is None and "wrong user name or password" in (s.failed or "")
+    assert common_iterations({"a": User("a", SECRETS["alice"]), "b": User("b", SECRETS["bob"]),
+                              "c": User("c", ScramSecret(b"s", 100_000, b"k", b"k"))}) == 4096
+
+
+def test_a_throttled_login_is_told_to_wait_unheard() -> None:
+    waits = {"alice": 7.0}
+    for mech, resp in (("SCRAM-SHA-256", b"n,,n=alice,r=abc"), ("PLAIN", b"\0alice\0wonderland")):
+        s = SaslServer(ServerPolicy(SECRETS.get, True, throttle=lambda u: waits.get(u, 0.0)))
+        s.receive(SASL_HEADER)
+        out = s.receive(encode_frame(0x41, [mech, resp]))
+        assert s.done and s.throttled and s.check is None and s.login == "alice"
+        assert out.endswith(b"\x50\x04\x40") and "try again in 7 s" in (s.failed or "")  # (outcome sys-temp)
+    client, server = SaslClient("bob", "builder", False, False), SaslServer(
+        ServerPolicy(SECRETS.get, False, throttle=lambda u: waits.get(u, 0.0)))
+    exchange(client, server)
+    assert client.ok and not server.throttled and server.login == "bob"
+
+
+def test_a_listener_may_refuse_password_logins() -> None:
+    offered = SaslServer(ServerPolicy(SECRETS.get, False, "cn", passwords=False)).receive(SASL_HEADER)
+    assert b"SCRAM" not in offered and b"PLAIN" not in offered and b"EXTERNAL" in offered
+    client, server = SaslClient("alice", "wonderland", False, False), SaslServer(
+        ServerPolicy(SECRETS.get, False, passwords=False))
+    exchange(client, server)
+    assert not client.ok and "no mechanism" in (client.failed or "")

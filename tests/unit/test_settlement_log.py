@@ -68,7 +68,7 @@ def test_handed_in_log_reads_backwards_across_chunks_and_stops_at_older_lines(tm
 def test_log_summary_finds_fifo_reversals_across_processes(tmp_path: Path) -> None:
     """The failover tests' FIFO check: hand-overs ordered by (ts, n) across a subscriber's
     processes; a message handed after a later one of its publisher is reported."""
-    from oncemesh.harness.testing import LogSummary
+    from tests.helpers import OrderSummary
 
     def handed(ts: float, n: int, gid: str) -> str:
         return json.dumps({"v": 1, "ts": ts, "src": "subscriber", "ev": "handed", "gid": gid, "sub": "s", "n": n})
@@ -77,9 +77,9 @@ def test_log_summary_finds_fifo_reversals_across_processes(tmp_path: Path) -> No
     (tmp_path / "a.subscriber.jsonl").write_text("\n".join([
         handed(1.0, 1, f"{p}:1"), handed(1.0, 2, f"{p}:2"), handed(2.0, 3, f"{p}:5")]) + "\n")
     (tmp_path / "b.subscriber.jsonl").write_text(handed(3.0, 1, f"{p}:6") + "\n")  # a later process
-    assert LogSummary(tmp_path).check_fifo(["s"]) == []
+    assert OrderSummary(tmp_path).check_fifo(["s"]) == []
     (tmp_path / "c.subscriber.jsonl").write_text(handed(4.0, 1, f"{p}:4") + "\n")
-    [problem] = LogSummary(tmp_path).check_fifo(["s"])
+    [problem] = OrderSummary(tmp_path).check_fifo(["s"])
     assert f"{p}:4" in problem and "1 handed after" in problem
 
 

@@ -1,4 +1,4 @@
-"""The per-subscription state rules (router/state.py): every (from, to) pair is either a move of the
+"""The per-subscription state rules (router/state.py, applied by router/records.py): every (from, to) pair is either a move of the
 table, which keeps `Record.pending` equal to the number of subscriptions still QUEUED or SENT, or
 raises IllegalMove and changes nothing."""
 
@@ -10,7 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oncemesh.router.state import MOVES, RESOLVED, S_ENDED, S_QUEUED, S_SENT, IllegalMove, Record, S, move
+from oncemesh.router.records import MOVES, RecordBook
+from oncemesh.router.state import RESOLVED, S_ENDED, S_QUEUED, S_SENT, IllegalMove, Record, S
+
+move = RecordBook().move
 
 STATES: list[S | None] = [None, *S]
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..common.settlement_log import AcceptedBy, Owed, Peer, Segments, SettlementLog, log_files
+from oncemesh.common.settlement_log import AcceptedBy, Owed, Peer, Segments, SettlementLog, log_files
 
 MUTATIONS = ("none", "drop_accept_local", "drop_accept_remote", "drop_accept_and_echo", "duplicate_delivery",
              "duplicate_accept", "outcome_early", "drop_received", "unexpected_delivery", "truncate",
