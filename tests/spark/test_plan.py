@@ -13,8 +13,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from oncemesh.cli import main as oncemesh
-from oncemesh.spark import forge
 from oncemesh.spark.schema import CLASSES
+from tests.spark import forge
 from tests.spark.test_job import clean_logs
 
 pytestmark = pytest.mark.spark
