@@ -202,12 +202,21 @@ RETAIN = {"spark.sql.ui.retainedExecutions": "20", "spark.ui.retainedJobs": "100
           "spark.ui.retainedStages": "100", "spark.ui.retainedTasks": "1000"}
 
 
+# The JVM of a short local run (`spark_session(..., short=True)`): a few seconds of Spark are mostly
+# the driver analysing and planning queries in a cold JVM, and the optimizing JIT compiler (C2)
+# spends more CPU compiling that code than it saves in so short a run: the quick compiler only (C1),
+# and one GC thread instead of a pool competing for the same cores. Measured on the demo's logs:
+# about 40% less CPU before the first task runs (docs/reconcile.md, "What a run costs").
+SHORT_RUN_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def spark_session(master: str | None = None, driver_memory: str | None = None,
                   shuffle_partitions: int | None = None, app_name: str = "oncemesh-reconcile",
-                  ) -> tuple[SparkSession, bool]:
+                  short: bool = False) -> tuple[SparkSession, bool]:
     """The active session if there is one (then `master` is not applied), else a new quiet one.
     Returns (session, created). `master` None: spark-submit's --master under spark-submit, else
-    local[*]. Local masters bind to loopback and need no network."""
+    local[*]. Local masters bind to loopback and need no network. `short`: the session is for a
+    short run (small logs): a local master's JVM gets SHORT_RUN_JVM."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -237,7 +246,8 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
          .config("spark.ui.showConsoleProgress", "false")
          # -Xss: Spark compiles generated code on the thread that runs a query, a stream's among
          # them, and the live audit's wide plans overflowed a default (1 MB) thread stack there
-         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile={log4j.as_uri()}")
+         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile={log4j.as_uri()}"
+                 + (f" {SHORT_RUN_JVM}" if short and is_local(master) else ""))
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.debug.maxToStringFields", "200"))
     # what the status store keeps of finished queries, jobs and stages (the UI is off, the store is
@@ -278,7 +288,7 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
     since_ts = parse_since(since) if isinstance(since, str) else since
     created = False
     if spark is None:
-        spark, created = spark_session(master, driver_memory)
+        spark, created = spark_session(master, driver_memory, short=is_small(files))
     try:
         with hadoop_safe(files) as readable:
             summary, _ = run(spark, readable, out=out,
@@ -311,13 +321,27 @@ BYTES_PER_PARTITION = 64 << 20
 GZ_RATIO = 8
 
 
+def log_bytes(files: Sequence[str]) -> int | None:
+    """The lines' size of local logs (a gzipped segment counted GZ_RATIO times its size); None when
+    a URI is among them (its size is not looked up)."""
+    if any(is_uri(f) for f in files):
+        return None
+    return sum(os.path.getsize(f) * (GZ_RATIO if f.endswith(GZ_SUFFIX) else 1) for f in files)
+
+
 def shuffle_partitions(files: Sequence[str], configured: int) -> int:
     """Shuffle partitions for these logs: by their local size, at most `configured` (URIs: their
     size is not looked up, `configured`)."""
-    if any(is_uri(f) for f in files):
+    size = log_bytes(files)
+    if size is None:
         return configured
-    size = sum(os.path.getsize(f) * (GZ_RATIO if f.endswith(GZ_SUFFIX) else 1) for f in files)
     return max(1, min(configured, -(-size // BYTES_PER_PARTITION)))
+
+
+def is_small(files: Sequence[str]) -> bool:
+    """Local logs that fit one shuffle partition: a short run (`spark_session(short=True)`)."""
+    size = log_bytes(files)
+    return size is not None and size <= BYTES_PER_PARTITION
 
 
 @contextmanager
@@ -775,7 +799,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         return 2
     human = sys.stderr if args.json else sys.stdout
     out = args.out if args.out is not None else tempfile.mkdtemp(prefix="oncemesh-reconcile-")
-    spark, created = spark_session(args.master, args.driver_memory)
+    spark, created = spark_session(args.master, args.driver_memory, short=is_small(files))
     try:
         with hadoop_safe(files) as readable:
             summary, outputs = run(spark, readable, out=out, since=since, skew=args.skew,
