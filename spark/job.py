@@ -308,6 +308,13 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
 # files is listed on the driver, not by a job.
 PLANNED = {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1",
            "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000"}
+# And for a short run (`is_small`): time goes to planning and compiling, not to rows. Generated code
+# is compiled per stage (the one collect has ~90) and per expression, where a small run's rows are
+# evaluated as quickly without (the live audit's micro-batches run so too, audit.AUDIT_CONF); and
+# constraint propagation infers filters over wide plans at every optimization (it only ever adds
+# null checks and filters: no result depends on it).
+SHORT_RUN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+             "spark.sql.constraintPropagation.enabled": "false"}
 # Anomalous pairs brought to the driver with the summary (for anomalies.json and the chart): with
 # more, those two are made by Spark (three more jobs).
 ANOMALY_ROWS = 50_000
@@ -346,12 +353,14 @@ def is_small(files: Sequence[str]) -> bool:
 
 @contextmanager
 def planned(spark: SparkSession, files: Sequence[str] = ()) -> Iterator[None]:
-    """The session's SQL settings as PLANNED (and shuffle partitions for `files`) for the duration,
-    then as they were."""
+    """The session's SQL settings as PLANNED (and shuffle partitions for `files`, and SHORT_RUN when
+    they are small) for the duration, then as they were."""
     settings = dict(PLANNED)
     if files:
         configured = int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
         settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions(files, configured))
+        if is_small(files):
+            settings |= SHORT_RUN
     old = {k: spark.conf.get(k, None) for k in settings}
     for k, v in settings.items():
         spark.conf.set(k, v)
