@@ -186,6 +186,7 @@ async def run_router(cfg: RouterConfig, topo: Topology | None = None, mesh_tls: 
         mesh_topo = topo
         cfg.core.total_topics = total_topics(topo)
         cfg.core.causal_groups = topo.causal_groups()
+        cfg.core.msgid_topics = topo.msgid_topics()
         mesh = lambda router: Mesh(router, mesh_topo, cfg.state_dir, cfg.peers_dir, mesh_tls)  # noqa: E731
 
     router = Router(cfg, mesh)

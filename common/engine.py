@@ -35,7 +35,7 @@ from . import errors
 from . import ffi as F
 from .cmalloc import trimmer
 from .ffi import ffi, lib
-from .passrules import HeldInput, PassClock, PassEnd, Read, Timer
+from .passrules import HeldInput, PassBudget, PassClock, PassEnd, Read, Timer
 from .sasl import SaslClient, SaslError, SaslServer
 from .tls import TlsProvider, peer_common_name, peer_names
 
@@ -72,6 +72,9 @@ _NULL = ffi.NULL
 _E_DELIVERY = F.E_DELIVERY
 _E_LINK_FLOW = F.E_LINK_FLOW
 _NO_CLOCK = PassClock()  # (no pass-end hook: no poll times to go by)
+# the endpoint events a pass budget counts (those the handler works on: common/passrules.py, rule 5)
+_BUDGETED = frozenset((F.E_LINK_REMOTE_OPEN, F.E_LINK_REMOTE_CLOSE, F.E_LINK_REMOTE_DETACH, F.E_SESSION_REMOTE_OPEN,
+                       F.E_SESSION_REMOTE_CLOSE, F.E_CONNECTION_REMOTE_OPEN, F.E_CONNECTION_REMOTE_CLOSE))
 
 DEFAULT_IDLE_TIMEOUT = 2.0
 GC_THRESHOLD = 50_000  # young-generation allocations between cyclic collections (see tune_gc)
@@ -548,6 +551,16 @@ class AmqpConnection(asyncio.Protocol):
         self.defer_input = False
         self._deferred: list[bytes] = []
         self._hold = HeldInput()  # (monotonic times)
+        # What one pass may take of this connection's input and events (common/passrules.py, rule 5;
+        # None: no bound, e.g. a mesh link or a client library's connection). What it leaves waits,
+        # in order, for the next pass: bytes not pushed yet, events not handled yet, and an EOF
+        # behind them; the socket is not read meanwhile (`_owe`, `_next_pass`).
+        self.budget: PassBudget | None = None
+        self._backlog: bytearray | None = None
+        self._events_left = False
+        self._eof_left = False
+        self._owed = False  # a `_next_pass` is scheduled
+        self._paused = False  # reading is paused until what was left is taken
         self.sasl: SaslServer | SaslClient | None = None
         self.user: str | None = None  # who logged in (SASL), None before or without
         self.auth_error: str | None = None  # why our login failed (client side)
@@ -644,7 +657,87 @@ class AmqpConnection(asyncio.Protocol):
                 self.engine.call_after_pass(self._deferred_at_pass_end)
             self._deferred.append(data)
             return
+        if self.budget is not None and self.engine._pass_end is not None:
+            self._budgeted(data)
+            return
         self._push(data)
+
+    # -- the pass budget (common/passrules.py, rule 5) ---------------------------------------------
+    def _budgeted(self, data: bytes | bytearray | memoryview) -> None:
+        """Push what this pass's budget allows of `data`; the rest waits for the next pass."""
+        if self._backlog is not None or self._events_left:  # behind what an earlier pass left
+            if self._backlog is None:
+                self._backlog = bytearray(data)
+            else:
+                self._backlog += data
+            self._owe()
+            return
+        budget = self.budget
+        assert budget is not None and self.engine._pass_end is not None
+        n = budget.input(self.engine._pass_end.clock, len(data))
+        if n < len(data):
+            self._keep(memoryview(data)[n:])
+            data = memoryview(data)[:n]  # (pushed from a view: no copy)
+        if n:
+            self._push(data)
+        if self._backlog is not None or self._events_left:
+            self._owe()
+
+    def _keep(self, rest: memoryview) -> None:
+        """Bytes not pushed in this pass, ahead of any kept before."""
+        kept = bytearray(rest)
+        if self._backlog:
+            kept += self._backlog
+        self._backlog = kept
+
+    def _owe(self) -> None:
+        """Something is left for the next pass: come back then, and read nothing more meanwhile."""
+        if self._owed or self.closed:
+            return
+        self._owed = True
+        if self.sock is not None and not self._paused:
+            self._paused = True
+            self.sock.pause_reading()
+        self.engine.loop.call_soon(self._next_pass)
+
+    def _next_pass(self) -> None:
+        """A new pass: go on with what the last one left (events first: they came first)."""
+        self._owed = False
+        if self.closed:
+            return
+        if self._events_left:
+            self._events_left = False
+            self._process()  # (within this pass's budget: what is left again owes another pass)
+            if self._events_left:
+                return
+        if self._backlog is not None:
+            data, self._backlog = self._backlog, None
+            self._budgeted(data)
+            if self._owed:
+                return
+        if self._eof_left:
+            self._eof_left = False
+            lib.pn_transport_close_tail(self.pn_transport)
+            self._process()
+        elif self._paused and self.sock is not None:
+            self._paused = False
+            self.sock.resume_reading()
+
+    def _take_left(self) -> None:
+        """The connection ends: what its budget left is taken now, all of it (rule 5)."""
+        if self.budget is None:
+            return
+        self.budget = None
+        if self._events_left:
+            self._events_left = False
+            self._process()
+        if self._backlog is not None:
+            data, self._backlog = self._backlog, None
+            self._push(bytes(data))
+        if self._eof_left:
+            self._eof_left = False
+            lib.pn_transport_close_tail(self.pn_transport)
+            self._process()
 
     def _held_input_stale(self) -> bool:
         """Did the process stall (frozen, starved) since the held input was read, or since this
@@ -735,12 +828,14 @@ class AmqpConnection(asyncio.Protocol):
             self.user = sasl.user
         data, sasl.amqp = sasl.amqp, b""
         self.touch()
-        if data:
+        if data and self.budget is not None and self.engine._pass_end is not None:
+            self._budgeted(data)
+        elif data:
             self._push(data)
         else:
             self._process()
 
-    def _push(self, data: bytes) -> None:
+    def _push(self, data: bytes | bytearray | memoryview) -> None:
         eng = self.engine
         eng.input_at = time.time()
         pass_end = eng._pass_end
@@ -757,6 +852,9 @@ class AmqpConnection(asyncio.Protocol):
             view = view[n:]
             self._process()
             if n == 0:
+                return
+            if self._events_left and view:  # (the pass budget is spent: the rest waits behind them)
+                self._keep(view)
                 return
         else:
             # all pushed and processed: no second pass over an empty collector (two Proton calls
@@ -775,12 +873,16 @@ class AmqpConnection(asyncio.Protocol):
             return False
         if self._deferred and self._hold.eof():  # the end waits behind the input it follows (`defer_input`)
             return False
+        if self._backlog is not None or self._events_left:  # (and behind what a pass budget left)
+            self._eof_left = True
+            return False
         lib.pn_transport_close_tail(self.pn_transport)
         self._process()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._take_deferred()  # (what was read before the loss, first)
+        self._take_left()  # (what was read before the loss, first)
+        self._take_deferred()
         self.closed = True
         if self._timer:
             self._timer.cancel()
@@ -873,6 +975,12 @@ class AmqpConnection(asyncio.Protocol):
         coll = self.pn_collector
         handler = self.handler
         links = self.links
+        budget = self.budget
+        pass_end = self.engine._pass_end
+        # endpoint events this pass may still handle (-1: no bound; it never reaches 0)
+        left = budget.endpoint_events(pass_end.clock) if budget is not None and pass_end is not None else -1
+        start = left
+        self._events_left = False  # (set again below if this pass's budget leaves some)
         while True:
             ev = _peek(coll)
             if not ev:  # (NULL: a cdata pointer is false; no comparison call)
@@ -900,9 +1008,19 @@ class AmqpConnection(asyncio.Protocol):
                     link = links.get(lptr)
                     if link is not None and not link.freed:
                         handler.on_credit(link)
+            elif etype in _BUDGETED:
+                if left == 0:  # the pass budget is spent: this and what follows wait for the next pass
+                    self._events_left = True
+                    break
+                left -= 1
+                self._on_endpoint_event(etype, ev)
             else:
                 self._on_endpoint_event(etype, ev)
             _pop(coll)
+        if start > 0 and budget is not None and pass_end is not None:
+            budget.handled(pass_end.clock, start - left)
+        if self._events_left:
+            self._owe()
 
     def _on_transfer(self, link: Link, lptr: Any, d: Any) -> None:
         """The current delivery of a receiving link: a complete message is read and handed over."""

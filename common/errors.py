@@ -88,6 +88,13 @@ class PreconditionFailed(RemoteProtocolError):
     condition = "amqp:precondition-failed"
 
 
+class MissingMessageId(RemoteProtocolError):
+    """A message without a message-id on a link identified by message-id (docs/clients.md): the
+    router cannot tell it from a resend. The message is rejected, the link stays."""
+
+    condition = "amqp:invalid-field"
+
+
 class LocalError(OncemeshError):
     """We cannot serve this right now; the peer did nothing wrong."""
 

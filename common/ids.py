@@ -99,3 +99,116 @@ def counter_tag(n: int) -> bytes:
         n, r = divmod(n, 36)
         out.append(_ALPHABET[r])
     return "".join(reversed(out)).encode("ascii")
+
+
+# ---------------------------------------------------------------- identity by message-id (opt-in)
+# A publisher whose library chooses its delivery tags itself (from the link's delivery count) cannot
+# resend a message under its old tag after a failover: for it the message's identity is the
+# `message-id` of its properties section instead (docs/clients.md, "Identity by message-id"):
+#
+#     gid = scope "=" base32(hash(message-id))
+#
+# where scope is a 12-character hash of (topic, user): every publisher link of one authenticated user
+# on one topic, on any router, under any container id, link name or tag, gives one message-id one
+# gid. "=" never appears in the other forms (no counter, no "#", no "~"): `is_msgid_gid`.
+
+MSGID_SEP = "="
+
+
+def identity_scope(topic: str, user: str) -> str:
+    """The scope of message-id identities of `user`'s publishers on `topic` (it stands where a
+    publisher link id stands in a gid: a publisher link of the scope, for order and the chain)."""
+    h = hashlib.blake2b(f"message-id\0{topic}\0{user}".encode(), digest_size=8).digest()
+    return _b32(h)[:PLID_LEN]
+
+
+def msgid_gid(scope: str, key: bytes) -> str:
+    """The gid of the message whose message-id is `key` (`message_id_key`) in `scope`."""
+    h = hashlib.blake2b(key, digest_size=12).digest()
+    return f"{scope}{MSGID_SEP}{_b32(h)[: GID_MAX - PLID_LEN - 1]}"
+
+
+def is_msgid_gid(gid: str) -> bool:
+    return gid[PLID_LEN:PLID_LEN + 1] == MSGID_SEP
+
+
+class BadMessage(ValueError):
+    """The bytes of a message could not be read as far as its properties (a malformed encoding)."""
+
+
+# AMQP 1.0 types by constructor: fixed widths (by the high nibble) and the variable-width ones
+_FIXED = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}
+_PROPERTIES = 0x73
+_BARE_AFTER = frozenset({0x74, 0x75, 0x76, 0x77, 0x78})  # application-properties, body, footer
+
+
+def _skip(b: bytes, i: int) -> int:
+    """The offset after the AMQP value that starts at `i`."""
+    code = b[i]
+    if code == 0x00:  # described: the descriptor, then the value
+        return _skip(b, _skip(b, i + 1))
+    hi = code >> 4
+    if hi in _FIXED:
+        return i + 1 + _FIXED[hi]
+    if hi in (0xA, 0xC, 0xE):
+        return i + 2 + b[i + 1]
+    if hi in (0xB, 0xD, 0xF):
+        return i + 5 + int.from_bytes(b[i + 1:i + 5], "big")
+    raise BadMessage(f"unknown AMQP constructor 0x{code:02x} at byte {i}")
+
+
+def _message_id_at(b: bytes, i: int) -> bytes | None:
+    """The message-id key of the properties list that starts at `i` (None: no message-id)."""
+    code = b[i]
+    if code == 0x45:  # list0: no fields
+        return None
+    if code == 0xC0:
+        i, count = i + 3, b[i + 2]
+    elif code == 0xD0:
+        i, count = i + 9, int.from_bytes(b[i + 5:i + 9], "big")
+    else:
+        raise BadMessage(f"properties are not a list (constructor 0x{code:02x})")
+    if count == 0:
+        return None
+    code = b[i]
+    end = _skip(b, i)
+    if end > len(b):
+        raise BadMessage("message-id runs past the end of the message")
+    if code == 0x40:
+        return None
+    if code in (0x44, 0x53, 0x80):  # ulong
+        return b"n" + str(int.from_bytes(b[i + 1:end], "big")).encode()
+    if code == 0x98:  # uuid
+        return b"u" + b[i + 1:end]
+    if code in (0xA0, 0xB0):  # binary
+        return b"b" + b[i + (2 if code == 0xA0 else 5):end]
+    if code in (0xA1, 0xB1):  # string
+        return b"s" + b[i + (2 if code == 0xA1 else 5):end]
+    raise BadMessage(f"message-id of a type AMQP does not allow (constructor 0x{code:02x})")
+
+
+def message_id_key(payload: bytes) -> bytes | None:
+    """The message-id of an encoded AMQP message, as a key: its type (n: ulong, u: uuid, b: binary,
+    s: string) then its bytes, so that the string "1" and the number 1 are two ids. None when the
+    message has no properties section or no message-id; `BadMessage` when the bytes cannot be read.
+    Reads the sections before the bare message's properties only, skipping their values."""
+    i, n = 0, len(payload)
+    try:
+        while i < n:
+            if payload[i] != 0x00 or i + 2 > n:
+                raise BadMessage(f"no section at byte {i}")
+            d = payload[i + 1]
+            if d == 0x53:
+                code, at = payload[i + 2], i + 3
+            elif d == 0x80:
+                code, at = int.from_bytes(payload[i + 2:i + 10], "big"), i + 10
+            else:
+                raise BadMessage(f"a section descriptor of constructor 0x{d:02x}")
+            if code == _PROPERTIES:
+                return _message_id_at(payload, at)
+            if code in _BARE_AFTER:
+                return None
+            i = _skip(payload, at)
+    except IndexError:
+        raise BadMessage("the message ends inside a section") from None
+    return None

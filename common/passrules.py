@@ -30,6 +30,21 @@ that from happening; each is a plain decision over times and counts, here, so th
    that (one recv per socket and pass). Released then even if those passes stalled too: a slow
    loop delays hand-overs by two passes, never starves them.
 
+A fifth rule is about liveness, not exactly-once, and lives here for the same reason (a plain
+decision the engine carries out):
+
+5. One connection's work per pass is bounded (`PassBudget`): a client connection pushes at most
+   `INPUT_BUDGET` bytes of its input into its engine per pass, and the engine handles at most
+   `ENDPOINT_BUDGET` of its endpoint events (attach, detach, begin, end, open, close: each costs the
+   router far more than a transfer's bytes say) per pass. What is left waits for the next pass,
+   in the order it came, and the socket is not read meanwhile: a connection flooding frames (10,000
+   attaches in one burst) cannot hold the loop for more than milliseconds, and every other
+   connection is served between its slices. A connection lost or ended takes what it left first
+   (as rule 1's held input). Mesh connections have no budget (their peers are routers of the
+   mesh). After a stall, and for as long as rule 4 holds hand-overs, there is no budget: a
+   client's input read in a pass is taken in that pass, before the pass's held mesh input (rule
+   1), which is when that order matters (a goodbye behind a pile of a client's input).
+
 Nothing here reads a clock, logs or does I/O: times are parameters (monotonic seconds), answers
 are values. `HandoverHold(enabled=False)` takes rule 4 out (the simulation's proof that it matters:
 tests/sim/test_edge_sim.py).
@@ -41,6 +56,8 @@ from enum import Enum
 
 STALL_GAP = 0.1  # seconds: held mesh input at the end of a pass this long (a stall) waits for one more poll
 HOLD_GAP = 0.5  # seconds: a pass this late (a process stopped, or starved) is a stall: hand-overs are held
+INPUT_BUDGET = 64 * 1024  # bytes of one client connection's input pushed into its engine per pass (rule 5)
+ENDPOINT_BUDGET = 16  # endpoint events of one client connection handled per pass (rule 5)
 
 
 class PassClock:
@@ -49,13 +66,14 @@ class PassClock:
     `polled(before, after, timeout)` once per poll; `input_taken(now)` as input is taken; a stall
     is told once per pass (`note_stall`)."""
 
-    __slots__ = ("passes", "polled_at", "returned", "stall_noted")
+    __slots__ = ("passes", "polled_at", "returned", "stall_noted", "unbudgeted_until")
 
     def __init__(self) -> None:
         self.passes = 0  # polls so far: which pass this is
         self.polled_at = 0.0  # when this pass's poll returned (or began, if it overran its timeout)
         self.returned = 0.0  # when the previous poll returned (0: none yet)
         self.stall_noted = False  # this pass's stall was told
+        self.unbudgeted_until = -1  # rule 5: no pass budget up to this pass (a stall's hold)
 
     def polled(self, before: float, after: float, timeout: float | None) -> bool:
         """A poll that began at `before` with `timeout` (None: no limit) returned at `after`: a new
@@ -83,6 +101,7 @@ class PassClock:
         if self.stall_noted:
             return False
         self.stall_noted = True
+        self.unbudgeted_until = self.passes + 2  # (as long as rule 4's hold: `HandoverHold.stalled`)
         return True
 
     def stale(self, held_since: float, now: float) -> bool:
@@ -210,3 +229,56 @@ class HandoverHold:
     def release_due(due: int, clock: PassClock) -> bool:
         """At the start of a pass: does the release due at the end of pass `due` belong to this one?"""
         return clock.passes >= due
+
+
+class PassBudget:
+    """Rule 5: what one connection may take in one pass. The engine asks `input` before it pushes
+    bytes read (or left from an earlier pass) and `endpoint_events` before it handles endpoint
+    events, each with the loop's `PassClock`; each pass starts with a full budget, and the passes
+    of a stall's hold have none. An answer smaller than what is there means: leave the rest for
+    the next pass."""
+
+    __slots__ = ("input_budget", "endpoint_budget", "pass_no", "input_left", "endpoints_left")
+
+    def __init__(self, input_budget: int = INPUT_BUDGET, endpoint_budget: int = ENDPOINT_BUDGET) -> None:
+        if input_budget < 1 or endpoint_budget < 1:
+            raise ValueError("a pass budget must let some work through")
+        self.input_budget = input_budget
+        self.endpoint_budget = endpoint_budget
+        self.pass_no = -1
+        self.input_left = input_budget
+        self.endpoints_left = endpoint_budget
+
+    def _refill(self, pass_no: int) -> None:
+        if pass_no != self.pass_no:
+            self.pass_no = pass_no
+            self.input_left = self.input_budget
+            self.endpoints_left = self.endpoint_budget
+
+    def input(self, clock: PassClock, available: int) -> int:
+        """`available` bytes of input wait: how many to push now (the rest waits for the next pass).
+        (Once per read of a client connection: no calls inside.)"""
+        passes = clock.passes
+        if passes <= clock.unbudgeted_until:
+            return available
+        if passes != self.pass_no:
+            self.pass_no = passes
+            self.input_left = self.input_budget
+            self.endpoints_left = self.endpoint_budget
+        left = self.input_left
+        n = available if available <= left else left
+        self.input_left = left - n
+        return n
+
+    def endpoint_events(self, clock: PassClock) -> int:
+        """How many endpoint events may still be handled in this pass (0: none, leave them; -1: no
+        bound, a stall's hold)."""
+        if clock.passes <= clock.unbudgeted_until:
+            return -1
+        self._refill(clock.passes)
+        return self.endpoints_left
+
+    def handled(self, clock: PassClock, n: int) -> None:
+        """`n` endpoint events were handled in this pass."""
+        self._refill(clock.passes)
+        self.endpoints_left = max(0, self.endpoints_left - n)

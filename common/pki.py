@@ -5,6 +5,14 @@ Files in one directory: `ca.pem` / `ca.key` (the mesh CA), `<id>.pem` / `<id>.ke
 certificate names the router id as common name, DNS name and URI `urn:oncemesh:router:<id>`).
 Keys are EC P-256, written 0600; existing files are kept (a restart keeps its identity). Uses the
 `cryptography` library (pyca), the well-kept standard for X.509 in Python.
+
+With `oncemesh up --client-tls`, the client side in another directory (`make_client_pki`): a CA of
+its own (`ca.pem`, the file clients trust: `--ca`), a certificate per router's client listener
+(`routers/<id>.pem` / `.key`, naming the host names clients dial: 127.0.0.1, ::1, localhost, and the
+listener's host) and, asked for by name, client certificates (`users/<name>.pem` / `.key`, the name
+as common name: the identity SASL EXTERNAL gives). Never the mesh CA: a router trusts every
+certificate of the mesh CA as a possible router, so a client's certificate from it could claim a
+router id.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .tls import router_uri
+
+LOCAL_NAMES = ("127.0.0.1", "::1", "localhost")  # what a client on this machine dials
 
 VALID_DAYS = 825
 
@@ -112,3 +122,41 @@ def make_mesh_pki(directory: Path, router_ids: Iterable[str]) -> Path:
         if not ((directory / f"{rid}.pem").exists() and (directory / f"{rid}.key").exists()):
             issue(directory, rid, [rid, router_uri(rid)], common_name=rid)
     return directory
+
+
+def _names_of(cert_path: Path) -> set[str]:
+    """The subject alternative names (IP, DNS, URI) of a certificate, as text; empty if unreadable."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        alt = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return set()
+    return {str(n.value) for n in alt}
+
+
+def make_client_pki(directory: Path, listeners: dict[str, Iterable[str]]) -> Path:
+    """The client side of a local mesh's TLS in `directory` (made where absent): the client CA and,
+    per router id in `listeners`, a listener certificate naming LOCAL_NAMES and the given host names
+    (wildcards such as 0.0.0.0 left out). A certificate that no longer names them all (the topology
+    moved a listener) is issued again. Returns `directory`."""
+    make_ca(directory, "oncemesh client CA")
+    routers = directory / "routers"
+    for rid, hosts in listeners.items():
+        names = list(dict.fromkeys([*LOCAL_NAMES, *(h for h in hosts if h not in ("", "0.0.0.0", "::"))]))
+        cert = routers / f"{rid}.pem"
+        if not (cert.exists() and (routers / f"{rid}.key").exists() and set(names) <= _names_of(cert)):
+            issue(routers, rid, names, common_name=names[-1] if len(names) > len(LOCAL_NAMES) else "localhost",
+                  ca_dir=directory)
+    return directory
+
+
+def make_client_cert(directory: Path, name: str) -> tuple[Path, Path]:
+    """A client certificate for `name` (its common name: the identity SASL EXTERNAL gives) from the
+    client CA in `directory`, `users/<name>.pem` / `.key`; an existing one is kept."""
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"{name!r} cannot name a certificate file (no '/', not empty, no leading '.')")
+    users = directory / "users"
+    cert, key = users / f"{name}.pem", users / f"{name}.key"
+    if cert.exists() and key.exists():
+        return cert, key
+    return issue(users, name, [], common_name=name, ca_dir=directory)

@@ -17,6 +17,7 @@ PROP_RECEIVED = symbol("oncemesh.received")  # publisher: send RECEIVED once a r
 PROP_EPOCH = symbol("oncemesh.epoch")  # subscription epoch: answered on attach, presented on resume
 PROP_CAUSAL_PAST = symbol("oncemesh.causal-past")  # publisher: [gid, topic] of its client's causal past
 PROP_HANDED_LAST = symbol("oncemesh.handed-last")  # subscriber: per publisher link, the latest id handed over
+PROP_IDENTITY = symbol("oncemesh.identity")  # publisher: "message-id": its messages are named by their message-id
 # connection and link properties naming a router, and those of inter-router connections
 PROP_ROUTER = symbol("oncemesh.router")
 PROP_INCARNATION = symbol("oncemesh.incarnation")

@@ -20,6 +20,13 @@ class Outcome(IntEnum):
 O_ACCEPTED, O_REJECTED, O_RELEASED, O_MODIFIED = Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RELEASED, Outcome.MODIFIED
 
 
+# a publisher link's identity (link property oncemesh.identity; docs/clients.md): "tag", the
+# default (container id, link name, delivery tag), or "message-id" (the message's own id)
+TAG = "tag"
+MESSAGE_ID = "message-id"
+IDENTITIES = (TAG, MESSAGE_ID)
+
+
 # final notifications: pre-settled control transfers to our subscribers naming ids accepted on an
 # earlier link that are now final (tags start with "$", which no global id does)
 FINAL_SUBJECT = "oncemesh.final"

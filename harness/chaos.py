@@ -13,8 +13,10 @@ that is tried as a whole. Theory of operation:
 3. The schedule is played: routers SIGKILLed and restarted, SIGSTOPped and SIGCONTed, links cut or
    silenced through the proxies, client processes SIGKILLed and restarted with their state
    directories. A router fault waits (a little) until the previous victim is back.
-4. Then everything is healed, and the run waits (against a deadline) for quiescence: every
-   publisher exited 0 with all its outcomes, every subscription has had every message.
+4. Then everything is healed, and the run waits for quiescence: every publisher exited 0 with all
+   its outcomes, every subscription has had every message. It waits as long as the work left
+   (messages to publish, outcomes to tell, hand-overs owed) keeps shrinking, and gives up after
+   `settle` seconds without a new low: a loaded machine catches up slowly, a stuck mesh not at all.
 5. Everything started is stopped, by PID, always (errors, Ctrl-C, SIGTERM included).
 6. The verdict comes from the Spark reconciliation of every settlement log of the run
    (`spark.job.reconcile_paths`), not from the absence of errors. Router crashes (exits we did not
@@ -79,7 +81,8 @@ class ChaosConfig:
     subscribers: int = 3
     rate: float = 30.0  # messages per second, per publisher
     size: int = DEFAULT_SIZE  # message bytes
-    settle: float | None = None  # after healing, wait this long for quiescence (default max(60, duration/2))
+    settle: float | None = None  # after healing, give up on quiescence after this long without progress
+    #                              (default max(60, duration/2)); see `_Run.quiesce`
     limits: Limits = Limits()
     reconcile: bool = True
     order: str = "fifo"  # the chaos topic's order: fifo, or total (by the sequencer)
@@ -90,7 +93,8 @@ class ChaosConfig:
 
     @property
     def hard_deadline(self) -> float:
-        """Seconds the run may take before the reconciliation, whatever happens."""
+        """Seconds setup and the fault phase may take, whatever happens, and how long a client keeps
+        trying to reconnect (quiescence is bounded by its progress instead: `_Run.quiesce`)."""
         return SETUP_TIMEOUT + self.duration + WAIT_VICTIM + self.settle_timeout + 60.0
 
 
@@ -519,18 +523,34 @@ class _Run:
             if c.down:
                 c.start()
 
+    def work_left(self, missing: dict[str, int]) -> int:
+        """What stands between the run and quiescence, in steps that each take it one lower:
+        messages not yet published (each brings an outcome and a hand-over per subscription),
+        outcomes not yet told, hand-overs owed. Never below 0, so a run cannot make new lows
+        for ever: `quiesce` waits while it does."""
+        owed_per_message = 1 + len([c for c in self.clients if c.kind == "consume"])
+        total = self.cfg.publishers * max(1, int(self.cfg.rate * self.cfg.duration))
+        unpublished = max(0, total - len(self.watch.published))
+        return unpublished * owed_per_message + len(self.watch.in_doubt()) + sum(missing.values())
+
     def quiesce(self) -> bool:
-        """Wait until every publisher has finished and every subscription has had everything."""
-        deadline = time.monotonic() + min(self.cfg.settle_timeout, max(0.0, self.remaining()))
+        """Wait until every publisher has finished and every subscription has had everything: as
+        long as the work left makes new lows, and at most `settle_timeout` after the last one (not
+        a deadline on the whole: how long catching up takes is the machine's speed times the
+        backlog the faults left)."""
         subs = [c.name for c in self.clients if c.kind == "consume"]
         pubs = [c for c in self.clients if c.kind == "publish"]
-        last = quiet_since = time.monotonic()
+        last = quiet_since = low_since = time.monotonic()
+        low: int | None = None
         while True:
             if self.tick():
                 quiet_since = time.monotonic()
             done_pubs = all(c.finished for c in pubs)
             gaps = {n: self.watch.missing(s) for n in subs if (s := self.watch.by_link(n)) is not None}
             missing = {n: len(g) for n, g in gaps.items()}
+            left = self.work_left(missing)
+            if low is None or left < low:
+                low, low_since = left, time.monotonic()
             if done_pubs and len(missing) == len(subs) and not any(missing.values()):
                 self.say(f"[{time.monotonic() - self.t0:7.2f}s] quiescent: every publisher finished, "
                          f"every subscription has every message")
@@ -542,8 +562,9 @@ class _Run:
                          f"{STALL:g}s, and messages are missing: "
                          + "; ".join(f"{n}: {len(g)}, e.g. {sorted(g)[:3]}" for n, g in gaps.items() if g))
                 return False
-            if time.monotonic() >= deadline:
-                self.say(f"NOT QUIESCENT after {self.cfg.settle_timeout:g}s: publishers still running: "
+            if time.monotonic() - low_since >= self.cfg.settle_timeout:
+                self.say(f"NOT QUIESCENT: no progress for {self.cfg.settle_timeout:g}s (work left {left}); "
+                         f"publishers still running: "
                          f"{', '.join(c.name for c in pubs if not c.finished) or 'none'}; messages missing "
                          f"per subscription: {missing}; in doubt: {len(self.watch.in_doubt())}")
                 return False
@@ -586,7 +607,8 @@ class _Run:
         from ..spark.job import reconcile_paths
 
         ours = SparkSession.getActiveSession() is None  # (a session the caller runs is left running)
-        summary = reconcile_paths([self.state], out=self.state / "reconcile", chart=False, keep_session=True)
+        with _spark_progress(lambda text: self.say(f"[{time.monotonic() - self.t0:7.2f}s] reconciling: {text}")):
+            summary = reconcile_paths([self.state], out=self.state / "reconcile", chart=False, keep_session=True)
         try:
             if summary.router_view.failures:
                 rows = failing_router_pairs(self.state / "reconcile")
@@ -717,6 +739,43 @@ def _code_version() -> str:
 
 
 @contextlib.contextmanager
+def _spark_progress(say: Callable[[str], None], every: float = PROGRESS_EVERY) -> Iterator[None]:
+    """While the block runs, say every `every` seconds how far Spark has got, when it has moved
+    since the last time: minutes of silence cannot be told from a hang (by a user, or a test that
+    waits on the run's progress)."""
+    stop = threading.Event()
+
+    def follow() -> None:
+        from pyspark import SparkContext  # (imported by the caller already: no import race)
+
+        last: tuple[int, int] | None = None
+        while not stop.wait(every):
+            sc = SparkContext._active_spark_context  # (any thread's: the session is the caller's thread's)
+            if sc is None or getattr(sc, "_jsc", None) is None:  # (not started yet, or starting)
+                continue
+            try:
+                tracker = sc.statusTracker()
+                jobs = [*tracker.getJobIdsForGroup(None), *tracker.getActiveJobsIds()]
+                stages = [st for i in tracker.getActiveStageIds() if (st := tracker.getStageInfo(i)) is not None]
+            except Exception:  # (the context stopping under us: nothing to say)
+                continue
+            done, tasks = sum(st.numCompletedTasks for st in stages), sum(st.numTasks for st in stages)
+            now = (max(jobs, default=-1), done)
+            if now != last:
+                say("Spark started" if last is None and not jobs else f"Spark job {now[0] + 1}"
+                    + (f", {done} of {tasks} tasks of its stages" if stages else ""))
+                last = now
+
+    thread = threading.Thread(target=follow, name="spark-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(every + 5)
+
+
+@contextlib.contextmanager
 def _no_interrupts() -> Iterator[None]:
     """Ctrl-C (or SIGTERM) while we clean up must not leave processes behind: ignore them until
     we are done."""
@@ -808,7 +867,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rate", type=float, default=30.0, help="messages per second per publisher (default 30)")
     p.add_argument("--size", type=int, default=64, help="message bytes (default 64)")
     p.add_argument("--settle", type=float, default=None,
-                   help="seconds to wait for quiescence after healing (default max(60, duration/2))")
+                   help="after healing, wait for quiescence while the work left shrinks; give up after this "
+                        "many seconds without progress (default max(60, duration/2))")
     p.add_argument("--mean-gap", type=float, default=Limits().mean_gap,
                    help=f"mean seconds between fault starts (default {Limits().mean_gap:g})")
     p.add_argument("--order", choices=("fifo", "total", "lamport"), default="fifo",

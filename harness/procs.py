@@ -139,7 +139,11 @@ class RouterProcess:
             info = read_json(self.ready_file)
             return info if info and info.get("pid") == pid else None
 
-        info = wait_for(ready, timeout, f"router {self.id} ready file")
+        try:
+            info = wait_for(ready, timeout, f"router {self.id} ready file")
+        except TimeoutError:  # a router that never got ready is not left running (under valgrind: for hours)
+            self.proc.stop(5.0)
+            raise
         self.port = int(info["listen"].rsplit(":", 1)[1])
         self.listen = f"127.0.0.1:{self.port}"  # a restart comes back on the same port
         return self

@@ -16,6 +16,10 @@ What waits for acknowledgements is the subscriber's ATTACH (`blocking`):
 - a *resume* waits for the routers reachable when it was announced (minus those that become
   unreachable meanwhile): the old home, if reachable, may refuse it (`ok=False`) because it ended
   that life; the resume then becomes a new life.
+
+Any router refuses an announcement of a life that another identity's life beats
+(router/subscriptions.py, `ForeignClaim`): the refusal's reason says so, and that attach is refused,
+never made a new life.
 Other announcements (suspend, end) wait for nobody; a router that was unreachable learns them from
 the table sync when it comes back.
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..router.subscriptions import LifeEnded, Subscription, SubscriptionTable
+from ..router.subscriptions import ForeignClaim, LifeEnded, Subscription, SubscriptionTable
 from .messages import Routed, SubAck, SubUpdate, TableSync
 
 
@@ -119,7 +123,7 @@ class Gossip:
         try:
             old = self.table.merge(Subscription.from_json(msg.entry))
             ok, reason = True, None
-        except LifeEnded as exc:
+        except (LifeEnded, ForeignClaim) as exc:
             old, ok, reason = None, False, str(exc)
         if msg.req is not None:
             self.out.append(SubAck(self.me, msg.src, str(msg.entry["sid"]), msg.req, ok, reason))
@@ -137,8 +141,8 @@ class Gossip:
         for e in msg.entries:
             try:
                 old = self.table.merge(Subscription.from_json(e))
-            except LifeEnded:
-                continue  # we know that life ended; they will learn it from our table
+            except (LifeEnded, ForeignClaim):
+                continue  # we know that life ended, or another holds it: they will learn it from our table
             if old is not None:
                 changed.append(old)
         self.synced[msg.src] = msg.inc

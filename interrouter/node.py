@@ -36,7 +36,7 @@ from ..router.order import lamport
 from ..router.order.lamport import LamportNode
 from ..router.order.sequencer import Delivered, Journal, Restore, SendTo, SeqState, SequencerNode, Unresolved
 from ..router.order.total import Checkpoint, parse_start
-from ..router.subscriptions import Subscription, SubscriptionTable, SubState
+from ..router.subscriptions import Subscription, SubscriptionTable, SubState, foreign
 from . import codec
 from .channel import Sessions
 from .gossip import Gossip
@@ -314,7 +314,7 @@ class MeshNode:
             core.publisher_declared_elsewhere(msg.plid, set(msg.gids), msg.src, now, msg.mark)
         elif type(msg) is SubUpdate:
             old = self.gossip.handle_update(msg)
-            if msg.presented:
+            if msg.presented and self._holds_claim(msg.entry):
                 # what its client holds counts as accepted before anything is re-routed to it
                 core.presented_elsewhere(msg.entry["sid"], msg.presented, msg.src, now)
             if old is not None:
@@ -615,6 +615,12 @@ class MeshNode:
         else:
             self.gossip.announce(sid, wait=False, new_life=False)
         self._pump_gossip()
+
+    def _holds_claim(self, entry: dict[str, Any]) -> bool:
+        """Is the life of this announced entry the one our table holds? (A claim of another identity
+        that another's life beat presents nothing: its ids never count as accepted by that one.)"""
+        held = self.table.get(str(entry["sid"]))
+        return held is None or not foreign(held, Subscription.from_json(entry))
 
     def _subscription_changed(self, old: Subscription, now: float) -> None:
         won = self.table.get(old.sid)

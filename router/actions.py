@@ -168,7 +168,8 @@ class Announce:
 @final
 @dataclass(slots=True)
 class DetachLink:
-    """Detach the local link of `sid` (the subscription moved to another router, or ended there)."""
+    """Detach the local link of `sid` (the subscription moved to another router, or ended there, or
+    another identity's life of it holds it: amqp:unauthorized-access)."""
 
     sid: str
     link: Any

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ..common import errors
-from ..common.ids import PLID_LEN, counter_seq, global_id
+from ..common.ids import PLID_LEN, counter_seq, global_id, identity_scope
 from ..common.settlement_log import AcceptedBy, Owed
 from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED, Outcome
 from .actions import (
@@ -70,6 +70,7 @@ from .actions import (
     Announce,
     DeclarePublisher,
     Deliver,
+    DetachLink,
     DrainCredit,
     GrantCredit,
     NotifyFinal,
@@ -103,7 +104,7 @@ from .state import (
     SubRuntime,
     tnum_key,
 )
-from .subscriptions import Subscription, SubscriptionTable
+from .subscriptions import Subscription, SubscriptionTable, owned_by_another, refused_as_foreign
 from .sweeps import Sweeps
 
 
@@ -150,6 +151,13 @@ class CoreConfig:
     causal_groups: dict[str, str] = field(default_factory=dict)
     # topics in an order mode named here (router/order/modes.py), over what the settings above say
     topic_orders: dict[str, str] = field(default_factory=dict)
+    # topics whose publishers are identified by message-id (the topology's `identity = "message-id"`;
+    # a link asks for it itself with the link property oncemesh.identity): router/identity.py
+    msgid_topics: frozenset[str] = frozenset()
+    # the message-id window: seconds, and entries at most (oldest forgotten first), that a router
+    # remembers a final message's id with its outcome (a resend within it is answered, never handed)
+    msgid_window: float = 300.0
+    msgid_window_entries: int = 200_000
 
 
 class DeliveryCore(Handing, MeshSide, Sweeps):
@@ -259,8 +267,9 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         return self.ids.identify(pl, pub, tag, gid, rec, payload, now)
 
     def is_final(self, gid: str) -> bool:
-        """Did `gid` become final here within `final_memory` (its record freed)?"""
-        return gid in self.recent_final or gid in self.old_finals
+        """Did `gid` become final here within `final_memory` (its record freed), or, identified by
+        message-id, within the window (router/identity.py)?"""
+        return gid in self.recent_final or gid in self.old_finals or gid in self.ids.id_notes.by_tag
 
     def _local(self, sub: Subscription | None) -> bool:
         return sub is not None and sub.live and sub.home == self.router_id
@@ -268,17 +277,27 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
     # ================================================================ publishers: attach, publish, settle
     def attach_publisher(self, token: Any, plid: str, topic: str, second: bool,
                          in_doubt: Iterable[bytes] | None, now: float, mark: int | None = None,
-                         client: str = "", past: Iterable[tuple[str, str]] = ()) -> None:
+                         client: str = "", past: Iterable[tuple[str, str]] = (), by_id: bool = False,
+                         user: str = "") -> None:
         """`past`: causal order, what its client says it was handed and published (our clients
-        present it: a router it moved to learns what the one before knew)."""
+        present it: a router it moved to learns what the one before knew). `by_id`: the link asked
+        to be identified by message-id (oncemesh.identity); so is every link of a topic in
+        `msgid_topics` that declares nothing in doubt (ours declare, and keep their tags). Such a
+        link stands for the scope of `user` on its topic (`ids.identity_scope`, router/identity.py)."""
         self._now = now
+        by_id = by_id or (in_doubt is None and topic in self.cfg.msgid_topics)
+        if by_id:
+            if in_doubt is not None:
+                raise errors.RemoteProtocolError("a link identified by message-id declares no tags in doubt")
+            plid = identity_scope(topic, user)
         pl = PubLink(token, plid, topic, second, client)
+        pl.by_id = by_id
         group = self.causal.get(topic) if self.causal and client else None
         if group is not None:
             for g, t in past:
                 if self.causal.get(t) == group:
                     self.causal_order.note(client, group, g, t, ())
-        if in_doubt is None:  # not ours: it may reuse tags (router/identity.py; before it is the newest)
+        if in_doubt is None and not pl.by_id:  # not ours: it may reuse tags (identity.py; before it is the newest)
             self.ids.fresh_floor(pl)
         self.pub_links[token] = pl
         # the newest attach of a link name supersedes older ones still open here (their connections
@@ -320,20 +339,22 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
             raise errors.TransferLimitExceeded("transfer sent without link credit")
         pl.outstanding -= 1
         self.reserved_credit -= 1
-        gid = global_id(pl.plid, tag)
-        rec = self.records.get(gid)
-        if pl.declared is None or (pl.declared and rec is None and gid in pl.declared):
-            # a tag used before may name another message, or a final one (router/identity.py); ours
-            # reuse none: only what they declared in doubt may be final meanwhile
-            if len(gid) != pl.flen or gid <= pl.fresh:
-                gid, rec, answered = self._identify(pl, pub, tag, gid, rec, payload, now)
-                if answered:  # a resend of a final message, answered with its outcome
-                    if pl.outstanding <= self.cfg.link_credit // 2:
-                        self._grant(pl)
-                    return gid
-            else:
-                pl.fresh = gid  # (the usual, in mode second: the next of its tags, never seen here)
-        if rec is None:
+        answered = False  # (refused, or a resend of a final message answered with its outcome: nothing to keep)
+        if pl.by_id:  # identified by its message-id, whatever its tag (router/identity.py)
+            gid, rec, answered = self.ids.by_message_id(pl, pub, payload)
+        else:
+            gid = global_id(pl.plid, tag)
+            rec = self.records.get(gid)
+            if pl.declared is None or (pl.declared and rec is None and gid in pl.declared):
+                # a tag used before may name another message, or a final one (router/identity.py); ours
+                # reuse none: only what they declared in doubt may be final meanwhile
+                if len(gid) != pl.flen or gid <= pl.fresh:
+                    gid, rec, answered = self._identify(pl, pub, tag, gid, rec, payload, now)
+                else:
+                    pl.fresh = gid  # (the usual, in mode second: the next of its tags, never seen here)
+        if answered:
+            pass
+        elif rec is None:
             if self.causal:
                 group = self.causal.get(pl.topic)
                 # (a resend its client declared in doubt gets none here: what the client was handed
@@ -652,8 +673,10 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         """A subscriber link attached here (new or resuming). Returns True when it resumed.
         `epoch`: the subscription's epoch its client last attached with (our clients present it).
         `handed_last`: per publisher link, the latest message its client was handed (FIFO: an
-        earlier one that comes only now is not handed after it)."""
+        earlier one that comes only now is not handed after it). Raises `UnauthorizedAccess`, having
+        changed nothing, when the subscription is live and another identity's (`refuse_owner`)."""
         self._now = now
+        self.refuse_owner(sid, owner)
         old_rt = self.subs.get(sid)
         if old_rt is not None and old_rt.link is not None:
             self._unbind(old_rt)  # the same identity attached again: the new link wins (adapter steals)
@@ -742,18 +765,45 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 if rec.pending == 0:
                     self._decide(rec, now)
 
+    def refuse_owner(self, sid: str, owner: str) -> None:
+        """Raise `UnauthorizedAccess` when subscription `sid` is live here and was made by another
+        identity than `owner` (the authenticated identity attaching; "" none): only its owner may
+        attach to it (docs/security.md). A claim made before this router heard of it is settled
+        by the mesh (router/subscriptions.py, `holding_life`)."""
+        if owned_by_another(self.table.get(sid), owner):
+            raise errors.UnauthorizedAccess(f"subscription {sid} belongs to another identity; attach with the "
+                                            f"credentials that made it")
+
     def attach(self, link: Any, att: SubscriberAttach, now: float) -> bool:
         """`attach_subscriber` with what the ATTACH asked for. Returns True when it resumed."""
         return self.attach_subscriber(link, att.sid, att.topic, att.container, att.link_name, att.expiry,
                                       att.capable, att.presented, now, att.epoch, att.handed_last, att.owner)
 
-    def resume_refused(self, link: Any, att: SubscriberAttach, now: float) -> None:
-        """The mesh refused the resume of `att` here: the subscription's old home ended that life
-        meanwhile. The rule: the link becomes the first link of a new life of the same identity (the
-        old life is ended here too, and the same ATTACH is taken again, now as a new subscription).
-        The caller answers the ATTACH once the mesh acknowledged the new life."""
+    def resume_refused(self, link: Any, att: SubscriberAttach, now: float, reason: str | None = None) -> bool:
+        """The mesh refused the attach of `att` here (`reason`: the refusal's). Returns True when
+        the caller answers the ATTACH once the mesh acknowledged it again, False when it is refused.
+        - The subscription's old home ended that life meanwhile: the link becomes the first link of
+          a new life of the same identity (the old life is ended here too, and the same ATTACH is
+          taken again, now as a new subscription).
+        - The subscription belongs to another identity (its life holds it: `holding_life`; this
+          claim was made before the other life's announcement came): the claim is refused, its link
+          detached with amqp:unauthorized-access, and the life made here for it ends; it is never
+          made a new life."""
+        if refused_as_foreign(reason):
+            rt = self.subs.get(att.sid)
+            if rt is None or rt.link != link:
+                return False  # (already taken from it: subscription_changed closed it)
+            self.out.append(DetachLink(att.sid, link, errors.UnauthorizedAccess.condition,
+                                       f"subscription {att.sid} belongs to another identity; attach with the "
+                                       f"credentials that made it"))
+            self._unbind(rt)
+            sub = self.table.get(att.sid)
+            if sub is not None and sub.live and sub.home == self.router_id and sub.owner == att.owner:
+                self._end(att.sid, now, "refused: another identity holds it")
+            return False
         self.detach_subscriber(link, att.sid, True, now)
         self.attach(link, att, now)
+        return True
 
     def detach_subscriber(self, link: Any, sid: str, closed: bool, now: float) -> None:
         """The subscriber's link detached (`closed`: unsubscribe) or its connection dropped.
@@ -991,10 +1041,11 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
                 self.book.free_payload(rec)
 
     # ================================================================ credit
-    def _grant(self, pl: PubLink) -> None:
+    def _grant(self, pl: PubLink) -> bool:
+        """Top up `pl`'s credit as far as the budget allows. True when no room is left for anyone."""
         want = self.cfg.link_credit - pl.outstanding
         if want <= 0 or pl.token not in self.pub_links:
-            return
+            return False
         book = self.book
         room = self.cfg.max_inflight_messages - book.undecided - self.reserved_credit
         if len(book.by_gid) >= self.cfg.max_decided_records + self.cfg.max_inflight_messages:
@@ -1010,16 +1061,22 @@ class DeliveryCore(Handing, MeshSide, Sweeps):
         if n < want and not pl.blocked:
             pl.blocked = True
             self._blocked.append(pl)
+        return room <= n
 
     def _unblock(self) -> None:
-        """Room was freed: top up links that were short of credit, oldest first."""
+        """Room was freed: top up links that were short of credit, oldest first. Once no room is
+        left the rest stay blocked as they are, in order: asking each would give nothing, and a
+        connection of a thousand blocked links closing asked every one of them at each link's
+        detach (~a million calls: seconds of the loop; common/passrules.py, rule 5)."""
         if not self._blocked:
             return
         blocked, self._blocked = self._blocked, deque()
-        for pl in blocked:
+        while blocked:
+            pl = blocked.popleft()
             pl.blocked = False
-            if pl.token in self.pub_links:
-                self._grant(pl)
+            if pl.token in self.pub_links and self._grant(pl):
+                break
+        self._blocked.extend(blocked)
 
     def set_ready(self, ready: bool) -> None:
         self.ready = ready

@@ -264,6 +264,9 @@ class FinalNotes:
     def get(self, plain: str) -> FinalNote | None:
         return self.by_tag.get(plain)
 
+    def __contains__(self, plain: str) -> bool:
+        return plain in self.by_tag
+
     def of_gid(self, gid: str) -> tuple[str, FinalNote] | None:
         """(its tag's plain gid, the note) when the note is on message `gid`."""
         plain = self.tag_of.get(gid, gid)

@@ -38,6 +38,25 @@ link known not final here, above which nothing of the link can be in the old tie
 memory); links in mode first (and links whose tags do not grow) the lookups above, a digest of the
 message, and `SETTLED_KEPT` settled tags per link.
 
+**Identity by message-id** (opt-in: the link property `oncemesh.identity` = "message-id", or the
+topic's `identity = "message-id"` in the topology for links that declare nothing in doubt). Some
+client libraries choose each tag themselves and cannot resend under the old one after a failover;
+for their links the tag says nothing, and a message is named by the `message-id` of its properties
+within a scope, (topic, authenticated user): `ids.msgid_gid`. The same gid at every router, under
+any container id, link name or tag, so the rules that merge resends by gid (copies, FINAL, the
+final memory) apply unchanged. `by_message_id` decides, in this order:
+
+5. **No message-id** (or properties that cannot be read): REJECTED with a condition, nothing kept.
+6. **A record lives under it**: a resend (merged, as rule 2).
+7. **Final within the window** (`msgid_window` seconds, `msgid_window_entries` at most, the oldest
+   forgotten first): answered with the outcome it had, never handed again. Every message-id record
+   leaves a note (`id_notes`, whatever the settle mode: the id, not the bytes, says which message),
+   and a FINAL carries it to every router that held a copy, which answers a resend the same way.
+8. **Final here but its note forgotten** (more than `msgid_window_entries` ids within the final
+   memory): REJECTED with amqp:precondition-failed: it is not handed again, and its outcome is not
+   known here any more.
+9. Otherwise, a new message (past the window: a resend is handed again, docs/clients.md).
+
 Limits (docs/clients.md): a router that did not see a tag's earlier use (the publisher failed over
 from another router) knows only what the final memory there says: a message the other router
 renamed is unknown to it, and a tag final there only within the last `final_memory_young` seconds
@@ -49,8 +68,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from ..common.ids import counter_tag, new_identity, payload_digest
-from ..common.vocab import Outcome
+from ..common import errors
+from ..common.ids import (
+    BadMessage,
+    counter_tag,
+    is_msgid_gid,
+    message_id_key,
+    msgid_gid,
+    new_identity,
+    payload_digest,
+)
+from ..common.vocab import O_REJECTED, Outcome
 from .actions import SendOutcome
 from .finals import FinalNote, FinalNotes
 from .state import PubLink, Record
@@ -81,7 +109,7 @@ class Identities:
     core's records, final memory and publisher links."""
 
     __slots__ = ("core", "final_notes", "noted", "alias_of", "plain_of", "fresh_of", "stats_new_identities",
-                 "stats_finals_answered")
+                 "stats_finals_answered", "id_notes", "stats_ids_refused")
 
     def __init__(self, core: DeliveryCore) -> None:
         self.core = core
@@ -92,6 +120,9 @@ class Identities:
         self.fresh_of: dict[str, tuple[str, float]] = {}  # plid -> (PubLink.fresh of its last link here, when)
         self.stats_new_identities = 0  # messages under a tag used before, given a new identity
         self.stats_finals_answered = 0  # resends of final messages answered with their outcome
+        # message-id identities (rules 5-9): gid -> the note of a final one, the window's memory
+        self.id_notes = FinalNotes()
+        self.stats_ids_refused = 0  # messages refused on links identified by message-id (rules 5, 8)
 
     def link_gone(self, pl: PubLink, now: float) -> None:
         """Publisher link `pl` detached: where its tags stood, for its next link here (`fresh_floor`)."""
@@ -141,6 +172,42 @@ class Identities:
             return note.gid, None, True  # rule 3: a resend of a final message
         return self.renamed(pl, tag, gid, payload), None, False  # rule 3: its publisher had the outcome, or other bytes
 
+    def by_message_id(self, pl: PubLink, pub: Any, payload: bytes) -> tuple[str, Record | None, bool]:
+        """Which message a transfer on `pl`, a link identified by message-id, is (rules 5-9): (its
+        gid, the record to merge into or None for a new one, answered): answered when it was refused
+        or answered with the outcome of a final message (nothing more to do)."""
+        try:
+            key = message_id_key(payload)
+        except BadMessage as exc:
+            return self.refuse(pl, pub, errors.DecodeError.condition,
+                               f"the message's properties cannot be read for its message-id: {exc}")
+        if key is None:
+            return self.refuse(pl, pub, errors.MissingMessageId.condition,
+                               "this link is identified by message-id (link property oncemesh.identity, or the "
+                               "topic's identity in the topology): a message without a message-id cannot be told "
+                               "from a resend; set the message's id")
+        gid = msgid_gid(pl.plid, key)
+        core = self.core
+        rec = core.records.get(gid)
+        if rec is None:
+            note = self.id_notes.get(gid)
+            if note is not None:  # rule 7
+                self.answer_from_note(pl, pub, gid, note, len(payload))
+                return gid, None, True
+            if gid in core.recent_final or gid in core.old_finals:  # rule 8
+                return self.refuse(pl, pub, errors.PreconditionFailed.condition,
+                                   "this message-id became final here, and its outcome is no longer remembered "
+                                   "(beyond msgid_window_entries): it is not handed again")
+        if gid not in self.noted:
+            self.noted[gid] = None  # its note, when final (rule 7)
+        return gid, rec, False
+
+    def refuse(self, pl: PubLink, pub: Any, condition: str, text: str) -> tuple[str, None, bool]:
+        """REJECTED with a condition: the message is not taken (nothing is kept of it)."""
+        self.stats_ids_refused += 1
+        self.core.out.append(SendOutcome(pub, O_REJECTED, (condition, text), not pl.second))
+        return "", None, True
+
     def renamed(self, pl: PubLink, tag: bytes, gid: str, payload: bytes) -> str:
         """A new identity for another message under the tag of `gid` (see the theory above)."""
         self.stats_new_identities += 1
@@ -187,14 +254,15 @@ class Identities:
             return
         digest = self.noted.pop(gid)
         if rec.outcome is not None and rec.origin is None:
-            self.final_notes.put(plain or gid, FinalNote(gid, rec.outcome, rec.error, digest, now))
+            (self.id_notes if is_msgid_gid(gid) else self.final_notes).put(
+                plain or gid, FinalNote(gid, rec.outcome, rec.error, digest, now))
 
     def notes_on(self, gids: list[str]) -> tuple[WireNote, ...]:
         """The notes this router has on `gids` (a FINAL it sends carries them: a router the
         publisher fails over to then knows a resend of one for what it is)."""
         out = []
         for gid in gids:
-            found = self.final_notes.of_gid(gid)
+            found = (self.id_notes if is_msgid_gid(gid) else self.final_notes).of_gid(gid)
             if found is not None:
                 plain, n = found
                 out.append((gid, plain, int(n.outcome), n.error, n.digest))
@@ -204,6 +272,10 @@ class Identities:
         """Another router's note on a message that became final there (its FINAL carried it)."""
         gid, plain, outcome, error, digest = note
         if outcome in _OUTCOMES:
+            if is_msgid_gid(gid):
+                if gid == plain:  # (a message-id note: its gid is its own key, and no digest counts)
+                    self.id_notes.put(gid, FinalNote(gid, Outcome(outcome), error, None, now))
+                return
             self.final_notes.put(plain, FinalNote(gid, Outcome(outcome), error, digest, now))
 
     def resent_final(self, rec: Record, note: WireNote) -> bool:
@@ -236,8 +308,11 @@ class Identities:
 
     def forget(self, now: float) -> None:
         """Tick: forget notes and links' tag floors older than `final_memory`."""
-        before = now - self.core.cfg.final_memory
-        self.final_notes.forget(before, self.core.cfg.final_notes_max)
+        cfg = self.core.cfg
+        before = now - cfg.final_memory
+        self.final_notes.forget(before, cfg.final_notes_max)
+        if self.id_notes:
+            self.id_notes.forget(now - cfg.msgid_window, cfg.msgid_window_entries)
         if self.fresh_of:
             for plid in [p for p, (_, t) in self.fresh_of.items() if t < before]:
                 del self.fresh_of[plid]

@@ -34,7 +34,7 @@ from .state import (
     S,
     SubRuntime,
 )
-from .subscriptions import Subscription, SubState
+from .subscriptions import Subscription, SubState, foreign
 
 if TYPE_CHECKING:
     from .core import DeliveryCore
@@ -52,6 +52,23 @@ def declared_settled(in_doubt: set[str], mark: int | None, gid: str) -> bool:
         return True
     seq = counter_seq(gid)
     return seq is not None and seq < mark
+
+
+def _refusal(sid: str, link: object, holder: Subscription) -> DetachLink:
+    """The link of a claim that another identity's life of the subscription beat (`holder`): refused."""
+    return DetachLink(sid, link, errors.UnauthorizedAccess.condition,
+                      f"subscription {sid} belongs to another identity (made first, at router {holder.home}); "
+                      f"attach with the credentials that made it")
+
+
+def _resolved_for(owed: dict[str, S], dests: dict[str, list[str]]) -> bool:
+    """Is a record whose parts are `owed` resolved for every subscription of `dests`? (Once per
+    copy and predecessor: plain loops, the usual answer, no, comes at the first.)"""
+    for sids in dests.values():
+        for sid in sids:
+            if owed.get(sid) not in RESOLVED:
+                return False
+    return True
 
 
 class MeshSide:
@@ -282,9 +299,31 @@ class MeshSide:
                 rec.fwd[sid] = home
             rec.holders.add(home)
         rec.sent_at = self._now
-        self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, rec.preds,
+        preds = rec.preds
+        if preds:
+            preds = self._preds_for(preds, dests)
+        self.out.append(Forward(rec.gid, rec.topic, rec.payload, {h: tuple(s) for h, s in dests.items()}, preds,
                                 rec.deps, rec.seq is None))
         self.log.append(("forwarded", rec.gid, rec.topic, None, Peer(",".join(sorted(dests)))))
+
+    def _preds_for(self: DeliveryCore, preds: tuple[str, ...], dests: dict[str, list[str]]) -> tuple[str, ...]:
+        """The predecessors a copy for the subscriptions of `dests` must carry: not those whose
+        record here says they are resolved (accepted, rejected, ended) for every one of them. A
+        destination waits for a predecessor it does not know until it learns it is final; one whose
+        publisher never settles never is, and a subscription that moved since it was handed it would
+        wait `final_memory` for its whole backlog (issue 31, item 14). What is resolved for it here
+        was handed to it (after its own predecessors): nothing is left to wait for."""
+        records = self.records
+        keep: list[str] | None = None
+        for i, p in enumerate(preds):
+            r = records.get(p)
+            if r is not None and _resolved_for(r.owed, dests):
+                if keep is None:
+                    keep = list(preds[:i])
+                continue
+            if keep is not None:
+                keep.append(p)
+        return preds if keep is None else tuple(keep)
 
     def set_reachable(self: DeliveryCore, reachable: dict[str, str], now: float) -> None:
         """The live graph changed: `reachable` maps every router we can reach to its incarnation.
@@ -328,8 +367,11 @@ class MeshSide:
             if was_here:
                 rt = self.subs.get(sid)
                 if rt is not None and rt.link is not None:
-                    self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
-                                               "the subscription was ended elsewhere"))
+                    if foreign(old, new):
+                        self.out.append(_refusal(sid, rt.link, new))
+                    else:
+                        self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
+                                                   "the subscription was ended elsewhere"))
                     self._unbind(rt)
             self._ended(sid, now, new.end_reason or "ended")
             return
@@ -338,7 +380,7 @@ class MeshSide:
             self.stats_reclaimed += 1
             self.out.append(Announce(sid))  # (its own announcement: every router merges it as a resume here)
         elif was_here and new.home != me:
-            self._moved_away(sid, new, now)
+            self._moved_away(sid, new, now, foreign(old, new))
         elif not was_here and new.home == me:
             self._moved_here(sid)
         elif new.home != me and (old.home != new.home or not old.live or old.epoch != new.epoch):
@@ -399,8 +441,9 @@ class MeshSide:
             if rt.link is not None:
                 rt.queue.append(gid)
 
-    def _moved_away(self: DeliveryCore, sid: str, new: Subscription, now: float) -> None:
-        """A subscription homed here resumed at another router."""
+    def _moved_away(self: DeliveryCore, sid: str, new: Subscription, now: float, other: bool = False) -> None:
+        """A subscription homed here resumed at another router (`other`: it is another identity's
+        life that holds it, made first: our link's claim is refused, not stolen)."""
         rt = self.subs.pop(sid, None)
         for gid, phs in list(self.placeholders.items()):  # its new home keeps its own placeholders
             if phs.pop(sid, None) is not None and not phs:
@@ -408,8 +451,8 @@ class MeshSide:
         if rt is None:
             return
         if rt.link is not None:
-            self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
-                                       f"the subscription resumed at router {new.home}"))
+            self.out.append(_refusal(sid, rt.link, new) if other else DetachLink(
+                sid, rt.link, errors.LinkStolen.condition, f"the subscription resumed at router {new.home}"))
             self._unbind(rt)
         for gid, rec in list(rt.owed.items()):
             if rec.origin is None:  # ours: it is remote now, send it to the new home
@@ -515,7 +558,7 @@ class MeshSide:
     def has_final_notes(self: DeliveryCore) -> bool:
         """Does this router keep any note on a final message whose outcome its publisher may have
         missed? (If not, `notes_on` finds nothing: the FINALs it sends need not ask it.)"""
-        return bool(self.final_notes)
+        return bool(self.final_notes) or bool(self.ids.id_notes)
 
     def subscriptions_reclaimed(self: DeliveryCore) -> int:
         """How many subscriptions this router claimed again for their live link here (a count that

@@ -31,7 +31,7 @@ from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
-from ..common.passrules import HandoverHold
+from ..common.passrules import HandoverHold, PassBudget
 from ..common.sasl import PLAIN, SCRAM, SaslServer, ScramSecret, ServerPolicy
 from ..common.settlement_log import Segments, SettlementLog
 from ..common.symbols import (
@@ -39,6 +39,7 @@ from ..common.symbols import (
     PROP_CLIENT,
     PROP_EPOCH,
     PROP_HANDED_LAST,
+    PROP_IDENTITY,
     PROP_IN_DOUBT,
     PROP_NEXT_SEQ,
     PROP_RECEIVED,
@@ -51,6 +52,8 @@ from ..common.urls import redirect_info
 from ..common.vocab import (
     FINAL_SUBJECT,
     FINAL_TAG_PREFIX,
+    IDENTITIES,
+    MESSAGE_ID,
     O_ACCEPTED,
     O_MODIFIED,
     O_REJECTED,
@@ -262,6 +265,8 @@ class Router:
         self._drain_told: set[AmqpConnection] = set()  # connections told to move
         self._drain_logged = 0.0
         self.mesh: MeshPort | None = mesh(self) if mesh is not None else None
+        # ONCEMESH_PASS_BUDGET=0: no per-pass budget of a client connection's work (measurements only)
+        self._pass_budget = os.environ.get("ONCEMESH_PASS_BUDGET", "1") != "0"
         probe_every = interval_from_env()  # ONCEMESH_HEAP_PROBE (diagnosis only: router/heapprobe.py)
         self.heap_probe = HeapProbe(cfg.log_dir / f"{cfg.id}.heap.jsonl", probe_every, lambda: {"router": self}) \
             if probe_every is not None and cfg.log_dir is not None else None
@@ -443,6 +448,8 @@ class Router:
                               properties={PROP_ROUTER: self.id},
                               sasl=self._sasl_for if self.client_auth else None)
         conn.ctx = ConnCtx()
+        if self._pass_budget:  # one connection's work per loop pass is bounded (common/passrules.py, rule 5)
+            conn.budget = PassBudget()
         # (connections not yet logged in and open have their own limits: they never fill this one)
         if len(self.connections) - len(self.preauth) >= self.cfg.max_connections:
             log.warning("connection.refused reason=max_connections limit=%d", self.cfg.max_connections)
@@ -731,11 +738,10 @@ class Router:
         return self.policy.grants(user, self.users.groups(user) if self.users is not None else ())
 
     def _authorize_subscriber(self, conn: AmqpConnection, topic: str, sid: str, known: Subscription | None) -> None:
-        # an unauthenticated connection (an open router of a mixed mesh) is "anonymous": it never
-        # matches an owner that logged in elsewhere
-        if known is not None and known.live and known.owner and known.owner != self._user(conn):
-            raise errors.UnauthorizedAccess(f"subscription {sid} belongs to another identity; attach with the "
-                                            f"credentials that made it")
+        # only its owner attaches to a live subscription: the core's rule (an unauthenticated
+        # connection, on an open router of a mixed mesh, is no identity: it never matches an owner
+        # that logged in elsewhere)
+        self.core.refuse_owner(sid, conn.user or "")
         grants = self._grants(conn)
         if grants is None:
             return
@@ -919,6 +925,14 @@ class Router:
                 isinstance(e, list | tuple) and len(e) == 2 and all(isinstance(x, str) for x in e) for e in past)):
             raise errors.RemoteProtocolError(f"link property {PROP_CAUSAL_PAST} must be a list of at most "
                                              f"{MAX_CAUSAL_PAST} [gid, topic] pairs of strings")
+        identity = props.get(PROP_IDENTITY)
+        if identity is not None and identity not in IDENTITIES:
+            raise errors.RemoteProtocolError(f"link property {PROP_IDENTITY} must be one of "
+                                             f"{', '.join(map(repr, IDENTITIES))}, got {identity!r}")
+        by_id = identity == MESSAGE_ID
+        if by_id and in_doubt is not None:
+            raise errors.RemoteProtocolError(f"link property {PROP_IN_DOUBT} names tags: a link identified by "
+                                             f"message-id ({PROP_IDENTITY}) declares none")
         second = link.remote_rcv_settle_mode == F.RCV_SECOND
         grants = self._grants(link.conn)
         max_size = self.cfg.max_message_size
@@ -937,7 +951,8 @@ class Router:
         tags = in_doubt_tags(in_doubt) if in_doubt is not None else None
         self.core.attach_publisher(link, plid, topic, second, tags, time.time(),
                                    int(mark) if mark is not None and tags is not None else None, client=container,
-                                   past=[(str(g), str(t)) for g, t in past or ()])
+                                   past=[(str(g), str(t)) for g, t in past or ()], by_id=by_id,
+                                   user=self._user(link.conn))
 
     def on_credit(self, link: Link) -> None:
         ctx = link.ctx
@@ -1227,10 +1242,13 @@ class Router:
         if link is None or self.sub_links.get(sid) is not link or not link.local_uninit:
             return
         if refused is not None:
-            # the old home ended this life meanwhile: it becomes a new subscription (a new life)
-            log.info("subscription.resume_refused sid=%s reason=%s", sid, refused)
+            # the old home ended this life meanwhile: it becomes a new subscription (a new life);
+            # or another identity's life holds it: refused (the core detaches the link)
             assert link.ctx.attach_args is not None
-            self.core.resume_refused(link, link.ctx.attach_args, time.time())
+            if not self.core.resume_refused(link, link.ctx.attach_args, time.time(), refused):
+                self.drain()
+                return
+            log.info("subscription.resume_refused sid=%s reason=%s", sid, refused)
             link.ctx.resumed = False
             self._pending_opens.append(link)
             self.drain()
@@ -1338,6 +1356,10 @@ class Router:
                 dlink: Link = act.link
                 if self.sub_links.get(act.sid) is dlink:
                     self._forget_sub_link(dlink)
+                if act.condition == errors.UnauthorizedAccess.condition:  # another identity's life holds it
+                    self.stats_refusals["unauthorized_attaches"] += 1
+                    log.warning("link.refused peer=%s container=%s link=%s condition=%s reason=%s", dlink.conn.peer,
+                                dlink.conn.ctx.container, dlink.name, act.condition, act.description)
                 dlink.close(act.condition, act.description)
             elif isinstance(act, Forward | SendAck | SendFinal | SendProbe | Announce | DeclarePublisher | SendHold
                             | SendQuery | SubmitOrder):

@@ -135,7 +135,7 @@ class SubRuntime:
 
 class PubLink:
     __slots__ = ("token", "plid", "topic", "second", "outstanding", "pubs", "blocked", "declared", "mark",
-                 "client", "fresh", "flen", "settled")
+                 "client", "fresh", "flen", "settled", "by_id")
 
     def __init__(self, token: Any, plid: str, topic: str, second: bool, client: str = "") -> None:
         self.token = token
@@ -156,6 +156,8 @@ class PubLink:
         self.fresh = ""
         self.flen = -1
         self.settled: OrderedDict[str, None] | None = None
+        # identified by message-id (router/identity.py): `plid` is then its scope (ids.identity_scope)
+        self.by_id = False
 
 
 def tnum_key(rec: Record | None) -> float:

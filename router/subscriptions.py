@@ -21,6 +21,20 @@ of its home (`inc`), or active at a router it cannot reach at the same epoch as 
 (router/meshside.py, `subscription_changed`). A claim again is an ordinary claim: the merge stays
 the same join.
 
+A subscription belongs to the identity that made it (`owner`, docs/security.md): a router refuses
+an attach by another identity to a live subscription it knows. A claim can still be made by another
+identity at a router that has not heard of the subscription yet (made elsewhere a few milliseconds
+before, its announcement still on its way). Two lives of one subscription made by different
+identities are therefore never ordered by epoch (an epoch is the client's to raise) but by their
+lives' places in its history (`life_key`, which only routers write): a life made after a confirmed
+life ended is of a later generation; a life made after an unconfirmed one ended (never in force:
+refused, or given up before every router acknowledged it) continues its line; else the first made
+holds it (`created`, the making routers' clocks; then the identity's name), at every router and in
+any order of arrival. The other life's versions never win a merge (`ForeignClaim`): its attach is
+refused (the announcement's acknowledgement says why) and its link closed with
+amqp:unauthorized-access (router/meshside.py); the answered attach of the life that holds it is
+never closed for it.
+
 This table is what a router persists (never messages): it is written, fsynced, whenever it changes
 in a way that matters after a restart (a subscription begins or ends). A restarted router loads it
 and treats every subscription as suspended from the moment it started, so that it knows whom each
@@ -74,6 +88,12 @@ class Subscription:
     # the incarnation of `home` that made this claim ("" unknown: an entry from an older router):
     # an ACTIVE claim of an earlier incarnation is stale (a restarted router has no links)
     inc: str = ""
+    # its life's place in the subscription's history (`life_key`; written by routers, never asked of
+    # a client): the generation (confirmed lives ended before it), the `created` of the first life of
+    # its line (None: its own) and how many unconfirmed lives ended before it in that line
+    gen: int = 0
+    root: float | None = None
+    depth: int = 0
     # soft state, not persisted: the router-local link binding is kept by the delivery core
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -87,7 +107,17 @@ class Subscription:
             "expiry": None if math.isinf(self.expiry) else self.expiry, "state": self.state.value,
             "home": self.home, "epoch": self.epoch, "since": self.since, "created": self.created,
             "end_reason": self.end_reason, "confirmed": self.confirmed, "owner": self.owner, "inc": self.inc,
-        }
+        } | self._history_json()
+
+    def _history_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}  # (only what differs from a first life: the entries of older routers)
+        if self.gen:
+            d["gen"] = self.gen
+        if self.root is not None:
+            d["root"] = self.root
+        if self.depth:
+            d["depth"] = self.depth
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Subscription:
@@ -97,12 +127,13 @@ class Subscription:
                    home=d["home"], epoch=int(d["epoch"]), since=float(d["since"]),
                    created=float(d["created"]), end_reason=d.get("end_reason"),
                    confirmed=bool(d.get("confirmed", False)), owner=str(d.get("owner") or ""),
-                   inc=str(d.get("inc") or ""))
+                   inc=str(d.get("inc") or ""), gen=int(d.get("gen") or 0),
+                   root=None if d.get("root") is None else float(d["root"]), depth=int(d.get("depth") or 0))
 
 
 _STATE_RANK = {SubState.ACTIVE: 0, SubState.SUSPENDED: 1, SubState.ENDED: 2}
 _FIELDS = ("sid", "topic", "container", "link", "expiry", "state", "home", "epoch", "since", "created",
-           "end_reason", "confirmed", "owner", "inc")
+           "end_reason", "confirmed", "owner", "inc", "gen", "root", "depth")
 
 
 def order_key(s: Subscription) -> tuple[int, str, int, bool]:
@@ -112,8 +143,61 @@ def order_key(s: Subscription) -> tuple[int, str, int, bool]:
     return (s.epoch, s.home, _STATE_RANK[s.state], s.confirmed)
 
 
+def owned_by_another(sub: Subscription | None, owner: str) -> bool:
+    """Is `sub` a live subscription that another identity made? Then `owner` may not attach to it
+    ("" is no identity: it never matches one; an ownerless subscription is anyone's)."""
+    return sub is not None and sub.live and bool(sub.owner) and sub.owner != owner
+
+
+def foreign(a: Subscription, b: Subscription) -> bool:
+    """Are `a` and `b` versions of two lives of one subscription made by different identities? (An
+    ownerless life that an identity resumed, and so took, keeps its `created`: the same life.)"""
+    if a.owner == b.owner:
+        return False
+    return a.created != b.created or bool(a.owner and b.owner)
+
+
+def life_key(s: Subscription) -> tuple[int, float, int]:
+    """The place of the life of `s` in the history of its subscription (a larger key: later in it):
+    its generation, then the first made line (its root's `created`), then its depth in that line."""
+    return (s.gen, -(s.created if s.root is None else s.root), s.depth)
+
+
+def holding_life(a: Subscription, b: Subscription) -> Subscription:
+    """Of versions `a` and `b` of two lives made by different identities (`foreign`), the one whose
+    life holds the subscription, whatever their states and epochs: the same answer at every router,
+    and a total order of lives (`life_key`; equal keys: the smaller identity's)."""
+    ka, kb = life_key(a), life_key(b)
+    if ka != kb:
+        return a if ka > kb else b
+    return a if a.owner <= b.owner else b
+
+
+def next_life(ended: Subscription | None) -> dict[str, Any]:
+    """The history fields of a life made over `ended` (the ended entry the router knows, if
+    any): after a confirmed life, the next generation; after an unconfirmed one, the same line."""
+    if ended is None:
+        return {}
+    if ended.confirmed:
+        return {"gen": ended.gen + 1}
+    return {"gen": ended.gen, "root": ended.created if ended.root is None else ended.root, "depth": ended.depth + 1}
+
+
+FOREIGN_CLAIM = "another identity holds it: "  # how the refusal of a `ForeignClaim` begins (SubAck reason)
+
+
+def refused_as_foreign(reason: str | None) -> bool:
+    """Does an announcement's refusal say that the subscription belongs to another identity?"""
+    return reason is not None and reason.startswith(FOREIGN_CLAIM)
+
+
 class LifeEnded(Exception):
     """A resume of a subscription life that has ended."""
+
+
+class ForeignClaim(Exception):
+    """A version of a life of a subscription made by another identity than the life that holds it
+    here (`holding_life`): it never wins a merge."""
 
 
 class SubscriptionTable:
@@ -145,7 +229,8 @@ class SubscriptionTable:
         """Attach or resume. Returns (subscription, resumed) where resumed means it existed.
         `min_epoch`: the client knew a later epoch than we do; the new one must beat it. `owner`: the
         authenticated identity attaching (kept by a new life; the router checked a resume's). `inc`:
-        the attaching router's incarnation."""
+        the attaching router's incarnation. A new life made over an ended one takes its place in the
+        history after it (`next_life`)."""
         sub = self._subs.get(sid)
         if sub is not None and sub.live:
             if owner and not sub.owner:
@@ -161,7 +246,7 @@ class SubscriptionTable:
         epoch = max(sub.epoch if sub is not None else 0, min_epoch) + 1
         sub = Subscription(sid=sid, topic=topic, container=container, link=link, expiry=expiry,
                            state=SubState.ACTIVE, home=home, epoch=epoch, since=now, created=now, owner=owner,
-                           inc=inc)
+                           inc=inc, **next_life(sub))
         self._subs[sid] = sub
         self._by_topic.setdefault(topic, {})[sid] = sub
         self.version += 1
@@ -221,13 +306,19 @@ class SubscriptionTable:
         """Apply another router's view of a subscription when it is newer. Returns a copy of the
         previous entry (or a placeholder ENDED entry when it was unknown) when the table changed.
         Raises `LifeEnded` for an attempt to revive a life that ended here (END is final for a life;
-        lives are told apart by their `created` time)."""
+        lives are told apart by their `created` time), and `ForeignClaim` for a version of a life of
+        another identity than the one that holds it here (`holding_life`)."""
         cur = self._subs.get(remote.sid)
         if cur is not None:
-            if cur.created == remote.created and cur.state is SubState.ENDED and remote.live:
-                raise LifeEnded(f"subscription {remote.sid} ended here ({cur.end_reason})")
-            if order_key(cur) >= order_key(remote):
-                return None
+            if foreign(cur, remote):
+                if holding_life(cur, remote) is cur:
+                    raise ForeignClaim(f"{FOREIGN_CLAIM}subscription {remote.sid} was made first by another "
+                                       f"identity (at router {cur.home})")
+            else:
+                if cur.created == remote.created and cur.state is SubState.ENDED and remote.live:
+                    raise LifeEnded(f"subscription {remote.sid} ended here ({cur.end_reason})")
+                if order_key(cur) >= order_key(remote):
+                    return None
         old = Subscription(**{f: getattr(cur, f) for f in _FIELDS}) if cur is not None else None
         if cur is not None and cur.live:
             topic_subs = self._by_topic.get(cur.topic)

@@ -156,3 +156,5 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--sim-lamport", action="store_true", help="the topic in total order (Lamport) for --sim-seed")
     g.addoption("--sim-causal", action="store_true", help="the topic in causal order for --sim-seed")
     g.addoption("--sim-no-hold", action="store_true", help="without the hand-over hold after a stall, for --sim-seed")
+    g.addoption("--sim-by-id", action="store_true",
+                help="publishers that pick their tags, identified by message-id, for --sim-seed")

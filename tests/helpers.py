@@ -4,7 +4,8 @@ run's client logs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,30 @@ class OrderSummary(LogSummary):
                 if bad:
                     problems.append(f"{a} and {b} were handed {len(bad)} pairs in opposite orders, e.g. {bad[:3]}")
         return problems
+
+
+def wait_progressing(goal: Callable[[], Any], progress: Callable[[], Any], stall: float, what: str,
+                     interval: float = 0.5) -> Any:
+    """Poll `goal` until it returns a truthy value, for as long as the work it waits for moves:
+    `progress()` returns a marker of that work (counts, sizes), and only `stall` seconds without
+    any change of it fail (TimeoutError). For waits whose length is the machine's speed (a loaded
+    machine is slow, not stuck): a bound on the total would measure how idle the machine is."""
+    last = progress()
+    since = time.monotonic()
+    while True:
+        v = goal()
+        if v:
+            return v
+        now = progress()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > stall:
+            raise TimeoutError(f"no progress for {stall:g}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+def two_router_mesh(defaults: str) -> str:
+    """A topology file's text: routers A and B on loopback (ports chosen at start), one link, and
+    `defaults` (TOML lines) as the [defaults] of both."""
+    routers = "".join(f'\n[routers.{r}]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n' for r in "AB")
+    return f'[defaults]\n{defaults.strip()}\n{routers}\n[[links]]\nbetween = ["A", "B"]\n'

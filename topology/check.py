@@ -92,10 +92,11 @@ class _Settings:
 
 def check(topology: Path, policy: Path | None = None, users: Path | None = None,
           mesh_tls_dir: Path | None = None, ports: bool = True, now: datetime.datetime | None = None,
-          router: str | None = None) -> Report:
+          router: str | None = None, client_tls: bool = False) -> Report:
     """Every problem a router of `topology` would meet with these files, at once. `router`: only
     what that router loads (one host of a mesh, which holds only its own key), and whether its
-    certificate chains to its neighbours' mesh CA files where they are readable here."""
+    certificate chains to its neighbours' mesh CA files where they are readable here. `client_tls`:
+    `oncemesh up --client-tls` makes the client-listener certificates the topology does not name."""
     now = now or datetime.datetime.now(datetime.UTC)
     rep = Report()
     try:
@@ -119,7 +120,8 @@ def check(topology: Path, policy: Path | None = None, users: Path | None = None,
         cfg = RouterConfig(id=rid)
         cfg.apply(settings)  # (the loader checked every name and type)
         _check_http(rep, st, rid, settings)
-        _check_client_auth(rep, st, rid, cfg, users, certs, users_files)
+        # (with client_tls, up gives a router without tls_cert a certificate, and its CA for client certificates)
+        _check_client_auth(rep, st, rid, cfg, users, certs, users_files, made_tls=client_tls and not cfg.tls_cert)
         pfile = policy or st.file(rid, "policy_file")
         if pfile is not None:
             where = "--policy" if policy else st.where(rid, "policy_file")
@@ -149,11 +151,13 @@ def _check_http(rep: Report, st: _Settings, rid: str, settings: dict[str, Any]) 
 
 
 def _check_client_auth(rep: Report, st: _Settings, rid: str, cfg: RouterConfig, users: Path | None,
-                       certs: _Certs, users_files: dict[Path, dict[str, Any]]) -> None:
+                       certs: _Certs, users_files: dict[Path, dict[str, Any]], made_tls: bool = False) -> None:
     ufile = users or st.file(rid, "users_file")
     if ufile is not None:
         _load_users(rep, ufile, "--users" if users else st.where(rid, "users_file"), users_files)
-    if cfg.tls_cert or cfg.tls_key:
+    if made_tls:
+        pass  # (made by `up --client-tls`: nothing to read yet)
+    elif cfg.tls_cert or cfg.tls_key:
         cert, key = st.file(rid, "tls_cert"), st.file(rid, "tls_key")
         ca = st.file(rid, "tls_ca")
         where = st.where(rid, "tls_cert" if cfg.tls_cert else "tls_key")
@@ -170,7 +174,7 @@ def _check_client_auth(rep: Report, st: _Settings, rid: str, cfg: RouterConfig, 
         rep.add(NOTE, f"router {rid}", "no client authentication (users_file, tls_verify_clients) and no "
                 "allow_anonymous: `oncemesh router` refuses to start without --allow-anonymous (`oncemesh up` "
                 "adds it: an open mesh for trying things out)")
-    if ufile is not None and not cfg.tls_cert:
+    if ufile is not None and not (cfg.tls_cert or made_tls):
         rep.add(NOTE, f"router {rid}", "passwords over plain TCP: only SCRAM-SHA-256 is offered (PLAIN needs TLS; "
                 "set tls_cert/tls_key so that clients' traffic is encrypted too)")
 

@@ -24,6 +24,12 @@ Tests, the chaos runner and operators share this code. Theory of operation:
   that restarts on a new port is still reached. It needs inter-router ports 0 in the topology (a
   fixed port is dialed directly). The proxies live in this process: when it exits, proxied links
   go down, and only this object may start routers of that mesh.
+- With `client_tls=True` (`oncemesh up --client-tls`, remembered in `mesh.json`) every router whose
+  topology names no `tls_cert` gets a client-listener certificate from a client CA made in
+  `client-tls/` (common/pki.py, `make_client_pki`; never the mesh CA), passed with `--set tls_cert=...`,
+  and `tls_ca` = that CA where the topology asks for client certificates and names no CA of its own.
+  Its URLs are then amqps://, and `client_tls_hint` says which files clients pass (`--ca`, and
+  `--cert`/`--key` for certificates made with `make_client_cert`).
 - A drain (`drain_router`, `oncemesh drain`) is the router's own work (SIGUSR1, router/drain.py):
   the launcher signals it, shows its progress from the ready file, waits for the exit and reads the
   report the router left (`ID.drain.json`). A rolling restart (`roll`, `oncemesh roll`) drains,
@@ -238,12 +244,15 @@ class Mesh:
     """
 
     def __init__(self, topology_path: str | Path, state_dir: str | Path = DEFAULT_STATE_DIR, *,
-                 topology: Topology | None = None, proxies: bool = False, insecure_mesh: bool = False) -> None:
+                 topology: Topology | None = None, proxies: bool = False, insecure_mesh: bool = False,
+                 client_tls: bool | None = None) -> None:
         self.topology_path = Path(topology_path).resolve()
         # without TLS files named in the topology, the routers get a private CA made in tls_dir
         self.insecure_mesh = insecure_mesh
         self.topology = topology if topology is not None else load_topology(self.topology_path)
         self.state_dir = Path(state_dir).resolve()
+        # client listeners with certificates made in client_tls_dir (None: as this state dir was last started)
+        self.client_tls = bool(self._load_state().get("client_tls", False)) if client_tls is None else client_tls
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # pid -> process started by this object
         self._exit_codes: dict[int, int] = {}  # pid -> exit code, for children that have exited
         self.proxies: ProxyHub | None = None  # the link proxies, with proxies=True (see _ensure_proxies)
@@ -288,7 +297,8 @@ class Mesh:
             if "topology_text" not in st:
                 raise
             topo = parse_topology(st["topology_text"], f"{path} (as recorded in {state_path})")
-        return cls(path, state_dir, topology=topo, insecure_mesh=bool(st.get("insecure_mesh", False)))
+        return cls(path, state_dir, topology=topo, insecure_mesh=bool(st.get("insecure_mesh", False)),
+                   client_tls=bool(st.get("client_tls", False)))
 
     # ------------------------------------------------------------------ paths
     @property
@@ -315,6 +325,93 @@ class Mesh:
         """The private mesh CA and router certificates `up` makes when the topology names none."""
         return self.state_dir / "tls"
 
+    @property
+    def client_tls_dir(self) -> Path:
+        """The client CA, listener and client certificates `up --client-tls` makes (common/pki.py)."""
+        return self.state_dir / "client-tls"
+
+    @property
+    def client_ca(self) -> Path:
+        """The CA file clients trust (`--ca`) for listeners with certificates made here."""
+        return self.client_tls_dir / "ca.pem"
+
+    def _made_listener(self, router_id: str) -> bool:
+        """Does this router's client listener get a certificate made here (client_tls, and the
+        topology names no tls_cert for it)?"""
+        return self.client_tls and "tls_cert" not in self.topology.router_settings(router_id)
+
+    def _asks_client_certs(self, router_id: str) -> bool:
+        return _yes(self.topology.router_settings(router_id).get("tls_verify_clients", False))
+
+    def _trusts_client_ca(self, router_id: str) -> bool:
+        """Does this router take client certificates from the client CA made here?"""
+        return (self._made_listener(router_id) and self._asks_client_certs(router_id)
+                and "tls_ca" not in self.topology.router_settings(router_id))
+
+    def _client_tls_args(self, router_id: str) -> list[str]:
+        """The `--set` arguments that give a router the client-listener files made here."""
+        if not self._made_listener(router_id):
+            return []
+        d = self.client_tls_dir / "routers"
+        args = ["--set", f"tls_cert={d / f'{router_id}.pem'}", "--set", f"tls_key={d / f'{router_id}.key'}"]
+        if self._trusts_client_ca(router_id):
+            args += ["--set", f"tls_ca={self.client_ca}"]  # (client certificates from make_client_cert)
+        return args
+
+    def make_client_cert(self, name: str) -> tuple[Path, Path]:
+        """A client certificate and key for `name` (SASL EXTERNAL's identity: the common name) from
+        the client CA, for routers that ask for client certificates (tls_verify_clients) and trust
+        that CA (client_tls, no tls_ca of their own). Kept if it exists."""
+        from ..common.pki import make_ca, make_client_cert  # (cryptography: loaded only when asked)
+
+        if not self.client_tls:
+            raise MeshError("client certificates come from the client CA that --client-tls makes: start the mesh "
+                            "with `oncemesh up FILE --client-tls`")
+        make_ca(self.client_tls_dir, "oncemesh client CA")
+        try:
+            return make_client_cert(self.client_tls_dir, name)
+        except ValueError as exc:
+            raise MeshError(str(exc)) from None
+
+    def client_tls_hint(self, urls: list[str] | None = None) -> list[str]:
+        """What a client needs for the TLS listeners of this mesh, a line each, ending in an example
+        command (nothing if no router listens with TLS): the CA to trust, and a client certificate
+        where routers ask for one. `up` and `status` print it."""
+        tls = [rid for rid in sorted(self.topology.routers)
+               if self._made_listener(rid) or "tls_cert" in self.topology.router_settings(rid)]
+        if not tls:
+            return []
+        made = [rid for rid in tls if self._made_listener(rid)]
+        own = [rid for rid in tls if not self._made_listener(rid)]
+        lines: list[str] = []
+        flags: list[str] = []
+        if made:
+            lines.append(f"client TLS at {', '.join(made)}: certificates of the CA {self.client_ca}, naming "
+                         f"127.0.0.1 and localhost: clients pass --ca {self.client_ca}")
+            flags += ["--ca", str(self.client_ca)]
+        if own:
+            lines.append(f"client TLS at {', '.join(own)}: the topology's certificates (tls_cert): clients pass "
+                         f"--ca with the CA that issued them")
+            flags += [] if made else ["--ca", "CA.pem"]
+        asking = [rid for rid in tls if self._asks_client_certs(rid)]
+        if asking:
+            d = self.client_tls_dir / "users"
+            users = sorted(p.stem for p in d.glob("*.pem")) if any(map(self._trusts_client_ca, asking)) else []
+            if users:
+                lines.append(f"{', '.join(asking)} ask for a client certificate: made for {', '.join(users)} "
+                             f"({d}/NAME.pem and NAME.key)")
+                flags += ["--cert", str(d / f"{users[0]}.pem"), "--key", str(d / f"{users[0]}.key")]
+            else:
+                how = (f"make one with `oncemesh up --state-dir {self.state_dir} --client-cert NAME`"
+                       if any(map(self._trusts_client_ca, asking)) else "signed by a CA in their tls_ca")
+                lines.append(f"{', '.join(asking)} ask for a client certificate: {how}")
+                flags += ["--cert", "CERT.pem", "--key", "KEY.pem"]
+        if any("users_file" in self.topology.router_settings(rid) for rid in tls):
+            flags += ["--user", "NAME"]  # (the password from $ONCEMESH_PASSWORD or a prompt)
+        urls = self.urls() if urls is None else urls
+        lines.append(f"  e.g. oncemesh put TOPIC MESSAGE --url {','.join(urls) or 'URL'} {' '.join(flags)}")
+        return lines
+
     def open_to_anonymous(self) -> bool:
         """Does the topology configure no client authentication (no users_file, tls_verify_clients
         or allow_anonymous in any router's settings)? Then `up` runs its routers open to anonymous
@@ -339,6 +436,7 @@ class Mesh:
             cmd.append("--insecure-mesh")
         elif self._own_pki():
             cmd += ["--mesh-tls-dir", str(self.tls_dir)]
+        cmd += self._client_tls_args(router_id)
         if listen is not None:
             cmd += ["--listen", listen]
         return cmd
@@ -450,7 +548,13 @@ class Mesh:
             from ..common.pki import make_mesh_pki  # (cryptography: loaded only when a mesh starts)
 
             make_mesh_pki(self.tls_dir, self.topology.routers)
+        if self.client_tls:
+            from ..common.pki import make_client_pki
+
+            make_client_pki(self.client_tls_dir, {rid: [spec.host] for rid, spec in self.topology.routers.items()
+                                                  if self._made_listener(rid)})
         st["insecure_mesh"] = self.insecure_mesh
+        st["client_tls"] = self.client_tls
         cmd = self.router_command(router_id, listen)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with self.out_file(router_id).open("ab") as out:
@@ -937,12 +1041,27 @@ class Mesh:
         return [s.url for s in self.status() if s.url is not None]
 
     def outdated(self) -> list[str]:
-        """Running routers started from an earlier version of the topology file."""
+        """Running routers started from an earlier version of the topology file, or with other
+        client-listener files than `client_tls` now gives them."""
         st = self._load_state()
         text = self.topology_path.read_bytes() if self.topology_path.exists() else b""
         now = hashlib.sha256(text).hexdigest()
-        return [s.id for s in self.status()
-                if s.alive and st["routers"].get(s.id, {}).get("topology_sha256") not in (None, now)]
+
+        def tls_args(cmd: list[str]) -> list[str]:
+            return [a for a in cmd if a.startswith(("tls_cert=", "tls_key=", "tls_ca="))]
+
+        out = []
+        for s in self.status():
+            rec = st["routers"].get(s.id, {})
+            if s.alive and (rec.get("topology_sha256") not in (None, now) or (
+                    "cmd" in rec and tls_args(rec["cmd"]) != tls_args(self._client_tls_args(s.id)))):
+                out.append(s.id)
+        return out
+
+
+def _yes(v: Any) -> bool:
+    """A yes/no setting as the router reads it (TOML bool, or text from --set)."""
+    return v is True or str(v).strip().lower() in ("true", "yes", "1", "on")
 
 
 # ---------------------------------------------------------------------- CLI
@@ -970,6 +1089,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-wait", action="store_true", help="return once the processes are started")
     p.add_argument("--check", action="store_true",
                    help="only validate the topology file and describe it; start nothing (exit 2 if invalid)")
+    p.add_argument("--client-tls", action=argparse.BooleanOptionalAction, default=None,
+                   help="client listeners speak TLS (amqps://) with certificates made here: a client CA "
+                        "(STATE/client-tls/ca.pem, what clients pass with --ca) and per router a certificate "
+                        "naming 127.0.0.1 and localhost, for routers whose topology names no tls_cert "
+                        "(default: as the state directory was last started)")
+    p.add_argument("--client-cert", action="append", default=[], metavar="NAME",
+                   help="also make a client certificate for NAME (STATE/client-tls/users/NAME.pem and .key; "
+                        "the identity it proves: NAME) for routers with tls_verify_clients; implies "
+                        "--client-tls; repeatable")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("status", help="show the routers of the local mesh",
@@ -1125,17 +1253,25 @@ def format_topics(topo: Topology, statuses: list[RouterStatus]) -> str:
     return "\n".join(out)
 
 
-def file_problems(topology: Path) -> list[Any]:
+def file_problems(topology: Path, client_tls: bool = False) -> list[Any]:
     """`oncemesh check`'s errors for the files a topology names (certificates, keys, users, policy),
     before any router starts on them (ports are left to the routers: `up` may find its own running).
-    A topology that does not load is left to `Mesh`, which says why."""
+    `client_tls`: `up` makes the client listeners' certificates the topology does not name. A
+    topology that does not load is left to `Mesh`, which says why."""
     from .check import check  # (cryptography and the router's file readers: only for `up`)
 
     try:
         load_topology(topology)
     except TopologyError:
         return []
-    return list(check(topology, ports=False).errors)
+    return list(check(topology, ports=False, client_tls=client_tls).errors)
+
+
+def _client_tls_of(state_dir: Path, asked: bool | None) -> bool:
+    """--client-tls / --no-client-tls, else as the state directory was last started."""
+    if asked is not None:
+        return asked
+    return bool((_read_json(Path(state_dir) / "mesh.json") or {}).get("client_tls", False))
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -1150,16 +1286,25 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(exc, file=sys.stderr)
             return 2
         return 0
-    if args.topology is not None and (problems := file_problems(args.topology)):
+    if args.client_cert and args.client_tls is False:
+        print("oncemesh up: --client-cert makes a certificate of the client CA that --client-tls makes; "
+              "it does not go with --no-client-tls", file=sys.stderr)
+        return 2
+    client_tls = args.client_tls if args.client_tls is not None else (True if args.client_cert else None)
+    if args.topology is not None and (problems := file_problems(args.topology, _client_tls_of(state_dir, client_tls))):
         for f in problems:
             print(str(f), file=sys.stderr)
         print(f"oncemesh up: {len(problems)} error(s) in what {args.topology} names; no router started "
               f"(`oncemesh check {args.topology}` checks it all)", file=sys.stderr)
         return 2
     try:
-        mesh = Mesh.open(state_dir) if args.topology is None else Mesh(args.topology, state_dir)
+        mesh = Mesh.open(state_dir) if args.topology is None else Mesh(args.topology, state_dir, client_tls=client_tls)
+        if client_tls is not None:
+            mesh.client_tls = client_tls
         before = {s.id for s in mesh.status() if s.alive}
         statuses = mesh.up(wait=not args.no_wait, timeout=args.timeout)
+        for name in args.client_cert:
+            mesh.make_client_cert(name)
     except TopologyError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -1181,6 +1326,8 @@ def cmd_up(args: argparse.Namespace) -> int:
               f"to apply it (oncemesh down, then oncemesh up)")
     if not args.no_wait:
         print(f"client URLs: {','.join(mesh.urls())}")
+        for line in mesh.client_tls_hint():
+            print(line)
     if mesh.open_to_anonymous():
         print("note: the topology configures no client authentication, so its routers let anonymous clients "
               "publish and subscribe (set users_file or tls_verify_clients; docs/security.md)")
@@ -1197,7 +1344,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     statuses = mesh.status()
     if args.json:
         print(json.dumps({"mesh": mesh.topology.name, "topology": str(mesh.topology_path),
-                          "state_dir": str(mesh.state_dir), "routers": [s.to_json() for s in statuses]},
+                          "state_dir": str(mesh.state_dir), "routers": [s.to_json() for s in statuses],
+                          "client_ca": str(mesh.client_ca) if mesh.client_tls else None},
                          indent=2))
     elif args.urls:
         print(",".join(mesh.urls()))
@@ -1206,6 +1354,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         topics = format_topics(mesh.topology, statuses)
         if topics:
             print(topics)
+        for line in mesh.client_tls_hint():
+            print(line)
     return 0 if all(s.alive for s in statuses) else 1
 
 

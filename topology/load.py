@@ -19,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..common.vocab import IDENTITIES, TAG
 from ..router.config import RouterConfig
 from ..router.core import CoreConfig
 from .model import (
@@ -39,7 +40,7 @@ TOP_KEYS = ("mesh", "defaults", "routers", "links", "topics")
 MESH_KEYS = ("name", "hello_interval", "dead_after")
 ROUTER_KEYS = ("listen", "inter_router", "settings")
 LINK_KEYS = ("between", "cost")
-TOPIC_KEYS = ("order", "total", "causal_group")
+TOPIC_KEYS = ("order", "total", "causal_group", "identity")
 
 # ids name files (state, logs, status) and appear in every log line: keep them plain
 ROUTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -455,7 +456,13 @@ class _Checker:
                     self.error((*path, "causal_group"), f"{label}: causal_group only applies with "
                                                         f"order = \"causal\" (order is \"{order}\")")
                     group = None
-            out[name] = TopicSpec(name, order, total, group)
+            identity = t.get("identity", TAG)
+            if identity not in IDENTITIES:
+                hint = _suggest(identity, list(IDENTITIES)) if isinstance(identity, str) else ""
+                self.error((*path, "identity"), f"{label}: identity must be \"tag\" or \"message-id\", "
+                                                f"got {_kind(identity)}{hint}")
+                identity = TAG
+            out[name] = TopicSpec(name, order, total, group, identity)
         return out
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import networkx as nx
 
+from ..common.vocab import MESSAGE_ID, TAG
+
 DEFAULT_HELLO_INTERVAL = 1.0
 DEFAULT_DEAD_AFTER = 3.0
 DEFAULT_COST = 1.0
@@ -79,6 +81,9 @@ class TopicSpec:
     order: Order = Order.FIFO
     total: TotalOrder | None = None  # set (default SEQUENCER) exactly when order is TOTAL
     causal_group: str | None = None  # only with order CAUSAL; topics of a group share one causal order
+    # what names a message of this topic: "tag" (container id, link name, delivery tag: the default)
+    # or "message-id" (its message-id, for clients that choose tags themselves; docs/clients.md)
+    identity: str = TAG
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +141,10 @@ class Topology:
         """Topics in causal order -> their causal group (a topic without one is a group of its own)."""
         return {n: f"group {t.causal_group}" if t.causal_group else f"topic {n}"
                 for n, t in sorted(self.topics.items()) if t.order is Order.CAUSAL}
+
+    def msgid_topics(self) -> frozenset[str]:
+        """Topics whose publishers are identified by message-id (`identity = "message-id"`)."""
+        return frozenset(n for n, t in self.topics.items() if t.identity == MESSAGE_ID)
 
     def dialer(self, a: str, b: str) -> str:
         """Which end of link a–b opens the TCP connection: the lexically smaller id.

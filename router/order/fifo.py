@@ -41,14 +41,7 @@ class FifoOrder(OrderPolicy):
         if (rec.origin is None and not rec.pubs and not rec.pub_settled and self.core._withhold(rec, rt)) \
                 or (rec.preds and not self.ready(rec, rt.sid)):
             return PARK  # kept in order; tick() pumps again
-        seq = rec.seq  # (`in_order`, inlined: once per message)
-        if seq is not None:
-            hi = rt.fifo_hi.get(rec.plid, -1)
-            if seq < hi and not redelivery and not (rt.resend and rec.gid in rt.resend):
-                return FIFO_LATE
-            if seq > hi:
-                rt.fifo_hi[rec.plid] = seq
-        return None
+        return self.in_order(rt, rec, redelivery)
 
     def in_order(self, rt: SubRuntime, rec: Record, redelivery: bool) -> Verdict | None:
         """The high mark's rule (see above); None when it may go, and then the mark follows it."""

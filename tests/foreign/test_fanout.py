@@ -23,6 +23,7 @@ from tests.foreign.clients import Family, read_report, wait_progress
 from tests.foreign.verdict import (
     assert_router_verdict,
     client_verdict,
+    failure_evidence,
     gid_for,
     reconcile,
 )
@@ -111,5 +112,7 @@ def test_the_routers_logs_alone_judge_every_pair(request: pytest.FixtureRequest,
     if not RUNS:
         pytest.skip("no fan-out run passed in this session (run the whole module)")
     request.getfixturevalue("spark")
-    summary = reconcile([d for d, _ in RUNS], tmp_path / "reconcile")
-    assert_router_verdict(summary, pairs=sum(n for _, n in RUNS), routers=["A", "B", "C"])
+    dirs = [d for d, _ in RUNS]
+    summary = reconcile(dirs, tmp_path / "reconcile")
+    assert_router_verdict(summary, pairs=sum(n for _, n in RUNS), routers=["A", "B", "C"],
+                          evidence=lambda: failure_evidence(tmp_path / "reconcile", dirs))

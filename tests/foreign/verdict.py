@@ -124,14 +124,60 @@ ROUTER_VIEW = "router_view"
 ROUTER_FAILURES = ("lost", "duplicated", "false_accept", "unexpected")
 
 
-def assert_router_verdict(summary: dict[str, Any], pairs: int, routers: list[str]) -> None:
+def _gid_in(entry: str, prefix: str, n: int) -> bool:
+    """Whether a settlement-log `g` entry ("prefix:n1 n2 a-b ...") names gid prefix:n."""
+    head, _, nums = entry.partition(":")
+    if head != prefix:
+        return False
+    for tok in nums.split():
+        lo, _, hi = tok.partition("-")
+        if lo.isdigit() and (int(lo) == n or (hi.isdigit() and int(lo) <= n <= int(hi))):
+            return True
+    return False
+
+
+def failure_evidence(out: Path, log_dirs: list[Path], limit: int = 3) -> str:
+    """For a failed router verdict: the first failing pairs of `out`/router_anomalies.parquet (read
+    with the test run's Spark session) and every settlement-log line of their messages, by file, so
+    that a failure seen once (in CI, its logs gone) can be understood from its report alone."""
+    import gzip
+
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        return "(no Spark session: no evidence)"
+    rows = (spark.read.parquet(str(out / "router_anomalies.parquet"))
+            .where(f"class in ({', '.join(repr(c) for c in ROUTER_FAILURES)})").limit(limit).collect())
+    lines = []
+    for r in rows:
+        lines.append(f"pair {r.asDict()}")
+        prefix, _, n = str(r["gid"]).rpartition(":")
+        for d in log_dirs:
+            for f in sorted(Path(d).glob("*.settlement.*.jsonl*")):
+                opener = gzip.open if f.suffix == ".gz" else open
+                try:
+                    with opener(f, "rt") as fh:
+                        hits = [ln.rstrip() for ln in fh
+                                if prefix in ln and any(_gid_in(g, prefix, int(n)) for g in json.loads(ln).get("g") or ())]
+                except (OSError, EOFError, ValueError) as exc:  # a log cut short by a SIGKILL
+                    hits = [f"(unreadable past some point: {exc!r})"]
+                lines += [f"  {d.parent.parent.name}/{f.name}: {h[:400]}" for h in hits]
+    return "\n".join(lines)
+
+
+def assert_router_verdict(summary: dict[str, Any], pairs: int, routers: list[str],
+                          evidence: Callable[[], str] | None = None) -> None:
     """Every one of `pairs` (accepted messages x subscriptions) judged from the routers' logs, each
     ok or redelivered (accepted at a router SIGKILLed before it told anyone, so handed again under
     the same id after the reattach: docs/promises.md, promise 1, the client deduplicates by it), nothing
     unjudged, unresolved or ended; every router that took part counted with pairs it judged; the
-    run's verdict pass."""
+    run's verdict pass. `evidence`: called on a failure, its text added to the report."""
     view = summary[ROUTER_VIEW]
-    assert {c: view.get(c) for c in ROUTER_FAILURES} == dict.fromkeys(ROUTER_FAILURES, 0), view
+    failures = {c: view.get(c) for c in ROUTER_FAILURES}
+    if failures != dict.fromkeys(ROUTER_FAILURES, 0):
+        detail = evidence() if evidence is not None else ""
+        raise AssertionError(f"router view failures {failures}: {view}\n{detail}")
     assert (view.get("pairs"), view.get("judged")) == (pairs, pairs), view
     assert view.get("ok", 0) + view.get("redelivered", 0) == pairs, view
     assert (view.get("unjudged"), view.get("unresolved"), view.get("ended")) == (0, 0, 0), view

@@ -11,6 +11,8 @@ subscription, every outcome ACCEPTED.
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -142,3 +144,45 @@ def test_frozen_router_is_left_by_its_clients_and_rejoins(mesh_of: Callable[...,
     late = deliveries_after_acceptance(mesh.log_dir)
     assert not late, f"{len(late)} hand-overs after the acceptance, e.g. {late[:3]}"
 
+
+
+PROTON_PUBLISHER = Path(__file__).resolve().parents[1] / "foreign" / "proton_py" / "publisher.py"
+
+
+def test_a_backlog_is_handed_after_failover_while_the_publisher_never_settles(mesh_of: Callable[..., Any],
+                                                                             tmp_path: Path) -> None:
+    """Issue 31, item 14: a python-qpid-proton publisher at A that sees every outcome and settles
+    nothing (receiver-settle-mode second), so nothing it published becomes final. The subscriber at
+    B fails over to C when B is killed; B comes back so that A reaches C again. C must hand the
+    backlog A re-routes to it (before: active, credit 100, backlog queued, nothing handed for
+    `final_memory`, 300 s, waiting for predecessors to become final)."""
+    mesh = mesh_of("line3")
+    logs = tmp_path / "logs"
+    n = 150
+    sub = consumer(tmp_path, logs, [mesh.url("B"), mesh.url("C")], "mover", n)
+    pub = None
+    try:
+        wait_for(lambda: subscribed(logs) >= 1, 30, "the subscription in force at B")
+        pub = Proc([sys.executable, str(PROTON_PUBLISHER), "--url", mesh.url("A"), "--topic", "t",
+                    "--container", "nosettle", "--link", "p", "--report", str(tmp_path / "pub.jsonl"),
+                    "--second", "--never-settle", "--count", str(n), "--rate", "30"], tmp_path / "pub.out")
+        wait_for(lambda: handed(logs) >= n // 3, 60, "a third of the stream at B")
+        mesh.kill_router("B")
+        wait_for(lambda: resumed_at(logs, "C"), 30, "the subscription resumed at C")
+        mesh.up(timeout=60)  # (A reaches C through B only)
+        run_all([sub], 60)
+    finally:
+        sub.stop(5)
+        if pub is not None:
+            pub.stop(5)
+    gids = [json.loads(line)["gid"] for f in logs.glob("*.subscriber.jsonl") for line in f.read_text().splitlines()
+            if '"ev":"handed"' in line]
+    assert [int(g.rsplit(":", 1)[1]) for g in gids] == list(range(n)), "each message once, in publish order"
+    outcomes = [json.loads(line) for line in (tmp_path / "pub.jsonl").read_text().splitlines()
+                if '"ev": "outcome"' in line]
+    assert len(outcomes) == n and {o["outcome"] for o in outcomes} == {"ACCEPTED"}
+
+
+def resumed_at(logs: Path, router: str) -> bool:
+    return any('"ev":"resumed"' in line and f"router={router}" in line
+               for f in logs.glob("*.subscriber.jsonl") for line in open(f))

@@ -1,5 +1,6 @@
-"""The README's Python example runs as written against a real router (its URLs and state directory
-pointed at this test's), and does what its comments say."""
+"""The README runs as written: its Python example against a real router (its URLs and state directory
+pointed at this test's), and the command blocks of "Using it" and "A secured mesh" in order, each
+command within a timeout, doing what their comments say."""
 
 from __future__ import annotations
 
@@ -95,3 +96,72 @@ def test_using_it_runs_in_order_as_written(tmp_path: Path) -> None:
     assert out.parent == tmpdir and out.name.startswith("oncemesh-reconcile-"), out
     assert (out / "summary.json").is_file(), sorted(p.name for p in out.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mesh", "pub", "sub", "tmp"]  # nothing else in ./
+
+
+def secured_section() -> tuple[list[str], list[str]]:
+    """The README's "A secured mesh": its TOML blocks (mesh.toml, policy.toml) and the command lines
+    of its command block, in order (comments kept: they say what is refused)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## A secured mesh"):]
+    section = section[: section.index("\n## ", 1)]
+    blocks = section.split("```")[1::2]  # (the insides of the fences: language line first)
+    tomls = [b.removeprefix("toml\n") for b in blocks if b.startswith("toml\n")]
+    [commands] = [b for b in blocks if b.startswith("\n")]
+    return tomls, [line.strip() for line in commands.splitlines() if line.strip()]
+
+
+def test_a_secured_mesh_runs_in_order_as_written(tmp_path: Path) -> None:
+    """Every command of "A secured mesh", as written and in the order shown, each within a timeout
+    (`export` and `$VAR` as a shell does them; `...` is the password typed at `user add`'s prompt;
+    PORT_A and PORT_B are read from `status`): `up --client-tls` makes the client listeners'
+    certificates, `up` and `status` print amqps:// URLs that work with the CA they name, alice's
+    subscription gets her message over TLS, and the policy refuses what the comment says."""
+    (mesh_toml, policy_toml), commands = secured_section()
+    sec = tmp_path / "sec"
+    sec.mkdir()
+    (sec / "mesh.toml").write_text(mesh_toml)
+    (sec / "policy.toml").write_text(policy_toml)
+    assert [" ".join(c.split()[:2]) for c in commands] == [
+        "oncemesh user", "oncemesh up", "oncemesh status", "export ONCEMESH_PASSWORD=...",
+        "export CA=./sec/state/client-tls/ca.pem", "oncemesh subscribe", "oncemesh put", "oncemesh get", "oncemesh put",
+        "oncemesh down"]
+    password = "correct horse"
+    env = {k: v for k, v in os.environ.items() if k != "ONCEMESH_PASSWORD"}
+    urls: dict[str, str] = {}
+    outs: dict[str, subprocess.CompletedProcess[str]] = {}
+    try:
+        for line in commands:
+            text, _, comment = line.partition("  #")
+            text = re.sub(r"\$(\w+)", lambda m: env[m.group(1)], text.strip())
+            argv = shlex.split(text)
+            if argv[0] == "export":
+                name, _, value = argv[1].partition("=")
+                env[name] = password if value == "..." else value
+                continue
+            assert argv[0] == "oncemesh", line
+            for rid, url in urls.items():
+                argv = [a.replace(f"amqps://127.0.0.1:PORT_{rid}", url) for a in argv]
+            assert "PORT" not in " ".join(argv), line
+            # (no terminal: getpass reads the prompted password, and its confirmation, from stdin)
+            p = subprocess.run([sys.executable, "-m", "oncemesh.cli", *argv[1:]], capture_output=True, text=True,
+                               input=f"{password}\n{password}\n" if argv[1] == "user" else None,
+                               timeout=90, cwd=tmp_path, env=env, start_new_session=True)
+            outs.setdefault(argv[1], p)
+            if "refused:" in comment:
+                condition = comment.split("refused:")[1].strip()
+                assert p.returncode == 1 and condition in p.stderr, f"{line}\n{p.stdout}\n{p.stderr}"
+                continue
+            assert p.returncode == 0, f"{line}\n{p.stdout}\n{p.stderr}"
+            if argv[1] == "status":  # the URLs the block calls amqps://127.0.0.1:PORT_A and PORT_B
+                urls = dict(re.findall(r"^(\w+)\s+\d+\s+(amqps://127\.0\.0\.1:\d+)\s", p.stdout, re.M))
+                assert sorted(urls) == ["A", "B"], p.stdout
+    finally:
+        if (sec / "state").exists():
+            subprocess.run([sys.executable, "-m", "oncemesh.cli", "down", "--state-dir", str(sec / "state")],
+                           capture_output=True, timeout=60)
+    ca = (tmp_path / env["CA"]).resolve()
+    for cmd in ("up", "status"):  # the CA file the block passes is the one they name, with the URLs
+        assert f"--ca {ca}" in outs[cmd].stdout and f"--url {urls['A']},{urls['B']}" in outs[cmd].stdout, \
+            outs[cmd].stdout
+    assert "amqp://" not in outs["up"].stdout and "amqp://" not in outs["status"].stdout
+    assert outs["get"].stdout.splitlines() == ["hello"], outs["get"].stdout

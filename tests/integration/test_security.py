@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 
 from oncemesh.clients.runtime import Client
 from oncemesh.common.engine import AmqpConnection, Engine, connect
@@ -25,7 +26,7 @@ from oncemesh.common.tls import TlsFiles, make_context
 from oncemesh.harness.procs import wait_for
 from oncemesh.topology.launcher import Mesh
 from tests.conftest import EXAMPLES
-from tests.helpers import log_has
+from tests.helpers import log_has, two_router_mesh
 from tests.integration.test_single_router import run
 
 
@@ -211,3 +212,60 @@ def test_client_tls_certificates_are_reloaded_without_dropping_connections(make_
     r.proc.signal(signal.SIGHUP)  # type: ignore[union-attr]
     wait_for(lambda: log_has(r.log_dir / "T.router.log", "tls.reload_failed"), 10, "the failed reload is logged")
     run(_roundtrip(r.url, r.url, "tls2", "still served", tls=ca2))
+
+
+CERT_MESH = two_router_mesh("tls_verify_clients = true  # clients must show a certificate of the client CA: SASL EXTERNAL")
+
+
+def test_up_makes_client_tls_and_client_certificates_that_its_printed_hint_names(tmp_path: Path) -> None:
+    """`oncemesh up --client-cert alice` on a topology that asks for client certificates: the routers
+    listen with TLS (certificates of a client CA, not the mesh CA, naming 127.0.0.1 and localhost),
+    `up` prints amqps:// URLs and the --ca/--cert/--key a client passes, and a client with exactly
+    those reaches both routers as alice; one without the certificate does not. A restart from the
+    state directory alone keeps it all."""
+    (tmp_path / "mesh.toml").write_text(CERT_MESH)
+    state = tmp_path / "state"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "oncemesh", *args], capture_output=True, text=True,
+                              timeout=90, cwd=tmp_path)
+
+    try:
+        up = cli("up", str(tmp_path / "mesh.toml"), "--state-dir", str(state), "--client-cert", "alice")
+        assert up.returncode == 0, up.stdout + up.stderr
+        [hint] = [line for line in up.stdout.splitlines() if "e.g. oncemesh put" in line]
+        flags = hint.split("MESSAGE ", 1)[1].split()
+        d = state / "client-tls"
+        assert flags[2:] == ["--ca", str(d / "ca.pem"), "--cert", str(d / "users" / "alice.pem"),
+                             "--key", str(d / "users" / "alice.key")], hint
+        urls = flags[1].split(",")
+        assert flags[0] == "--url" and len(urls) == 2 and all(u.startswith("amqps://127.0.0.1:") for u in urls)
+        listener = x509.load_pem_x509_certificate((d / "routers" / "A.pem").read_bytes())
+        names = listener.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert {"127.0.0.1", "localhost"} <= {str(n.value) for n in names}
+        assert listener.issuer.rfc4514_string() == "CN=oncemesh client CA"
+        assert (d / "ca.pem").read_bytes() != (state / "tls" / "ca.pem").read_bytes()  # (not the mesh CA)
+
+        a, b = urls
+        sub = ["--state-dir", str(tmp_path / "sub")]
+        assert cli("subscribe", "t", "--subscription", "s", "--url", b, *flags[2:], *sub).returncode == 0
+        put = cli("put", "t", "hello", "--no-wait", "--url", a, *flags[2:], "--state-dir", str(tmp_path / "pub"))
+        assert put.returncode == 0, put.stderr
+        got = cli("get", "t", "--subscription", "s", "--count", "1", "--timeout", "30", "--url", b, *flags[2:], *sub)
+        assert got.returncode == 0 and got.stdout.splitlines() == ["hello"], got.stderr
+        stat = cli("stat", "--url", a, *flags[2:])  # (stat takes the same options)
+        assert stat.returncode == 0 and "amqps://" in stat.stdout, stat.stderr
+        no_cert = cli("put", "t", "x", "--no-wait", "--url", a, "--ca", str(d / "ca.pem"), "--connect-timeout", "5")
+        assert no_cert.returncode != 0, no_cert.stdout
+
+        assert cli("down", "--state-dir", str(state)).returncode == 0
+        again = cli("up", "--state-dir", str(state))  # (no topology, no flags: as it was started)
+        assert again.returncode == 0, again.stderr
+        assert "amqp://" not in again.stdout and f"--cert {d / 'users' / 'alice.pem'}" in again.stdout, again.stdout
+        status = cli("status", "--state-dir", str(state), "--json")
+        assert json.loads(status.stdout)["client_ca"] == str(d / "ca.pem")
+        url = json.loads(status.stdout)["routers"][0]["url"]
+        put = cli("put", "t", "again", "--no-wait", "--url", url, *flags[2:], "--state-dir", str(tmp_path / "pub"))
+        assert url.startswith("amqps://") and put.returncode == 0, put.stderr
+    finally:
+        cli("down", "--state-dir", str(state))

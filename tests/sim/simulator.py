@@ -49,6 +49,8 @@ from oncemesh.common.ids import (
     counter_seq,
     counter_tag,
     global_id,
+    identity_scope,
+    msgid_gid,
     publisher_link_id,
     subscription_id,
 )
@@ -125,6 +127,28 @@ class SimPublisher:
     in_doubt: dict[str, bytes] = field(default_factory=dict)  # gid -> tag, sent, no outcome
     token_of: dict[Token, str] = field(default_factory=dict)
     to_publish: int = 0
+    # a client library that picks every tag itself (a resend goes under a fresh one) and asks to be
+    # identified by the message-id (router/identity.py): `transfers` numbers its tags
+    by_id: bool = False
+    transfers: int = 0
+
+    def message(self, gid: str, tag: bytes) -> tuple[bytes, bytes]:
+        """(the tag, the bytes) of the transfer of `gid` now: ours resend under the same tag; one
+        identified by message-id takes the next tag and carries the id (an AMQP properties section)."""
+        if not self.by_id:
+            return tag, b"payload:" + tag
+        fresh = counter_tag(self.transfers)
+        self.transfers += 1
+        mid = f"{self.name}-{tag.decode()}".encode()
+        props = b"\xa1" + bytes([len(mid)]) + mid
+        return fresh, (b"\x00\x53\x73\xc0" + bytes([len(props) + 1, 1]) + props
+                       + b"\x00\x53\x75\xa0" + bytes([len(tag)]) + tag)
+
+    def gid(self, tag: bytes) -> str:
+        """The gid of its message numbered `tag` (by tag, or by its message-id)."""
+        if not self.by_id:
+            return global_id(self.plid, tag)
+        return msgid_gid(identity_scope(TOPIC, self.name), b"s" + f"{self.name}-{tag.decode()}".encode())
 
 
 # ---------------------------------------------------------------------- routers
@@ -283,7 +307,8 @@ class SimRouter:
         if self.sub_links.get(sid, (None,))[0] is not link:
             return
         if refused is not None:
-            self.core.resume_refused(link, att, self.sim.now)
+            if not self.core.resume_refused(link, att, self.sim.now, refused):
+                return  # refused: another identity's life holds it (the core detached the link)
             self.awaiting[sid] = entry
             if not self.node.attach_pending(sid):
                 self.attach_done(sid, None)
@@ -467,7 +492,7 @@ class Faults:
 class Simulation:
     def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
                  faults: Faults | None = None, duration: float = 20.0, total: bool | str = False,
-                 causal: bool = False, hold_after_stall: bool = True) -> None:
+                 causal: bool = False, hold_after_stall: bool = True, by_id: bool = False) -> None:
         global _serials
         _serials = itertools.count()
         self.seed = seed
@@ -481,7 +506,10 @@ class Simulation:
         # the topic in total order ("sequencer" or "lamport"; True: "sequencer") instead of FIFO ("")
         self.total = "sequencer" if total is True else (total or "")
         self.core_cfg = CoreConfig(max_inflight_messages=200, link_credit=20, probe_after=1.0,
-                                   placeholder_horizon=1e9, orphan_horizon=1e9,
+                                   # (a client not ours declares nothing at its next attach: a record it
+                                   # resent elsewhere and settled there is freed here by the orphan sweep,
+                                   # as in the product, where ours are settled by their declaration)
+                                   placeholder_horizon=1e9, orphan_horizon=30.0 if by_id else 1e9,
                                    total_topics=frozenset({TOPIC}) if total else frozenset(),
                                    causal_groups={TOPIC: "topic t"} if causal else {})
         # causal order: subscriber i and publisher i are one client (`c{i}`); what the routers can
@@ -507,6 +535,7 @@ class Simulation:
                 p.urls = list(s.urls)
         for p in self.pubs:
             p.to_publish = messages
+            p.by_id = by_id  # (tags picked by the library, identity by message-id)
         self.handed: dict[tuple[str, str], int] = {}
         self.last_seq: dict[tuple[str, str], int] = {}  # (sid, plid) -> the latest seq handed (FIFO)
         self._link_clock: dict[object, float] = {}  # link -> when its latest event reaches the client
@@ -1043,11 +1072,15 @@ class Simulation:
             past = self._presented_past(p)
             key = (self.client_of(p.name), r.id, r.incarnation)
             self.cpast.setdefault(key, set()).update(self._client_history(p))
-        in_doubt, seq = list(p.in_doubt.values()), p.seq
+        in_doubt: list[bytes] | None = list(p.in_doubt.values())
+        seq: int | None = p.seq
+        if p.by_id:  # a client not ours: it declares nothing
+            in_doubt = seq = None
         if not r.take(link, lambda: r.core.attach_publisher(link, p.plid, TOPIC, True, in_doubt, self.now, seq,
-                                                            client=self.client_of(p.name), past=past)):
+                                                            client=self.client_of(p.name), past=past,
+                                                            by_id=p.by_id, user=p.name)):
             r.core.attach_publisher(link, p.plid, TOPIC, True, in_doubt, self.now, seq,
-                                    client=self.client_of(p.name), past=past)
+                                    client=self.client_of(p.name), past=past, by_id=p.by_id, user=p.name)
             r.process()
         self.schedule(0.001, lambda: self.pub_work(p, link))
 
@@ -1075,7 +1108,7 @@ class Simulation:
             p.seq += 1
             p.to_publish -= 1
             burst -= 1
-            gid = global_id(p.plid, tag)
+            gid = p.gid(tag)
             self.owed[gid] = {s.sid for s in self.subs if s.in_force_since is not None and s.ended_at is None}
             self.published_at[gid] = self.now
             p.in_doubt[gid] = tag
@@ -1099,8 +1132,9 @@ class Simulation:
                 # dependencies there, and its copies from there may reach a subscription first
                 self.deps[gid] = set()
             self.cpast.setdefault(key, set()).add(gid)
-        if not r.take(link, lambda: r.core.publish(link, tok, tag, b"payload:" + tag, self.now)):
-            r.core.publish(link, tok, tag, b"payload:" + tag, self.now)
+        tag, payload = p.message(gid, tag)
+        if not r.take(link, lambda: r.core.publish(link, tok, tag, payload, self.now)):
+            r.core.publish(link, tok, tag, payload, self.now)
 
     def pub_outcome(self, p: SimPublisher, tok: Token, outcome: Outcome, rid: str) -> None:
         gid = p.token_of.pop(tok, None)

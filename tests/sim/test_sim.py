@@ -33,13 +33,15 @@ def graph(name: str) -> nx.Graph:
 
 
 def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messages: int = 30,
-             total: bool | str = False, causal: bool = False, hold_after_stall: bool = True) -> Simulation:
+             total: bool | str = False, causal: bool = False, hold_after_stall: bool = True,
+             by_id: bool = False) -> Simulation:
     sim = Simulation(seed, graph(topology), faults=Faults.parse(faults), duration=duration, messages=messages,
-                     total=total, causal=causal, hold_after_stall=hold_after_stall)
+                     total=total, causal=causal, hold_after_stall=hold_after_stall, by_id=by_id)
     cmd = (f"pytest tests/sim -k replay --sim-seed {seed} --sim-topology {topology} "
            f"--sim-faults {faults or 'none'} --sim-duration {duration:g} --sim-messages {messages}"
            + (" --sim-lamport" if total == "lamport" else " --sim-total" if total else "")
-           + (" --sim-causal" if causal else "") + ("" if hold_after_stall else " --sim-no-hold"))
+           + (" --sim-causal" if causal else "") + ("" if hold_after_stall else " --sim-no-hold")
+           + (" --sim-by-id" if by_id else ""))
     judged(sim.run, what=f"seed {seed} on {topology} with faults [{faults}]", replay=cmd,
            describe=lambda: "last events:\n" + sim.describe())
     return sim
@@ -47,7 +49,7 @@ def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messa
 
 # seeds per case: (default run, with -m slow)
 SEEDS = {"mesh": (200, 500), "faults": (120, 300), "total": (40, 100), "lamport": (40, 100), "causal": (40, 100),
-         "drain": (40, 300), "stop": (40, 300), "starve": (20, 300)}
+         "drain": (40, 300), "stop": (40, 300), "starve": (20, 300), "by_id": (40, 200)}
 
 
 def seeds(config: pytest.Config, case: str, full: bool = False) -> range:
@@ -74,7 +76,8 @@ def test_replay(pytestconfig: pytest.Config) -> None:
     sim = simulate(int(seed), pytestconfig.getoption("--sim-topology"), pytestconfig.getoption("--sim-faults"),
                    pytestconfig.getoption("--sim-duration"), pytestconfig.getoption("--sim-messages"),
                    "lamport" if pytestconfig.getoption("--sim-lamport") else pytestconfig.getoption("--sim-total"),
-                   pytestconfig.getoption("--sim-causal"), not pytestconfig.getoption("--sim-no-hold"))
+                   pytestconfig.getoption("--sim-causal"), not pytestconfig.getoption("--sim-no-hold"),
+                   pytestconfig.getoption("--sim-by-id"))
     print(sim.describe())
 
 
@@ -85,6 +88,20 @@ def test_mesh_with_faults(pytestconfig: pytest.Config, faults: str, full: bool =
     for seed in seeds(pytestconfig, "faults", full):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         simulate(seed, topology, faults, duration=8.0, messages=30)
+
+
+@pytest.mark.parametrize("faults", ["kill", "kill,freeze,partition,loss"])
+def test_publishers_identified_by_message_id_resend_under_fresh_tags(pytestconfig: pytest.Config, faults: str,
+                                                                      full: bool = False) -> None:
+    """Publishers whose library picks every tag itself (a resend after a failover goes under a fresh
+    tag, on a new link) and ask to be identified by message-id (router/identity.py): no duplicate, no
+    false ACCEPTED; once faults heal, every message reaches its outcome, and the resends happened."""
+    resends = 0
+    for seed in seeds(pytestconfig, "by_id", full):
+        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
+        sim = simulate(seed, topology, faults, duration=8.0, messages=30, by_id=True)
+        resends += sum(p.transfers - p.seq for p in sim.pubs)  # transfers beyond one per message
+    assert resends > 0 or not seeds(pytestconfig, "by_id", full)
 
 
 @pytest.mark.parametrize("faults", ["drain", "drain,kill,freeze,partition,loss"])
@@ -234,7 +251,8 @@ FULL_CASES = [("mesh", "")] + [(case, f) for case in ("faults",) for f in
                                 ["kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"]] + \
     [(case, f) for case in ("total", "lamport", "causal")
      for f in ["", "kill", "freeze", "partition", "loss", "kill,freeze,partition,loss"]] + \
-    [("drain", f) for f in ["drain", "drain,kill,freeze,partition,loss"]] + [("stop", "stop"), ("starve", "starve")]
+    [("drain", f) for f in ["drain", "drain,kill,freeze,partition,loss"]] + [("stop", "stop"), ("starve", "starve")] + \
+    [("by_id", f) for f in ["kill", "kill,freeze,partition,loss"]]
 
 
 @pytest.mark.slow
@@ -249,5 +267,7 @@ def test_more_seeds(pytestconfig: pytest.Config, case: str, faults: str) -> None
            "causal": lambda: test_causal_order_with_faults(pytestconfig, faults, full=True),
            "drain": lambda: test_mesh_with_drains(pytestconfig, faults, full=True),
            "stop": lambda: test_mesh_with_stalls(pytestconfig, faults, full=True),
-           "starve": lambda: test_mesh_with_stalls(pytestconfig, faults, full=True)}
+           "starve": lambda: test_mesh_with_stalls(pytestconfig, faults, full=True),
+           "by_id": lambda: test_publishers_identified_by_message_id_resend_under_fresh_tags(pytestconfig, faults,
+                                                                                             full=True)}
     run[case]()

@@ -17,14 +17,28 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from oncemesh.harness.procs import wait_for
-from oncemesh.spark.audit import AuditConfig, start
+from oncemesh.spark.audit import Audit, AuditConfig, start
 from tests.conftest import EXAMPLES
+from tests.helpers import wait_progressing
 from tests.spark.test_foreign_clients import fan_out
 
 pytestmark = pytest.mark.spark
 
 N = 20
+# The waits on the audit end by what it does, not by a total: each fails at once when the audit has
+# done what must have produced the awaited result (a watermark, a count of micro-batches), and
+# otherwise only when Spark does nothing at all for SPARK_STALL seconds: no micro-batch ends, no
+# job starts, no task finishes. A micro-batch took up to 80 s on a loaded 2-core machine
+# (spark/audit.py, `Audit.tune`), while its tasks, each on a few segments, kept finishing.
+SPARK_STALL = 120.0
+
+
+def spark_progress(spark: SparkSession, audit: Audit) -> tuple[int, int, int]:
+    """(micro-batches ended, the latest job running, tasks finished in the stages running)."""
+    tracker = spark.sparkContext.statusTracker()
+    stages = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+    return (audit.status.batches, max(tracker.getActiveJobsIds(), default=-1),
+            sum(st.numCompletedTasks for st in stages if st is not None))
 
 
 def forge_segment(log_dir: Path, node: str, lines: list[dict[str, Any]]) -> Path:
@@ -50,12 +64,23 @@ def test_the_live_audit_judges_a_running_mesh_and_reports_a_forged_duplicate(
     urls = {s.id: str(s.url) for s in mesh.status()}
     logs = Path(mesh.log_dir)
     out = tmp_path / "audit"
-    query, audit = start(spark, AuditConfig([str(logs)], str(out), trigger=1.0, grace=0.5, router_timeout=60))
+    cfg = AuditConfig([str(logs)], str(out), trigger=1.0, grace=0.5, router_timeout=60)
+    query, audit = start(spark, cfg)
+    progress = lambda: spark_progress(spark, audit)  # noqa: E731
     try:
-        got = fan_out(urls, "plain", N)
+        got = fan_out(urls, "plain", N)  # (its waits are per message: each receive and send, TIMEOUT)
         assert all(len(v) == N for v in got.values())
-        wait_for(lambda: audit.status.pairs.get("ok", 0) >= 3 * N, 240, "every pair judged ok by the audit",
-                 interval=0.5)
+        told = time.time()  # every outcome was logged before its publisher was told: before now
+
+        def all_ok() -> bool:
+            with audit.lock:
+                ok, wm, status = audit.status.pairs.get("ok", 0), audit.status.watermark, audit.status.to_dict()
+            # a micro-batch whose watermark passed every outcome by `grace` judged every message
+            # (spark/audit.py, steps 2 and 3): nothing more is to come
+            assert ok >= 3 * N or wm is None or wm < told + cfg.grace, status
+            return ok >= 3 * N
+
+        wait_progressing(all_ok, progress, SPARK_STALL, "every pair judged ok by the audit")
         assert audit.status.violations == 0 and audit.status.unjudged == 0, audit.status.to_dict()
 
         ok = spark.read.parquet(str(out / "verdicts")).where("class = 'ok' and home = 'B'").first()
@@ -64,7 +89,18 @@ def test_the_live_audit_judges_a_running_mesh_and_reports_a_forged_duplicate(
         forged_at = time.monotonic()
         forge_segment(logs, "B", [{"e": "delivered", "p": "plain", "s": sub, "g": [gid], "i": "redelivery"},
                                   {"e": "accepted", "p": "plain", "s": sub, "g": [gid]}])
-        wait_for(lambda: audit.status.violations >= 1, 120, "the forged duplicate reported", interval=0.5)
+        after = audit.status.batches
+
+        def reported() -> bool:
+            with audit.lock:
+                seen, batches, status = audit.status.violations, audit.status.batches, audit.status.to_dict()
+            # the first micro-batch that starts after the rename lists the forged segment and judges
+            # its gid again; the batch running now may have listed the files before it: so the
+            # second batch to end from here has reported it
+            assert seen >= 1 or batches < after + 2, status
+            return seen >= 1
+
+        wait_progressing(reported, progress, SPARK_STALL, "the forged duplicate reported")
         took = time.monotonic() - forged_at
         [v] = audit.status.recent_violations
         assert (v["gid"], v["sub"], v["class"], v["home"]) == (gid, sub, "duplicated", "B")

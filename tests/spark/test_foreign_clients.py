@@ -27,7 +27,7 @@ from oncemesh.spark.job import reconcile_paths
 pytestmark = pytest.mark.spark
 
 N = 40
-TIMEOUT = 30.0
+TIMEOUT = 30.0  # seconds per step (an attach, each send, each receive): a bound on no progress, not on the run
 
 
 def fan_out(urls: dict[str, str], topic: str, n: int) -> dict[str, list[str]]:

@@ -14,6 +14,7 @@ which has no link (it restarted), and A closed the live link.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -22,9 +23,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from oncemesh.common import errors
 from oncemesh.router.actions import Announce, DetachLink
 from oncemesh.router.core import CoreConfig, DeliveryCore, SubscriberAttach
-from oncemesh.router.subscriptions import _FIELDS, LifeEnded, Subscription, SubscriptionTable, SubState
+from oncemesh.router.subscriptions import (
+    _FIELDS,
+    FOREIGN_CLAIM,
+    ForeignClaim,
+    LifeEnded,
+    Subscription,
+    SubscriptionTable,
+    SubState,
+    foreign,
+    holding_life,
+    life_key,
+    next_life,
+)
 from tests.sim.simulator import TOPIC, SimRouter, SimSubscriber, Simulation, Token
 
 
@@ -198,7 +212,6 @@ def test_a_claim_without_a_link_does_not_take_a_live_link(state: SubState, inc: 
     (SubState.ACTIVE, "b2", 2, {}),  # active at B now: concurrent live claims, the tie-break decides
     (SubState.ACTIVE, "b2", 3, {}),  # the newest attach (B knew ours and claimed above it)
     (SubState.ACTIVE, "", 2, {}),  # an entry of an older router (no incarnation): as before
-    (SubState.SUSPENDED, "b2", 3, {"owner": "mallory"}),  # another identity's: never claimed for ours
     (SubState.SUSPENDED, "b2", 3, {"created": 9.0}),  # another life of it
 ])
 def test_a_claim_backed_by_a_link_or_of_another_life_or_owner_takes_it(
@@ -207,6 +220,58 @@ def test_a_claim_backed_by_a_link_or_of_another_life_or_owner_takes_it(
     out = _merged(core, _claim_of_b(mine, state, inc, epoch, **kw))
     assert [a for a in out if isinstance(a, DetachLink)], "the link was kept"
     assert core.table.get("s").home == "B" and core.stats_reclaimed == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("state", [SubState.ACTIVE, SubState.SUSPENDED, SubState.ENDED])
+def test_another_identitys_later_claim_never_takes_it(state: SubState) -> None:
+    """(It used to: a claim of mallory's above ours took the live link.) Whatever its epoch."""
+    core, mine, link = _core_with_live_link("b2")
+    theirs = _claim_of_b(mine, state, "b2", 10**6, owner="mallory", created=1.5)
+    with pytest.raises(ForeignClaim):
+        core.table.merge(theirs)
+    assert core.table.get("s").to_json() == mine.to_json() and core.subs["s"].link is link  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("state", [SubState.ACTIVE, SubState.ENDED])
+def test_another_identitys_earlier_life_refuses_our_claim_never_steals_it(state: SubState) -> None:
+    """Our link's claim was made after another identity made the subscription elsewhere (its
+    announcement was on its way): the link is refused with amqp:unauthorized-access."""
+    core, mine, link = _core_with_live_link("b2")
+    out = _merged(core, _claim_of_b(mine, state, "b2", 1, owner="mallory", created=0.5))
+    assert [(a.link, a.condition) for a in out if isinstance(a, DetachLink)] == [
+        (link, errors.UnauthorizedAccess.condition)]
+    assert core.table.get("s").owner == "mallory" and "s" not in core.subs  # type: ignore[union-attr]
+
+
+def test_the_core_refuses_another_identitys_attach_and_changes_nothing() -> None:
+    core, mine, link = _core_with_live_link("b2")
+    with pytest.raises(errors.UnauthorizedAccess):
+        core.attach_subscriber(object(), "s", TOPIC, "c", "l", math.inf, False, None, 3.0, owner="mallory")
+    with pytest.raises(errors.UnauthorizedAccess):
+        core.attach_subscriber(object(), "s", TOPIC, "c", "l", math.inf, False, None, 3.0)  # (no identity)
+    assert core.table.get("s").to_json() == mine.to_json() and core.subs["s"].link is link  # type: ignore[union-attr]
+    assert not core.out
+    core.attach_subscriber(object(), "s", TOPIC, "c", "l", math.inf, False, None, 3.0, owner="u")  # its owner
+
+
+def test_a_claim_the_mesh_refused_for_another_identity_is_refused_not_made_a_new_life() -> None:
+    core = DeliveryCore("B", SubscriptionTable(), CoreConfig())
+    core.incarnation = "b1"
+    link = object()
+    att = SubscriberAttach("s", TOPIC, "c", "l", math.inf, False, None, None, (), "bob")
+    core.attach(link, att, 1.0)
+    core.out.clear()
+    reason = f"{FOREIGN_CLAIM}subscription s was made first by another identity (at router A)"
+    assert core.resume_refused(link, att, 1.1, reason) is False
+    assert [(a.link, a.condition) for a in core.out if isinstance(a, DetachLink)] == [
+        (link, errors.UnauthorizedAccess.condition)]
+    assert any(isinstance(a, Announce) for a in core.out)
+    sub = core.table.get("s")
+    assert sub is not None and sub.state is SubState.ENDED and "s" not in core.subs
+    # the life that ended so never moves bob's next claim up the subscription's history
+    core.attach(object(), att, 1.2)
+    again = core.table.get("s")
+    assert again is not None and life_key(again) == (0, -1.0, 1)
 
 
 def test_an_active_claim_at_an_unreachable_router_takes_it_only_above_our_epoch() -> None:
@@ -271,3 +336,96 @@ def test_an_end_and_a_resume_of_the_same_life_converge() -> None:
         a.merge(resumed)  # (a sync skips it: "they will learn it from our table")
     b.merge(ended)
     assert a.get("s").to_json() == b.get("s").to_json()  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------- lives of different identities
+# (issue 31, hole 1: a claim by another identity made before its router heard of the subscription)
+_STATES = st.sampled_from([SubState.ACTIVE, SubState.SUSPENDED, SubState.ENDED])
+_EPOCHS = st.integers(1, 10**6)  # (a client raises the epoch it attaches with as it likes)
+
+
+def _life(owner: str, created: float, epoch: int = 1, home: str = "A", state: SubState = SubState.ACTIVE,
+          confirmed: bool = False, **kw: object) -> Subscription:
+    d: dict[str, object] = {"sid": "s", "topic": TOPIC, "container": "c", "link": "l", "expiry": 60.0, "state": state,
+                            "home": home, "epoch": epoch, "since": created, "created": created,
+                            "confirmed": confirmed, "owner": owner, "inc": f"{home}1",
+                            "end_reason": "gone" if state is SubState.ENDED else None} | kw
+    return Subscription(**d)  # type: ignore[arg-type]
+
+
+@given(_STATES, _EPOCHS, st.sampled_from("AB"), st.booleans(), _STATES, _EPOCHS, st.sampled_from("AB"),
+       st.floats(0.0, 5.0))
+def test_a_later_life_of_another_identity_never_wins_whatever_its_epoch(
+        held_state: SubState, held_epoch: int, held_home: str, held_confirmed: bool, their_state: SubState,
+        their_epoch: int, their_home: str, later: float) -> None:
+    """Alice's life (any version) is held: any version of bob's life made after it (or at the same
+    instant: the smaller identity holds it) is refused by the merge, and leaves the entry as it was;
+    the other way round, alice's life replaces bob's at once, whatever the epochs and states."""
+    alice = _life("alice", 1.0, held_epoch, held_home, held_state, held_confirmed)
+    bob = _life("bob", 1.0 + later, their_epoch, their_home, their_state)
+    assert foreign(alice, bob) and holding_life(alice, bob) is alice and holding_life(bob, alice) is alice
+    t = SubscriptionTable()
+    t.merge(alice)
+    with pytest.raises(ForeignClaim):
+        t.merge(bob)
+    assert t.get("s").to_json() == alice.to_json()  # type: ignore[union-attr]
+    t = SubscriptionTable()
+    t.merge(bob)
+    t.merge(alice)
+    assert t.get("s").to_json() == alice.to_json()  # type: ignore[union-attr]
+
+
+_LIVES = st.lists(st.tuples(st.floats(0.0, 3.0), st.integers(0, 2), st.integers(0, 2)), min_size=1, max_size=4)
+_VERSIONS = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4), st.sampled_from("ABC"),
+                               st.sampled_from([SubState.ACTIVE, SubState.SUSPENDED]), st.booleans()),
+                     min_size=1, max_size=8)
+
+
+@given(_LIVES, _VERSIONS, st.randoms(use_true_random=False))
+def test_every_order_of_claims_of_different_identities_gives_the_same_entry(
+        lives: list[tuple[float, int, int]], versions: list[tuple[int, int, str, SubState, bool]],
+        rnd: random.Random) -> None:
+    """Lives of one subscription, each made by its own identity (created, generation, depth in its
+    line), versions of them from any router: what a router ends with depends only on which versions
+    reached it, never on their order; it is the holding life's newest version."""
+    made = [_life(f"u{i}", created, gen=gen, depth=depth) for i, (created, gen, depth) in enumerate(lives)]
+    vs = [_life(made[i % len(made)].owner, made[i % len(made)].created, epoch, home, state, confirmed,
+                gen=made[i % len(made)].gen, depth=made[i % len(made)].depth)
+          for i, epoch, home, state, confirmed in versions]
+
+    def apply(seq: list[Subscription]) -> dict[str, object]:
+        t = SubscriptionTable()
+        for v in seq:
+            with contextlib.suppress(ForeignClaim):
+                t.merge(v)
+        e = t.get("s")
+        assert e is not None
+        return e.to_json()
+    first = apply(vs)
+    shuffled = vs * 2
+    rnd.shuffle(shuffled)
+    assert apply(shuffled) == first
+    holder = max(vs, key=lambda v: (life_key(v), [-ord(c) for c in v.owner]))
+    assert first["owner"] == holder.owner
+
+
+def test_a_life_made_after_another_identitys_ended_holds_it_and_cannot_be_jumped() -> None:
+    """A life's place in the history is the routers' to write: after alice's confirmed life ended,
+    bob's next life holds it against any version of hers; bob's own refused (unconfirmed) lives never
+    move his next claim above a life alice made before them."""
+    alice = _life("alice", 1.0, 7, confirmed=True, state=SubState.ENDED)
+    bob = _life("bob", 2.0, 8, "B", **next_life(alice))
+    assert life_key(bob) > life_key(alice)
+    assert holding_life(bob, _life("alice", 1.0, 10**6, "C", confirmed=True)) is bob  # (a stale resume of hers)
+    # alice made a new life at A (3.0); bob's claim at B (3.1) refused and ended there; he tries again
+    # and again at B before alice's announcement comes: every try continues his refused line
+    hers, his = _life("alice", 3.0, gen=5), _life("bob", 3.1, gen=5, home="B")
+    for t in (3.2, 3.3, 3.4):
+        his = _life("bob", t, 10**6, "B", **next_life(_ended(his)))
+        assert holding_life(hers, his) is hers, (life_key(hers), life_key(his))
+    # ... while alice's next life after hers ended unconfirmed (she gave up) continues her line above it
+    assert holding_life(_life("alice", 4.0, **next_life(_ended(hers))), his) is not his
+
+
+def _ended(s: Subscription) -> Subscription:
+    return Subscription(**({f: getattr(s, f) for f in _FIELDS} | {"state": SubState.ENDED, "end_reason": "gone"}))

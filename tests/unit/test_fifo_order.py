@@ -285,6 +285,49 @@ def test_tags_started_again_at_another_router_are_handed_at_the_remote_subscript
     assert not ended(m.cores["B"])
 
 
+def test_a_backlog_is_handed_after_failover_while_the_publisher_has_not_settled() -> None:
+    """Issue 31, item 14. A --- B --- C; the publisher at A never settles (a library bug: it sees
+    the outcomes but settles nothing), so nothing it published becomes final. The subscription, homed
+    at B, accepted m0..m3 there; B dies with the copies of m4..m6 and the subscription resumes at C.
+    A re-routes m4..m6 to C. m4's predecessor m3 is not known at C, and asking the mesh whether it is
+    final gets no answer (it never will be): C held the whole backlog, credit and all, for
+    `final_memory`. The origin knows m3 is resolved for the subscription (accepted at B), so its
+    copies do not make C wait for it: C hands the backlog, in order, at once."""
+    m = Mesh("ABC", home="B")
+    m.attach("A", second=True)
+    for i in range(4):
+        m.publish("A", b"%d" % i, b"m%d" % i)
+        m.release()
+        m.accept(m.delivered[-1][0])
+    assert len(m.outcomes) == 4  # decided at A, told to the publisher, which never settles
+    later = [m.publish("A", b"%d" % i, b"m%d" % i) for i in (4, 5, 6)]
+    assert len(m.wire) == 3
+    m.wire.clear()  # lost with B
+    a, c = m.cores["A"], m.cores["C"]
+    for core in (a, c):
+        core.set_reachable({"A": "1", "C": "1"}, m.now)
+    m.pump()
+    m.wire.clear()  # (B is unreachable: nothing is routed there)
+    m.now += 5.0
+    assert c.attach_subscriber(object(), m.sid, "t", "c", "s", 60.0, False, None, m.now)
+    c.subscriber_credit(m.sid, 100)
+    old = a.table.merge(c.table.get(m.sid))  # (the announcement of its move, as gossip carries it)
+    assert old is not None
+    a.subscription_changed(old, m.now)
+    m.home = "C"
+    m.pump()
+    while m.wire:
+        m.release()
+    for _ in range(3):
+        m.now += 1.0
+        m.tick()
+    assert [b for _, b in m.delivered[4:]] == [b"m4", b"m5", b"m6"], "the backlog at C was not handed"
+    for gid, _ in m.delivered[4:]:
+        m.accept(gid)
+    assert all(m.outcomes[t] is Outcome.ACCEPTED for t in later)
+    assert not ended(c) and not ended(a)
+
+
 # ------------------------------------------------------------------ the property
 
 

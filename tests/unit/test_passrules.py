@@ -15,6 +15,7 @@ from oncemesh.common.passrules import (
     STALL_GAP,
     HandoverHold,
     HeldInput,
+    PassBudget,
     PassClock,
     PassEnd,
     Read,
@@ -135,3 +136,77 @@ def test_hand_overs_are_released_at_the_end_of_the_second_pass_after_the_stalls(
         clock.passes = p
         assert HandoverHold.release_due(due, clock) is (p >= due)
     assert HandoverHold(enabled=False).stalled(clock) is None  # (the hold taken out)
+
+
+# ------------------------------------------------------------------ rule 5: a budget per connection and pass
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 100_000), st.integers(0, 40)), max_size=60),
+       st.integers(1, 70_000), st.integers(1, 20))
+def test_a_connection_takes_at_most_its_budget_per_pass(
+        steps: list[tuple[bool, int, int]], input_budget: int, endpoint_budget: int) -> None:
+    """Against a model: within one pass a connection is given at most `input_budget` bytes and
+    `endpoint_budget` endpoint events, whatever it asks; a new pass gives it the whole budget again;
+    it is never given more than is there, and never nothing while its pass has budget left."""
+    clock = PassClock()
+    b = PassBudget(input_budget, endpoint_budget)
+    given_bytes = handled = 0
+    for new_pass, available, events in steps:
+        if new_pass:
+            clock.polled(1.0, 1.0, 0.0)
+            given_bytes = handled = 0
+        n = b.input(clock, available)
+        assert 0 <= n <= available
+        assert n == min(available, input_budget - given_bytes)
+        given_bytes += n
+        left = b.endpoint_events(clock)
+        assert left == endpoint_budget - handled
+        took = min(left, events)
+        b.handled(clock, took)
+        handled += took
+        assert given_bytes <= input_budget and handled <= endpoint_budget
+
+
+def test_a_flood_is_taken_in_slices_one_per_pass() -> None:
+    """10,000 attaches read at once (~100 bytes each): a pass takes one slice of the bytes and
+    handles at most the budget's endpoint events; the rest waits, and every pass takes more."""
+    clock = PassClock()
+    b = PassBudget(16 * 1024, 16)
+    waiting_bytes, waiting_events, passes = 10_000 * 100, 10_000, 0
+    while waiting_bytes or waiting_events:
+        clock.polled(1.0 + passes / 1000, 1.0 + passes / 1000, 0.0)
+        passes += 1
+        took = b.input(clock, waiting_bytes)
+        assert 0 < took <= 16 * 1024 or not waiting_bytes
+        waiting_bytes -= took
+        events = min(b.endpoint_events(clock), waiting_events)
+        assert 0 < events <= 16
+        b.handled(clock, events)
+        waiting_events -= events
+        assert b.endpoint_events(clock) == 16 - events and b.input(clock, 1) in (0, 1)
+    assert passes == 10_000 // 16
+
+
+def test_no_budget_while_a_stall_holds_hand_overs() -> None:
+    """After a stall, a client's input read in a pass is taken in that pass (before its held mesh
+    input: rule 1), as long as rule 4 holds hand-overs; then the budget applies again."""
+    clock = PassClock()
+    b = PassBudget(100, 2)
+    clock.polled(1.0, 1.0, 0.0)
+    assert b.input(clock, 1000) == 100 and b.endpoint_events(clock) == 2
+    clock.polled(1.0, 3.0, 0.0)  # a poll that overran its timeout: a stall
+    due = HandoverHold().stalled(clock)
+    assert due is not None
+    while clock.passes <= due:
+        assert b.input(clock, 10**6) == 10**6 and b.endpoint_events(clock) == -1
+        clock.polled(3.0, 3.0, 0.0)
+    assert b.input(clock, 1000) == 100 and b.endpoint_events(clock) == 2
+
+
+def test_a_budget_lets_some_work_through() -> None:
+    for args in ((0, 1), (1, 0)):
+        try:
+            PassBudget(*args)
+        except ValueError:
+            continue
+        raise AssertionError(f"PassBudget{args} would stop a connection for good")

@@ -161,6 +161,15 @@ def test_topic_settings() -> None:
     assert t.topic("plain").order == "fifo"
 
 
+def test_a_topic_identified_by_message_id() -> None:
+    t = parse_topology(routers("A") + '[topics.orders]\nidentity = "message-id"\n[topics.plain]\n')
+    assert t.topic("orders").identity == "message-id" and t.topic("plain").identity == "tag"
+    assert t.msgid_topics() == frozenset({"orders"})
+    assert errors(routers("A") + '[topics.orders]\nidentity = "message_id"\n', "m.toml") == [
+        "m.toml:6: topic 'orders': identity must be \"tag\" or \"message-id\", got the string 'message_id' "
+        "(did you mean 'message-id'?)"]
+
+
 def test_the_lexically_smaller_id_dials() -> None:
     t = parse_topology(routers("A", "B", "C") + link("C", "A") + link("B", "C"))
     assert t.dialer("A", "C") == t.dialer("C", "A") == "A"

@@ -5,7 +5,11 @@ attaches the link again by itself; what was unsettled on the lost connection is 
 forgets those deliveries) and is sent again under the same delivery tag, the identity oncemesh
 recognises (docs/wire-protocol.md, "Publishing"). Tags are the message numbers in decimal ASCII.
 --rate caps new messages per second (0: as fast as credit allows), so that a test can act
-mid-stream."""
+mid-stream.
+
+--fresh-tags plays a library that picks each tag itself (from a counter of transfers) and cannot
+resend under the old one: a resend goes under a fresh tag. With it the link asks to be identified by
+the message-id (link property oncemesh.identity, docs/clients.md) unless --no-identity."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from proton import Delivery, Link, Message
+from proton import Delivery, Link, Message, symbol
 from proton.handlers import MessagingHandler
 from proton.reactor import Container, SenderOption
 
@@ -23,12 +27,20 @@ from common import Report, connect_kwargs, parser  # noqa: E402
 
 
 class Modes(SenderOption):
-    def __init__(self, second: bool) -> None:
+    def __init__(self, second: bool, by_id: bool = False) -> None:
         self.second = second
+        self.by_id = by_id
 
     def apply(self, link: Link) -> None:
         link.snd_settle_mode = Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_SECOND if self.second else Link.RCV_FIRST
+        if self.by_id:
+            link.properties = {symbol("oncemesh.identity"): "message-id"}
+
+
+def tag_bytes(tag: str | bytes) -> bytes:
+    """A delivery's tag as bytes (Proton gives back the str it was sent with)."""
+    return tag if isinstance(tag, bytes) else tag.encode()
 
 
 class Publisher(MessagingHandler):  # type: ignore[misc]
@@ -48,12 +60,15 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
         # sent meanwhile it sends by itself first on the next link, where our resend of the same tag
         # (in doubt) would be a second transfer under a tag still open: another message to a router
         self.up = False
+        self.transfers = 0  # --fresh-tags: the tag of the next transfer, whatever message it carries
+        self.k_of: dict[bytes, int] = {}  # tag -> message number
 
     def on_start(self, event: Any) -> None:
         self.container = event.container
         conn = event.container.connect(**connect_kwargs(self.a))
         self.sender = event.container.create_sender(conn, self.a.topic, name=self.a.link,
-                                                    options=Modes(self.a.second))
+                                                    options=Modes(self.a.second,
+                                                                  self.a.fresh_tags and not self.a.no_identity))
 
     def on_connection_opened(self, event: Any) -> None:
         props = event.connection.remote_properties or {}
@@ -93,24 +108,31 @@ class Publisher(MessagingHandler):  # type: ignore[misc]
                 break
             mid = f"{self.a.link}:{k}"
             body = f"{mid};".ljust(self.a.size, "x")
-            d = s.send(Message(id=mid, body=body, durable=True), tag=str(k))
+            tag = str(self.transfers if self.a.fresh_tags else k)
+            self.transfers += 1
+            self.k_of[tag.encode()] = k
+            d = s.send(Message(id=mid, body=body, durable=True), tag=tag)
             self.unsettled[k] = d
-            self.rep.line("sent", k=k, tag=str(k).encode().hex(), resend=again)
+            self.rep.line("sent", k=k, tag=tag.encode().hex(), resend=again)
 
     def outcome(self, event: Any, what: str) -> None:
         d = event.delivery
-        k = int(d.tag)  # (our tags: the message numbers)
-        if self.unsettled.pop(k, None) is None:
+        k = self.k_of.get(tag_bytes(d.tag), -1)  # (the message its tag carried)
+        u = self.unsettled.get(k)
+        if u is None or tag_bytes(u.tag) != tag_bytes(d.tag):
             return  # a delivery of an earlier connection (already resent)
-        d.settle()
+        del self.unsettled[k]
+        if not self.a.never_settle:
+            d.settle()
         if what == "RELEASED":
             self.resend.append(k)  # "try again": same tag
         else:
             self.outcomes[k] = what
-            self.rep.line("outcome", k=k, tag=str(k).encode().hex(), outcome=what)
+            self.rep.line("outcome", k=k, tag=tag_bytes(d.tag).hex(), outcome=what)
         if len(self.outcomes) == self.a.count:
             self.rep.line("done")
-            event.connection.close()
+            if not self.a.never_settle:  # (closing would settle nothing either: it stays until stopped)
+                event.connection.close()
             return
         self.send()
 
@@ -146,6 +168,10 @@ def main() -> None:
     p.add_argument("--window", type=int, default=50)
     p.add_argument("--size", type=int, default=0)
     p.add_argument("--rate", type=float, default=0, help="new messages per second at most (0: no cap)")
+    p.add_argument("--never-settle", action="store_true",
+                   help="a library bug: see each outcome, never settle the delivery (nothing becomes final)")
+    p.add_argument("--fresh-tags", action="store_true", help="a fresh tag for every transfer, resends too")
+    p.add_argument("--no-identity", action="store_true", help="with --fresh-tags: no oncemesh.identity property")
     a = p.parse_args()
     c = Container(Publisher(a))
     c.container_id = a.container
