@@ -18,8 +18,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
     from .reconcile import Reconciliation, Summary
 
-DEFAULT_OUT = Path("reconcile-out")
 DEFAULT_MASTER = "local[*]"
 LOG_SUFFIX = ".jsonl"
 GZ_SUFFIX = ".gz"  # a closed, compressed segment: Spark (Hadoop's gzip codec) reads it as text
@@ -203,12 +202,21 @@ RETAIN = {"spark.sql.ui.retainedExecutions": "20", "spark.ui.retainedJobs": "100
           "spark.ui.retainedStages": "100", "spark.ui.retainedTasks": "1000"}
 
 
+# The JVM of a short local run (`spark_session(..., short=True)`): a few seconds of Spark are mostly
+# the driver analysing and planning queries in a cold JVM, and the optimizing JIT compiler (C2)
+# spends more CPU compiling that code than it saves in so short a run: the quick compiler only (C1),
+# and one GC thread instead of a pool competing for the same cores. Measured on the demo's logs:
+# about 40% less CPU before the first task runs (docs/reconcile.md, "What a run costs").
+SHORT_RUN_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def spark_session(master: str | None = None, driver_memory: str | None = None,
                   shuffle_partitions: int | None = None, app_name: str = "oncemesh-reconcile",
-                  ) -> tuple[SparkSession, bool]:
+                  short: bool = False) -> tuple[SparkSession, bool]:
     """The active session if there is one (then `master` is not applied), else a new quiet one.
     Returns (session, created). `master` None: spark-submit's --master under spark-submit, else
-    local[*]. Local masters bind to loopback and need no network."""
+    local[*]. Local masters bind to loopback and need no network. `short`: the session is for a
+    short run (small logs): a local master's JVM gets SHORT_RUN_JVM."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -238,7 +246,8 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
          .config("spark.ui.showConsoleProgress", "false")
          # -Xss: Spark compiles generated code on the thread that runs a query, a stream's among
          # them, and the live audit's wide plans overflowed a default (1 MB) thread stack there
-         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile={log4j.as_uri()}")
+         .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile={log4j.as_uri()}"
+                 + (f" {SHORT_RUN_JVM}" if short and is_local(master) else ""))
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.debug.maxToStringFields", "200"))
     # what the status store keeps of finished queries, jobs and stages (the UI is off, the store is
@@ -279,7 +288,7 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
     since_ts = parse_since(since) if isinstance(since, str) else since
     created = False
     if spark is None:
-        spark, created = spark_session(master, driver_memory)
+        spark, created = spark_session(master, driver_memory, short=is_small(files))
     try:
         with hadoop_safe(files) as readable:
             summary, _ = run(spark, readable, out=out,
@@ -291,26 +300,152 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
             spark.stop()
 
 
+# What a reconcile's queries run with (set for the run, restored after): one action is one Spark
+# job. Adaptive execution runs every shuffle stage as a job of its own, and a broadcast join runs
+# one to collect its small side; a planned sort-merge join and a static plan run inside the job of
+# the action. The one broadcast kept is the files' headers (`reconcile.with_status`: joining every
+# line by file name through a shuffle would put a file's lines in one partition). A long list of
+# files is listed on the driver, not by a job.
+PLANNED = {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinThreshold": "-1",
+           "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000"}
+# And for a short run (`is_small`): time goes to planning and compiling, not to rows. Generated code
+# is compiled per stage (the one collect has ~90) and per expression, where a small run's rows are
+# evaluated as quickly without (the live audit's micro-batches run so too, audit.AUDIT_CONF); and
+# constraint propagation infers filters over wide plans at every optimization (it only ever adds
+# null checks and filters: no result depends on it).
+SHORT_RUN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+             "spark.sql.constraintPropagation.enabled": "false"}
+# Anomalous pairs brought to the driver with the summary (for anomalies.json and the chart): with
+# more, those two are made by Spark (three more jobs).
+ANOMALY_ROWS = 50_000
+
+
+# Without adaptive execution nothing merges small shuffle partitions: a run's logs get one per
+# this many bytes of lines (a closed segment's gzip counted GZ_RATIO times its size), never more
+# than the session's spark.sql.shuffle.partitions. Tasks and their scheduling, not data, are what
+# a small run costs.
+BYTES_PER_PARTITION = 64 << 20
+GZ_RATIO = 8
+
+
+def log_bytes(files: Sequence[str]) -> int | None:
+    """The lines' size of local logs (a gzipped segment counted GZ_RATIO times its size); None when
+    a URI is among them (its size is not looked up)."""
+    if any(is_uri(f) for f in files):
+        return None
+    return sum(os.path.getsize(f) * (GZ_RATIO if f.endswith(GZ_SUFFIX) else 1) for f in files)
+
+
+def shuffle_partitions(files: Sequence[str], configured: int) -> int:
+    """Shuffle partitions for these logs: by their local size, at most `configured` (URIs: their
+    size is not looked up, `configured`)."""
+    size = log_bytes(files)
+    if size is None:
+        return configured
+    return max(1, min(configured, -(-size // BYTES_PER_PARTITION)))
+
+
+def is_small(files: Sequence[str]) -> bool:
+    """Local logs that fit one shuffle partition: a short run (`spark_session(short=True)`)."""
+    size = log_bytes(files)
+    return size is not None and size <= BYTES_PER_PARTITION
+
+
+@contextmanager
+def planned(spark: SparkSession, files: Sequence[str] = ()) -> Iterator[None]:
+    """The session's SQL settings as PLANNED (and shuffle partitions for `files`, and SHORT_RUN when
+    they are small) for the duration, then as they were."""
+    settings = dict(PLANNED)
+    if files:
+        configured = int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
+        settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions(files, configured))
+        if is_small(files):
+            settings |= SHORT_RUN
+    old = {k: spark.conf.get(k, None) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, was in old.items():
+            if was is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, was)
+
+
+class JobCounter:
+    """Counts the Spark jobs run on this thread while it is active: they run under a job group of
+    its own (the previous group is put back after), and the status tracker lists the group's jobs."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.sc = spark.sparkContext
+        self.group = f"oncemesh-reconcile-{os.getpid()}-{time.monotonic_ns()}"
+        self.old: tuple[str | None, str | None] = (None, None)
+
+    def __enter__(self) -> JobCounter:
+        self.old = (self.sc.getLocalProperty("spark.jobGroup.id"),
+                    self.sc.getLocalProperty("spark.job.description"))
+        self.sc.setJobGroup(self.group, "oncemesh reconcile")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        group, desc = self.old
+        self.sc.setLocalProperty("spark.jobGroup.id", group)  # type: ignore[arg-type]
+        self.sc.setLocalProperty("spark.job.description", desc)  # type: ignore[arg-type]
+
+    def count(self) -> int:
+        """Jobs of the group so far (the status store learns of a job from the listener bus: wait
+        until the bus has delivered what was posted)."""
+        from py4j.protocol import Py4JError
+
+        # an internal method: without it the count might miss a job that just ended
+        with suppress(Py4JError):
+            self.sc._jsc.sc().listenerBus().waitUntilEmpty(10_000)
+        return len(self.sc.statusTracker().getJobIdsForGroup(self.group))
+
+
 def run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, since: float | None,
         skew: float, chart: bool, warn_to: TextIO | None = None, n_files: int | None = None,
         accept_partial: bool = False) -> tuple[Summary, Outputs | None]:
+    """Judge the logs: a few Spark jobs (PLANNED): the logs are read and parsed once and kept, the
+    frames several results use are kept, every count of the summary comes back in one action
+    (`verdict.collect_pieces`), and each file under `out` is one write. The summary's `extra`
+    says how many jobs ran (`spark_jobs`), how long it took and where the results are."""
+    with planned(spark, files), JobCounter(spark) as jobs:
+        summary, outputs = _run(spark, files, out=out, since=since, skew=skew, chart=chart, warn_to=warn_to,
+                                n_files=n_files, accept_partial=accept_partial, jobs=jobs)
+    return summary, outputs
+
+
+def _run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, since: float | None,
+         skew: float, chart: bool, warn_to: TextIO | None, n_files: int | None, accept_partial: bool,
+         jobs: JobCounter) -> tuple[Summary, Outputs | None]:
     from dataclasses import replace
 
     from pyspark import StorageLevel
 
     from . import reconcile as R
+    from . import verdict as V
 
     say = warn_to or sys.stderr
     started = time.monotonic()
+    target = out_dir(out) if out is not None else None
     # parsed once, kept (only the columns used) for every result below
     parsed = (read_logs(spark, files).select(*R.USED, "status")
               .persist(StorageLevel.MEMORY_AND_DISK))
     rec: Reconciliation | None = None
     try:
         rec = R.reconcile(parsed, since=since, skew=skew, persist=True)
-        summary = R.summarize(rec, accept_partial=accept_partial)
-        summary = replace(summary, extra={"files": n_files if n_files is not None else len(files),
-                                          "seconds": round(time.monotonic() - started, 3)})
+        pieces = R.summary_pieces(rec)
+        if target is not None:
+            pieces.append((ANOMALIES, anomalies_ordered(rec).limit(ANOMALY_ROWS + 1)))
+        rows = V.collect_pieces(pieces)
+        summary = R.summary_from(rec, rows, accept_partial=accept_partial)
+        extra: dict[str, Any] = {"files": n_files if n_files is not None else len(files)}
+        if target is not None:
+            extra["out"] = target
+        summary = replace(summary, extra=extra)
         if summary.newer_version_lines:
             print(f"oncemesh reconcile: warning: {summary.newer_version_lines} line(s) of a newer "
                   f"schema version than {R.S.SCHEMA_VERSION} were skipped: upgrade the reconciliation",
@@ -318,7 +453,11 @@ def run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, si
         if summary.malformed_lines:
             print(f"oncemesh reconcile: warning: {summary.malformed_lines} malformed line(s) skipped",
                   file=say)
-        outputs = write_outputs(spark, rec, summary, out, chart, say) if out is not None else None
+        outputs = None
+        if target is not None:
+            outputs = write_outputs(spark, rec, summary, target, chart, say, rows.get(ANOMALIES, []),
+                                    lambda s: replace(s, extra={**s.extra, **measured(jobs, started)}))
+        summary = replace(summary, extra={**summary.extra, **measured(jobs, started)})
         return summary, outputs
     finally:
         parsed.unpersist()
@@ -326,50 +465,86 @@ def run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, si
             R.unpersist(rec)
 
 
-def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, out: Path | str, chart: bool,
-                  say: TextIO) -> Outputs:
-    """Under `out` (a local directory, or a URI such as hdfs://.../run42): anomalies.parquet and
+def measured(jobs: JobCounter, started: float) -> dict[str, Any]:
+    """The cost so far: Spark jobs run, seconds."""
+    return {"spark_jobs": jobs.count(), "seconds": round(time.monotonic() - started, 3)}
+
+
+ANOMALIES = "anomalies"
+ANOMALY_ORDER = ("class", "t_pub", "gid", "sub")
+
+
+def anomalies_ordered(rec: Reconciliation) -> DataFrame:
+    from . import reconcile as R
+
+    return R.anomalies(rec.pairs).orderBy(*ANOMALY_ORDER)
+
+
+def out_dir(out: Path | str) -> str:
+    """The results' directory: a URI as it is, a local path made and made absolute."""
+    if is_uri(str(out)):
+        return str(out).rstrip("/")
+    local = Path(str(out)[len("file://"):] if str(out).startswith("file://") else out)
+    local.mkdir(parents=True, exist_ok=True)
+    return str(local.resolve())
+
+
+def _write(df: DataFrame, path: str, *order: str) -> None:
+    """One file of results, in one job: one partition, sorted within it (a global `orderBy` would
+    sample its input in a job of its own first)."""
+    df.coalesce(1).sortWithinPartitions(*order).write.mode("overwrite").parquet(path)
+
+
+def _json_lines(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows as Spark's JSON writer writes them: one object a line, null fields left out."""
+    return "".join(json.dumps({k: v for k, v in r.items() if v is not None}, separators=(",", ":")) + "\n"
+                   for r in rows)
+
+
+def _sort_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """ANOMALY_ORDER, nulls first (as Spark sorts ascending)."""
+    return tuple((row.get(k) is not None, row.get(k) if row.get(k) is not None else 0) for k in ANOMALY_ORDER)
+
+
+def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, target: str, chart: bool,
+                  say: TextIO, anomaly_rows: Sequence[dict[str, Any]] = (),
+                  final: Callable[[Summary], Summary] | None = None) -> Outputs:
+    """Under `target` (a local directory, or a URI such as hdfs://.../run42): anomalies.parquet and
     anomalies.json (the non-ok pairs), summary.json, summary.parquet (its scalars),
     subscriptions.parquet, order_anomalies.parquet (the (subscription, publisher link) rows with a
     reversal or a gap), order_disagreements.parquet (the pairs of subscriptions handed messages in
-    opposite orders), causal_violations.parquet (the subscriptions with a causal violation), and
-    reconcile.png (local `out` only)."""
+    opposite orders), causal_violations.parquet (the subscriptions with a causal violation),
+    router_anomalies.parquet and disagreements.parquet, and reconcile.png (local `target` only).
+    `anomaly_rows`: the anomalous pairs already collected (all of them when there are at most
+    ANOMALY_ROWS: then anomalies.json and the chart need no Spark job). `final`: the summary as
+    summary.json says it (with the cost of the whole run)."""
     from . import chart as C
     from . import reconcile as R
 
-    remote = is_uri(str(out))
-    if remote:
-        target = str(out).rstrip("/")
-    else:
-        local = Path(str(out)[len("file://"):] if str(out).startswith("file://") else out)
-        local.mkdir(parents=True, exist_ok=True)
-        target = str(local.resolve())
+    remote = is_uri(target)
+    collected = len(anomaly_rows) <= ANOMALY_ROWS and summary.pairs - summary.ok == len(anomaly_rows)
     a_parquet, a_json = f"{target}/anomalies.parquet", f"{target}/anomalies.json"
-    anomalies = R.anomalies(rec.pairs).orderBy("class", "t_pub", "gid", "sub")
-    anomalies.coalesce(1).write.mode("overwrite").parquet(a_parquet)
-    spark.read.parquet(a_parquet).coalesce(1).write.mode("overwrite").json(a_json)
-    o_parquet, d_parquet = f"{target}/order_anomalies.parquet", f"{target}/order_disagreements.parquet"
-    (R.order_anomalies(rec.order).orderBy("sub", "pub").coalesce(1)
-     .write.mode("overwrite").parquet(o_parquet))
-    (rec.sub_pairs.where("disagree").orderBy("topic", "sub_a", "sub_b").coalesce(1)
-     .write.mode("overwrite").parquet(d_parquet))
-    r_parquet = f"{target}/router_anomalies.parquet"
-    (rec.router_pairs.where("class != 'ok'").orderBy("class", "t_recv", "gid", "sub").coalesce(1)
-     .write.mode("overwrite").parquet(r_parquet))
-    g_parquet = f"{target}/disagreements.parquet"
-    rec.agreement.where("why is not null").orderBy("gid", "sub").coalesce(1).write.mode("overwrite").parquet(g_parquet)
-    c_parquet = f"{target}/causal_violations.parquet"
-    R.causal_anomalies(rec.causal).orderBy("topic", "sub").coalesce(1).write.mode("overwrite").parquet(c_parquet)
-    d = summary.to_dict()
-    s_parquet, subs_parquet = f"{target}/summary.parquet", f"{target}/subscriptions.parquet"
-    summary_frame(spark, d).coalesce(1).write.mode("overwrite").parquet(s_parquet)
-    subs_frame(spark, summary).coalesce(1).write.mode("overwrite").parquet(subs_parquet)
-    s_json = f"{target}/summary.json"
-    text = json.dumps(d, indent=2) + "\n"
-    if remote:  # a directory with one part file, like the others
-        spark.createDataFrame([(text,)], "value string").coalesce(1).write.mode("overwrite").text(s_json)
+    _write(R.anomalies(rec.pairs), a_parquet, *ANOMALY_ORDER)
+    if collected and not remote:
+        Path(a_json).mkdir(parents=True, exist_ok=True)
+        for old in Path(a_json).iterdir():
+            old.unlink()
+        (Path(a_json) / "part-00000.json").write_text(_json_lines(sorted(anomaly_rows, key=_sort_key)))
+        (Path(a_json) / "_SUCCESS").write_text("")
     else:
-        Path(s_json).write_text(text)
+        (R.anomalies(rec.pairs).coalesce(1).sortWithinPartitions(*ANOMALY_ORDER)
+         .write.mode("overwrite").json(a_json))
+    o_parquet, d_parquet = f"{target}/order_anomalies.parquet", f"{target}/order_disagreements.parquet"
+    _write(R.order_anomalies(rec.order), o_parquet, "sub", "pub")
+    _write(rec.sub_pairs.where("disagree"), d_parquet, "topic", "sub_a", "sub_b")
+    r_parquet = f"{target}/router_anomalies.parquet"
+    _write(rec.router_pairs.where("class != 'ok'"), r_parquet, "class", "t_recv", "gid", "sub")
+    g_parquet = f"{target}/disagreements.parquet"
+    _write(rec.agreement.where("why is not null"), g_parquet, "gid", "sub")
+    c_parquet = f"{target}/causal_violations.parquet"
+    _write(R.causal_anomalies(rec.causal), c_parquet, "topic", "sub")
+    s_parquet, subs_parquet = f"{target}/summary.parquet", f"{target}/subscriptions.parquet"
+    subs_frame(spark, summary).coalesce(1).write.mode("overwrite").parquet(subs_parquet)
     png: str | None = None
     if chart and remote:
         print("oncemesh reconcile: no chart for a remote --out", file=say)
@@ -379,28 +554,39 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ou
     elif chart:
         curves = sorted((C.HopCurve(q.kind, q.name, q.n, q.curve) for q in summary.latencies),
                         key=lambda c: (C.KIND_ORDER.get(c.kind, 9), c.hop))
-        bucket, timeline = anomaly_timeline(rec, summary)
+        times = ([(str(r["class"]), float(t)) for r in anomaly_rows
+                  if (t := r.get("t_pub") if r.get("t_pub") is not None else r.get("t_handed")) is not None]
+                 if collected else None)
+        bucket, timeline = anomaly_timeline(rec, times)
         png = str(C.render(curves, timeline, Path(target) / "reconcile.png", bucket=bucket,
                            title=f"oncemesh reconciliation: {summary.verdict.upper()}"))
+    # the summary's files last, so that they count every job (summary.parquet's own included)
+    d = (final(summary) if final else summary).to_dict()
+    d["spark_jobs"] = d.get("spark_jobs", 0) + 1 + (1 if remote else 0)
+    summary_frame(spark, d).coalesce(1).write.mode("overwrite").parquet(s_parquet)
+    s_json = f"{target}/summary.json"
+    text = json.dumps(d, indent=2) + "\n"
+    if remote:  # a directory with one part file, like the others
+        spark.createDataFrame([(text,)], "value string").coalesce(1).write.mode("overwrite").text(s_json)
+    else:
+        Path(s_json).write_text(text)
     return Outputs(target, s_json, s_parquet, subs_parquet, a_parquet, a_json, png, o_parquet, d_parquet,
                    c_parquet, r_parquet, g_parquet)
 
 
-def anomaly_timeline(rec: Reconciliation, summary: Summary, collect_limit: int = 200_000
+def anomaly_timeline(rec: Reconciliation, times: Sequence[tuple[str, float]] | None = None
                      ) -> tuple[float, dict[str, list[tuple[float, int]]]]:
-    """(bucket seconds, class -> [(bucket start, pairs)]): the anomalies' times are brought to the
-    driver and bucketed here when there are few; otherwise bucketed by Spark."""
+    """(bucket seconds, class -> [(bucket start, pairs)]): from the anomalies' (class, time) when
+    they were collected (`times`), else bucketed by Spark."""
     from . import chart as C
     from . import reconcile as R
 
     timeline: dict[str, list[tuple[float, int]]] = {}
-    n = summary.pairs - summary.ok
-    if n <= collect_limit:
-        rows = [(str(r["class"]), float(r["t"])) for r in R.anomaly_times(rec.pairs).collect()]
-        ts = [t for _, t in rows]
+    if times is not None:
+        ts = [t for _, t in times]
         bucket = C.bucket_for(max(ts) - min(ts) if ts else 0.0)
         counts: dict[tuple[str, float], int] = {}
-        for cls, t in rows:
+        for cls, t in times:
             key = (cls, math.floor(t / bucket) * bucket)
             counts[key] = counts.get(key, 0) + 1
         for (cls, t), k in sorted(counts.items()):
@@ -427,7 +613,9 @@ def summary_frame(spark: SparkSession, d: dict[str, Any]) -> DataFrame:
 
     scalars = {k: v for k, v in d.items() if not isinstance(v, list | dict)}
     types = {bool: StringType(), int: LongType(), float: DoubleType(), str: StringType()}
-    fields = [StructField(k, DoubleType() if k in ("since", "seconds") else types.get(type(v), StringType()))
+    # a null (`since` unset; the client view's counts when it judged nothing) keeps its column's type
+    fields = [StructField(k, DoubleType() if k in ("since", "seconds")
+                          else LongType() if v is None else types.get(type(v), StringType()))
               for k, v in scalars.items()]
     row = tuple(float(v) if isinstance(f.dataType, DoubleType) and v is not None
                 else (str(v) if isinstance(f.dataType, StringType) and v is not None else v)
@@ -444,22 +632,25 @@ def format_summary(s: Summary) -> str:
     """A table a person reads."""
     from .schema import CLASSES, FAILURES
 
-    lines = [
-        f"logs: {s.extra.get('files', '?')} file(s), {s.log_lines} event(s): {s.malformed_lines} malformed, "
-        f"{s.newer_version_lines} of a newer schema, {s.unknown_event_lines} unknown event(s)"
-        + (f", {s.ignored_lines} before --since" if s.since is not None else ""),
-        f"messages: {s.messages} published, {s.messages_in_doubt} without a final outcome; "
-        f"pairs: {s.pairs} ({s.owed_pairs} owed); subscriptions: {s.subscriptions}"
-        + (f" (+{s.unobserved_subscriptions} without a subscriber log, not judged)"
-           if s.unobserved_subscriptions else ""),
-        "",
-        "client view (what our subscribers handed to their applications):",
-        f"  {'class':<24}{'pairs':>10}",
-    ]
-    for c in CLASSES:
-        n = getattr(s, c)
-        flag = "  <-- FAIL" if c in FAILURES and n else ""
-        lines.append(f"  {c:<24}{n:>10}{flag}")
+    lines = [*top_lines(s), "",
+             f"logs: {s.extra.get('files', '?')} file(s), {s.log_lines} event(s): {s.malformed_lines} malformed, "
+             f"{s.newer_version_lines} of a newer schema, {s.unknown_event_lines} unknown event(s)"
+             + (f", {s.ignored_lines} before --since" if s.since is not None else ""),
+             f"messages: {s.messages} published, {s.messages_in_doubt} without a final outcome"
+             + (f"; pairs: {s.pairs} ({s.owed_pairs} owed); subscriptions: {s.subscriptions}"
+                if s.client_judged else "")
+             + (f" (+{s.unobserved_subscriptions} without a subscriber log, not judged)"
+                if s.unobserved_subscriptions else ""),
+             ""]
+    if s.client_judged:
+        lines += ["client view (what our subscribers handed to their applications):",
+                  f"  {'class':<24}{'pairs':>10}"]
+        for c in CLASSES:
+            n = getattr(s, c)
+            flag = "  <-- FAIL" if c in FAILURES and n else ""
+            lines.append(f"  {c:<24}{n:>10}{flag}")
+    else:
+        lines.append(f"client view: {s.client_note}")
     lines += router_view_lines(s)
     lines += ["", "order (reported, not part of the verdict):",
               f"  {'fifo_reversals':<28}{s.fifo_reversals:>6}  handed after a higher seq of the same publisher",
@@ -497,6 +688,18 @@ def format_summary(s: Summary) -> str:
                          f"{_ms(q.max):>9}")
     lines += ["", f"verdict: {verdict_line(s)}"]
     return "\n".join(lines)
+
+
+def top_lines(s: Summary) -> list[str]:
+    """The whole verdict first: the run's, then each view's, named, then what it cost."""
+    from . import reconcile as R
+
+    out = [f"verdict: {s.verdict.upper()}"]
+    for name, v in s.views().items():
+        out.append(f"  {name} view ({v['source']}): {R.view_text(v)}")
+    if "spark_jobs" in s.extra:
+        out.append(f"  judged in {s.extra.get('seconds', 0):.1f} s, {s.extra['spark_jobs']} Spark job(s)")
+    return out
 
 
 def verdict_line(s: Summary) -> str:
@@ -550,8 +753,8 @@ def router_view_lines(s: Summary) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("logdirs", nargs="+", metavar="LOGDIR",
                    help="directories searched recursively for *.jsonl and *.jsonl.gz settlement logs (or log files)")
-    p.add_argument("--out", default=str(DEFAULT_OUT),
-                   help=f"where results are written (default ./{DEFAULT_OUT})")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="where results are written (default: a new temporary directory, named in the output)")
     p.add_argument("--master", default=None,
                    help=f"Spark master URL (default {DEFAULT_MASTER}; under spark-submit, its --master)")
     p.add_argument("--since", default=None, metavar="T",
@@ -604,10 +807,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         print(f"oncemesh reconcile: {exc}", file=sys.stderr)
         return 2
     human = sys.stderr if args.json else sys.stdout
-    spark, created = spark_session(args.master, args.driver_memory)
+    out = args.out if args.out is not None else tempfile.mkdtemp(prefix="oncemesh-reconcile-")
+    spark, created = spark_session(args.master, args.driver_memory, short=is_small(files))
     try:
         with hadoop_safe(files) as readable:
-            summary, outputs = run(spark, readable, out=args.out, since=since, skew=args.skew,
+            summary, outputs = run(spark, readable, out=out, since=since, skew=args.skew,
                                    chart=not args.no_chart, n_files=len(files),
                                    accept_partial=args.accept_partial)
     finally:

@@ -36,7 +36,8 @@ from pyspark.sql import functions as F
 
 from . import routerview as RV
 from . import schema as S
-from .verdict import Agreement, RouterView, collect_agreement, collect_router_view, evidence_counts
+from . import verdict as V
+from .verdict import Agreement, RouterView
 
 # Line statuses.
 OK, MALFORMED, NEWER, UNKNOWN_EVENT, BLANK = "ok", "malformed", "newer", "unknown_event", "blank"
@@ -521,7 +522,7 @@ def causal_order(events: DataFrame, handed: DataFrame) -> DataFrame:
     contribute a rows, and only hand-overs before their last send."""
     sends = _first_sends(events)
     last_send = sends.groupBy("node").agg(F.max("t").alias("t_last"))
-    deps = (_client_hand_overs(events).join(F.broadcast(last_send), "node")
+    deps = (_client_hand_overs(events).join(last_send, "node")
             .where(_c("t") < _c("t_last"))
             .select("node", "gid", "t", F.lit(True).alias("is_a")))
     roles = deps.unionByName(sends.select("node", "gid", "t", F.lit(False).alias("is_a")))
@@ -551,7 +552,7 @@ def causal_dependents(events: DataFrame) -> DataFrame:
     topic, strictly before: each has at least one direct dependency, by the rule of `causal_order`).
     Only topics with one."""
     first_hand = _client_hand_overs(events).groupBy("node").agg(F.min("t").alias("t_first"))
-    return (_first_sends(events).join(F.broadcast(first_hand), "node")
+    return (_first_sends(events).join(first_hand, "node")
             .where(_c("t_first") < _c("t"))
             .groupBy("topic").agg(F.count(F.lit(1)).alias("dependent")))
 
@@ -588,7 +589,7 @@ def router_records(events: DataFrame) -> DataFrame:
             .agg(F.min(F.when(is_recv, _c("ts"))).alias("t_received"),
                  F.min(F.when(is_settled, _c("ts"))).alias("t_settled"))
             .where(_c("t_received").isNotNull()))
-    return (recs.join(F.broadcast(incarnations(events).select("node", "inc", "state")), ["node", "inc"], "left")
+    return (recs.join(incarnations(events).select("node", "inc", "state"), ["node", "inc"], "left")
             .withColumn("settle_latency", _c("t_settled") - _c("t_received")))
 
 
@@ -804,6 +805,7 @@ class Summary:
     unobserved_subscriptions: int = 0  # known only from router lines: not judged
     log_lines: int = 0  # every non-blank line read
     valid_lines: int = 0
+    client_lines: int = 0  # valid lines our clients wrote (publisher, subscriber)
     malformed_lines: int = 0
     newer_version_lines: int = 0
     unknown_event_lines: int = 0
@@ -828,6 +830,22 @@ class Summary:
     unjudged_pairs: int = 0  # by neither
     accept_partial: bool = False  # the operator accepts partial evidence (--accept-partial)
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def client_judged(self) -> bool:
+        """The client view judged something: a subscription with a subscriber log, or a pair."""
+        return self.subscriptions > 0 or self.pairs > 0
+
+    @property
+    def client_note(self) -> str | None:
+        """Why the client view judged nothing (None when it judged)."""
+        if self.client_judged:
+            return None
+        return "no client logs: not judged" if self.client_lines == 0 else "no subscriber logs: not judged"
+
+    @property
+    def router_judged(self) -> bool:
+        return self.router_view.pairs > 0
 
     @property
     def client_failures(self) -> int:
@@ -861,31 +879,76 @@ class Summary:
     def class_counts(self) -> dict[str, int]:
         return {c: getattr(self, c) for c in S.CLASSES}
 
+    def views(self) -> dict[str, Any]:
+        """The verdict of each view in a few keys (the top of `--json`): which view, whether it
+        judged anything, and if so its verdict and its counts; if not, why."""
+        rv = self.router_view
+        router: dict[str, Any] = {"source": "the routers' settlement logs alone", "judged": self.router_judged}
+        if self.router_judged:
+            router |= {"verdict": "fail" if rv.failures else ("partial" if rv.unjudged else "pass"),
+                       "pairs": rv.pairs, "judged_pairs": rv.judged, "unjudged_pairs": rv.unjudged,
+                       **{c: n for c, n in rv.counts if n or c == "ok"}, "failures": rv.failures}
+        else:
+            router["note"] = "no router pairs: not judged"
+        client: dict[str, Any] = {"source": "our clients' settlement logs",
+                                  "judged": self.client_judged}
+        if self.client_judged:
+            client |= {"verdict": "fail" if self.client_failures else "pass", "pairs": self.pairs,
+                       **{c: n for c, n in self.class_counts().items() if n or c == "ok"},
+                       "failures": self.client_failures}
+        else:
+            client["note"] = self.client_note
+        return {"router": router, "client": client}
+
+    def headline(self) -> str:
+        """The whole verdict in one line: the run's, then each view's, named."""
+        return f"{self.verdict.upper()}: " + "; ".join(f"{name} view: {view_text(v)}"
+                                                         for name, v in self.views().items())
+
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = self.class_counts()
+        """The summary as JSON (docs/reconcile.md). The top-level class counts, `pairs`,
+        `owed_pairs` and `subscriptions` are the client view's, as they always were; null when the
+        client view judged nothing (no client logs), never a 0 that reads like a verdict."""
+        judged = self.client_judged
+        d: dict[str, Any] = {"verdict": self.verdict, "exit_status": self.exit_status, "headline": self.headline(),
+                             "views": self.views()}
+        d |= {c: (n if judged else None) for c, n in self.class_counts().items()}
         for name in ("messages", "messages_in_doubt", "pairs", "owed_pairs", "subscriptions",
-                     "unobserved_subscriptions", "log_lines", "valid_lines", "malformed_lines",
+                     "unobserved_subscriptions", "log_lines", "valid_lines", "client_lines", "malformed_lines",
                      "newer_version_lines", "unknown_event_lines", "ignored_lines", "unsettled_live",
                      "unsettled_dead", "fifo_reversals", "fifo_gaps", "total_order_disagreements",
                      "causal_violations", "since"):
             d[name] = getattr(self, name)
+        if not judged:
+            d |= {"pairs": None, "owed_pairs": None, "subscriptions": None}
         d["failures"] = self.failures
-        d["verdict"] = self.verdict
-        d["exit_status"] = self.exit_status
         d["per_subscription"] = [s.to_dict() for s in self.per_subscription]
         d["routers"] = [r.to_dict() for r in self.routers]
         d["latency"] = [q.to_dict() for q in self.latencies]
         d["order_per_topic"] = [t.to_dict() for t in self.order_per_topic]
         d["causal_per_topic"] = [t.to_dict() for t in self.causal_per_topic]
         d["router_view"] = self.router_view.to_dict()
-        d["client_view"] = {"pairs": self.pairs, "owed_pairs": self.owed_pairs, "subscriptions": self.subscriptions,
-                            "unobserved_subscriptions": self.unobserved_subscriptions, **self.class_counts(),
-                            "failures": self.client_failures}
+        counts = {"pairs": self.pairs, "owed_pairs": self.owed_pairs, "subscriptions": self.subscriptions,
+                  **self.class_counts(), "failures": self.client_failures}
+        d["client_view"] = {"judged": judged, "note": self.client_note, "client_lines": self.client_lines,
+                            "unobserved_subscriptions": self.unobserved_subscriptions,
+                            **{k: (v if judged else None) for k, v in counts.items()}}
         d["agreement"] = self.agreement.to_dict()
         d["evidence"] = {"judged_pairs": self.judged_pairs, "unjudged_pairs": self.unjudged_pairs,
                          "partial": self.partial, "accepted_partial": self.accept_partial}
         d.update(self.extra)
         return d
+
+
+def view_text(v: Mapping[str, Any]) -> str:
+    """One view of `Summary.views` in words: `PASS: 4 pair(s): ok 4`, `PARTIAL: 4 pair(s), 4 not
+    judged: ok 0`, or why it judged nothing."""
+    if not v["judged"]:
+        return str(v["note"])
+    shown = ("source", "judged", "verdict", "pairs", "judged_pairs", "unjudged_pairs", "failures")
+    counts = ", ".join(f"{c} {n}" for c, n in v.items() if c not in shown)
+    unjudged = f", {v['unjudged_pairs']} not judged" if v.get("unjudged_pairs") else ""
+    return f"{str(v['verdict']).upper()}: {v['pairs']} pair(s){unjudged}: {counts}"
 
 
 def _quantiles(kind: str, name: str, n: int, q: list[float] | None, mx: float | None) -> Quantiles:
@@ -896,63 +959,92 @@ def _quantiles(kind: str, name: str, n: int, q: list[float] | None, mx: float | 
     return Quantiles(kind, name, int(n), head[0], head[1], head[2], mx, curve)
 
 
+def summary_pieces(r: Reconciliation) -> V.Pieces:
+    """Every small result a `Summary` is made of, as frames for `verdict.collect_pieces` (one
+    action for all of them)."""
+    ok_src = F.when(_c("status") == OK, _c("src"))
+    known = r.lives.select("sub").distinct().join(
+        observed_subscriptions(r.events).withColumn("observed", F.lit(True)), "sub", "full")
+    pieces: V.Pieces = [
+        ("status", r.parsed.groupBy("status", ok_src.alias("src")).agg(F.count(F.lit(1)).alias("n"))),
+        ("subs", subscription_counts(r.pairs)),
+        ("msgs", r.messages.agg(F.count(F.lit(1)).alias("n"),
+                                F.sum(_c("outcome").isNull().cast("long")).alias("in_doubt"))),
+        ("known", known.agg(F.count("observed").alias("obs"),
+                            F.sum(_c("observed").isNull().cast("long")).alias("unobs"))),
+        ("routers", router_stats(r.records, r.incarnations)),
+        ("latency", latency_quantiles(r.hops)),
+        ("fifo", r.order.agg(F.sum("fifo_reversals").alias("rev"), F.sum("fifo_gaps").alias("gaps"))),
+        ("topic_order", topic_order(r.sub_pairs)),
+        ("topic_causal", topic_causal(r.causal, causal_dependents(r.events))),
+        *V.evidence_pieces(r.router_pairs, r.pairs),
+        *V.router_view_pieces(r.events, r.router_pairs, r.router_msgs),
+        *V.agreement_pieces(r.agreement),
+    ]
+    if r.since is not None:
+        pieces.append(("used", r.events.agg(F.count(F.lit(1)).alias("n"))))
+    return pieces
+
+
 def summarize(r: Reconciliation, accept_partial: bool = False) -> Summary:
-    """Run the actions and collect the verdict (small results only: one row per status, subscription,
-    router and hop). `accept_partial`: the operator accepts a verdict on partial evidence."""
-    status = {row["status"]: int(row["n"]) for row in line_counts(r.parsed).collect()}
+    """Collect the verdict (small results only: one row per status, subscription, router and hop),
+    in one action. `accept_partial`: the operator accepts a verdict on partial evidence."""
+    return summary_from(r, V.collect_pieces(summary_pieces(r)), accept_partial)
+
+
+def summary_from(r: Reconciliation, rows: V.Rows, accept_partial: bool = False) -> Summary:
+    """The `Summary` of the rows `collect_pieces` brought back for `summary_pieces(r)`."""
+    status: dict[str, int] = {}
+    client_lines = 0
+    for row in rows["status"]:
+        status[row["status"]] = status.get(row["status"], 0) + int(row["n"])
+        if row["src"] in (S.PUBLISHER, S.SUBSCRIBER):
+            client_lines += int(row["n"])
     valid = status.get(OK, 0)
-    used = r.events.count() if r.since is not None else valid
-    subs = sorted(subscription_counts(r.pairs).collect(), key=lambda row: row["sub"])
+    used = int(V.one(rows, "used").get("n") or 0) if r.since is not None else valid
     per_sub = tuple(
         SubscriptionCounts(row["sub"], row["topic"], int(row["pairs"]), int(row["owed"] or 0),
                            tuple((c, int(row[c] or 0)) for c in S.CLASSES))
-        for row in subs)
+        for row in sorted(rows["subs"], key=lambda row: row["sub"]))
     totals = {c: sum(dict(s.counts)[c] for s in per_sub) for c in S.CLASSES}
-    m = r.messages.agg(F.count(F.lit(1)).alias("n"),
-                       F.sum(_c("outcome").isNull().cast("long")).alias("in_doubt")).first()
-    known = r.lives.select("sub").distinct().join(
-        observed_subscriptions(r.events).withColumn("observed", F.lit(True)), "sub", "full")
-    srow = known.agg(F.count("observed").alias("obs"),
-                     F.sum(_c("observed").isNull().cast("long")).alias("unobs")).first()
+    m, srow, fifo = V.one(rows, "msgs"), V.one(rows, "known"), V.one(rows, "fifo")
     routers = tuple(
         RouterStats(row["node"], int(row["incarnations"]), int(row["records"]), int(row["settled"]),
                     int(row["unsettled_live"]), int(row["unsettled_dead"]),
                     _quantiles("settle", row["node"], int(row["settled"]), row["settle_q"],
                                row["settle_max"]))
-        for row in sorted(router_stats(r.records, r.incarnations).collect(), key=lambda x: x["node"]))
+        for row in sorted(rows["routers"], key=lambda x: x["node"]))
     order = {"end_to_end": 0, "publish": 1, "mesh": 2, "deliver": 3}
     lat = tuple(
         _quantiles(row["kind"], row["hop"], row["n"], row["q"], row["max"])
-        for row in sorted(latency_quantiles(r.hops).collect(),
-                          key=lambda x: (order.get(x["kind"], 9), x["hop"])))
-    judged, neither = evidence_counts(r.router_pairs, r.pairs)
-    fifo = r.order.agg(F.sum("fifo_reversals").alias("rev"), F.sum("fifo_gaps").alias("gaps")).first()
+        for row in sorted(rows["latency"], key=lambda x: (order.get(x["kind"], 9), x["hop"])))
+    judged, neither = V.evidence_from(rows)
     topics = tuple(TopicOrder(row["topic"], int(row["compared"]), int(row["total_order_disagreements"] or 0))
-                   for row in sorted(topic_order(r.sub_pairs).collect(), key=lambda x: x["topic"] or ""))
+                   for row in sorted(rows["topic_order"], key=lambda x: x["topic"] or ""))
     causal = tuple(TopicCausal(row["topic"], int(row["dependent"]), int(row["checked"]),
                                int(row["causal_violations"]))
-                   for row in sorted(topic_causal(r.causal, causal_dependents(r.events)).collect(),
-                                     key=lambda x: x["topic"] or ""))
+                   for row in sorted(rows["topic_causal"], key=lambda x: x["topic"] or ""))
     return Summary(
         ok=totals["ok"], lost=totals["lost"], duplicated=totals["duplicated"],
         unexpected=totals["unexpected"], in_doubt=totals["in_doubt"], recovered=totals["recovered"],
         ended_before_delivery=totals["ended_before_delivery"], false_accept=totals["false_accept"],
-        messages=int(m["n"] if m else 0),
-        messages_in_doubt=int((m["in_doubt"] or 0) if m else 0),
+        messages=int(m.get("n") or 0),
+        messages_in_doubt=int(m.get("in_doubt") or 0),
         pairs=sum(s.pairs for s in per_sub),
         owed_pairs=sum(s.owed for s in per_sub),
-        subscriptions=int(srow["obs"] or 0) if srow else 0,
-        unobserved_subscriptions=int(srow["unobs"] or 0) if srow else 0,
+        subscriptions=int(srow.get("obs") or 0),
+        unobserved_subscriptions=int(srow.get("unobs") or 0),
         log_lines=sum(n for s, n in status.items() if s != BLANK),
         valid_lines=valid,
+        client_lines=client_lines,
         malformed_lines=status.get(MALFORMED, 0),
         newer_version_lines=status.get(NEWER, 0),
         unknown_event_lines=status.get(UNKNOWN_EVENT, 0),
         ignored_lines=valid - used,
         unsettled_live=sum(x.unsettled_live for x in routers),
         unsettled_dead=sum(x.unsettled_dead for x in routers),
-        fifo_reversals=int((fifo["rev"] or 0) if fifo else 0),
-        fifo_gaps=int((fifo["gaps"] or 0) if fifo else 0),
+        fifo_reversals=int(fifo.get("rev") or 0),
+        fifo_gaps=int(fifo.get("gaps") or 0),
         total_order_disagreements=sum(t.disagreements for t in topics),
         causal_violations=sum(t.violations for t in causal),
         order_per_topic=topics,
@@ -961,8 +1053,8 @@ def summarize(r: Reconciliation, accept_partial: bool = False) -> Summary:
         routers=routers,
         latencies=lat,
         since=r.since,
-        router_view=collect_router_view(r.events, r.router_pairs, r.router_msgs),
-        agreement=collect_agreement(r.agreement),
+        router_view=V.router_view_from(rows),
+        agreement=V.agreement_from(rows),
         judged_pairs=judged,
         unjudged_pairs=neither,
         accept_partial=accept_partial,

@@ -197,9 +197,9 @@ def router_pairs(events: DataFrame, router_lives: DataFrame, skew: float = 0.0,
     cut_nodes = incarnation_gaps(events).select("node").distinct()
     home = F.coalesce(_c("owed_home"), _c("resolved_at"), _c("delivered_by"))
     p = (p.withColumn("home", home).withColumn("origin", F.coalesce(_c("owed_by"), _c("origin")))
-         .join(F.broadcast(gone), "home", "left")
-         .join(F.broadcast(cut_nodes.select(_c("node").alias("home"), F.lit(True).alias("home_cut"))), "home", "left")
-         .join(F.broadcast(cut_nodes.select(_c("node").alias("origin"), F.lit(True).alias("origin_cut"))),
+         .join(gone, "home", "left")
+         .join(cut_nodes.select(_c("node").alias("home"), F.lit(True).alias("home_cut")), "home", "left")
+         .join(cut_nodes.select(_c("node").alias("origin"), F.lit(True).alias("origin_cut")),
                "origin", "left"))
     t_acc = _c("t_acc")
     after = F.size(F.filter("dl", lambda t: t > t_acc + F.lit(skew)))
@@ -210,7 +210,7 @@ def router_pairs(events: DataFrame, router_lives: DataFrame, skew: float = 0.0,
     # same id to a client that reattaches, which deduplicates by it)
     lives = incarnation_facts(events).select(_c("node").alias("acc_node"), _c("inc").alias("acc_inc"),
                                              _c("last_ts").alias("life_end"), _c("stopped").alias("life_stopped"))
-    p = p.join(F.broadcast(lives),
+    p = p.join(lives,
                (_c("acc_at.node") == _c("acc_node")) & (_c("acc_at.inc") == _c("acc_inc")), "left")
     later = F.filter("dls", lambda d: d["ts"] > t_acc + F.lit(skew))
     elsewhere = F.forall(later, lambda d: (d["node"] != _c("acc_at.node")) | (d["inc"] != _c("acc_at.inc")))

@@ -1,9 +1,13 @@
-"""The router view's and the agreement's part of a summary: small frozen records, and the actions
-that collect them from the frames of `routerview` (the step that brings data to the driver)."""
+"""The router view's and the agreement's part of a summary: small frozen records, the frames that
+summarize them, and `collect_pieces`, the one action that brings every small result of a
+summary to the driver at once (the step that brings data to the driver)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -86,41 +90,99 @@ class Agreement:
         return {"compared": self.compared, "disagreements": self.disagreements, "examples": list(self.examples)}
 
 
-def collect_router_view(events: DataFrame, pairs: DataFrame, msgs: DataFrame) -> RouterView:
-    """Run the actions that summarize the router view (small results: one row per class, reason,
-    router, gap)."""
-    by_class = {r["class"]: int(r["n"]) for r in pairs.groupBy("class").agg(F.count(F.lit(1)).alias("n")).collect()}
-    by_reason = {r["reason"]: int(r["n"]) for r in pairs.where(F.col("reason").isNotNull())
-                 .groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
-    m = msgs.agg(F.count(F.lit(1)).alias("n"),
-                 F.sum(F.coalesce(F.col("has_owed"), F.lit(False)).cast("long")).alias("owed")).first()
+# ================================================================ one action for every small result
+Pieces = list[tuple[str, DataFrame]]
+Rows = dict[str, list[dict[str, Any]]]
+
+
+def collect_pieces(pieces: Sequence[tuple[str, DataFrame]]) -> Rows:
+    """Every small result of a summary in one action: each frame's rows become (kind, JSON text)
+    rows, the frames one union, and that union is collected once (one Spark job, where one action
+    per result made dozens). Returns kind -> its rows as dicts (nulls kept as None)."""
+    frames = [df.select(F.lit(kind).alias("kind"),
+                        F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns]),
+                                  {"ignoreNullFields": "false"}).alias("row"))
+              for kind, df in pieces]
+    out: Rows = {kind: [] for kind, _ in pieces}
+    if not frames:
+        return out
+    for r in reduce(DataFrame.unionByName, frames).collect():
+        out[r["kind"]].append(json.loads(r["row"]))
+    return out
+
+
+def one(rows: Rows, kind: str) -> dict[str, Any]:
+    """The single row of a global aggregate (an empty dict when there is none)."""
+    got = rows.get(kind) or [{}]
+    return got[0]
+
+
+def router_view_pieces(events: DataFrame, pairs: DataFrame, msgs: DataFrame) -> Pieces:
+    """The frames that summarize the router view (small: one row per class, reason, router, gap)."""
+    return [
+        ("rv_class", pairs.groupBy("class").agg(F.count(F.lit(1)).alias("n"))),
+        ("rv_reason", pairs.where(F.col("reason").isNotNull()).groupBy("reason").agg(F.count(F.lit(1)).alias("n"))),
+        ("rv_msgs", msgs.agg(F.count(F.lit(1)).alias("n"),
+                             F.sum(F.coalesce(F.col("has_owed"), F.lit(False)).cast("long")).alias("owed"))),
+        ("rv_router", RV.per_router(events, pairs, msgs)),
+        ("rv_missing", RV.missing_routers(events)),
+        ("rv_gap", RV.incarnation_gaps(events)),
+    ]
+
+
+def router_view_from(rows: Rows) -> RouterView:
+    by_class = {r["class"]: int(r["n"]) for r in rows["rv_class"]}
+    by_reason = {r["reason"]: int(r["n"]) for r in rows["rv_reason"]}
+    m = one(rows, "rv_msgs")
     nodes = tuple(
         RouterNode(r["node"], int(r["incarnations"]), int(r["events"]), int(r["origin_messages"]),
                    int(r["origin_pairs"]), int(r["home_pairs"]), int(r["judged_pairs"]), int(r["unjudged_pairs"]),
                    tuple(r["reasons"] or ()))
-        for r in sorted(RV.per_router(events, pairs, msgs).collect(), key=lambda x: x["node"] or ""))
-    gone = tuple(sorted(r["node"] for r in RV.missing_routers(events).collect()))
-    gaps = tuple(sorted((r["node"], r["inc"], r["reason"]) for r in RV.incarnation_gaps(events).collect()))
+        for r in sorted(rows["rv_router"], key=lambda x: x["node"] or ""))
+    gone = tuple(sorted(r["node"] for r in rows["rv_missing"]))
+    gaps = tuple(sorted((r["node"], r["inc"], r["reason"]) for r in rows["rv_gap"]))
     return RouterView(counts=tuple((c, by_class.get(c, 0)) for c in RV.CLASSES), pairs=sum(by_class.values()),
                       unjudged=by_class.get(RV.UNJUDGED, 0),
                       reasons=tuple((r, by_reason.get(r, 0)) for r in RV.REASONS),
-                      messages=int(m["n"] if m else 0), messages_with_owed_set=int((m["owed"] or 0) if m else 0),
+                      messages=int(m.get("n") or 0), messages_with_owed_set=int(m.get("owed") or 0),
                       per_router=nodes, missing_routers=gone, partial_incarnations=gaps)
 
 
+def collect_router_view(events: DataFrame, pairs: DataFrame, msgs: DataFrame) -> RouterView:
+    """The router view's summary, in one action (`collect_pieces`)."""
+    return router_view_from(collect_pieces(router_view_pieces(events, pairs, msgs)))
+
+
+def agreement_pieces(disagreements: DataFrame) -> Pieces:
+    return [("agree", disagreements.agg(F.count(F.lit(1)).alias("n"),
+                                        F.sum(F.col("why").isNotNull().cast("long")).alias("bad"))),
+            ("agree_examples", disagreements.where(F.col("why").isNotNull()).orderBy("gid", "sub").limit(EXAMPLES))]
+
+
+def agreement_from(rows: Rows) -> Agreement:
+    row = one(rows, "agree")
+    examples = tuple(sorted(rows["agree_examples"], key=lambda r: (r["gid"], r["sub"])))
+    return Agreement(int(row.get("n") or 0), int(row.get("bad") or 0), examples)
+
+
 def collect_agreement(disagreements: DataFrame) -> Agreement:
-    row = disagreements.agg(F.count(F.lit(1)).alias("n"),
-                            F.sum(F.col("why").isNotNull().cast("long")).alias("bad")).first()
-    examples = tuple(r.asDict() for r in disagreements.where(F.col("why").isNotNull())
-                     .orderBy("gid", "sub").limit(EXAMPLES).collect())
-    return Agreement(int(row["n"] if row else 0), int((row["bad"] or 0) if row else 0), examples)
+    return agreement_from(collect_pieces(agreement_pieces(disagreements)))
+
+
+def evidence_pieces(router_pairs: DataFrame, client_pairs: DataFrame) -> Pieces:
+    """(pairs judged by at least one view, pairs judged by neither), as one row."""
+    judged_r = router_pairs.where(F.col("class") != RV.UNJUDGED).select("gid", "sub")
+    unjudged_r = router_pairs.where(F.col("class") == RV.UNJUDGED).select("gid", "sub")
+    c = client_pairs.select("gid", "sub")
+    judged = judged_r.unionByName(c).distinct().agg(F.count(F.lit(1)).alias("n"))
+    neither = unjudged_r.join(c, ["gid", "sub"], "left_anti").agg(F.count(F.lit(1)).alias("n"))
+    return [("evidence_judged", judged), ("evidence_neither", neither)]
+
+
+def evidence_from(rows: Rows) -> tuple[int, int]:
+    return int(one(rows, "evidence_judged").get("n") or 0), int(one(rows, "evidence_neither").get("n") or 0)
 
 
 def evidence_counts(router_pairs: DataFrame, client_pairs: DataFrame) -> tuple[int, int]:
     """(pairs judged by at least one view, pairs judged by neither)."""
-    judged_r = router_pairs.where(F.col("class") != RV.UNJUDGED).select("gid", "sub")
-    unjudged_r = router_pairs.where(F.col("class") == RV.UNJUDGED).select("gid", "sub")
-    c = client_pairs.select("gid", "sub")
-    judged = judged_r.unionByName(c).distinct().count()
-    neither = unjudged_r.join(c, ["gid", "sub"], "left_anti").count()
-    return int(judged), int(neither)
+    return evidence_from(collect_pieces(evidence_pieces(router_pairs, client_pairs)))

@@ -13,15 +13,30 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from oncemesh.spark.job import spark_session
+from oncemesh.spark.job import PLANNED, SHORT_RUN, spark_session
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     session, created = spark_session("local[2]", driver_memory="2g", shuffle_partitions=2, app_name="oncemesh-tests")
     session.conf.set("spark.sql.shuffle.partitions", "2")
+    # the tests' logs are all small: their queries run as a short reconcile's do (job.PLANNED,
+    # job.SHORT_RUN), which the tests that call the reconciliation's functions directly would
+    # otherwise not get (planning and compiling the wide plans is where their time goes)
+    for k, v in {**PLANNED, **SHORT_RUN}.items():
+        session.conf.set(k, v)
     try:
         yield session
     finally:
         if created:
             session.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_cache(spark: SparkSession) -> Iterator[None]:
+    """After each module, drop what its fixtures persisted (`reconcile(..., persist=True)` frames):
+    every query of the session is planned against every cached plan, and the driver keeps them, so
+    a module's leftovers slow down and fill up the ones after it (the forged histories of
+    test_router_view ran out of driver memory behind them)."""
+    yield
+    spark.catalog.clearCache()

@@ -244,7 +244,8 @@ def test_verdict_comes_from_client_logs_alone(spark: SparkSession, scenario: Pat
 def test_since_judges_only_messages_first_seen_after_it(spark: SparkSession, scenario: Path) -> None:
     """m-ok straddles T (sent at 101, handed to s-late at 106): it is left out entirely, not judged
     `unexpected` for lack of its first send."""
-    summary, pairs, _ = reconcile(spark, sorted(str(p) for p in scenario.glob("*.jsonl")), since=103.05)
+    summary, pairs, rec = reconcile(spark, sorted(str(p) for p in scenario.glob("*.jsonl")), since=103.05)
+    R.unpersist(rec)
     assert pairs == {k: v for k, v in EXPECTED.items() if k[0] not in ("m-ok", "m-ok2")}
     assert summary.ignored_lines > 0
 
