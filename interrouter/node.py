@@ -120,7 +120,7 @@ class MeshNode:
         same for the sequencers' votes (a journal, `SequencerNode.take_journal`).
 
         `core`: this router's delivery core, which the node reaches only through its inputs and the
-        queries at the end of `router.meshside.MeshSide`; `table`: the subscription table the core
+        queries at the end of `router.core.DeliveryCore`; `table`: the subscription table the core
         reads, which the node's gossip keeps in step with the other routers' (the same object)."""
         self.me = me
         self.inc = inc

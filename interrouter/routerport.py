@@ -1,6 +1,6 @@
 """What the mesh layer asks of its router, as a type: `interrouter.mesh.Mesh` reaches the router only
 through `RouterPort` (router/server.py's `Router` satisfies it), and the delivery core only through
-the core's inputs and the queries at the end of `router.meshside.MeshSide` (interrouter/node.py).
+the core's inputs and its queries (`set_mesh`, `reachable_routers`, ... at the end of `router.core.DeliveryCore`; interrouter/node.py).
 
 The router's side of the same seam is `router.meshport.MeshPort`: what the router asks of the mesh.
 tests/unit/test_mesh_seam.py checks that the mesh layer keeps to both.

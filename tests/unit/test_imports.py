@@ -127,17 +127,9 @@ def test_no_import_cycles_between_files() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join([*c, c[0]]) for c in cycles)
 
 
-# The delivery core's files still import one another for their annotations (issue 28: taken apart by
-# another change); a circle among them alone is let be until then. Nothing else may join it.
-CORE_CIRCLE_PENDING = frozenset({
-    "oncemesh.router.core", "oncemesh.router.handing", "oncemesh.router.identity", "oncemesh.router.meshside",
-    "oncemesh.router.sweeps", "oncemesh.router.order.causal_policy", "oncemesh.router.order.fifo",
-    "oncemesh.router.order.modes", "oncemesh.router.order.policy", "oncemesh.router.order.total_policy"})
-
-
 def test_no_circles_between_files_even_through_imports_for_types() -> None:
     circles = [sorted(c) for c in nx.strongly_connected_components(graph(types=True))
-               if len(c) > 1 and not c <= CORE_CIRCLE_PENDING]
+               if len(c) > 1]
     assert not circles, "files that import each other (counting imports under TYPE_CHECKING): declare what " \
         "the lower one needs as a Protocol below both:\n" + "\n".join(", ".join(c) for c in circles)
 
