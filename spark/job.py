@@ -391,8 +391,8 @@ class JobCounter:
 
     def __exit__(self, *exc: object) -> None:
         group, desc = self.old
-        self.sc.setLocalProperty("spark.jobGroup.id", group)  # type: ignore[arg-type]
-        self.sc.setLocalProperty("spark.job.description", desc)  # type: ignore[arg-type]
+        self.sc.setLocalProperty("spark.jobGroup.id", group)  # type: ignore[arg-type]  # pyspark annotates the value as str, yet None is how Spark unsets a local property (the group was none)
+        self.sc.setLocalProperty("spark.job.description", desc)  # type: ignore[arg-type]  # (the same: None unsets it)
 
     def count(self) -> int:
         """Jobs of the group so far (the status store learns of a job from the listener bus: wait
