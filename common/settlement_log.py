@@ -135,6 +135,9 @@ ROUTER_EVENTS = {
     # v2: parts an origin adds to a record after it was received (a resend adopted here, total
     # order), and the segment boundaries (the header line reads as `segment_opened`)
     "owed", "segment_opened", "segment_closed",
+    # a life made for a claim the mesh refused (another identity holds the subscription) ended: not
+    # an end of the subscription's own life
+    "claim_refused",
 }
 PUBLISHER_EVENTS = {"published", "outcome"}
 SUBSCRIBER_EVENTS = {"subscribed", "resumed", "unsubscribed", "handed", "duplicate"}

@@ -676,7 +676,7 @@ def failing_router_pairs(reconcile_dir: Path, n: int = 3) -> list[dict[str, Any]
             .limit(n).collect()]
 
 
-_LIFECYCLE = ("subscribed", "resumed", "suspended", "unsubscribed", "expired")
+_LIFECYCLE = ("subscribed", "resumed", "suspended", "unsubscribed", "expired", "claim_refused")
 _ROUTER_LIFE = ("router_started", "router_stopped", "peer_up", "peer_down")
 
 

@@ -146,6 +146,10 @@ def _refusal(sid: str, link: object, holder: Subscription) -> DetachLink:
                       f"attach with the credentials that made it")
 
 
+# why a life made here for a claim the mesh refused (another identity holds the subscription) ends
+CLAIM_REFUSED = "refused: another identity holds it"
+
+
 @dataclass(frozen=True, slots=True)
 class SubscriberAttach:
     """What a subscriber's ATTACH asked for, kept with its link (a refused resume takes it again)."""
@@ -809,7 +813,7 @@ class DeliveryCore:
             self._unbind(rt)
             sub = self.table.get(att.sid)
             if sub is not None and sub.live and sub.home == self.router_id and sub.owner == att.owner:
-                self._end(att.sid, now, "refused: another identity holds it")
+                self._end(att.sid, now, CLAIM_REFUSED)
             return False
         self.detach_subscriber(link, att.sid, True, now)
         self.attach(link, att, now)
@@ -851,8 +855,11 @@ class DeliveryCore:
         """End a subscription homed here (unsubscribe, not durable, expiry)."""
         sub = self.table.end(sid, now, reason)
         if sub is not None:
-            self.log.append(("unsubscribed" if reason == "unsubscribed" else "expired", None, sub.topic,
-                             sid, reason))
+            # a refused claim's life is not the subscription's: its end is no end of the owner's
+            # life in the logs (`claim_refused`, which the reconciliation's lives do not read)
+            event = "unsubscribed" if reason == "unsubscribed" else \
+                "claim_refused" if reason == CLAIM_REFUSED else "expired"
+            self.log.append((event, None, sub.topic, sid, reason))
             self.out.append(Announce(sid))
         self._ended(sid, now, reason)
 

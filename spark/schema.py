@@ -92,7 +92,7 @@ EVENTS_BY_SOURCE: dict[str, frozenset[str]] = {
         "settled", "placeholder", "placeholder_final", "orphan_final",
         "attach_requested", "subscribed", "resumed", "suspended", "unsubscribed", "expired",
         "forwarded", "forward_received", "remote_ack", "peer_up", "peer_down",
-        "owed", "segment_opened", "segment_closed",
+        "owed", "segment_opened", "segment_closed", "claim_refused",
     }),
     "publisher": frozenset({"published", "outcome"}),
     "subscriber": frozenset({"subscribed", "resumed", "unsubscribed", "handed", "duplicate"}),

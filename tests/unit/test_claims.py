@@ -268,6 +268,10 @@ def test_a_claim_the_mesh_refused_for_another_identity_is_refused_not_made_a_new
     assert any(isinstance(a, Announce) for a in core.out)
     sub = core.table.get("s")
     assert sub is not None and sub.state is SubState.ENDED and "s" not in core.subs
+    # logged as no end of the subscription's life (the owner's life goes on at A: the reconciliation
+    # reads `expired` as the end of the subscription's life, whoever's it was)
+    ends = [e for e in core.log if e[0] in ("expired", "unsubscribed", "claim_refused")]
+    assert ends == [("claim_refused", None, TOPIC, "s", "refused: another identity holds it")], ends
     # the life that ended so never moves bob's next claim up the subscription's history
     core.attach(object(), att, 1.2)
     again = core.table.get("s")
