@@ -97,6 +97,7 @@ from .handing import Handing
 from .identity import Identities, WireNote
 from .meshside import MeshSide, declared_settled
 from .order.causal_policy import CausalOrder
+from .order.fifo import FifoOrder
 from .order.modes import DEFAULT, MODES, topic_modes
 from .order.policy import BLOCK, PARK, SKIP, OrderPolicy, Verdict
 from .order.total import Checkpoint, TotalStream, start_key
@@ -196,7 +197,6 @@ class DeliveryCore:
         self.stats_reclaimed = 0  # subscriptions claimed again for their live link here (meshside.py)
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
         self.newest_link: dict[str, PubLink] = {}  # plid -> its most recent attach here
-        self.stats_fifo_held = 0  # times a delivery was held back behind an earlier message of its publisher
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
         self.log_writable = True  # and only while the settlement log can be written (a full disk)
@@ -214,14 +214,8 @@ class DeliveryCore:
         self.mesh_size = 1  # routers in the topology (the mesh layer sets it): 1 = standalone
         # total order: per topic, the numbering learned so far
         self.total: dict[str, TotalStream] = {t: TotalStream() for t in self.cfg.total_topics}
-        self.stats_total_held = 0  # times a delivery waited for an earlier number of its topic
-        self.stats_total_late = 0  # handed after a later number (it came only after that was handed)
-        # causal order: per (client, causal group), the client's causal past as this router knows it:
-        # publisher link -> (seq or -1, gid, topic, when noted) of the latest message of that link in it
+        # causal order: the causal group of each topic in one (the pasts: `CausalOrder.pasts`)
         self.causal = self.cfg.causal_groups
-        self.pasts: dict[tuple[str, str], dict[str, tuple[int, str, str, float]]] = {}
-        self.stats_causal_deps = 0  # dependencies attached to messages published here
-        self.stats_causal_cycles = 0  # two messages found waiting for each other (one went first)
         # the order of each topic: one policy object per mode (router/order/modes.py), FIFO the default
         self.order_modes: dict[str, OrderPolicy] = {name: mode(self) for name, mode in MODES.items()}
         self.fifo = self.order_modes[DEFAULT]
@@ -1375,6 +1369,7 @@ class DeliveryCore:
 
     def stats(self) -> dict[str, int]:
         live = list(self.table.live())
+        fifo, causal = cast(FifoOrder, self.fifo), self.causal_order
         return {
             "records": len(self.records), "undecided": self.undecided, "inflight_bytes": self.inflight_bytes,
             "destination_records": self.destination_records,
@@ -1382,15 +1377,15 @@ class DeliveryCore:
             "local_subscriptions": sum(1 for s in live if s.home == self.router_id),
             "active_subscriptions": sum(1 for s in live if s.state is SUB_ACTIVE),
             "placeholders": len(self.placeholders), "publisher_links": len(self.pub_links),
-            "fifo_holds": self.stats_fifo_held, "fifo_awaited": len(self.handing.awaited),
-            "causal_deps": self.stats_causal_deps, "causal_clients": len(self.pasts),
-            "causal_cycles": self.stats_causal_cycles,
+            "fifo_holds": fifo.held + causal.held, "fifo_awaited": len(self.handing.awaited),
+            "causal_deps": causal.deps_given, "causal_clients": len(causal.pasts),
+            "causal_cycles": fifo.cycles + causal.cycles,
             "finals_ignored": self.meshside.stats_final_ignored, "subscriptions_reclaimed": self.stats_reclaimed,
             "new_identities": self.ids.stats_new_identities, "finals_answered": self.ids.stats_finals_answered,
             "final_notes": len(self.ids.final_notes),
             "final_gids": len(self.recent_final) + self.old_finals.gids,
             "final_entries": len(self.recent_final) + len(self.old_finals),
-            "total_holds": self.stats_total_held, "total_late": self.stats_total_late,
+            "total_holds": self.total_order.held, "total_late": self.total_order.late,
         }
 
     def snapshot(self, now: float, parts: Parts = NOTHING) -> CoreSnapshot:

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 What a client publishes depends on what it was handed and published before, on any topic of the
 topic's causal group: its *causal past*, kept per (client, group) by the router that serves it
-(`DeliveryCore.pasts`: per publisher link the latest message of the link in it, noted by `note`).
+(`CausalOrder.pasts`: per publisher link the latest message of the link in it, noted by `note`).
 A message published into a causal topic carries its past as dependencies (`Record.deps`, from
 `deps`; copies carry them too). Those of its own topic are held back exactly as FIFO predecessors
 (`add_deps` adds them to `Record.preds`), so the FIFO rules apply (this policy extends
@@ -29,6 +29,7 @@ from .policy import PARK, Verdict, late
 
 if TYPE_CHECKING:
     from ..state import PubLink, Record, SubRuntime
+    from .policy import OrderHost
 
 CAUSAL_LATE = late(1, "causal: a message depending on it was handed first")
 
@@ -37,7 +38,14 @@ class CausalOrder(FifoOrder):
     name = "causal"
     watches = True
 
-    __slots__ = ()
+    __slots__ = ("pasts", "deps_given")
+
+    def __init__(self, core: OrderHost) -> None:
+        super().__init__(core)
+        # per (client, causal group), the client's causal past as this router knows it: publisher
+        # link -> (seq or -1, gid, topic, when noted) of the latest message of that link in it
+        self.pasts: dict[tuple[str, str], dict[str, tuple[int, str, str, float]]] = {}
+        self.deps_given = 0  # dependencies attached to messages published here
 
     def may_hand(self, rt: SubRuntime, rec: Record, redelivery: bool) -> Verdict | None:
         if (rec.origin is None and not rec.pubs and not rec.pub_settled and self.core.handing.withhold(rec, rt)) \
@@ -92,9 +100,9 @@ class CausalOrder(FifoOrder):
         handed to it here, or it published it. Per publisher link the latest is kept (a link's
         messages are handed in its order, so depending on the latest covers the earlier ones)."""
         core = self.core
-        past = core.pasts.get((client, group))
+        past = self.pasts.get((client, group))
         if past is None:
-            past = core.pasts[(client, group)] = {}
+            past = self.pasts[(client, group)] = {}
         now = core._now
         records = core.records
         for g, t in ((gid, topic), *deps):
@@ -112,7 +120,7 @@ class CausalOrder(FifoOrder):
         it for a subscription that came in force since (re-originated, it is owed there); entries
         noted longer ago than we remember finals leave the past (as `_await` gives up on them)."""
         core = self.core
-        past = core.pasts.get((pl.client, group)) if pl.client else None
+        past = self.pasts.get((pl.client, group)) if pl.client else None
         if not past:
             return ()
         horizon = core._now - core.cfg.final_memory
@@ -122,7 +130,7 @@ class CausalOrder(FifoOrder):
                 del past[p]
             elif p != pl.plid:
                 out.append((g, t))
-        core.stats_causal_deps += len(out)
+        self.deps_given += len(out)
         return tuple(out)
 
     @staticmethod

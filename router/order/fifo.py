@@ -16,7 +16,7 @@ rules, both per record and subscription:
 
 A record whose publisher left the origin waits (PARK) until the mesh was asked about it
 (`Handing.withhold`), whatever the order. The state this mode keeps is on the subscription
-(`fifo_hi`) and the record (`preds`); the count of holds is the core's `stats_fifo_held`.
+(`fifo_hi`) and the record (`preds`); the count of holds is the policy's own (`held`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from .policy import PARK, OrderPolicy, Verdict, late
 
 if TYPE_CHECKING:
     from ..state import Record, SubRuntime
+    from .policy import OrderHost
 
 FIFO_LATE = late(0, "fifo: a later message was handed first")
 
@@ -35,7 +36,12 @@ FIFO_LATE = late(0, "fifo: a later message was handed first")
 class FifoOrder(OrderPolicy):
     name = "fifo"
 
-    __slots__ = ()
+    __slots__ = ("held", "cycles")
+
+    def __init__(self, core: OrderHost) -> None:
+        super().__init__(core)
+        self.held = 0  # times a delivery was held back behind an earlier message of its publisher
+        self.cycles = 0  # two messages found waiting for each other (one went first)
 
     def may_hand(self, rt: SubRuntime, rec: Record, redelivery: bool) -> Verdict | None:
         if (rec.origin is None and not rec.pubs and not rec.pub_settled and self.core.handing.withhold(rec, rt)) \
@@ -71,15 +77,15 @@ class FifoOrder(OrderPolicy):
             if r is None:
                 if p in core.recent_final or p in core.old_finals or core.handing.await_pred(p):
                     continue
-                core.stats_fifo_held += 1
+                self.held += 1
                 return False
             st = r.owed.get(sid)
             if st is S_QUEUED and r.deps and rec.gid in r.preds:
                 # two messages each said to depend on the other (causal dependencies a foreign client's
                 # resend picked up at another router): waiting would be forever; this one goes first
-                core.stats_causal_cycles += 1
+                self.cycles += 1
                 continue
             if st is S_QUEUED or st is None:
-                core.stats_fifo_held += 1
+                self.held += 1
                 return False
         return True

@@ -54,14 +54,9 @@ class OrderHost(CoreView, Protocol):
     """What the order policies ask of the delivery core (never its module): its records,
     subscriptions and final memory (read), the handing part (`withhold`, `await_pred`), the core's
     own steps a policy that walks runs (`_send`, `_owe`, `_resolve`, `_decide`; copies: `meshside`),
-    and the counts and causal pasts the policies keep on it."""
+    (the policies keep their own counts; the causal policy its clients' pasts)."""
 
     _now: float
-    stats_fifo_held: int
-    stats_causal_cycles: int
-    stats_causal_deps: int
-    stats_total_held: int
-    stats_total_late: int
 
     @property
     def cfg(self) -> CoreConfig: ...
@@ -73,8 +68,6 @@ class OrderHost(CoreView, Protocol):
     def total(self) -> Mapping[str, TotalStream]: ...
     @property
     def causal(self) -> Mapping[str, str]: ...
-    @property
-    def pasts(self) -> dict[tuple[str, str], dict[str, tuple[int, str, str, float]]]: ...
     @property
     def handing(self) -> Handing: ...
     @property

@@ -31,6 +31,7 @@ from .total import Checkpoint, parse_start
 
 if TYPE_CHECKING:
     from ..state import Record, SubRuntime
+    from .policy import OrderHost
 
 ASK_AHEAD = 512  # numbers past the one the walk waits at whose questions go out with it
 
@@ -39,7 +40,12 @@ class TotalOrder(OrderPolicy):
     name = "total"
     walks = True
 
-    __slots__ = ()
+    __slots__ = ("held", "late")
+
+    def __init__(self, core: OrderHost) -> None:
+        super().__init__(core)
+        self.held = 0  # times a delivery waited for an earlier number of its topic
+        self.late = 0  # handed after a later number (it came only after that was handed)
 
     def may_hand(self, rt: SubRuntime, rec: Record, redelivery: bool) -> Verdict | None:
         if not self.ready(rec, rt, redelivery):
@@ -99,14 +105,14 @@ class TotalOrder(OrderPolicy):
         core = self.core
         n = rec.tnum
         if n is None:
-            core.stats_total_held += 1
+            self.held += 1
             return False
         nxt = self.next(rt, rec.topic)
         if nxt is None or n > nxt:
-            core.stats_total_held += 1
+            self.held += 1
             return False
         if n < nxt and not redelivery and not (rt.resend and rec.gid in rt.resend):
-            core.stats_total_late += 1
+            self.late += 1
             core.log.append(("total_late", rec.gid, rec.topic, rt.sid, {"number": n, "next": nxt}))
         return True
 

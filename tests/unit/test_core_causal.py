@@ -116,7 +116,7 @@ def test_final_messages_stay_until_they_are_older_than_we_remember_finals() -> N
     h.core._now = h.now
     c = h.publish("x", "u")
     assert h.core.records[c].deps == ()
-    assert all(e[1] != a for e in h.core.pasts[("x", "group g")].values())
+    assert all(e[1] != a for e in h.core.causal_order.pasts[("x", "group g")].values())
 
 
 def test_deps_travel_in_copies() -> None:
@@ -174,7 +174,7 @@ def test_handing_a_copy_extends_its_clients_past_with_its_deps() -> None:
     h.core.recent_final[a] = h.now  # (so that b is not held back here)
     h.core.receive_copy("O", "o1", b, "t", [subscription_id("y", "s-t", "t")], b"b", h.now, (), ((a, "u"),))
     assert handed(h.take())
-    past = h.core.pasts[("y", "group g")]
+    past = h.core.causal_order.pasts[("y", "group g")]
     assert {e[1] for e in past.values()} == {a, b}
 
 
