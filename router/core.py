@@ -401,6 +401,12 @@ class DeliveryCore:
             self._tell_publisher(rec, pub, pl)
             self._maybe_final(rec, now)
 
+    def unsettled_on(self, pl: PubLink, pub: Any, gid: str) -> None:
+        """`pub`, a delivery of `gid` on `pl`, waits for its publisher's settlement
+        (`publisher_settled`). (The publish path writes the same two entries inline.)"""
+        pl.pubs[pub] = gid
+        self.pub_of[pub] = (pl, gid)
+
     def publisher_settled(self, pub: Any, now: float) -> None:
         entry = self.pub_of.pop(pub, None)
         self.out.append(SettlePublisher(pub))

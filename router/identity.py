@@ -121,8 +121,7 @@ class IdentityHost(CoreView, Protocol):
     def old_finals(self) -> OldFinals: ...
     @property
     def newest_link(self) -> Mapping[str, PubLink]: ...
-    @property
-    def pub_of(self) -> dict[Any, tuple[PubLink, str]]: ...
+    def unsettled_on(self, pl: PubLink, pub: Any, gid: str) -> None: ...
     @property
     def out(self) -> list[Action]: ...
     @property
@@ -259,8 +258,7 @@ class Identities:
             if pl.declared is None:
                 self.settled_on_link(pl, gid)
         else:  # (its settlement frees the tag on this link: `publisher_settled`)
-            pl.pubs[pub] = gid
-            self.core.pub_of[pub] = (pl, gid)
+            self.core.unsettled_on(pl, pub, gid)
 
     def settled_on_link(self, pl: PubLink, gid: str) -> None:
         """The delivery of (plain) `gid` on `pl` was settled while the link stays attached: that tag
