@@ -423,8 +423,6 @@ def _run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, s
          jobs: JobCounter) -> tuple[Summary, Outputs | None]:
     from dataclasses import replace
 
-    from pyspark import StorageLevel
-
     from . import reconcile as R
     from . import verdict as V
 
@@ -433,7 +431,7 @@ def _run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, s
     target = out_dir(out) if out is not None else None
     # parsed once, kept (only the columns used) for every result below
     parsed = (read_logs(spark, files).select(*R.USED, "status")
-              .persist(StorageLevel.MEMORY_AND_DISK))
+              .transform(R.keep))
     rec: Reconciliation | None = None
     try:
         rec = R.reconcile(parsed, since=since, skew=skew, persist=True)
@@ -460,7 +458,7 @@ def _run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, s
         summary = replace(summary, extra={**summary.extra, **measured(jobs, started)})
         return summary, outputs
     finally:
-        parsed.unpersist()
+        R.release(parsed)
         if rec is not None:
             R.unpersist(rec)
 

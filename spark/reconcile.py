@@ -30,7 +30,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -668,6 +667,15 @@ class Reconciliation:
     skew: float = 0.0
 
 
+def keep(df: DataFrame) -> DataFrame:
+    """`df` kept for the results that reuse it, and cut from its lineage: a local checkpoint, made
+    when the first action computes it (no job of its own) and read back as a plan of one leaf. The
+    frames built on it are analysed over that leaf, not over the whole plan below it: on a small
+    run, analysing the plans is where the time goes (docs/reconcile.md, "What a run costs"; the
+    demo's logs took 88 s of the JVM's CPU with `persist`, 54 s so)."""
+    return df.localCheckpoint(eager=False)
+
+
 def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
               persist: bool = False) -> Reconciliation:
     """Build every frame from parsed lines (`parse`, or a projection of it on USED + status).
@@ -678,15 +686,15 @@ def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
     if since is not None:
         ev = restrict_since(ev, since)
         if persist:
-            ev = ev.persist(StorageLevel.MEMORY_AND_DISK)
+            ev = ev.transform(keep)
     lv = lives(ev)
     msgs = messages(ev)
     if persist:
-        lv = lv.persist(StorageLevel.MEMORY_AND_DISK)
-        msgs = msgs.persist(StorageLevel.MEMORY_AND_DISK)
+        lv = lv.transform(keep)
+        msgs = msgs.transform(keep)
     classified = pairs(ev, msgs, lv, skew)
     if persist:
-        classified = classified.persist(StorageLevel.MEMORY_AND_DISK)
+        classified = classified.transform(keep)
     incs = incarnations(ev)
     handed = handed_order(ev, msgs)
     fifo = fifo_order(handed, classified)
@@ -695,13 +703,13 @@ def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
     # the router view: the same events, the routers' lines only (routerview: the one set of rules)
     r_msgs = RV.message_facts(ev)
     if persist:
-        r_msgs = r_msgs.persist(StorageLevel.MEMORY_AND_DISK)
+        r_msgs = r_msgs.transform(keep)
     r_pairs = RV.router_pairs(ev, lives(ev.where(_c("src") == S.ROUTER)), skew, r_msgs)
     if persist:
-        fifo = fifo.persist(StorageLevel.MEMORY_AND_DISK)
-        sub_pairs = sub_pairs.persist(StorageLevel.MEMORY_AND_DISK)
-        causal = causal.persist(StorageLevel.MEMORY_AND_DISK)
-        r_pairs = r_pairs.persist(StorageLevel.MEMORY_AND_DISK)
+        fifo = fifo.transform(keep)
+        sub_pairs = sub_pairs.transform(keep)
+        causal = causal.transform(keep)
+        r_pairs = r_pairs.transform(keep)
     return Reconciliation(parsed=parsed, events=ev, lives=lv, messages=msgs, pairs=classified,
                           records=router_records(ev), incarnations=incs,
                           hops=hop_latencies(ev, msgs, classified), order=fifo, sub_pairs=sub_pairs,
@@ -709,11 +717,21 @@ def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
                           agreement=RV.disagreements(r_pairs, classified), since=since, skew=skew)
 
 
+def release(df: DataFrame) -> None:
+    """Free the blocks of a frame `keep` made (its checkpoint's RDD; a frame that is no checkpoint:
+    its cache, if any)."""
+    plan = df._jdf.queryExecution().logical()
+    if plan.nodeName() == "LogicalRDD":
+        plan.rdd().unpersist(False)
+    else:
+        df.unpersist()
+
+
 def unpersist(r: Reconciliation) -> None:
     """Free what `reconcile(..., persist=True)` kept (the caller's `parsed` stays)."""
     for df in (r.events, r.lives, r.messages, r.pairs, r.order, r.sub_pairs, r.causal, r.router_msgs,
                r.router_pairs):
-        df.unpersist()
+        release(df)
 
 
 # ================================================================ 6. summary
