@@ -5,7 +5,8 @@ run's client logs."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,18 @@ def two_router_mesh(defaults: str) -> str:
     `defaults` (TOML lines) as the [defaults] of both."""
     routers = "".join(f'\n[routers.{r}]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n' for r in "AB")
     return f'[defaults]\n{defaults.strip()}\n{routers}\n[[links]]\nbetween = ["A", "B"]\n'
+
+
+@contextmanager
+def local_spark(app_name: str) -> Iterator[Any]:
+    """A local Spark session for the tests that reconcile (local[2], a 2 GB heap, two shuffle
+    partitions; `oncemesh reconcile` run in-process finds it active and uses it), stopped at the
+    end if this call started it."""
+    from oncemesh.spark.job import spark_session
+
+    session, created = spark_session("local[2]", driver_memory="2g", shuffle_partitions=2, app_name=app_name)
+    try:
+        yield session
+    finally:
+        if created:
+            session.stop()

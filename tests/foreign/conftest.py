@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.foreign.clients import Family, family
+from tests.helpers import local_spark
 from tests.workers import FOREIGN_SETUP
 
 
@@ -46,13 +47,6 @@ def proton_py(request: pytest.FixtureRequest) -> Family:
 def spark() -> Iterator[object]:
     """One local Spark session for every reconcile of this run (`oncemesh reconcile` in-process
     finds it active and uses it)."""
-    from oncemesh.spark.job import spark_session
-
-    session, created = spark_session("local[2]", driver_memory="2g", shuffle_partitions=2,
-                                      app_name="oncemesh-foreign-tests")
-    try:
+    with local_spark("oncemesh-foreign-tests") as session:
         yield session
-    finally:
-        if created:
-            session.stop()
 

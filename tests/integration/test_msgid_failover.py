@@ -28,6 +28,7 @@ from oncemesh.common.settlement_log import log_files, read_events
 from oncemesh.harness.procs import Proc
 from tests.foreign.clients import read_report, wait_progress
 from tests.foreign.verdict import ROUTER_FAILURES, ROUTER_VIEW, reconcile
+from tests.helpers import local_spark
 
 PROTON = Path(__file__).resolve().parents[1] / "foreign" / "proton_py"
 N = 300
@@ -111,15 +112,8 @@ def test_by_tag_the_same_publisher_gets_duplicates(mesh_of: Any, procs: Any, tmp
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[object]:
-    from oncemesh.spark.job import spark_session
-
-    session, created = spark_session("local[2]", driver_memory="2g", shuffle_partitions=2,
-                                     app_name="oncemesh-msgid-tests")
-    try:
+    with local_spark("oncemesh-msgid-tests") as session:
         yield session
-    finally:
-        if created:
-            session.stop()
 
 
 @pytest.mark.spark
