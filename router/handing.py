@@ -20,15 +20,12 @@ from .coreview import CoreView
 
 if TYPE_CHECKING:
 
-    from .coreconfig import CoreConfig
     from .state import Record, SubRuntime
 
 
 class HandingHost(CoreView, Protocol):
     """What the handing rules ask of the delivery core."""
 
-    @property
-    def cfg(self) -> CoreConfig: ...
     @property
     def mesh_size(self) -> int: ...
     @property

@@ -88,8 +88,6 @@ from .state import PubLink, Record
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .actions import Action
-    from .coreconfig import CoreConfig
     from .finals import OldFinals
 
 SETTLED_KEPT = 4096  # tags a link remembers it settled on its attachment (mode first): rule 1
@@ -112,8 +110,6 @@ class IdentityHost(CoreView, Protocol):
     (read), where actions and log events go, and the publisher deliveries it registers."""
 
     @property
-    def cfg(self) -> CoreConfig: ...
-    @property
     def incarnation(self) -> str: ...
     @property
     def recent_final(self) -> Mapping[str, float]: ...
@@ -122,10 +118,6 @@ class IdentityHost(CoreView, Protocol):
     @property
     def newest_link(self) -> Mapping[str, PubLink]: ...
     def unsettled_on(self, pl: PubLink, pub: Any, gid: str) -> None: ...
-    @property
-    def out(self) -> list[Action]: ...
-    @property
-    def log(self) -> list[tuple[Any, ...]]: ...
 
     def is_final(self, gid: str) -> bool: ...
 

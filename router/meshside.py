@@ -16,12 +16,12 @@ Sans-IO like the rest."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..common.ids import counter_seq, plid_of
 from ..common.settlement_log import Peer
 from ..common.vocab import O_ACCEPTED, Outcome
-from .actions import Action, Forward, SendAck, SendFinal, SendHold
+from .actions import Forward, SendAck, SendFinal, SendHold
 from .coreview import CoreView
 from .state import HELD, RESOLVED, S_ENDED, S_QUEUED, S_SENT, Record, S
 
@@ -85,10 +85,6 @@ class MeshHost(CoreView, Protocol):
     def ids(self) -> Identities: ...
     @property
     def final_notes(self) -> FinalNotes: ...
-    @property
-    def out(self) -> list[Action]: ...
-    @property
-    def log(self) -> list[tuple[Any, ...]]: ...
 
     def is_final(self, gid: str) -> bool: ...
     def remember_final(self, gid: str, now: float) -> None: ...

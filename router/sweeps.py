@@ -12,11 +12,10 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from .actions import Action, SendProbe
+from .actions import SendProbe
 from .coreview import CoreView
 
 if TYPE_CHECKING:
-    from .coreconfig import CoreConfig
     from .identity import Identities
     from .meshside import MeshSide
     from .order.policy import OrderPolicy
@@ -31,8 +30,6 @@ class SweepHost(CoreView, Protocol):
     """What the sweeps ask of the delivery core: what they read, and the core's own steps they run."""
 
     @property
-    def cfg(self) -> CoreConfig: ...
-    @property
     def undecided(self) -> int: ...
     @property
     def placeholders(self) -> Mapping[str, Mapping[str, float]]: ...
@@ -44,10 +41,6 @@ class SweepHost(CoreView, Protocol):
     def ids(self) -> Identities: ...
     @property
     def meshside(self) -> MeshSide: ...
-    @property
-    def out(self) -> list[Action]: ...
-    @property
-    def log(self) -> list[tuple[object, ...]]: ...
 
     def is_final(self, gid: str) -> bool: ...
     def forget_older(self, now: float) -> None: ...

@@ -27,15 +27,13 @@ mode is named in its module.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from ..coreview import CoreView
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ..actions import Action
-    from ..coreconfig import CoreConfig
     from ..finals import OldFinals
     from ..handing import Handing
     from ..state import Record, S, SubRuntime
@@ -59,8 +57,6 @@ class OrderHost(CoreView, Protocol):
     _now: float
 
     @property
-    def cfg(self) -> CoreConfig: ...
-    @property
     def recent_final(self) -> Mapping[str, float]: ...
     @property
     def old_finals(self) -> OldFinals: ...
@@ -72,10 +68,6 @@ class OrderHost(CoreView, Protocol):
     def handing(self) -> Handing: ...
     @property
     def meshside(self) -> CopyRoutes: ...
-    @property
-    def out(self) -> list[Action]: ...
-    @property
-    def log(self) -> list[tuple[Any, ...]]: ...
 
     def pump_topic(self, topic: str) -> None: ...
     def _send(self, rt: SubRuntime, rec: Record, redelivery: bool) -> None: ...
