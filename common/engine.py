@@ -975,11 +975,11 @@ class AmqpConnection(asyncio.Protocol):
         coll = self.pn_collector
         handler = self.handler
         links = self.links
-        budget = self.budget
-        pass_end = self.engine._pass_end
-        # endpoint events this pass may still handle (-1: no bound; it never reaches 0)
-        left = budget.endpoint_events(pass_end.clock) if budget is not None and pass_end is not None else -1
-        start = left
+        # endpoint events this pass may still handle (-1: no bound; it never reaches 0), asked of the
+        # budget at the first such event: most calls (a read of transfers) have none
+        left: int | None = None
+        start = 0
+        budget = pass_end = None
         self._events_left = False  # (set again below if this pass's budget leaves some)
         while True:
             ev = _peek(coll)
@@ -1009,6 +1009,10 @@ class AmqpConnection(asyncio.Protocol):
                     if link is not None and not link.freed:
                         handler.on_credit(link)
             elif etype in _BUDGETED:
+                if left is None:
+                    budget, pass_end = self.budget, self.engine._pass_end
+                    left = start = budget.endpoint_events(pass_end.clock) \
+                        if budget is not None and pass_end is not None else -1
                 if left == 0:  # the pass budget is spent: this and what follows wait for the next pass
                     self._events_left = True
                     break
@@ -1017,8 +1021,8 @@ class AmqpConnection(asyncio.Protocol):
             else:
                 self._on_endpoint_event(etype, ev)
             _pop(coll)
-        if start > 0 and budget is not None and pass_end is not None:
-            budget.handled(pass_end.clock, start - left)
+        if start > 0 and left is not None and left != start and budget is not None and pass_end is not None:
+            budget.handled(pass_end.clock, start - left)  # (a budget answered and events were handled)
         if self._events_left:
             self._owe()
 
