@@ -150,7 +150,7 @@ def _reconcile(state: Path) -> bool:
     if missing is not None:  # (the demo's own check above still judged the run)
         say(f"  (skipped: {missing})")
         return True
-    summary = reconcile_paths([state / "logs"], out=state / "reconcile", chart=False)
+    summary = reconcile_paths([state / "logs"], out=state / "reconcile", chart=False, make_archive=True)
     say("  " + json.dumps(summary.class_counts()))
     return bool(summary.passed)
 

@@ -212,11 +212,13 @@ SHORT_RUN_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 def spark_session(master: str | None = None, driver_memory: str | None = None,
                   shuffle_partitions: int | None = None, app_name: str = "oncemesh-reconcile",
-                  short: bool = False) -> tuple[SparkSession, bool]:
+                  short: bool = False, archive: list[Path] | None = None) -> tuple[SparkSession, bool]:
     """The active session if there is one (then `master` is not applied), else a new quiet one.
     Returns (session, created). `master` None: spark-submit's --master under spark-submit, else
     local[*]. Local masters bind to loopback and need no network. `short`: the session is for a
-    short run (small logs): a local master's JVM gets SHORT_RUN_JVM."""
+    short run (small logs): a local master's JVM gets SHORT_RUN_JVM. A new local session maps the
+    class archive when there is one; else, given `archive` (a list), its JVM writes one at exit and
+    the path it writes is appended (for `classarchive.stop`)."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -242,12 +244,17 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
         tmp = conf_dir / f".log4j2.{os.getpid()}.tmp"
         tmp.write_text(_LOG4J)
         os.replace(tmp, log4j)
+    from . import classarchive as CA
+
+    cds, part = CA.flags(make=archive is not None) if is_local(master) else ("", None)
+    if part is not None and archive is not None:
+        archive.append(part)
     b = (SparkSession.builder.appName(app_name).master(master)
          .config("spark.ui.showConsoleProgress", "false")
          # -Xss: Spark compiles generated code on the thread that runs a query, a stream's among
          # them, and the live audit's wide plans overflowed a default (1 MB) thread stack there
          .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile={log4j.as_uri()}"
-                 + (f" {SHORT_RUN_JVM}" if short and is_local(master) else ""))
+                 + (f" {SHORT_RUN_JVM}" if short and is_local(master) else "") + (f" {cds}" if cds else ""))
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.debug.maxToStringFields", "200"))
     # what the status store keeps of finished queries, jobs and stages (the UI is off, the store is
@@ -277,18 +284,24 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
                     master: str | None = None, since: float | str | None = None,
                     skew: float = 0.0, chart: bool = True, driver_memory: str | None = None,
                     spark: SparkSession | None = None, keep_session: bool = False,
-                    warn_to: TextIO | None = None, accept_partial: bool = False) -> Summary:
+                    warn_to: TextIO | None = None, accept_partial: bool = False,
+                    make_archive: bool = False) -> Summary:
     """Reconcile the settlement logs under `paths` and return the verdict (`Summary.passed`).
 
     The chaos runner calls this in-process. With `out`, the anomalous pairs, the summary and the
     chart are written there. A session this call starts is stopped at the end unless
     `keep_session`; a given or already active session is left running. Raises UsageError when no
-    log is found. `accept_partial`: a verdict on partial evidence may pass (`--accept-partial`)."""
+    log is found. `accept_partial`: a verdict on partial evidence may pass (`--accept-partial`).
+    `make_archive`: a short run's session started and stopped here leaves the class archive behind
+    when there is none yet (`classarchive`)."""
     files = find_logs(paths)
     since_ts = parse_since(since) if isinstance(since, str) else since
     created = False
+    making: list[Path] = []
     if spark is None:
-        spark, created = spark_session(master, driver_memory, short=is_small(files))
+        spark, created = spark_session(master, driver_memory, short=is_small(files),
+                                       archive=making if make_archive and not keep_session and is_small(files)
+                                       else None)
     try:
         with hadoop_safe(files) as readable:
             summary, _ = run(spark, readable, out=out,
@@ -297,7 +310,9 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
         return summary
     finally:
         if created and not keep_session:
-            spark.stop()
+            from . import classarchive as CA
+
+            CA.stop(spark, making[0] if making else None)
 
 
 # What a reconcile's queries run with (set for the run, restored after): one action is one Spark
@@ -313,8 +328,14 @@ PLANNED = {"spark.sql.adaptive.enabled": "false", "spark.sql.autoBroadcastJoinTh
 # evaluated as quickly without (the live audit's micro-batches run so too, audit.AUDIT_CONF); and
 # constraint propagation infers filters over wide plans at every optimization (it only ever adds
 # null checks and filters: no result depends on it).
+# And one partition throughout (`reconcile.keep` makes every kept frame one partition): the joins and
+# aggregations of frames that are each one partition need no exchange, so the collect is a few
+# stages instead of ~90. A join takes its sides as they are only when the planner's estimate of
+# each is under spark.sql.maxSinglePartitionBytes, and a checkpoint has no estimate (it counts as
+# huge): no bound for a short run, whose logs are one partition's worth anyway.
 SHORT_RUN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-             "spark.sql.constraintPropagation.enabled": "false"}
+             "spark.sql.constraintPropagation.enabled": "false",
+             "spark.sql.maxSinglePartitionBytes": str(2**63 - 1)}
 # Anomalous pairs brought to the driver with the summary (for anomalies.json and the chart): with
 # more, those two are made by Spark (three more jobs).
 ANOMALY_ROWS = 50_000
@@ -806,7 +827,9 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         return 2
     human = sys.stderr if args.json else sys.stdout
     out = args.out if args.out is not None else tempfile.mkdtemp(prefix="oncemesh-reconcile-")
-    spark, created = spark_session(args.master, args.driver_memory, short=is_small(files))
+    making: list[Path] = []
+    spark, created = spark_session(args.master, args.driver_memory, short=is_small(files),
+                                   archive=making if is_small(files) else None)
     try:
         with hadoop_safe(files) as readable:
             summary, outputs = run(spark, readable, out=out, since=since, skew=args.skew,
@@ -814,7 +837,9 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
                                    accept_partial=args.accept_partial)
     finally:
         if created:
-            spark.stop()
+            from . import classarchive as CA
+
+            CA.stop(spark, making[0] if making else None)
     if args.json:
         print(json.dumps(summary.to_dict(), separators=(",", ":")))
     else:

@@ -672,8 +672,14 @@ def keep(df: DataFrame) -> DataFrame:
     when the first action computes it (no job of its own) and read back as a plan of one leaf. The
     frames built on it are analysed over that leaf, not over the whole plan below it: on a small
     run, analysing the plans is where the time goes (docs/reconcile.md, "What a run costs"; the
-    demo's logs took 88 s of the JVM's CPU with `persist`, 54 s so)."""
-    return df.localCheckpoint(eager=False)
+    demo's logs took 88 s of the JVM's CPU with `persist`, 54 s so). When the session plans one
+    shuffle partition (a short run: `job.SHORT_RUN`), the leaf is read as one partition, which the
+    planner knows (a checkpoint alone does not say how it is partitioned): the frames built on it
+    need no exchange."""
+    kept = df.localCheckpoint(eager=False)
+    if df.sparkSession.conf.get("spark.sql.shuffle.partitions") == "1":
+        return kept.coalesce(1)
+    return kept
 
 
 def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
@@ -721,6 +727,8 @@ def release(df: DataFrame) -> None:
     """Free the blocks of a frame `keep` made (its checkpoint's RDD; a frame that is no checkpoint:
     its cache, if any)."""
     plan = df._jdf.queryExecution().logical()
+    while plan.nodeName() == "Repartition":  # keep's coalesce(1)
+        plan = plan.child()
     if plan.nodeName() == "LogicalRDD":
         plan.rdd().unpersist(False)
     else:
