@@ -151,8 +151,9 @@ def adopt(pid: int, part: Path, java: str, class_path: str, wait: float = EXIT_W
     try:
         if not part.is_file() or part.stat().st_size == 0:
             return False
-        check = subprocess.run([java, "-Xshare:on", "-XX:+VerifySharedSpaces", f"-XX:SharedArchiveFile={part}",
-                                "-cp", class_path, "-version"],
+        # (a torn archive crashes this JVM: no crash report for it)
+        check = subprocess.run([java, "-XX:+SuppressFatalErrorMessage", "-Xshare:on", "-XX:+VerifySharedSpaces",
+                                f"-XX:SharedArchiveFile={part}", "-cp", class_path, "-version"],
                                stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
         if check.returncode != 0:
             return False

@@ -65,6 +65,7 @@ def test_a_whole_archive_is_adopted_and_a_torn_one_is_not(archive_dir: Path, tmp
     # a torn archive crashes a JVM that maps it: never adopted, and removed
     assert not CA.adopt(_dead_pid(), torn, JAVA, str(tmp_path), wait=5)
     assert not torn.exists() and not target.exists()
+    assert not list(Path.cwd().glob("hs_err_pid*.log"))  # the crash it made left no report behind
     assert CA.adopt(_dead_pid(), part, JAVA, str(tmp_path), wait=5)
     assert target.is_file() and not part.exists()
     # a JVM maps it and runs
