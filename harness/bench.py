@@ -27,6 +27,7 @@ import dataclasses
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import socket
@@ -1222,6 +1223,118 @@ def profile_router(args: argparse.Namespace, cfg: Settings, workdir: Path) -> di
 
 
 # ---------------------------------------------------------------------- targets and report
+# ---------------------------------------------------------------------- topic matching (router/topics.py)
+TOPIC_TREE = (("orders", "payments", "stock", "users", "audit", "metrics", "alerts", "logs"),
+              tuple(f"r{i}" for i in range(10)), tuple(f"shop{i}" for i in range(50)),
+              tuple(f"item{i}" for i in range(50)))
+"""The benchmark's tree of topic names: 4 levels of 8, 10, 50 and 50 names (200,000 names)."""
+TOPIC_MIX = (("literal", 0.70), ("plus_level_1", 0.05), ("plus_level_2..4", 0.15),
+             ("rest_after_3", 0.08), ("rest_after_2", 0.02))
+"""Kinds of subscription filters and their shares: a whole name; '+' in place of the first level; '+' in
+place of level 2, 3 or 4; '#' after 3 levels (50 names); '#' after 2 levels (2,500 names)."""
+
+
+def _topic_filter(rnd: random.Random, kind: str) -> str:
+    levels = [rnd.choice(names) for names in TOPIC_TREE]
+    if kind == "plus_level_1":
+        levels[0] = "+"
+    elif kind == "plus_level_2..4":
+        levels[rnd.randrange(1, 4)] = "+"
+    elif kind == "rest_after_3":
+        levels = levels[:3] + ["#"]
+    elif kind == "rest_after_2":
+        levels = levels[:2] + ["#"]
+    return "/".join(levels)
+
+
+def topic_match_suite(sizes: tuple[int, ...] = (1, 1_000, 100_000), messages: int = 20_000,
+                      scan_messages: int = 500, seed: int = 29) -> dict[str, Any]:
+    """CPU-us per `TopicIndex.match` call (process CPU time, not wall) with `sizes` subscriptions whose
+    filters follow TOPIC_MIX over TOPIC_TREE, names published drawn uniformly from the same tree; how many
+    subscriptions a message matched on average; for the largest size the index's build time and memory
+    (tracemalloc: what the index allocates, not the filter strings and keys, which the subscription table
+    holds anyway). Up to 1,000 subscriptions, a naive scan (`matches` over every filter) beside it."""
+    import gc
+    import tracemalloc
+
+    from ..router.topics import TopicIndex, matches
+
+    rnd = random.Random(seed)
+    kinds = [k for k, _ in TOPIC_MIX]
+    weights = [w for _, w in TOPIC_MIX]
+    published = ["/".join(rnd.choice(names) for names in TOPIC_TREE) for _ in range(messages)]
+    out: dict[str, Any] = {"tree_levels": [len(n) for n in TOPIC_TREE], "mix": dict(TOPIC_MIX),
+                           "messages": messages, "seed": seed, "cases": {}}
+
+    def build(subs: list[tuple[str, str]]) -> TopicIndex[str]:
+        idx: TopicIndex[str] = TopicIndex()
+        for f, key in subs:
+            idx.add(f, key)
+        return idx
+
+    for n in sizes:
+        subs = [(_topic_filter(rnd, kind), f"sub{i}")
+                for i, kind in enumerate(rnd.choices(kinds, weights, k=n))]
+        gc.collect()
+        t0 = time.process_time()
+        idx = build(subs)
+        build_s = time.process_time() - t0
+        match = idx.match
+        for topic in published[:200]:  # warm-up
+            match(topic)
+        matched = 0
+        t0 = time.process_time()
+        for topic in published:
+            matched += len(match(topic))
+        cpu = time.process_time() - t0
+        case: dict[str, Any] = {"subscriptions": n, "entries": len(idx), "trie_nodes": idx.node_count(),
+                                "cpu_us_per_match": cpu / messages * 1e6,
+                                "matched_per_message": matched / messages,
+                                "build_s": build_s, "build_us_per_subscription": build_s / n * 1e6}
+        if n <= 1_000:
+            few = published[:scan_messages]
+            scanned = 0
+            t0 = time.process_time()
+            for topic in few:
+                scanned += len({k for f, k in subs if matches(f, topic)})
+            case["scan_cpu_us_per_match"] = (time.process_time() - t0) / len(few) * 1e6
+            case["scan_messages"] = len(few)
+            case["scan_matched_per_message"] = scanned / len(few)
+        out["cases"][str(n)] = case
+        del idx
+    largest = max(sizes)
+    subs = [(_topic_filter(rnd, kind), f"sub{i}") for i, kind in enumerate(rnd.choices(kinds, weights, k=largest))]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        idx = build(subs)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    out["memory"] = {"subscriptions": largest, "bytes": held, "bytes_per_subscription": held / largest,
+                     "trie_nodes": idx.node_count()}
+    return out
+
+
+def _topic_match_text(tm: dict[str, Any]) -> list[str]:
+    lines = [f"topic matching (router/topics.py TopicIndex; tree of {' x '.join(map(str, tm['tree_levels']))} names, "
+             f"filters {', '.join(f'{k} {v:.0%}' for k, v in tm['mix'].items())}; {tm['messages']:,} names "
+             f"published, process CPU time)"]
+    rows = [["subscriptions", "CPU-us per match", "matched per message", "naive scan CPU-us", "build us/sub",
+             "trie nodes"]]
+    for c in tm["cases"].values():
+        rows.append([f"{c['subscriptions']:,}", _fmt(c["cpu_us_per_match"], 2), _fmt(c["matched_per_message"], 2),
+                     _fmt(c.get("scan_cpu_us_per_match"), 1), _fmt(c["build_us_per_subscription"], 2),
+                     f"{c['trie_nodes']:,}"])
+    mem = tm["memory"]
+    lines += [_table(rows), f"index memory at {mem['subscriptions']:,} subscriptions: {mem['bytes'] / 1e6:.1f} MB "
+              f"({_fmt(mem['bytes_per_subscription'])} B per subscription; tracemalloc, the filter strings and "
+              f"keys not counted)", ""]
+    return lines
+
+
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The speed targets (docs/performance.md, "Where the router stands against its targets"), evaluated where this run measured what they are about."""
     t = report["throughput"]
@@ -1464,6 +1577,8 @@ def format_report(rep: dict[str, Any]) -> str:
                       ""]
         else:
             lines += [f"instructions: {ins.get('error')}", ""]
+    if rep.get("topic_match"):
+        lines += _topic_match_text(rep["topic_match"])
     if rep.get("targets"):
         lines.append("targets")
         for t in rep["targets"]:
@@ -1536,7 +1651,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "batches; e.g. 40: about one message per loop pass under callgrind, the moderate-rate regime)")
     p.add_argument("--no-main", action="store_true", help="skip the scenario and its baselines (run only "
                                                         "--scale-out / --memory / --profile / --instructions / "
-                                                        "--latency-curve)")
+                                                        "--latency-curve / --topic-match)")
+    p.add_argument("--topic-match", action="store_true",
+                   help="also: the topic index's matching cost per message (CPU-us per match with 1, 1,000 and "
+                        "100,000 wildcard and literal subscriptions), its build time and memory; in-process, "
+                        "a few seconds")
     p.add_argument("--latency-curve", default=None, metavar="RATES",
                    help="also: the scenario's latency at each of these rates (msg/s per publisher, comma-"
                         "separated, e.g. 250,500,1000,2000,4000,8000,16000), up to saturation")
@@ -1634,6 +1753,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             report["profile"] = profile_router(args, cfg, workdir)
         if args.instructions:
             report["instructions"] = instructions_suite(args, cfg, workdir)
+        if args.topic_match:
+            log("topic matching: 1, 1,000 and 100,000 subscriptions")
+            report["topic_match"] = topic_match_suite()
         if args.latency_curve:
             report["latency_curve"] = latency_curve(args, cfg, workdir)
         report["targets"] = targets(report)
