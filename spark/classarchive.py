@@ -11,8 +11,8 @@ writes it as it exits, after the results are out, in the background; a waiter pr
 region's checksum verified says it is whole, since a torn archive crashes the JVM that maps it.
 Every local session started after that maps it.
 
-The archive belongs to one Java and one set of Spark's jars (`archive()`: their key is in its
-name); a JVM refuses one that does not match, quietly, and runs without. It takes ~180 MB under
+The archive belongs to one Java and one set of Spark's jars in one place (`archive()`: their key
+is in its name); a JVM refuses one that does not match, quietly, and runs without. It takes ~180 MB under
 `archive_dir()`. ONCEMESH_SPARK_CLASS_ARCHIVE=0 turns it off (no archive mapped or made).
 """
 
@@ -70,7 +70,8 @@ def archive() -> Path | None:
         java_id = (java, os.stat(java).st_mtime_ns) if java else None
     except OSError:
         return None
-    key = hashlib.sha256(repr((pyspark.__version__, listing, java_id)).encode()).hexdigest()[:16]
+    # the JVM checks the class path an archive was made with: the jars' place is part of the key
+    key = hashlib.sha256(repr((pyspark.__version__, str(jars), listing, java_id)).encode()).hexdigest()[:16]
     return archive_dir() / f"spark-classes-{key}.jsa"
 
 
