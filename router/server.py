@@ -60,7 +60,7 @@ from ..common.vocab import (
     O_RELEASED,
     Outcome,
 )
-from . import admission
+from . import admission, topics
 from .actions import (
     Action,
     Announce,
@@ -116,6 +116,18 @@ def validate_address(address: str | None, what: str) -> str:
     if len(address) > 1024 or any(ord(c) < 0x20 for c in address):
         raise errors.InvalidAddress(f"address {address[:64]!r}... is invalid: at most 1024 printable "
                                     f"characters")
+    if what == "target":
+        why = topics.check_name(address)
+        if why is not None:
+            raise errors.InvalidAddress(f"target address {address!r} is not a topic name: {why}")
+    else:
+        why = topics.check_filter(address)
+        if why is not None:
+            raise errors.InvalidAddress(f"source address {address!r} is not a topic filter: {why}")
+        if topics.is_wildcard(address):
+            raise errors.NotImplementedMode(f"source address {address!r} is a wildcard filter: this version "
+                                            f"subscribes to one topic name at a time ('+' and '#' are "
+                                            f"reserved for wildcard subscriptions, not yet supported)")
     return address
 
 
