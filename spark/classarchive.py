@@ -12,8 +12,9 @@ region's checksum verified says it is whole, since a torn archive crashes the JV
 Every local session started after that maps it.
 
 The archive belongs to one Java and one set of Spark's jars in one place (`archive()`: their key
-is in its name); a JVM refuses one that does not match, quietly, and runs without. It takes ~180 MB under
-`archive_dir()`. ONCEMESH_SPARK_CLASS_ARCHIVE=0 turns it off (no archive mapped or made).
+is in its name); a JVM refuses one that does not match, quietly, and runs without. It takes ~180
+MB under `archive_dir()`, where at most KEEP archives are kept (the newest).
+ONCEMESH_SPARK_CLASS_ARCHIVE=0 turns it off (no archive mapped or made).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ ENABLED_ENV = "ONCEMESH_SPARK_CLASS_ARCHIVE"
 DIR_ENV = "ONCEMESH_SPARK_CLASS_ARCHIVE_DIR"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a refused archive is no one's business
 PART = ".part"
+PREFIX = "spark-classes-"
+KEEP = 3  # archives kept in the directory (`prune`)
 EXIT_WAIT = 600.0  # the waiter gives up on a JVM that has not exited after this many seconds
 
 
@@ -72,7 +75,7 @@ def archive() -> Path | None:
         return None
     # the JVM checks the class path an archive was made with: the jars' place is part of the key
     key = hashlib.sha256(repr((pyspark.__version__, str(jars), listing, java_id)).encode()).hexdigest()[:16]
-    return archive_dir() / f"spark-classes-{key}.jsa"
+    return archive_dir() / f"{PREFIX}{key}.jsa"
 
 
 def flags(make: bool) -> tuple[str, Path | None]:
@@ -158,13 +161,25 @@ def adopt(pid: int, part: Path, java: str, class_path: str, wait: float = EXIT_W
                                stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
         if check.returncode != 0:
             return False
-        os.replace(part, target_of(part))
+        target = target_of(part)
+        os.replace(part, target)
+        prune(target.parent, keep=target)
         return True
     except (OSError, subprocess.SubprocessError):
         return False
     finally:
         with suppress(OSError):
             part.unlink()
+
+
+def prune(directory: Path, keep: Path, most: int = KEEP) -> None:
+    """Leave at most `most` archives in `directory`, `keep` and the newest others: an archive is
+    for one place of Spark's jars, and every venv or upgrade makes another."""
+    others = sorted((a for a in directory.glob(f"{PREFIX}*.jsa") if a != keep),
+                    key=lambda a: a.stat().st_mtime, reverse=True)
+    for old in others[max(0, most - 1):]:
+        with suppress(OSError):
+            old.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,8 +66,14 @@ def test_a_whole_archive_is_adopted_and_a_torn_one_is_not(archive_dir: Path, tmp
     assert not CA.adopt(_dead_pid(), torn, JAVA, str(tmp_path), wait=5)
     assert not torn.exists() and not target.exists()
     assert not list(Path.cwd().glob("hs_err_pid*.log"))  # the crash it made left no report behind
+    olds = [archive_dir / f"{CA.PREFIX}old{i}.jsa" for i in range(CA.KEEP + 1)]
+    for i, old in enumerate(olds):  # archives of other places of the jars, oldest first
+        old.write_bytes(b"old")
+        os.utime(old, (1_000_000 + i, 1_000_000 + i))
     assert CA.adopt(_dead_pid(), part, JAVA, str(tmp_path), wait=5)
     assert target.is_file() and not part.exists()
+    # at most KEEP archives stay: the adopted one and the newest others
+    assert sorted(archive_dir.glob("*.jsa")) == sorted([target, *olds[-(CA.KEEP - 1):]])
     # a JVM maps it and runs
     ran = subprocess.run([JAVA, f"-XX:SharedArchiveFile={target}", "-Xshare:on", "-cp", str(tmp_path), "-version"],
                          capture_output=True, timeout=120)
