@@ -44,6 +44,22 @@ def available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
+def preload() -> None:
+    """Import matplotlib on a thread of its own, now: `oncemesh reconcile` calls this before it
+    starts Spark's JVM, while Python has nothing else to do (the import takes ~1 s)."""
+    import threading
+
+    def load() -> None:
+        if not available():
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+
+    threading.Thread(target=load, name="oncemesh-chart-import", daemon=True).start()
+
+
 def render(curves: Sequence[HopCurve], timeline: Mapping[str, Sequence[tuple[float, int]]],
            path: Path, title: str = "oncemesh reconciliation", bucket: float = 1.0) -> Path:
     """Draw the chart to `path` (PNG). `timeline`: class -> [(t, n)] anomalous pairs per time bucket

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
@@ -542,6 +543,26 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ta
 
     remote = is_uri(target)
     collected = len(anomaly_rows) <= ANOMALY_ROWS and summary.pairs - summary.ok == len(anomaly_rows)
+    png: str | None = None
+    drawing: Future[Path] | None = None
+    if chart and remote:
+        print("oncemesh reconcile: no chart for a remote --out", file=say)
+    elif chart and not C.available():
+        print("oncemesh reconcile: matplotlib is not installed: no chart (pip install 'oncemesh[chart]')",
+              file=say)
+    elif chart:
+        curves = sorted((C.HopCurve(q.kind, q.name, q.n, q.curve) for q in summary.latencies),
+                        key=lambda c: (C.KIND_ORDER.get(c.kind, 9), c.hop))
+        times = ([(str(r["class"]), float(t)) for r in anomaly_rows
+                  if (t := r.get("t_pub") if r.get("t_pub") is not None else r.get("t_handed")) is not None]
+                 if collected else None)
+        bucket, timeline = anomaly_timeline(rec, times)
+        title = f"oncemesh reconciliation: {summary.verdict.upper()}"
+        # drawn while Spark writes the Parquet files below (the JVM's work: Python only waits there)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="oncemesh-chart")
+        drawing = pool.submit(C.render, curves, timeline, Path(target) / "reconcile.png", bucket=bucket,
+                              title=title)
+        pool.shutdown(wait=False)
     a_parquet, a_json = f"{target}/anomalies.parquet", f"{target}/anomalies.json"
     _write(R.anomalies(rec.pairs), a_parquet, *ANOMALY_ORDER)
     if collected and not remote:
@@ -564,21 +585,8 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ta
     _write(R.causal_anomalies(rec.causal), c_parquet, "topic", "sub")
     s_parquet, subs_parquet = f"{target}/summary.parquet", f"{target}/subscriptions.parquet"
     subs_frame(spark, summary).coalesce(1).write.mode("overwrite").parquet(subs_parquet)
-    png: str | None = None
-    if chart and remote:
-        print("oncemesh reconcile: no chart for a remote --out", file=say)
-    elif chart and not C.available():
-        print("oncemesh reconcile: matplotlib is not installed: no chart (pip install 'oncemesh[chart]')",
-              file=say)
-    elif chart:
-        curves = sorted((C.HopCurve(q.kind, q.name, q.n, q.curve) for q in summary.latencies),
-                        key=lambda c: (C.KIND_ORDER.get(c.kind, 9), c.hop))
-        times = ([(str(r["class"]), float(t)) for r in anomaly_rows
-                  if (t := r.get("t_pub") if r.get("t_pub") is not None else r.get("t_handed")) is not None]
-                 if collected else None)
-        bucket, timeline = anomaly_timeline(rec, times)
-        png = str(C.render(curves, timeline, Path(target) / "reconcile.png", bucket=bucket,
-                           title=f"oncemesh reconciliation: {summary.verdict.upper()}"))
+    if drawing is not None:
+        png = str(drawing.result())
     # the summary's files last, so that they count every job (summary.parquet's own included)
     d = (final(summary) if final else summary).to_dict()
     d["spark_jobs"] = d.get("spark_jobs", 0) + 1 + (1 if remote else 0)
@@ -827,6 +835,10 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         return 2
     human = sys.stderr if args.json else sys.stdout
     out = args.out if args.out is not None else tempfile.mkdtemp(prefix="oncemesh-reconcile-")
+    if not args.no_chart:
+        from . import chart as C
+
+        C.preload()
     making: list[Path] = []
     spark, created = spark_session(args.master, args.driver_memory, short=is_small(files),
                                    archive=making if is_small(files) else None)
