@@ -119,12 +119,12 @@ def stop(spark: SparkSession, part: Path | None) -> None:
     spark.stop()
     gateway = SparkContext._gateway
     proc = getattr(gateway, "proc", None)
-    if proc is None:  # not a JVM this process launched
+    if gateway is None or proc is None:  # not a JVM this process launched
         with suppress(OSError):
             part.unlink()
         return
     with suppress(Exception):
-        gateway.shutdown()  # type: ignore[union-attr]
+        gateway.shutdown()
     with suppress(OSError, ValueError):
         proc.stdin.close()
     SparkContext._gateway = None
