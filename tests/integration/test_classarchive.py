@@ -104,7 +104,7 @@ CA.stop(spark, making[0] if making else None)
 @pytest.mark.spark
 def test_a_session_leaves_an_archive_behind_that_the_next_one_maps(archive_dir: Path) -> None:
     """A short run's own session (its own process: the tests' session is not involved) has its JVM
-    write the archive as it exits; the waiter adopts it; the next session maps it and runs."""
+    write the archive as it exits; the waiter adopts it; the next session is given it to map."""
     env = {**os.environ, CA.DIR_ENV: str(archive_dir)}
     env.pop(CA.ENABLED_ENV, None)
 
@@ -120,6 +120,5 @@ def test_a_session_leaves_an_archive_behind_that_the_next_one_maps(archive_dir: 
     adopted = list(archive_dir.glob("spark-classes-*.jsa"))
     assert len(adopted) == 1, sorted(p.name for p in archive_dir.iterdir())
     assert not list(archive_dir.glob(f"*{CA.PART}"))
-    jvm, part = CA.flags(make=True)
+    jvm, part = CA.flags(make=True)  # the next session maps it (a JVM mapping one: the test above)
     assert part is None and f"-XX:SharedArchiveFile={adopted[0]}" in jvm
-    session(making=0)  # maps it (nothing more to make)
