@@ -78,9 +78,17 @@ def archive() -> Path | None:
     return archive_dir() / f"{PREFIX}{key}.jsa"
 
 
+# the archive the JVM this process launched writes as it exits (one JVM per process: PySpark's
+# gateway), for `stop`
+_writing: Path | None = None
+
+
 def flags(make: bool) -> tuple[str, Path | None]:
     """(JVM flags, the archive the JVM will write at exit or None): map the archive when there is
-    one; else, with `make`, have the JVM write one when it exits, under a temporary name (`stop`)."""
+    one; else, with `make`, have the JVM write one when it exits, under a temporary name that
+    `stop` adopts. For the JVM about to be launched: call it once per launch."""
+    global _writing
+    _writing = None
     target = archive()
     if target is None:
         return "", None
@@ -93,6 +101,7 @@ def flags(make: bool) -> tuple[str, Path | None]:
     except OSError:
         return "", None
     part = target.with_name(f".{target.name}.{os.getpid()}-{time.monotonic_ns()}{PART}")
+    _writing = part
     return f"-XX:ArchiveClassesAtExit={part} {QUIET}", part
 
 
@@ -101,11 +110,13 @@ def target_of(part: Path) -> Path:
     return part.with_name(part.name[1:].split(".jsa.", 1)[0] + ".jsa")
 
 
-def stop(spark: SparkSession, part: Path | None) -> None:
-    """Stop a session this process started. When its JVM writes an archive at exit (`part`): end
+def stop(spark: SparkSession) -> None:
+    """Stop a session this process started. When its JVM writes an archive at exit (`flags`): end
     the JVM now (its gateway's input closed, as when Python exits; it writes the archive, which
     takes it tens of seconds) and leave a waiter behind to adopt it; a later session in this
     process starts a JVM of its own."""
+    global _writing
+    part, _writing = _writing, None
     if part is None:
         spark.stop()
         return

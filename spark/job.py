@@ -213,13 +213,13 @@ SHORT_RUN_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 def spark_session(master: str | None = None, driver_memory: str | None = None,
                   shuffle_partitions: int | None = None, app_name: str = "oncemesh-reconcile",
-                  short: bool = False, archive: list[Path] | None = None) -> tuple[SparkSession, bool]:
+                  short: bool = False, make_archive: bool = False) -> tuple[SparkSession, bool]:
     """The active session if there is one (then `master` is not applied), else a new quiet one.
     Returns (session, created). `master` None: spark-submit's --master under spark-submit, else
     local[*]. Local masters bind to loopback and need no network. `short`: the session is for a
     short run (small logs): a local master's JVM gets SHORT_RUN_JVM. A new local session maps the
-    class archive when there is one; else, given `archive` (a list), its JVM writes one at exit and
-    the path it writes is appended (for `classarchive.stop`)."""
+    class archive when there is one; else, with `make_archive`, its JVM writes one at exit (stop
+    the session with `classarchive.stop` to have it adopted)."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -247,9 +247,7 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
         os.replace(tmp, log4j)
     from . import classarchive as CA
 
-    cds, part = CA.flags(make=archive is not None) if is_local(master) else ("", None)
-    if part is not None and archive is not None:
-        archive.append(part)
+    cds, _ = CA.flags(make=make_archive) if is_local(master) else ("", None)
     b = (SparkSession.builder.appName(app_name).master(master)
          .config("spark.ui.showConsoleProgress", "false")
          # -Xss: Spark compiles generated code on the thread that runs a query, a stream's among
@@ -298,11 +296,9 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
     files = find_logs(paths)
     since_ts = parse_since(since) if isinstance(since, str) else since
     created = False
-    making: list[Path] = []
     if spark is None:
         spark, created = spark_session(master, driver_memory, short=is_small(files),
-                                       archive=making if make_archive and not keep_session and is_small(files)
-                                       else None)
+                                       make_archive=make_archive and not keep_session and is_small(files))
     try:
         with hadoop_safe(files) as readable:
             summary, _ = run(spark, readable, out=out,
@@ -313,7 +309,7 @@ def reconcile_paths(paths: Iterable[Path | str], *, out: Path | str | None = Non
         if created and not keep_session:
             from . import classarchive as CA
 
-            CA.stop(spark, making[0] if making else None)
+            CA.stop(spark)
 
 
 # What a reconcile's queries run with (set for the run, restored after): one action is one Spark
@@ -839,9 +835,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         from . import chart as C
 
         C.preload()
-    making: list[Path] = []
     spark, created = spark_session(args.master, args.driver_memory, short=is_small(files),
-                                   archive=making if is_small(files) else None)
+                                   make_archive=is_small(files))
     try:
         with hadoop_safe(files) as readable:
             summary, outputs = run(spark, readable, out=out, since=since, skew=args.skew,
@@ -851,7 +846,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         if created:
             from . import classarchive as CA
 
-            CA.stop(spark, making[0] if making else None)
+            CA.stop(spark)
     if args.json:
         print(json.dumps(summary.to_dict(), separators=(",", ":")))
     else:

@@ -85,7 +85,8 @@ def test_a_live_jvm_is_waited_for(archive_dir: Path, tmp_path: Path) -> None:
     part = archive_dir / f".spark-classes-x.jsa.3-3{CA.PART}"
     part.write_bytes(b"not yet")
     assert not CA.adopt(os.getpid(), part, str(JAVA), str(tmp_path), wait=0.5)  # this process lives on
-    assert not (archive_dir / "spark-classes-x.jsa").exists()
+    # left alone (still being written): not checked, not adopted, not deleted
+    assert part.read_bytes() == b"not yet" and not (archive_dir / "spark-classes-x.jsa").exists()
 
 
 # a session as `oncemesh reconcile` starts it for a short run, one query, stopped as it stops it
@@ -93,11 +94,10 @@ _SESSION = """
 import sys
 from oncemesh.spark import classarchive as CA
 from oncemesh.spark.job import spark_session
-making = []
-spark, created = spark_session("local[1]", short=True, archive=making)
-assert created and len(making) == int(sys.argv[1]), making
+spark, created = spark_session("local[1]", short=True, make_archive=True)
+assert created and (CA._writing is not None) == bool(int(sys.argv[1])), CA._writing
 print(spark.range(10).selectExpr("sum(id)").collect()[0][0], flush=True)
-CA.stop(spark, making[0] if making else None)
+CA.stop(spark)
 """
 
 
