@@ -32,6 +32,7 @@ from ..common.engine import AmqpConnection, Link
 from ..common.errors import ClientError, LinkRefused
 from ..common.ids import PLID_LEN, counter_seq, is_control_tag, subscription_id
 from ..common.symbols import PROP_CLIENT, PROP_EPOCH, PROP_HANDED_LAST, PROP_RESUME, PROP_RESUMED
+from ..common.topics import is_wildcard
 from ..common.vocab import FINAL_SUBJECT
 from .host import ClientHost
 
@@ -49,13 +50,21 @@ SETTLEMENT_FIELDS: dict[str, str] = {"n": "int"}
 class Delivered:
     """One message handed to the application."""
 
-    __slots__ = ("gid", "payload", "topic", "_message")
+    __slots__ = ("gid", "payload", "_topic", "_message")
 
-    def __init__(self, gid: str, payload: bytes, topic: str) -> None:
+    def __init__(self, gid: str, payload: bytes, topic: str | None) -> None:
         self.gid = gid
         self.payload = payload
-        self.topic = topic
+        self._topic = topic  # None: read from the message (a wildcard subscription's)
         self._message: Message | None = None
+
+    @property
+    def topic(self) -> str:
+        """The topic the message was published to: the subscription's, or for a subscription to a
+        wildcard filter, the message's `to` (which the router sets when its publisher did not)."""
+        if self._topic is None:
+            self._topic = str(self.message.address or "")
+        return self._topic
 
     @property
     def message(self) -> Message:
@@ -278,7 +287,8 @@ class Subscriber:
             link.flow(len(batch))
             link.conn.touch()
         self.handed_count += len(batch)
-        return [Delivered(g, p, self.topic) for g, _, p in batch]
+        topic = None if is_wildcard(self.topic) else self.topic
+        return [Delivered(g, p, topic) for g, _, p in batch]
 
     def _schedule(self) -> None:
         if not self._scheduled and self.client.engine is not None:

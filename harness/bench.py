@@ -1223,7 +1223,7 @@ def profile_router(args: argparse.Namespace, cfg: Settings, workdir: Path) -> di
 
 
 # ---------------------------------------------------------------------- targets and report
-# ---------------------------------------------------------------------- topic matching (router/topics.py)
+# ---------------------------------------------------------------------- topic matching (common/topics.py)
 TOPIC_TREE = (("orders", "payments", "stock", "users", "audit", "metrics", "alerts", "logs"),
               tuple(f"r{i}" for i in range(10)), tuple(f"shop{i}" for i in range(50)),
               tuple(f"item{i}" for i in range(50)))
@@ -1257,7 +1257,7 @@ def topic_match_suite(sizes: tuple[int, ...] = (1, 1_000, 100_000), messages: in
     import gc
     import tracemalloc
 
-    from ..router.topics import TopicIndex, matches
+    from ..common.topics import TopicIndex, matches
 
     rnd = random.Random(seed)
     kinds = [k for k, _ in TOPIC_MIX]
@@ -1319,7 +1319,7 @@ def topic_match_suite(sizes: tuple[int, ...] = (1, 1_000, 100_000), messages: in
 
 
 def _topic_match_text(tm: dict[str, Any]) -> list[str]:
-    lines = [f"topic matching (router/topics.py TopicIndex; tree of {' x '.join(map(str, tm['tree_levels']))} names, "
+    lines = [f"topic matching (common/topics.py TopicIndex; tree of {' x '.join(map(str, tm['tree_levels']))} names, "
              f"filters {', '.join(f'{k} {v:.0%}' for k, v in tm['mix'].items())}; {tm['messages']:,} names "
              f"published, process CPU time)"]
     rows = [["subscriptions", "CPU-us per match", "matched per message", "naive scan CPU-us", "build us/sub",

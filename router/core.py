@@ -71,8 +71,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..common import errors
+from ..common.amqpmsg import with_to
 from ..common.ids import PLID_LEN, counter_seq, global_id, identity_scope, plid_of
 from ..common.settlement_log import AcceptedBy, Owed
+from ..common.topics import is_wildcard, matches
 from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED, Outcome
 from .actions import (
     Action,
@@ -691,6 +693,7 @@ class DeliveryCore:
         changed nothing, when the subscription is live and another identity's (`refuse_owner`)."""
         self._now = now
         self.refuse_owner(sid, owner)
+        self.refuse_filter(topic)
         old_rt = self.subs.get(sid)
         if old_rt is not None and old_rt.link is not None:
             self._unbind(old_rt)  # the same identity attached again: the new link wins (adapter steals)
@@ -711,6 +714,7 @@ class DeliveryCore:
             self._distrust(rt, now)
         rt.link = link
         rt.capable = capable
+        rt.wild = is_wildcard(topic)
         rt.client = container
         rt.credit = 0
         presented_set = set(presented or ())
@@ -787,6 +791,22 @@ class DeliveryCore:
         if owned_by_another(self.table.get(sid), owner):
             raise errors.UnauthorizedAccess(f"subscription {sid} belongs to another identity; attach with the "
                                             f"credentials that made it")
+
+    def refuse_filter(self, topic_filter: str) -> None:
+        """Raise `NotImplementedMode` when wildcard filter `topic_filter` matches a topic that is not
+        in FIFO order (router/order/modes.py): a subscription across several topics gets each
+        publisher's messages in the order it published them, and no order across topics; a causal or
+        total order is a promise about one topic's (or group's) subscribers, which this version
+        does not extend to a wildcard subscription (docs/promises.md, "Topics and wildcards")."""
+        if not self.orders or not is_wildcard(topic_filter):
+            return
+        clash = sorted(t for t in self.orders if matches(topic_filter, t))
+        if clash:
+            named = ", ".join(f"{t} ({self.orders[t].name})" for t in clash[:5])
+            more = f" and {len(clash) - 5} more" if len(clash) > 5 else ""
+            raise errors.NotImplementedMode(
+                f"filter {topic_filter!r} matches topics in an order other than FIFO: {named}{more}; a "
+                f"wildcard subscription may only match FIFO topics (subscribe to those topics by name)")
 
     def attach(self, link: Any, att: SubscriberAttach, now: float) -> bool:
         """`attach_subscriber` with what the ATTACH asked for. Returns True when it resumed."""
@@ -920,6 +940,7 @@ class DeliveryCore:
         book = self.book
         out = self.out
         log = self.log
+        wild = rt.wild
         while q and rt.credit > 0:
             gid = q.popleft()
             rec = rt.owed.get(gid)
@@ -935,7 +956,8 @@ class DeliveryCore:
                 rt.credit -= 1
                 if rt.resend:
                     rt.resend.discard(gid)
-                out.append(Deliver(sid, gid, rec.payload, redelivery))
+                out.append(Deliver(sid, gid, rec.payload if not wild else with_to(rec.payload, rec.topic),
+                                   redelivery))
                 log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
                 if handed is not None:
                     handed(rt, rec)
@@ -973,7 +995,7 @@ class DeliveryCore:
         rt.credit -= 1
         if rt.resend:
             rt.resend.discard(gid)
-        self.out.append(Deliver(sid, gid, rec.payload, redelivery))
+        self.out.append(Deliver(sid, gid, rec.payload if not rt.wild else with_to(rec.payload, rec.topic), redelivery))
         self.log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
 
     def _order_of(self, sid: str) -> OrderPolicy:

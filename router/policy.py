@@ -7,16 +7,19 @@ file), for anonymous clients (`[anonymous]`) and for everybody (`[defaults]`):
     [defaults]
     max_connections = 100            # per user
     [groups.ops]
-    publish = ["orders.#", "audit"]  # topic patterns
+    publish = ["orders/#", "audit"]  # topic patterns
     subscribe = ["#"]
     [users.alice]
     max_message_size = 65536
     max_links_per_connection = 50    # links on one connection (the router's own limit still applies)
     manage = true                    # may read the management views (oncemesh stat)
 
-Topics are dot-separated; in a pattern `*` is exactly one segment and `#` is any number of them
-(zero included). A user may publish to a topic when any pattern of its own entry, its groups'
-entries or `[defaults]` matches; no match is a refusal. A limit is the user's own if set, else the
+A pattern is a topic filter of the topic tree (common/topics.py): levels separated by `/`, `+` for
+exactly one level, `#` (last) for any number of them, zero included (`orders/#` is `orders` and
+everything below it). A user may publish to a topic when any pattern of its own entry, its groups'
+entries or `[defaults]` matches it; it may subscribe to a filter when one pattern covers it, i.e.
+matches every topic the filter can match (`topics.covers`: `orders/#` allows `orders/+/eu`, `+/eu`
+is not allowed by it); no such pattern is a refusal. A limit is the user's own if set, else the
 largest of its groups', else the default, else none. Without a policy file everything is allowed.
 
 `manage` (true/false) grants the management views (`$management`, `oncemesh stat`), which show
@@ -27,13 +30,14 @@ from `[defaults]`): reading the management views without credentials must be ask
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
+
+from ..common import topics
 
 LIMITS = ("max_connections", "max_connections_per_host", "max_subscriptions", "max_message_size",
           "max_links_per_connection")
@@ -49,26 +53,18 @@ class PolicyError(ValueError):
         self.problems = problems
 
 
-def compile_pattern(pattern: str) -> re.Pattern[str]:
-    """A topic pattern as a regular expression over "." + topic (`Grants` adds the dot); raises
-    ValueError for a malformed one."""
-    if not pattern or pattern.startswith(".") or pattern.endswith(".") or ".." in pattern:
-        raise ValueError(f"pattern {pattern!r}: empty segment")
-    rx = []
-    for seg in pattern.split("."):
-        if seg == "#":
-            rx.append(r"(?:\.[^.]+)*")
-        elif seg == "*":
-            rx.append(r"\.[^.]+")
-        elif "*" in seg or "#" in seg:
-            raise ValueError(f"pattern {pattern!r}: '*' and '#' stand for whole segments (e.g. 'orders.*')")
-        else:
-            rx.append(r"\." + re.escape(seg))
-    return re.compile("".join(rx))
-
-
-def topic_matches(pattern: re.Pattern[str], topic: str) -> bool:
-    return pattern.fullmatch("." + topic) is not None
+def check_pattern(pattern: str) -> str:
+    """A topic pattern, checked: it is a topic filter (common/topics.py); raises ValueError saying why
+    not (and, for a pattern of the dot-separated form of earlier versions, what to write instead)."""
+    bad = topics.check_filter(pattern)
+    if bad is None and "*" not in pattern:
+        return pattern
+    if "*" in pattern or ("." in pattern and "#" in pattern):
+        hint = pattern.replace(".", "/").replace("*", "+")
+        raise ValueError(f"pattern {pattern!r}: patterns are topic filters, with levels separated by '/', '+' "
+                         f"for one level and '#' for the rest (did you mean {hint!r}?); '*' is no wildcard "
+                         f"and not allowed in a pattern")
+    raise ValueError(f"pattern {pattern!r}: {bad}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +79,18 @@ class Rules:
 class Grants:
     """What one user may do."""
 
-    publish: tuple[re.Pattern[str], ...]
-    subscribe: tuple[re.Pattern[str], ...]
+    publish: tuple[str, ...]  # topic filters (`check_pattern`)
+    subscribe: tuple[str, ...]
     limits: dict[str, int]
     manage: bool = False  # may read the management views
 
     def may_publish(self, topic: str) -> bool:
-        return any(topic_matches(p, topic) for p in self.publish)
+        """May the user publish to topic name `topic`?"""
+        return any(topics.matches(p, topic) for p in self.publish)
 
-    def may_subscribe(self, topic: str) -> bool:
-        return any(topic_matches(p, topic) for p in self.subscribe)
+    def may_subscribe(self, topic_filter: str) -> bool:
+        """May the user subscribe to `topic_filter`: does one pattern match every topic it can match?"""
+        return any(topics.covers(p, topic_filter) for p in self.subscribe)
 
     def limit(self, name: str) -> int | None:
         return self.limits.get(name)
@@ -115,8 +113,8 @@ class Policy:
             own = self.users.get(user, Rules())
             group_rules = [self.groups[g] for g in groups if g in self.groups]
             entries = [own, *group_rules, self.defaults]
-        publish = tuple(compile_pattern(p) for e in entries for p in e.publish)
-        subscribe = tuple(compile_pattern(p) for e in entries for p in e.subscribe)
+        publish = tuple(p for e in entries for p in e.publish)
+        subscribe = tuple(p for e in entries for p in e.subscribe)
         limits = {}
         for name in LIMITS:
             if name in own.limits:
@@ -151,11 +149,11 @@ def _rules(value: Any, where: str, problems: list[str]) -> Rules:
     for k, v in value.items():
         if k in ("publish", "subscribe"):
             if not isinstance(v, list) or not all(isinstance(p, str) for p in v):
-                problems.append(f"{where}.{k} must be a list of topic patterns, e.g. [\"orders.*\"]")
+                problems.append(f"{where}.{k} must be a list of topic patterns, e.g. [\"orders/+\"]")
                 continue
             for p in v:
                 try:
-                    compile_pattern(p)
+                    check_pattern(p)
                 except ValueError as exc:
                     problems.append(f"{where}.{k}: {exc}")
             pats[k] = tuple(v)

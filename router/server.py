@@ -27,7 +27,7 @@ from typing import Any, assert_never
 from proton import Message
 
 from ..common import engine as amqp
-from ..common import errors
+from ..common import errors, topics
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
@@ -60,7 +60,7 @@ from ..common.vocab import (
     O_RELEASED,
     Outcome,
 )
-from . import admission, topics
+from . import admission
 from .actions import (
     Action,
     Announce,
@@ -124,10 +124,6 @@ def validate_address(address: str | None, what: str) -> str:
         why = topics.check_filter(address)
         if why is not None:
             raise errors.InvalidAddress(f"source address {address!r} is not a topic filter: {why}")
-        if topics.is_wildcard(address):
-            raise errors.NotImplementedMode(f"source address {address!r} is a wildcard filter: this version "
-                                            f"subscribes to one topic name at a time ('+' and '#' are "
-                                            f"reserved for wildcard subscriptions, not yet supported)")
     return address
 
 
@@ -868,6 +864,7 @@ class Router:
         if handed_last is not None and not isinstance(handed_last, list | tuple):
             raise errors.RemoteProtocolError(f"link property {PROP_HANDED_LAST} must be a list of ids")
         last = tuple(str(g) for g in handed_last) if handed_last else ()
+        self.core.refuse_filter(topic)
         sid = subscription_id(container, link.name, topic)
         known = self.core.table.get(sid)
         self._authorize_subscriber(link.conn, topic, sid, known)

@@ -101,13 +101,16 @@ class SubRuntime:
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
                  "notify", "arrived_at", "fifo_hi", "resend", "tnext", "thanded", "thanded_ids", "thanded_at",
-                 "client", "cpassed", "drain")
+                 "client", "cpassed", "drain", "wild")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
         self.link: Any = None  # adapter token of the attached link, None while suspended
         self.credit = 0
         self.drain = False  # its link asked to drain: credit left when nothing more can go is used up
+        # its filter is a wildcard: each message handed carries its topic as properties.to
+        # (common/amqpmsg.py), set when the publisher left it empty
+        self.wild = False
         self.queue: deque[str] = deque()  # gids QUEUED, in the order to send
         self.owed: dict[str, Record] = {}  # gids QUEUED or SENT for this subscription, arrival order
         self.on_link: set[str] = set()  # gids with an unsettled delivery on the current link

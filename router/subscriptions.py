@@ -54,6 +54,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from ..common.topics import TopicIndex, is_wildcard
+
 SCHEMA = 1
 
 
@@ -201,9 +203,17 @@ class ForeignClaim(Exception):
 
 
 class SubscriptionTable:
+    """Every subscription this router knows, live or ended (tombstones until `forget_ended`).
+
+    Live subscriptions are also indexed by their topic filter: a literal filter (a topic name, the
+    common case) in `_by_topic`, a wildcard filter (common/topics.py: '+', '#') in `_wild`, a
+    `TopicIndex` trie. `live_for_topic(name)` is what a message of that name is owed to."""
+
     def __init__(self) -> None:
         self._subs: dict[str, Subscription] = {}
         self._by_topic: dict[str, dict[str, Subscription]] = {}
+        self._wild: TopicIndex[str] = TopicIndex()  # live wildcard subscriptions' sids by filter
+        self._matched: dict[str, tuple[Subscription, ...]] = {}  # name -> live_for_topic, while _wild holds any
         self.version = 0  # bumped on every change that must be persisted
 
     # -- queries ---------------------------------------------------------------------------------
@@ -211,8 +221,47 @@ class SubscriptionTable:
         return self._subs.get(sid)
 
     def live_for_topic(self, topic: str) -> Iterable[Subscription]:
+        """The live subscriptions whose filter matches the topic name `topic`: those of that literal
+        name (in the order they were indexed), then the wildcard ones (by sid: the same order at
+        every router and in every replay, whatever the order they came in)."""
         d = self._by_topic.get(topic)
-        return d.values() if d else ()
+        if not self._wild:
+            return d.values() if d else ()
+        hit = self._matched.get(topic)
+        if hit is None:
+            subs = self._subs
+            wild = [subs[sid] for sid in sorted(self._wild.match(topic))]
+            hit = (*d.values(), *wild) if d else tuple(wild)
+            if len(self._matched) > 10_000:
+                self._matched.clear()
+            self._matched[topic] = hit
+        return hit
+
+    def wildcard_filters(self) -> Iterator[str]:
+        """The wildcard filters of live subscriptions (each once)."""
+        return (f for f, _ in self._wild.filters())
+
+    def _index(self, sub: Subscription) -> None:
+        if is_wildcard(sub.topic):
+            self._wild.add(sub.topic, sub.sid)
+            self._matched.clear()
+        else:
+            self._by_topic.setdefault(sub.topic, {})[sub.sid] = sub
+            if self._matched:
+                self._matched.pop(sub.topic, None)
+
+    def _unindex(self, sub: Subscription) -> None:
+        if is_wildcard(sub.topic):
+            self._wild.discard(sub.topic, sub.sid)
+            self._matched.clear()
+            return
+        topic_subs = self._by_topic.get(sub.topic)
+        if topic_subs is not None:
+            topic_subs.pop(sub.sid, None)
+            if not topic_subs:
+                del self._by_topic[sub.topic]
+        if self._matched:
+            self._matched.pop(sub.topic, None)
 
     def __iter__(self) -> Iterator[Subscription]:
         return iter(self._subs.values())
@@ -248,7 +297,7 @@ class SubscriptionTable:
                            state=SubState.ACTIVE, home=home, epoch=epoch, since=now, created=now, owner=owner,
                            inc=inc, **next_life(sub))
         self._subs[sid] = sub
-        self._by_topic.setdefault(topic, {})[sid] = sub
+        self._index(sub)
         self.version += 1
         return sub, False
 
@@ -294,11 +343,7 @@ class SubscriptionTable:
         sub.state = SubState.ENDED
         sub.since = now
         sub.end_reason = reason
-        topic_subs = self._by_topic.get(sub.topic)
-        if topic_subs is not None:
-            topic_subs.pop(sid, None)
-            if not topic_subs:
-                del self._by_topic[sub.topic]
+        self._unindex(sub)
         self.version += 1
         return sub
 
@@ -321,15 +366,11 @@ class SubscriptionTable:
                     return None
         old = Subscription(**{f: getattr(cur, f) for f in _FIELDS}) if cur is not None else None
         if cur is not None and cur.live:
-            topic_subs = self._by_topic.get(cur.topic)
-            if topic_subs is not None:
-                topic_subs.pop(cur.sid, None)
-                if not topic_subs:
-                    del self._by_topic[cur.topic]
+            self._unindex(cur)
         new = Subscription(**{f: getattr(remote, f) for f in _FIELDS})
         self._subs[new.sid] = new
         if new.live:
-            self._by_topic.setdefault(new.topic, {})[new.sid] = new
+            self._index(new)
         self.version += 1
         return old if old is not None else Subscription(
             sid=new.sid, topic=new.topic, container=new.container, link=new.link, expiry=new.expiry,
@@ -359,6 +400,8 @@ class SubscriptionTable:
             raise ValueError(f"subscription table schema {snap.get('schema')!r}, expected {SCHEMA}")
         self._subs.clear()
         self._by_topic.clear()
+        self._wild = TopicIndex()
+        self._matched.clear()
         for d in snap.get("subscriptions", []):
             sub = Subscription.from_json(d)
             if sub.live:
@@ -367,7 +410,7 @@ class SubscriptionTable:
                 sub.since = now
             self._subs[sub.sid] = sub
             if sub.live:
-                self._by_topic.setdefault(sub.topic, {})[sub.sid] = sub
+                self._index(sub)
         self.version += 1
 
 

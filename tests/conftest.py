@@ -158,3 +158,5 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--sim-no-hold", action="store_true", help="without the hand-over hold after a stall, for --sim-seed")
     g.addoption("--sim-by-id", action="store_true",
                 help="publishers that pick their tags, identified by message-id, for --sim-seed")
+    g.addoption("--sim-wildcards", action="store_true",
+                help="publishers on several topics, subscriptions with wildcard filters, for --sim-seed")

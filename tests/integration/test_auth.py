@@ -132,11 +132,11 @@ def test_tls_plain_external_and_anonymous_where_allowed(make_router: Any, users_
 
 POLICY = """
 [groups.ops]
-publish = ["orders.#"]
-subscribe = ["orders.#"]
+publish = ["orders/#"]
+subscribe = ["orders/#"]
 
 [users.bob]
-subscribe = ["orders.eu"]
+subscribe = ["orders/eu"]
 max_connections = 1
 """
 
@@ -153,20 +153,20 @@ def test_the_policy_decides_topics_and_limits_and_a_subscription_stays_its_maker
         alice = await Client(r.url, user="alice", password="wonderland", container_id="shared").start()
         bob = await Client(r.url, user="bob", password="builder", container_id="shared").start()
         try:
-            mine = alice.subscriber("orders.eu", "s", expiry=60)
+            mine = alice.subscriber("orders/eu", "s", expiry=60)
             await mine.wait_attached(10)
             with pytest.raises(LinkRefused) as ei:  # bob presents alice's container id and link name
-                await bob.subscriber("orders.eu", "s", expiry=60).wait_attached(10)
+                await bob.subscriber("orders/eu", "s", expiry=60).wait_attached(10)
             assert ei.value.condition == "amqp:unauthorized-access" and "another identity" in ei.value.description
-            fut = await alice.publisher("orders.eu", "p").send("only for alice's subscription")
+            fut = await alice.publisher("orders/eu", "p").send("only for alice's subscription")
             assert [m.body for m in await mine.get_many(1, timeout=10)] == ["only for alice's subscription"]
             assert (await asyncio.wait_for(fut, 10)).accepted
             with pytest.raises(LinkRefused) as ei:
                 await alice.publisher("secret", "p2").wait_attached(10)
             assert ei.value.condition == "amqp:unauthorized-access" and "may not publish to 'secret'" in str(ei.value)
-            theirs = bob.subscriber("orders.eu", "b", expiry=0)
+            theirs = bob.subscriber("orders/eu", "b", expiry=0)
             await theirs.wait_attached(10)
-            for make in (lambda: bob.subscriber("orders.us", "b2", expiry=0), lambda: bob.publisher("orders.eu", "bp")):
+            for make in (lambda: bob.subscriber("orders/us", "b2", expiry=0), lambda: bob.publisher("orders/eu", "bp")):
                 with pytest.raises(LinkRefused) as ei:
                     await make().wait_attached(10)
                 assert ei.value.condition == "amqp:unauthorized-access"
@@ -174,10 +174,10 @@ def test_the_policy_decides_topics_and_limits_and_a_subscription_stays_its_maker
                 await Client(r.url, user="bob", password="builder", reconnect_timeout=2, connect_timeout=3).start()
             wait_for(lambda: log_has(log, "connection.refused reason=max_connections_per_user user=bob"), 10, "log")
             # a reloaded policy applies to new links
-            policy.write_text(POLICY + 'publish = ["orders.eu"]\n')
+            policy.write_text(POLICY + 'publish = ["orders/eu"]\n')
             r.proc.signal(signal.SIGHUP)  # type: ignore[union-attr]
             wait_for(lambda: log_has(log, "policy.reloaded"), 10, "the reload")
-            fut = await bob.publisher("orders.eu", "bp2").send("from bob")
+            fut = await bob.publisher("orders/eu", "bp2").send("from bob")
             assert "from bob" in [m.body for m in await theirs.get_many(1, timeout=10)]
             assert "from bob" in [m.body for m in await mine.get_many(1, timeout=10)]
             assert (await asyncio.wait_for(fut, 10)).accepted
@@ -238,9 +238,9 @@ def test_the_readme_secured_mesh_runs_with_paths_relative_to_its_topology(mesh_o
         sub_c = await Client(b, user="alice", password="wonderland").start()
         pub_c = await Client(a, user="alice", password="wonderland").start()
         try:
-            sub = sub_c.subscriber("orders.eu", "s1", expiry=0)
+            sub = sub_c.subscriber("orders/eu", "s1", expiry=0)
             await sub.wait_attached(10)
-            fut = await pub_c.publisher("orders.eu", "p").send("hello")
+            fut = await pub_c.publisher("orders/eu", "p").send("hello")
             assert [m.body for m in await sub.get_many(1, timeout=20)] == ["hello"]
             assert (await asyncio.wait_for(fut, 20)).accepted
             with pytest.raises(LinkRefused, match="may not publish to 'secrets'"):
@@ -250,10 +250,10 @@ def test_the_readme_secured_mesh_runs_with_paths_relative_to_its_topology(mesh_o
             thief = await Client(a, user="bob", password="builder", container_id=sub_c.container_id).start()
             try:
                 with pytest.raises(LinkRefused, match="another identity"):
-                    await thief.subscriber("orders.eu", "s1", expiry=0).wait_attached(10)
+                    await thief.subscriber("orders/eu", "s1", expiry=0).wait_attached(10)
             finally:
                 await thief.close()
-            fut = await pub_c.publisher("orders.eu", "p3").send("still hers")
+            fut = await pub_c.publisher("orders/eu", "p3").send("still hers")
             assert [m.body for m in await sub.get_many(1, timeout=20)] == ["still hers"]
             assert (await asyncio.wait_for(fut, 20)).accepted
         finally:

@@ -150,7 +150,7 @@ subscribe = ["#"]
 manage = true
 
 [defaults]
-subscribe = ["public.#"]
+subscribe = ["public/#"]
 """
 
 

@@ -54,6 +54,7 @@ from oncemesh.common.ids import (
     publisher_link_id,
     subscription_id,
 )
+from oncemesh.common.topics import matches
 from oncemesh.common.vocab import Outcome
 from oncemesh.interrouter.codec import FrameError
 from oncemesh.interrouter.node import MeshNode
@@ -75,6 +76,10 @@ from tests.sim.kernel import Scheduler, Violation
 from tests.sim.passes import STOP_MODES, Input, SimLoop, Source
 
 TOPIC = "t"
+# a run with wildcards: the topics published to, and the subscriptions' filters (subscriber i has
+# filter i mod 4): one topic by name, one level of a subtree, everything, another subtree
+WILD_TOPICS = ("t/a", "t/b", "u/x")
+WILD_FILTERS = ("t/a", "t/+", "#", "u/#")
 HELLO = 0.5
 DEAD_AFTER = 1.5
 DRAIN_TIMEOUT, DRAIN_GRACE, DRAIN_CHECK = 4.0, 0.4, 0.05
@@ -113,6 +118,7 @@ class SimSubscriber:
     ended_at: float | None = None
     wants: bool = True  # wants to be connected
     epoch: int | None = None  # the subscription's epoch at its last completed attach
+    filter: str = TOPIC  # its topic filter (a name, or with '+'/'#' in a run with wildcards)
 
 
 @dataclass
@@ -131,6 +137,7 @@ class SimPublisher:
     # identified by the message-id (router/identity.py): `transfers` numbers its tags
     by_id: bool = False
     transfers: int = 0
+    topic: str = TOPIC  # the topic it publishes to
 
     def message(self, gid: str, tag: bytes) -> tuple[bytes, bytes]:
         """(the tag, the bytes) of the transfer of `gid` now: ours resend under the same tag; one
@@ -148,7 +155,7 @@ class SimPublisher:
         """The gid of its message numbered `tag` (by tag, or by its message-id)."""
         if not self.by_id:
             return global_id(self.plid, tag)
-        return msgid_gid(identity_scope(TOPIC, self.name), b"s" + f"{self.name}-{tag.decode()}".encode())
+        return msgid_gid(identity_scope(self.topic, self.name), b"s" + f"{self.name}-{tag.decode()}".encode())
 
 
 # ---------------------------------------------------------------------- routers
@@ -492,7 +499,8 @@ class Faults:
 class Simulation:
     def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
                  faults: Faults | None = None, duration: float = 20.0, total: bool | str = False,
-                 causal: bool = False, hold_after_stall: bool = True, by_id: bool = False) -> None:
+                 causal: bool = False, hold_after_stall: bool = True, by_id: bool = False,
+                 wildcards: bool = False) -> None:
         global _serials
         _serials = itertools.count()
         self.seed = seed
@@ -526,10 +534,17 @@ class Simulation:
         self.net = Network(self, graph)
         self.net.loss = self.faults.loss
         names = sorted(self.routers)
-        self.subs = [SimSubscriber(f"s{i}", subscription_id("c-sub", f"s{i}", TOPIC),
-                                   self.rng.sample(names, len(names))) for i in range(n_subs)]
+        # a run with wildcards: publishers on several topics of a tree, subscriptions with filters
+        # that match one, some or all of them (`WILD_TOPICS`, `WILD_FILTERS`)
+        assert not (wildcards and (total or causal)), "wildcard filters match FIFO topics only"
+        filters = WILD_FILTERS if wildcards else (TOPIC,)
+        topics = WILD_TOPICS if wildcards else (TOPIC,)
+        self.subs = [SimSubscriber(f"s{i}", subscription_id("c-sub", f"s{i}", filters[i % len(filters)]),
+                                   self.rng.sample(names, len(names)), filter=filters[i % len(filters)])
+                     for i in range(n_subs)]
         self.pubs = [SimPublisher(f"p{i}", publisher_link_id("c-pub", f"p{i}"),
-                                  self.rng.sample(names, len(names))) for i in range(n_pubs)]
+                                  self.rng.sample(names, len(names)), topic=topics[i % len(topics)])
+                     for i in range(n_pubs)]
         if causal:  # a client's two links try the routers in the same order (they meet more often)
             for s, p in zip(self.subs, self.pubs, strict=False):
                 p.urls = list(s.urls)
@@ -927,7 +942,7 @@ class Simulation:
                 if sid == s.sid and seq >= 0]
         if self.sequence.get(s.sid):  # and the latest handed of all (total order)
             last.append(self.sequence[s.sid][-1])
-        att = SubscriberAttach(s.sid, TOPIC, self.client_of(s.name), s.name, float("inf"), True, sorted(s.accepted),
+        att = SubscriberAttach(s.sid, s.filter, self.client_of(s.name), s.name, float("inf"), True, sorted(s.accepted),
                                s.epoch, tuple(last))
         r.subscriber_attach(link, s, att)
 
@@ -1076,10 +1091,10 @@ class Simulation:
         seq: int | None = p.seq
         if p.by_id:  # a client not ours: it declares nothing
             in_doubt = seq = None
-        if not r.take(link, lambda: r.core.attach_publisher(link, p.plid, TOPIC, True, in_doubt, self.now, seq,
+        if not r.take(link, lambda: r.core.attach_publisher(link, p.plid, p.topic, True, in_doubt, self.now, seq,
                                                             client=self.client_of(p.name), past=past,
                                                             by_id=p.by_id, user=p.name)):
-            r.core.attach_publisher(link, p.plid, TOPIC, True, in_doubt, self.now, seq,
+            r.core.attach_publisher(link, p.plid, p.topic, True, in_doubt, self.now, seq,
                                     client=self.client_of(p.name), past=past, by_id=p.by_id, user=p.name)
             r.process()
         self.schedule(0.001, lambda: self.pub_work(p, link))
@@ -1109,7 +1124,8 @@ class Simulation:
             p.to_publish -= 1
             burst -= 1
             gid = p.gid(tag)
-            self.owed[gid] = {s.sid for s in self.subs if s.in_force_since is not None and s.ended_at is None}
+            self.owed[gid] = {s.sid for s in self.subs if s.in_force_since is not None and s.ended_at is None
+                              and (s.filter == p.topic or matches(s.filter, p.topic))}
             self.published_at[gid] = self.now
             p.in_doubt[gid] = tag
             self._send(p, r, link, gid, tag)

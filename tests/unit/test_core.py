@@ -731,3 +731,50 @@ def test_handovers_held_after_a_stall_go_only_to_subscribers_still_attached() ->
     assert delivered(acts) == [(gone, g1), (gone, g2)]
     _, g3, acts = h.publish(b"3")  # released: hand-overs go at once again
     assert set(delivered(acts)) == {(here, g3), (gone, g3)}
+
+
+def test_a_wildcard_filter_over_a_topic_not_in_fifo_order_is_refused_and_changes_nothing() -> None:
+    h = Harness(total_topics=frozenset({"a/total"}), causal_groups={"b/causal": "g"})
+    for f in ("a/+", "#", "+/causal", "b/#"):
+        sid = subscription_id("c", "w", f)
+        with pytest.raises(errors.NotImplementedMode, match="FIFO") as ei:
+            h.core.attach_subscriber(object(), sid, f, "c", "w", 60.0, True, None, h.now)
+        assert ("a/total" in str(ei.value)) or ("b/causal" in str(ei.value))
+        assert h.core.table.get(sid) is None and sid not in h.core.subs and not h.take()
+    # a filter matching FIFO topics only, and a topic in total order by name, attach
+    for f in ("c/+", "a/total", "a/fifo/#"):
+        sid = subscription_id("c", "w", f)
+        h.core.attach_subscriber(object(), sid, f, "c", "w", 60.0, True, None, h.now)
+        assert h.core.table.get(sid) is not None
+
+
+def test_a_wildcard_subscription_is_owed_what_its_filter_matches_with_the_topic_in_to() -> None:
+    from proton import Message
+
+    from oncemesh.common.topics import matches
+
+    h = Harness()
+    links = {}
+    for f in ("t", "t/+", "#", "u/#"):
+        sid = subscription_id("c", f, f)
+        links[sid] = f
+        h.core.attach_subscriber(object(), sid, f, "c", f, 60.0, True, None, h.now)
+        h.core.subscriber_credit(sid, 10)
+    h.take()
+    for topic in ("t", "t/x", "u", "v/w"):
+        pl = publisher_link_id("pub", topic)
+        link = object()
+        h.core.attach_publisher(link, pl, topic, True, None, h.now)
+        h.take()
+        payload = bytes(Message(body=topic).encode())
+        gid = h.core.publish(link, object(), b"1", payload, h.now)
+        acts = h.take()
+        got = {a.sid: a.payload for a in acts if isinstance(a, Deliver)}
+        assert set(got) == {sid for sid, f in links.items() if matches(f, topic)}, topic
+        for sid, p in got.items():
+            m = Message()
+            m.decode(p)
+            # a wildcard subscriber learns the topic from `to`; a subscriber by name gets the bytes sent
+            assert (m.address == topic) if links[sid] != topic else (p == payload), (sid, topic)
+        rec = h.core.records[gid]
+        assert set(rec.owed) == set(got)

@@ -1,4 +1,4 @@
-"""The topic tree (router/topics.py): MQTT's rules for names, filters and matching, by example; the
+"""The topic tree (common/topics.py): MQTT's rules for names, filters and matching, by example; the
 index against the reference rule under random subscribe/unsubscribe churn; no node left behind."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from oncemesh.router.topics import MAX_TOPIC_BYTES, TopicIndex, check_filter, check_name, matches
+from oncemesh.common.topics import MAX_TOPIC_BYTES, TopicIndex, check_filter, check_name, covers, matches
 
 # ------------------------------------------------------------------ names and filters
 
@@ -167,6 +167,36 @@ NAMES = st.sampled_from(TOPICS)
 def test_matches_agrees_with_a_regular_expression_reference(f: str, topic: str) -> None:
     assert check_filter(f) is None
     assert matches(f, topic) == regex_reference(f, topic)
+
+
+# ------------------------------------------------------------------ one filter covering another
+
+SHORT_FILTERS = st.builds(
+    lambda levels, rest: "/".join(levels + (["#"] if rest else [])),
+    st.lists(st.sampled_from([*LEVELS, "+"]), min_size=0, max_size=3),
+    st.booleans(),
+).filter(lambda f: f != "")
+# every name a filter of at most 4 levels can tell apart: its levels, a level none of them names
+# ('z', what a wildcard stands for), and one level more than the longest filter
+WITNESSES = ["/".join(p) for n in range(1, 6) for p in itertools.product([*LEVELS, "z"], repeat=n)]
+
+
+@given(SHORT_FILTERS, SHORT_FILTERS)
+@settings(max_examples=150, deadline=None)
+def test_covers_is_exactly_inclusion_of_the_names_matched(outer: str, inner: str) -> None:
+    """`covers(outer, inner)` holds exactly when no name is matched by `inner` and not by `outer`."""
+    escape = next((t for t in WITNESSES if matches(inner, t) and not matches(outer, t)), None)
+    assert covers(outer, inner) == (escape is None), escape
+
+
+@pytest.mark.parametrize("outer, inner, want", [
+    ("#", "a/+/b", True), ("a/#", "a", True), ("a/#", "a/b/#", True), ("a/+", "a/b", True),
+    ("a/+", "a/#", False), ("a/+", "a/+/b", False), ("a/b", "a/+", False), ("+", "#", False),
+    ("#", "$SYS/#", False), ("+/#", "$SYS/x", False), ("$SYS/#", "$SYS/+", True), ("a", "a", True),
+    ("a/b/#", "a/#", False), ("+/+", "a/b", True), ("a/+/c", "a/+/c", True), ("a/+/c", "a/+/d", False),
+])
+def test_covers_by_example(outer: str, inner: str, want: bool) -> None:
+    assert covers(outer, inner) is want
 
 
 class IndexAgainstScan(RuleBasedStateMachine):

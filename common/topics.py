@@ -123,6 +123,32 @@ def matches(topic_filter: str, topic: str) -> bool:
     return len(f) == len(t)
 
 
+def covers(outer: str, inner: str) -> bool:
+    """Whether every name that filter `inner` matches is matched by filter `outer` (both valid): the
+    rule by which an authorization pattern allows a subscription's filter (router/policy.py). A
+    literal `inner` is a name, and then this is `matches(outer, inner)`."""
+    o = outer.split(SEP)
+    n = inner.split(SEP)
+    if o[0] in (ONE, REST) and n[0] not in (ONE, REST) and n[0].startswith("$"):
+        return False  # inner matches '$' names, which a first-level wildcard never does
+    for i, level in enumerate(o):
+        if level == REST:
+            return True  # every rest of a name, none included
+        if i >= len(n):
+            return False  # inner's names end here, outer's go on
+        x = n[i]
+        if x == REST:
+            # inner also matches every longer name and the one that ends before this level (but at
+            # the first level there is none: a name has a level), which only '#' here, or '+/#' at
+            # the first level, matches too
+            return i == 0 and level == ONE and o[1:] == [REST]
+        if level == ONE:
+            continue
+        if x == ONE or x != level:
+            return False
+    return len(n) == len(o)
+
+
 class _Node(Generic[K]):
     """A trie node: what hangs below one level of a wildcard filter."""
 
