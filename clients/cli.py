@@ -169,6 +169,9 @@ async def _put(args: argparse.Namespace) -> int:
                   f"in doubt in the outbox until a later put", file=sys.stderr)
             return 0
         futs = resent_futs + [await pub.send(m) for m in args.messages]
+        if not futs:
+            print("oncemesh put: nothing in doubt in the outbox; nothing to send", file=sys.stderr)
+            return 0
         results = await _outcomes(client, args.topic, futs, args.timeout, args.progress)
         if results is None:
             left = sum(not f.done() for f in futs)

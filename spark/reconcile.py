@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from . import routerview as RV
 from . import schema as S
 from . import verdict as V
+from .topicmatch import join_by_filter
 from .verdict import Agreement, RouterView
 
 # Line statuses.
@@ -238,12 +239,11 @@ def messages(events: DataFrame) -> DataFrame:
 
 # ================================================================ 4. pairs
 def owed_pairs(msgs: DataFrame, subs_lives: DataFrame) -> DataFrame:
-    """(gid, sub) for each message and each life on its topic that had begun at or before the first
-    send and had not ended by then: gid, sub, life, life_start, life_end, life_end_ev."""
+    """(gid, sub) for each message and each life whose filter matches its topic (spark/topicmatch.py)
+    that had begun at or before the first send and had not ended by then: gid, sub, life, life_start, life_end, life_end_ev."""
     lv = subs_lives.select("sub", "topic", "life", _c("start").alias("life_start"),
                            _c("end").alias("life_end"), _c("end_ev").alias("life_end_ev"))
-    return (msgs.select("gid", "topic", "t_pub")
-            .join(lv, "topic")
+    return (join_by_filter(msgs.select("gid", "topic", "t_pub"), lv)
             .where((_c("life_start") <= _c("t_pub"))
                    & (_c("life_end").isNull() | (_c("life_end") > _c("t_pub"))))
             .select("gid", "sub", "life", "life_start", "life_end", "life_end_ev"))

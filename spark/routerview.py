@@ -29,6 +29,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from . import schema as S
+from .topicmatch import join_by_filter
 
 # The router view's classes, in summary order; those that fail a run; why a pair is not judged.
 CLASSES = ("ok", "lost", "duplicated", "false_accept", "unexpected", "unresolved", "ended", "redelivered")
@@ -119,11 +120,11 @@ def pair_evidence(events: DataFrame) -> DataFrame:
 
 def in_force(msgs: DataFrame, router_lives: DataFrame, skew: float = 0.0) -> DataFrame:
     """(gid, sub): subscriptions whose life (from the routers' lifecycle lines: `lives` of the
-    router lines) had begun before the message first came to an origin (by more than `skew`) and
+    router lines; its filter matching the message's topic, spark/topicmatch.py) had begun before the
+    message first came to an origin (by more than `skew`) and
     had not ended by then."""
     lv = router_lives.select("sub", "topic", _c("start").alias("life_start"), _c("end").alias("life_end"))
-    return (msgs.where(_c("t_recv").isNotNull()).select("gid", "topic", "t_recv")
-            .join(lv, "topic")
+    return (join_by_filter(msgs.where(_c("t_recv").isNotNull()).select("gid", "topic", "t_recv"), lv)
             .where((_c("life_start") + F.lit(skew) < _c("t_recv"))
                    & (_c("life_end").isNull() | (_c("life_end") > _c("t_recv"))))
             .select("gid", "sub").distinct())

@@ -28,5 +28,7 @@ def test_put_says_which_subscription_it_waits_for_and_its_timeout_leaves_the_out
     assert got.stdout.splitlines() == ["hello", "world"], got.stderr
     flushed = _oncemesh("put", "news", "--flush", "--timeout", "30", *pub)  # (the outbox's: resent, not twice)
     assert flushed.returncode == 0 and "2 of 2 message(s) ACCEPTED" in flushed.stderr, flushed.stderr
+    empty = _oncemesh("put", "news", "--flush", "--timeout", "30", *pub)  # nothing left: said, not a crash
+    assert empty.returncode == 0 and "nothing in doubt" in empty.stderr, empty.stderr
     again = _oncemesh("get", "news", "--subscription", "s1", "--timeout", "2", *sub)
     assert again.returncode == 0 and again.stdout == "", again.stdout
