@@ -5,7 +5,8 @@ subscription is a wildcard filter (common/topics.py) must learn which topic each
 published to, and AMQP's place for that is the `to` field of the message's properties section
 (AMQP 1.0 section 3.2.4; Qpid JMS reads it as JMSDestination, rhea as `message.to`, Proton as
 `Message.address`). `with_to` sets it when the publisher left it empty, and changes nothing else:
-every other section and field is copied byte for byte.
+every other section and field is copied byte for byte. The same field names the topic of each
+message sent on an anonymous relay link (a sender with no target): `read_to` reads it.
 
 How the bytes are read (AMQP 1.0 sections 1.2 and 3.2): a message is a sequence of sections, each a
 described value whose descriptor names it (`0x00 0x53 CODE`, or the ulong or symbol forms). The
@@ -108,6 +109,34 @@ def _encode_string(s: str) -> bytes:
     if len(data) <= 0xFF:
         return bytes((0xA1, len(data))) + data
     return b"\xb1" + len(data).to_bytes(4, "big") + data
+
+
+def read_to(payload: bytes) -> str | None:
+    """The `to` of the message in `payload` (its properties' third field) when it is a string; None
+    when it has none, or the bytes do not read as a message."""
+    try:
+        i = 0
+        n = len(payload)
+        while i < n:
+            code, value_at = _section_code(payload, i)
+            end = skip(payload, value_at)
+            if code in _BEFORE_PROPERTIES:
+                i = end
+                continue
+            if code != PROPERTIES:
+                return None
+            items = _list_items(payload, value_at)
+            if len(items) < 3:
+                return None
+            to = items[2]
+            if to[0] == 0xA1:
+                return to[2:].decode("utf-8")
+            if to[0] == 0xB1:
+                return to[5:].decode("utf-8")
+            return None  # null, or not a string
+    except (Unreadable, IndexError, UnicodeDecodeError):
+        return None
+    return None
 
 
 def with_to(payload: bytes, to: str) -> bytes:

@@ -523,7 +523,7 @@ class AmqpConnection(asyncio.Protocol):
     def __init__(self, engine: Engine, handler: ConnectionHandler, *, server: bool, container_id: str,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_frame: int = DEFAULT_MAX_FRAME,
                  hostname: str | None = None, properties: dict[Any, Any] | None = None,
-                 offered_capabilities: list[Any] | None = None,
+                 offered_capabilities: Any = None,
                  sasl: Callable[[AmqpConnection], SaslServer | SaslClient] | None = None) -> None:
         """`sasl`: makes this connection's SASL layer once the transport (and its TLS) is up; the
         engine runs it before AMQP (common/sasl.py). Without it, Proton's own SASL offers and

@@ -5,7 +5,7 @@ edges import it, the sans-IO core does not (the rest of the vocabulary is in `vo
 
 from __future__ import annotations
 
-from proton import symbol
+from proton import UNDESCRIBED, Array, Data, symbol
 
 # link properties of the client extensions (resume, in-doubt declarations, ...)
 PROP_CLIENT = symbol("oncemesh.client")  # our client library (understands final notifications)
@@ -24,6 +24,12 @@ PROP_INCARNATION = symbol("oncemesh.incarnation")
 PROP_MESH = symbol("oncemesh.mesh")
 PROP_VERSION = symbol("oncemesh.version")  # inter-router: the protocol version the router speaks (absent: 1)
 PROP_CLIENT_URL = symbol("oncemesh.client-url")  # inter-router: where the router's clients connect
+
+# connection capabilities a router offers: ANONYMOUS-RELAY (a sender link with no target; each
+# message's `to` names its topic), as Qpid JMS, Dispatch and Artemis name it
+ANONYMOUS_RELAY = symbol("ANONYMOUS-RELAY")
+# (an array of symbols, as the field is typed)
+ROUTER_CAPABILITIES = Array(UNDESCRIBED, Data.SYMBOL, ANONYMOUS_RELAY)  # type: ignore[arg-type]  # proton annotates Array's descriptor as PythonAMQPData, yet its own UNDESCRIBED (a Constant) is how it takes none
 
 # the info fields of a redirect condition (AMQP 1.0, amqp:connection:redirect and amqp:link:redirect)
 REDIRECT_HOSTNAME = symbol("hostname")

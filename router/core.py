@@ -74,7 +74,7 @@ from ..common import errors
 from ..common.amqpmsg import with_to
 from ..common.ids import PLID_LEN, counter_seq, global_id, identity_scope, plid_of
 from ..common.settlement_log import AcceptedBy, Owed
-from ..common.topics import is_wildcard, matches
+from ..common.topics import check_name, is_wildcard, matches
 from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED, Outcome
 from .actions import (
     Action,
@@ -295,9 +295,13 @@ class DeliveryCore:
         present it: a router it moved to learns what the one before knew). `by_id`: the link asked
         to be identified by message-id (oncemesh.identity); so is every link of a topic in
         `msgid_topics` that declares nothing in doubt (ours declare, and keep their tags). Such a
-        link stands for the scope of `user` on its topic (`ids.identity_scope`, router/identity.py)."""
+        link stands for the scope of `user` on its topic (`ids.identity_scope`, router/identity.py).
+        `topic` "": an anonymous relay link, each message naming its own topic (`publish`)."""
         self._now = now
         by_id = by_id or (in_doubt is None and topic in self.cfg.msgid_topics)
+        if by_id and not topic:
+            raise errors.NotImplementedMode("an anonymous relay link is named by its delivery tags: identity by "
+                                            "message-id is for a link attached to its topic")
         if by_id:
             if in_doubt is not None:
                 raise errors.RemoteProtocolError("a link identified by message-id declares no tags in doubt")
@@ -343,14 +347,27 @@ class DeliveryCore:
         pl.pubs.clear()
         self._unblock()
 
-    def publish(self, link_token: Any, pub: Any, tag: bytes, payload: bytes, now: float) -> str:
-        """A transfer arrived on a publisher link. Returns the gid."""
+    def publish(self, link_token: Any, pub: Any, tag: bytes, payload: bytes, now: float,
+                topic: str | None = None) -> str:
+        """A transfer arrived on a publisher link. Returns the gid ("" when it was refused).
+        `topic`: on an anonymous relay link (attached with topic ""), the message's own (its `to`,
+        "" when it has none); a message this relay may not carry is REJECTED and settled
+        (`relay_refusal`), and the link goes on."""
         self._now = now
         pl = self.pub_links[link_token]
         if pl.outstanding <= 0:
             raise errors.TransferLimitExceeded("transfer sent without link credit")
         pl.outstanding -= 1
         self.reserved_credit -= 1
+        if topic is None:
+            topic = pl.topic
+        elif not pl.topic:
+            why = self.relay_refusal(topic)
+            if why is not None:
+                self._refuse(pl, pub, why)
+                return ""
+        else:
+            raise errors.RemoteProtocolError("a topic per message only on an anonymous relay link")
         answered = False  # (refused, or a resend of a final message answered with its outcome: nothing to keep)
         if pl.by_id:  # identified by its message-id, whatever its tag (router/identity.py)
             gid, rec, answered = self.ids.by_message_id(pl, pub, payload)
@@ -368,21 +385,61 @@ class DeliveryCore:
             pass
         elif rec is None:
             if self.causal:
-                group = self.causal.get(pl.topic)
+                group = self.causal.get(topic)
                 # (a resend its client declared in doubt gets none here: what the client was handed
                 # since it first sent it is no dependency of it, and could close a cycle of waits)
                 deps = self.causal_order.deps(pl, group) if group is not None and not (
                     pl.declared and gid in pl.declared) else ()
-                self._new_record(gid, pl.topic, payload, now, deps, pub, pl)
+                self._new_record(gid, topic, payload, now, deps, pub, pl)
                 if group is not None and pl.client:
-                    self.causal_order.note(pl.client, group, gid, pl.topic, ())  # what it published is in its past
+                    self.causal_order.note(pl.client, group, gid, topic, ())  # what it published is in its past
             else:
-                self._new_record(gid, pl.topic, payload, now, (), pub, pl)
+                self._new_record(gid, topic, payload, now, (), pub, pl)
         else:
             self._merge(rec, pub, pl, payload, now)
         if pl.outstanding <= self.cfg.link_credit // 2:
             self._grant(pl)
         return gid
+
+    def relay_refusal(self, topic: str) -> tuple[str, str] | None:
+        """Why a message on an anonymous relay link may not go to `topic` (its `to`): the AMQP error
+        it is REJECTED with, or None. A relay carries messages to FIFO topics whose publishers are
+        named by delivery tag (docs/clients.md, "Anonymous relay")."""
+        if not topic:
+            return (errors.InvalidAddress.condition, "a message on an anonymous relay link names its topic in its "
+                                                   "properties' `to` field; this one has none")
+        why = check_name(topic)
+        if why is not None:
+            return (errors.InvalidAddress.condition, f"`to` {topic[:64]!r} is not a topic name: {why}")
+        if topic[0] in "$_":
+            return (errors.UnauthorizedAccess.condition, f"`to` {topic[:64]!r} is reserved for the routers")
+        if topic in self.orders:
+            return (errors.NotImplementedMode.condition,
+                    f"topic {topic!r} is in {self.orders[topic].name} order: publish to it on a link attached "
+                    f"to it by name, not through the anonymous relay")
+        if topic in self.cfg.msgid_topics:
+            return (errors.NotImplementedMode.condition,
+                    f"topic {topic!r} names its publishers by message-id: publish to it on a link attached to "
+                    f"it by name, not through the anonymous relay")
+        return None
+
+    def refuse_transfer(self, link_token: Any, pub: Any, error: tuple[str, str]) -> None:
+        """A transfer on a publisher link that the adapter refuses as a message (e.g. a relayed message
+        to a topic its user may not publish to): it takes its credit, is REJECTED with `error` and
+        settled; the link goes on."""
+        pl = self.pub_links[link_token]
+        if pl.outstanding <= 0:
+            raise errors.TransferLimitExceeded("transfer sent without link credit")
+        pl.outstanding -= 1
+        self.reserved_credit -= 1
+        self._refuse(pl, pub, error)
+
+    def _refuse(self, pl: PubLink, pub: Any, error: tuple[str, str]) -> None:
+        """A transfer on `pl` that is no message of the mesh (its credit taken already): REJECTED with
+        `error` and settled; the link gets credit again."""
+        self.out.append(SendOutcome(pub, O_REJECTED, error, True))
+        if pl.outstanding <= self.cfg.link_credit // 2:
+            self._grant(pl)
 
     def _merge(self, rec: Record, pub: Any, pl: PubLink, payload: bytes, now: float) -> None:
         """A resend of a message we hold (as its origin or as a destination of a copy)."""

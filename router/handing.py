@@ -36,6 +36,15 @@ class HandingHost(CoreView, Protocol):
     def _ask_everybody(self, gid: str) -> None: ...
 
 
+def chain_key(rec: Record) -> str:
+    """The chain a record is in: its publisher link's and its topic's. A link attached to a topic has
+    one chain; an anonymous relay link (router/core.py, `publish`) one per topic it sends to, so that
+    a subscription waits only for earlier messages it may be owed (never, say, for a message of
+    another topic that a suspended subscription holds back). (A plid has a fixed length: the
+    concatenation is unambiguous.)"""
+    return rec.plid + rec.topic
+
+
 class Handing:
     """The handing rules that are no topic's order (see the module's docstring)."""
 
@@ -43,14 +52,15 @@ class Handing:
 
     def __init__(self, core: HandingHost) -> None:
         self.core = core
-        # FIFO: per publisher link, our records of it not final yet, in publish order: gid -> seq
+        # FIFO: per publisher link and topic (`chain_key`), our records of it not final yet, in publish
+        # order: gid -> seq
         self.chain: dict[str, dict[str, int]] = {}
         self.arrivals = 0  # the order of messages without counter tags (any AMQP client)
         self.awaited: dict[str, list[float]] = {}  # predecessors unknown here -> [first wanted, last asked]
 
     def chain_record(self, rec: Record) -> None:
         """A record of ours (we are its origin): its predecessor is the latest earlier message of
-        its publisher link that is not final here. Our publishers send in publish order and resend
+        its publisher link (on its topic: `chain_key`) that is not final here. Our publishers send in publish order and resend
         what is in doubt first, so every earlier message still in doubt came here before it; the
         order is their tags' counter (`Record.seq`). Any other client's is the order its messages
         come here (AMQP keeps a link's transfers in order), whatever its tags say."""
@@ -59,9 +69,10 @@ class Handing:
             self.arrivals += 1
             seq = -(1 << 62) + self.arrivals  # any AMQP client: arrival order
         chains = self.chain
-        chain = chains.get(rec.plid)
+        key = rec.plid + rec.topic  # (`chain_key`, inlined: once per message)
+        chain = chains.get(key)
         if chain is None:
-            chains[rec.plid] = {rec.gid: seq}
+            chains[key] = {rec.gid: seq}
             return
         if rec.gid in chain:
             return
@@ -74,7 +85,7 @@ class Handing:
             below = [(s, g) for g, s in chain.items() if s < seq]
             pred = max(below)[1] if below else None
             if last_seq > seq:  # keep the dict in publish order
-                chains[rec.plid] = dict(sorted(chain.items(), key=lambda kv: kv[1]))
+                chains[key] = dict(sorted(chain.items(), key=lambda kv: kv[1]))
         if pred is not None:
             preds = rec.preds
             if not preds:
@@ -84,9 +95,10 @@ class Handing:
 
     def unchain(self, rec: Record) -> None:
         """`rec` is final: it leaves its publisher link's chain."""
-        chain = self.chain.get(rec.plid)
+        key = chain_key(rec)
+        chain = self.chain.get(key)
         if chain is not None and chain.pop(rec.gid, None) is not None and not chain:
-            del self.chain[rec.plid]
+            del self.chain[key]
 
     def await_pred(self, gid: str) -> bool:
         """A predecessor unknown here: ask the mesh whether it is final (a FINAL answer makes it

@@ -29,6 +29,7 @@ from proton import Message
 from ..common import engine as amqp
 from ..common import errors, topics
 from ..common import ffi as F
+from ..common.amqpmsg import read_to
 from ..common.engine import AmqpConnection, Engine, Link
 from ..common.ids import publisher_link_id, subscription_id
 from ..common.passrules import HandoverHold, PassBudget
@@ -46,6 +47,7 @@ from ..common.symbols import (
     PROP_RESUME,
     PROP_RESUMED,
     PROP_ROUTER,
+    ROUTER_CAPABILITIES,
 )
 from ..common.tls import TlsFiles, TlsProvider
 from ..common.urls import redirect_info
@@ -108,8 +110,9 @@ _STATE_OF_OUTCOME = {v: k for k, v in _OUTCOME_OF_STATE.items()}
 
 def validate_address(address: str | None, what: str) -> str:
     if address is None or address == "":
-        raise errors.InvalidAddress(f"{what} address is missing: attach with a topic name as the {what} "
-                                    f"address (anonymous and dynamic links are not supported)")
+        raise errors.InvalidAddress(f"{what} address is missing: attach with a topic "
+                                    f"{'name' if what == 'target' else 'filter'} as the {what} address "
+                                    f"(dynamic {what}s are not supported)")
     if address[0] in "$_":
         raise errors.ReservedAddress(f"address {address!r} is reserved for the routers "
                                      f"(addresses starting with '$' or '_')")
@@ -453,7 +456,7 @@ class Router:
         assert self.engine is not None
         conn = ClientConnection(self.engine, self, server=True, container_id=f"oncemesh-router-{self.id}",
                               idle_timeout=self.cfg.idle_timeout, max_frame=self.cfg.max_frame,
-                              properties={PROP_ROUTER: self.id},
+                              properties={PROP_ROUTER: self.id}, offered_capabilities=ROUTER_CAPABILITIES,
                               sasl=self._sasl_for if self.client_auth else None)
         conn.ctx = ConnCtx()
         if self._pass_budget:  # one connection's work per loop pass is bounded (common/passrules.py, rule 5)
@@ -913,7 +916,9 @@ class Router:
                                     f"source address")
 
     def _open_publisher(self, link: Link) -> None:
-        topic = validate_address(link.remote_target_address, "target")
+        # a target without an address is the anonymous relay: each message names its topic in `to`
+        relay = not link.remote_target_address and not link.remote_target_dynamic
+        topic = "" if relay else validate_address(link.remote_target_address, "target")
         if link.remote_snd_settle_mode == F.SND_SETTLED:
             raise errors.NotImplementedMode(
                 "pre-settled publishing (snd-settle-mode settled) gives no outcome; publish unsettled "
@@ -946,12 +951,12 @@ class Router:
         grants = self.grants(link.conn)
         max_size = self.cfg.max_message_size
         if grants is not None:
-            if not grants.may_publish(topic):
+            if not relay and not grants.may_publish(topic):
                 raise errors.UnauthorizedAccess(f"user {self._user(link.conn)!r} may not publish to {topic!r} "
                                                 f"(policy {self.policy.source if self.policy else ''})")
             max_size = min(max_size, grants.limit("max_message_size") or max_size)
         link.ctx = PubLinkCtx(topic, plid, bool(props.get(PROP_RECEIVED)), max_size)
-        link.set_target(topic)
+        link.set_target(topic or None)
         link.set_source(link.remote_source_address)
         link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND if second else F.RCV_FIRST)
         link.set_max_message_size(max_size)
@@ -1017,7 +1022,9 @@ class Router:
                        f"message of {len(payload)} bytes exceeds max-message-size {ctx.max_size}")
             return
         try:
-            if settled:
+            if not ctx.topic:
+                self._relay(link, ctx, delivery, tag, payload, settled)
+            elif settled:
                 # pre-settled on a mixed link: the publisher wants no outcome; deliver it all the same
                 token = object()
                 self.core.publish(link, token, tag, payload, time.time())
@@ -1039,6 +1046,31 @@ class Router:
             self._close_publisher(link, exc.condition, str(exc))
         if not self._drain_scheduled:  # (checked here: three times per message)
             self._drain_later()
+
+    def _relay(self, link: Link, ctx: PubLinkCtx, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None:
+        """A message on an anonymous relay link: published to the topic its `to` names, as on a link
+        attached to that topic, or REJECTED (the core says what a relay may not carry; the policy
+        is asked here, per message, as it is per link at attach)."""
+        topic = read_to(payload) or ""
+        now = time.time()
+        token = object() if settled else delivery
+        if not settled:
+            self.pub_deliveries[delivery] = link
+            ctx.deliveries.add(delivery)
+        grants = self.grants(link.conn)
+        if grants is not None and topic and not grants.may_publish(topic):
+            log.info("link.relay_refused peer=%s link=%s topic=%r reason=policy", link.conn.peer, link.name, topic[:64])
+            self.core.refuse_transfer(link, token, (errors.UnauthorizedAccess.condition,
+                                                    f"user {self._user(link.conn)!r} may not publish to {topic!r} "
+                                                    f"(policy {self.policy.source if self.policy else ''})"))
+            return
+        gid = self.core.publish(link, token, tag, payload, now, topic=topic)
+        if not gid:
+            log.info("link.relay_refused peer=%s link=%s topic=%r", link.conn.peer, link.name, topic[:64])
+        elif settled:
+            self.core.publisher_settled(token, now)
+        elif ctx.want_received:
+            amqp.update(delivery, F.RECEIVED)
 
     def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:
         ctx = link.ctx

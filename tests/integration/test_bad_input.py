@@ -113,10 +113,13 @@ def test_reserved_addresses_are_refused_with_unauthorized_access(router: RouterP
 
 
 def test_missing_address_is_an_invalid_field(router: RouterProcess, canary: Canary) -> None:
+    """A receiver whose source address is empty subscribes to nothing: refused. (Without an address
+    it looks up its container's subscription of its link's name: server.py, `_lookup`; a sender whose target
+    has none is the anonymous relay: tests/integration/test_topics.py.)"""
     raw = RawClient(*host_port(router))
     raw.handshake()
-    raw.send(frame(ATTACH, ["no-target", uint(0), False, ubyte(0), ubyte(1), described(0x28, ["src"]),
-                            described(0x29, [None]), None, None, uint(0)]))
+    raw.send(frame(ATTACH, ["no-source", uint(0), True, ubyte(0), ubyte(1), described(0x28, [""]),
+                            described(0x29, ["tgt"]), None, None, uint(0)]))
     raw.expect(ATTACH)
     detach = raw.expect(DETACH)
     assert error_condition(detach, 2) == "amqp:invalid-field"

@@ -61,3 +61,45 @@ def test_wildcard_subscriptions_on_a_line_get_exactly_what_their_filters_match(m
     handed = {s: logs.handed_to(s) for s in logs.subs()}
     assert all(n == 1 for h in handed.values() for n in h.values())  # none handed twice
     assert sorted(len(h) for h in handed.values()) == sorted(len(ts) * PER_TOPIC for _, _, ts in SUBS.values())
+
+
+def test_the_anonymous_relay_publishes_each_message_to_the_topic_its_to_names(router: Any, tmp_path: Path) -> None:
+    """A sender with no target (the ANONYMOUS-RELAY capability the router offers), as Qpid JMS and
+    Proton's own clients use it: each message goes to its `to`, with its own outcome; one without a
+    topic, or to a wildcard, is REJECTED and the link goes on."""
+    from proton import Disposition, Message
+    from proton.utils import BlockingConnection, SendException
+
+    def publish() -> tuple[list[str], list[str]]:
+        conn = BlockingConnection(router.url, timeout=30)
+        try:
+            caps = [str(c) for c in conn.conn.remote_offered_capabilities or ()]
+            snd = conn.create_sender(None)
+            refused = []
+            for to, body in (("relay/a", "a1"), ("relay/b", "b1"), (None, "none"), ("relay/+", "wild"),
+                             ("elsewhere", "e1"), ("relay/a", "a2")):
+                try:
+                    snd.send(Message(address=to, body=body))
+                except SendException as exc:
+                    refused.append(f"{body}:{'REJECTED' if exc.state == Disposition.REJECTED else exc.state}")
+            return caps, refused
+        finally:
+            conn.close()
+
+    async def main() -> tuple[list[str], list[str], dict[str, list[Any]]]:
+        c = await start(router.url, tmp_path, "subs")
+        subs = {"wild": c.subscriber("relay/+", "wild"), "lit": c.subscriber("relay/a", "lit")}
+        for s in subs.values():
+            await s.wait_attached(20)
+        task = asyncio.ensure_future(asyncio.to_thread(publish))
+        (wild,), (lit,) = await asyncio.gather(drain([subs["wild"]], 3), drain([subs["lit"]], 2))
+        got = {"wild": wild, "lit": lit + await subs["lit"].get_many(5, timeout=0.3)}  # (nothing more comes)
+        caps, refused = await task
+        await c.close()
+        return caps, refused, got
+
+    caps, refused, got = run(main(), timeout=90)
+    assert "ANONYMOUS-RELAY" in caps
+    assert sorted(refused) == ["none:REJECTED", "wild:REJECTED"], refused
+    assert [(m.topic, m.body) for m in got["wild"]] == [("relay/a", "a1"), ("relay/b", "b1"), ("relay/a", "a2")]
+    assert [m.body for m in got["lit"]] == ["a1", "a2"]

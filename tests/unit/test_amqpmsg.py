@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from proton import Message, symbol
 
-from oncemesh.common.amqpmsg import Unreadable, skip, with_to
+from oncemesh.common.amqpmsg import Unreadable, read_to, skip, with_to
 
 TEXT = st.text(max_size=300)
 BODIES = st.one_of(st.none(), TEXT, st.binary(max_size=600), st.integers(-2**63, 2**63 - 1),
-                   st.lists(st.integers(0, 1000), max_size=5), st.dictionaries(st.text(max_size=5), st.integers(), max_size=4))
+                   st.lists(st.integers(0, 1000), max_size=5), st.dictionaries(st.text(max_size=5), st.integers(-2**63, 2**63 - 1), max_size=4))
 
 
 @st.composite
@@ -104,3 +104,16 @@ def test_skip_reads_widths_from_the_constructor() -> None:
         except Unreadable:
             continue
         raise AssertionError(bad)
+
+
+@given(messages())
+@settings(max_examples=200, deadline=None)
+def test_read_to_reads_what_proton_wrote(m: Message) -> None:
+    assert read_to(bytes(m.encode())) == m.address
+
+
+def test_read_to_of_what_is_not_a_string_or_not_a_message_is_none() -> None:
+    for junk in (b"", b"\xff", b"\x00\x53\x77\xa1\x01x", b"\x00\x53\x73\xc0\x04\x03\x40\x40\x44",
+                 b"\x00\x53\x73\xc0\x05\x03\x40\x40\xa1\x05"):
+        assert read_to(junk) is None
+    assert read_to(with_to(b"\x00\x53\x77\x40", "t/a")) == "t/a"

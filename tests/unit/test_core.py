@@ -590,7 +590,7 @@ def test_origin_chains_each_message_to_the_latest_earlier_one_not_final() -> Non
     assert h.core.records[g1].preds == ()
     assert h.core.records[g3].preds == (g1,)
     assert h.core.records[g2].preds == (g1,)
-    assert list(h.core.handing.chain[PL]) == [g1, g2, g3]
+    assert list(h.core.handing.chain[PL + "t"]) == [g1, g2, g3]
 
 
 def test_origin_chains_a_client_not_ours_in_the_order_its_messages_came() -> None:
@@ -605,7 +605,7 @@ def test_origin_chains_a_client_not_ours_in_the_order_its_messages_came() -> Non
     assert [h.core.records[g].seq for g in (g1, g3, g2)] == [None, None, None]
     assert h.core.records[g3].preds == (g1,)
     assert h.core.records[g2].preds == (g3,)
-    assert list(h.core.handing.chain[PL]) == [g1, g3, g2]
+    assert list(h.core.handing.chain[PL + "t"]) == [g1, g3, g2]
 
 
 def test_a_client_that_accepts_out_of_order_gets_the_earlier_message_again_after_a_resume() -> None:
@@ -778,3 +778,42 @@ def test_a_wildcard_subscription_is_owed_what_its_filter_matches_with_the_topic_
             assert (m.address == topic) if links[sid] != topic else (p == payload), (sid, topic)
         rec = h.core.records[gid]
         assert set(rec.owed) == set(got)
+
+
+def test_an_anonymous_relay_link_publishes_each_message_to_the_topic_it_names() -> None:
+    h = Harness(total_topics=frozenset({"ordered"}), msgid_topics=frozenset({"by-id"}))
+    subs = {}
+    for f in ("a", "b/+"):
+        sid = subscription_id("c", f, f)
+        subs[f] = sid
+        h.core.attach_subscriber(object(), sid, f, "c", f, 60.0, True, None, h.now)
+        h.core.subscriber_credit(sid, 10)
+    relay = object()
+    h.core.attach_publisher(relay, publisher_link_id("pub", "relay"), "", True, None, h.now)
+    granted = sum(a.credit for a in h.take() if isinstance(a, GrantCredit))
+    assert granted > 0
+    sent = {}
+    for i, topic in enumerate(("a", "b/x", "b/y", "nobody")):
+        tok = object()
+        sent[topic] = (tok, h.core.publish(relay, tok, str(i).encode(), b"m", h.now, topic=topic))
+    acts = h.take()
+    assert sorted(delivered(acts)) == sorted([(subs["a"], sent["a"][1]), (subs["b/+"], sent["b/x"][1]),
+                                              (subs["b/+"], sent["b/y"][1])])
+    assert h.core.records[sent["b/x"][1]].topic == "b/x"
+    assert [o.pub for o in outcomes(acts)] == [sent["nobody"][0]]  # owed to nobody: ACCEPTED at once
+    # what a relay may not carry is REJECTED and settled, and the link goes on
+    for topic, cond in (("", "amqp:invalid-field"), ("a/+", "amqp:invalid-field"), ("$x", "amqp:unauthorized-access"),
+                        ("ordered", "amqp:not-implemented"), ("by-id", "amqp:not-implemented")):
+        tok = object()
+        assert h.core.publish(relay, tok, b"r" + topic.encode(), b"m", h.now, topic=topic) == ""
+        (o,) = outcomes(h.take())
+        assert (o.pub, o.outcome, o.settle, o.error and o.error[0]) == (tok, Outcome.REJECTED, True, cond), topic
+    tok = object()
+    assert h.core.publish(relay, tok, b"9", b"m", h.now, topic="a")
+    assert delivered(h.take()) == [(subs["a"], global_id(publisher_link_id("pub", "relay"), b"9"))]
+    # a topic per message only on a relay link; a relay link is named by its tags
+    h.attach_pub()
+    with pytest.raises(errors.RemoteProtocolError):
+        h.core.publish(h.pub_link, object(), b"1", b"m", h.now, topic="a")
+    with pytest.raises(errors.NotImplementedMode):
+        h.core.attach_publisher(object(), publisher_link_id("pub", "r2"), "", True, None, h.now, by_id=True)
