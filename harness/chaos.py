@@ -58,6 +58,10 @@ if TYPE_CHECKING:
 
 EXAMPLES = example_path()
 TOPIC = "chaos"
+# with --wildcards: publisher j publishes to chaos/p{j}; subscriber i subscribes to filter i mod 4:
+# every topic, publisher 0's topic by name, one level of the tree, and publisher 1's by a '#' filter
+WILD_TOPIC = "chaos/p{}"
+WILD_FILTERS = ("chaos/#", "chaos/p0", "chaos/+", "chaos/p1/#")
 TICK = 0.1  # seconds between looks at processes and logs while playing the schedule
 PROGRESS_EVERY = 10.0
 STALL = 20.0  # after every publisher finished: this long without a client log line means stuck
@@ -86,6 +90,8 @@ class ChaosConfig:
     limits: Limits = Limits()
     reconcile: bool = True
     order: str = "fifo"  # the chaos topic's order: fifo, or total (by the sequencer)
+    # publishers on a topic each (`WILD_TOPIC`), subscriptions to filters over them (`WILD_FILTERS`)
+    wildcards: bool = False
 
     @property
     def settle_timeout(self) -> float:
@@ -274,12 +280,14 @@ class _Run:
         count = max(1, int(cfg.rate * cfg.duration))
         for i in range(cfg.subscribers):
             home = self.routers[i % n]
+            topic = WILD_FILTERS[i % len(WILD_FILTERS)] if cfg.wildcards else TOPIC
             out.append(self._client(f"sub-{i}", "consume", home, [
-                "--topic", TOPIC, "--name", f"sub-{i}", "--reconnect-timeout", reconnect]))
+                "--topic", topic, "--name", f"sub-{i}", "--reconnect-timeout", reconnect]))
         for j in range(cfg.publishers):
             home = self.routers[(n - 1 - j) % n]
+            topic = WILD_TOPIC.format(j) if cfg.wildcards else TOPIC
             out.append(self._client(f"pub-{j}", "publish", home, [
-                "--topic", TOPIC, "--name", f"pub-{j}", "--count", str(count), "--rate", str(cfg.rate),
+                "--topic", topic, "--name", f"pub-{j}", "--count", str(count), "--rate", str(cfg.rate),
                 "--size", str(cfg.size), "--reconnect-timeout", reconnect]))
         return out
 
@@ -308,6 +316,7 @@ class _Run:
             "seed": self.seed, "topology": str(cfg.topology.resolve()), "duration": cfg.duration,
             "faults": [k.value for k in cfg.faults], "publishers": cfg.publishers,
             "subscribers": cfg.subscribers, "rate": cfg.rate, "size": cfg.size, "code": _code_version(),
+            "wildcards": cfg.wildcards,
             "schedule": [f.to_json() for f in self.schedule]}, indent=2) + "\n")
         self.say(f"oncemesh chaos: seed {self.seed}, topology {cfg.topology}, {cfg.duration:g}s of traffic, "
                  f"faults {','.join(k.value for k in cfg.faults) or 'none'}; state and logs in {self.state}; "
@@ -657,6 +666,7 @@ class _Run:
                  f"{self.cfg.publishers} --subscribers {self.cfg.subscribers} --rate {self.cfg.rate:g}"
                  + (f" --size {self.cfg.size}" if self.cfg.size != DEFAULT_SIZE else "")
                  + (f" --order {self.cfg.order}" if self.cfg.order != "fifo" else "")
+                 + (" --wildcards" if self.cfg.wildcards else "")
                  + (f" --mean-gap {self.cfg.limits.mean_gap:g}" if self.cfg.limits.mean_gap != Limits().mean_gap
                     else ""))
 
@@ -794,7 +804,7 @@ def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None 
               faults: Sequence[FaultKind] | str = ALL_FAULTS, state_dir: Path | str | None = None,
               publishers: int = 2, subscribers: int = 3, rate: float = 30.0, size: int = DEFAULT_SIZE,
               settle: float | None = None, limits: Limits | None = None, reconcile: bool = True,
-              say: Callable[[str], None] | None = None, order: str = "fifo") -> ChaosResult:
+              say: Callable[[str], None] | None = None, order: str = "fifo", wildcards: bool = False) -> ChaosResult:
     """One chaos run (see the module docstring); the result says what happened and the verdict.
 
     Raises ChaosError when the run cannot even be set up with these arguments; every other
@@ -803,9 +813,11 @@ def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None 
         faults = parse_faults(faults)
     if duration <= 0 or publishers < 1 or subscribers < 1 or rate <= 0:
         raise ChaosError("duration, publishers, subscribers and rate must be positive")
+    if wildcards and order != "fifo":
+        raise ChaosError("--wildcards needs --order fifo: a wildcard filter may only match FIFO topics")
     cfg = ChaosConfig(resolve_topology(topology), duration, seed, tuple(faults),
                       Path(state_dir) if state_dir is not None else None, publishers, subscribers, rate,
-                      size, settle, limits or Limits(), reconcile, order)
+                      size, settle, limits or Limits(), reconcile, order, wildcards)
     try:
         run = _Run(cfg, say or (lambda text: print(text, flush=True)))
     except TopologyError as exc:
@@ -875,6 +887,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the chaos topic's order (total: by the sequencer; lamport: total by Lamport clocks; "
                         "both make the verdict also fail on subscriptions handed messages in opposite orders "
                         "instead of FIFO reversals)")
+    p.add_argument("--wildcards", action="store_true",
+                   help="publisher j publishes to chaos/pJ and the subscribers take the filters chaos/#, "
+                        "chaos/p0, chaos/+ and chaos/p1/# in turn: each is owed exactly what its filter "
+                        "matches (fifo order only)")
     p.add_argument("--no-reconcile", action="store_true", help="skip the Spark reconciliation (no verdict on "
                                                                 "safety beyond the client logs)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress on stderr)")
@@ -900,7 +916,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                            state_dir=args.state_dir, publishers=args.publishers, subscribers=args.subscribers,
                            rate=args.rate, size=args.size, settle=args.settle,
                            limits=Limits(mean_gap=args.mean_gap), reconcile=not args.no_reconcile, say=say,
-                           order=args.order)
+                           order=args.order, wildcards=args.wildcards)
     except (ChaosError, ValueError) as exc:
         print(f"oncemesh chaos: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..common.topics import matches
+
+
+def _owes(topic_filter: str, topic: str) -> bool:
+    """Does a subscription to `topic_filter` owe a message of `topic` (a name, or unknown: "")?"""
+    return topic_filter == topic or (bool(topic_filter) and bool(topic) and matches(topic_filter, topic))
+
 
 @dataclass(slots=True)
 class Subscription:
@@ -126,12 +133,13 @@ class ClientLogs:
         return None
 
     def owed(self, s: Subscription) -> set[str]:
-        """Messages first sent, on its topic, after the subscription started (the client's view of
+        """Messages first sent, on a topic its filter matches, after the subscription started (the client's view of
         "in force": the router may have put it in force slightly earlier, never later)."""
         if s.started is None:
             return set()
+        f = s.topic or ""
         return {g for g, t in self.published.items()
-                if t >= s.started and self.topic_of.get(g, s.topic) == s.topic}
+                if t >= s.started and _owes(f, self.topic_of.get(g) or f)}
 
     def missing(self, s: Subscription) -> set[str]:
         return self.owed(s) - set(s.handed)

@@ -58,3 +58,19 @@ def test_a_torn_or_garbled_line_is_skipped_not_fatal(tmp_path: Path) -> None:
     (tmp_path / "s.subscriber.jsonl").write_text("{not json\n" + line("subscriber", "subscribed", 1.0, sub="S", link="x"))
     w = ClientLogs(tmp_path)
     assert w.poll() == 1 and w.malformed == 1 and w.by_link("x") is not None
+
+
+def test_a_subscription_to_a_filter_is_owed_what_the_filter_matches(tmp_path: Path) -> None:
+    def sub(topic: str, ts: float, **kw: object) -> str:
+        return json.dumps({"v": 1, "ts": ts, "src": "subscriber", "node": "n", "inc": "1", "topic": topic, **kw}) + "\n"
+
+    pubs = "".join(line("publisher", "published", 2.0, gid=g, topic=t)
+                   for g, t in (("a", "c/p0"), ("b", "c/p1"), ("c", "c/p1/x"), ("d", "other")))
+    (tmp_path / "p.publisher.jsonl").write_text(pubs)
+    (tmp_path / "s.subscriber.jsonl").write_text(
+        sub("c/+", 1.0, ev="subscribed", sub="W", link="wild") + sub("c/p1/#", 1.0, ev="subscribed", sub="R", link="rest")
+        + sub("c/p0", 1.0, ev="subscribed", sub="N", link="name"))
+    w = ClientLogs(tmp_path)
+    w.poll()
+    owed = {link: w.owed(s) for link in ("wild", "rest", "name") if (s := w.by_link(link)) is not None}
+    assert owed == {"wild": {"a", "b"}, "rest": {"b", "c"}, "name": {"a"}}
