@@ -189,3 +189,23 @@ def test_durable_resume_after_the_subscriber_is_killed(clients: Clients) -> None
     v = clients.verdict(pub, {"sub": sub})
     assert len(v.accepted) == 100 and handed_before < 100
     print(f"{clients.fam.name}: {handed_before} handed before the kill; {v.summary()}")
+
+
+def test_rhea_subscribes_to_a_wildcard_filter_and_reads_each_topic_from_to(secured: Secured, procs: Any,
+                                                                           tmp_path: Path, rhea: Family) -> None:
+    """A rhea receiver whose source is a filter (docs/clients.md, "Topics and wildcard filters"): it
+    gets the messages of every topic the filter matches, each once, each with its topic in `to`
+    (set by the router: rhea's publisher leaves it empty), and none of a topic it does not match."""
+    base = "feat.wild.rhea"
+    sub_dir = tmp_path / "sub"
+    sub_dir.mkdir()
+    _, sub = Clients(rhea, secured, procs, sub_dir, base + "/+").subscriber("sub", expiry=60)
+    for t, n in (("a", 5), ("b", 3), ("c/deeper", 2)):
+        d = tmp_path / t.replace("/", "-")
+        d.mkdir()
+        report = Clients(rhea, secured, procs, d, f"{base}/{t}").publish(n)
+        assert [e["outcome"] for e in read_report(report) if e["ev"] == "outcome"] == ["ACCEPTED"] * n, t
+    wait_progress(lambda: sum(e["ev"] == "msg" for e in read_report(sub)), 8, "the subscriber's messages")
+    msgs = [e for e in read_report(sub) if e["ev"] == "msg"]
+    assert sorted(e["to"] for e in msgs) == [f"{base}/a"] * 5 + [f"{base}/b"] * 3
+    assert len({e["tag"] for e in msgs}) == 8  # each once

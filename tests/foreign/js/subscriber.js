@@ -1,6 +1,6 @@
-// rhea subscriber for the foreign-client tests: a receiver link named --link from --topic (source
-// timeout --expiry seconds, -1: expiry-policy never), reporting every delivery (its tag, the message
-// id and body size) as JSON lines (--report) before it accepts it. With --second it asks for
+// rhea subscriber for the foreign-client tests: a receiver link named --link from --topic (a topic or a
+// filter; source timeout --expiry seconds, -1: expiry-policy never), reporting every delivery (its tag,
+// the message id, body size and `to`) as JSON lines (--report) before it accepts it. With --second it asks for
 // receiver-settle-mode second (rhea then accepts without settling, and settles when the router
 // does). rhea's reconnect brings the connection back (the next URL of --url) and attaches the
 // receiver again with the same name and source: the same subscription, resumed. With --drain it grants
@@ -37,7 +37,8 @@ container.on('receiver_drained', (context) => rep('drained', { credit: context.r
 container.on('message', (context) => {
     const m = context.message;
     const body = typeof m.body === 'string' ? m.body : String(m.body);
-    rep('msg', { tag: Buffer.from(context.delivery.tag).toString('latin1'), id: String(m.message_id), key: body.split(';')[0], size: body.length });
+    rep('msg', { tag: Buffer.from(context.delivery.tag).toString('latin1'), id: String(m.message_id), key: body.split(';')[0], size: body.length,
+                 to: m.to === undefined ? null : m.to });
     context.delivery.accept();
 });
 container.on('disconnected', (c) => rep('disconnected', { error: String(c.error || c.reconnecting) }));
