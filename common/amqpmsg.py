@@ -111,55 +111,56 @@ def _encode_string(s: str) -> bytes:
     return b"\xb1" + len(data).to_bytes(4, "big") + data
 
 
+def _properties(payload: bytes) -> tuple[int, int | None, int]:
+    """Where the properties section is: (the offset of its section, the offset of its list value,
+    the offset after it); for a message without one, (where it would go, None, the same)."""
+    i = 0
+    n = len(payload)
+    while i < n:
+        code, value_at = _section_code(payload, i)
+        end = skip(payload, value_at)
+        if code in _BEFORE_PROPERTIES:
+            i = end
+            continue
+        if code == PROPERTIES:
+            return i, value_at, end
+        break  # the first section after where the properties would be
+    return i, None, i
+
+
 def read_to(payload: bytes) -> str | None:
     """The `to` of the message in `payload` (its properties' third field) when it is a string; None
     when it has none, or the bytes do not read as a message."""
     try:
-        i = 0
-        n = len(payload)
-        while i < n:
-            code, value_at = _section_code(payload, i)
-            end = skip(payload, value_at)
-            if code in _BEFORE_PROPERTIES:
-                i = end
-                continue
-            if code != PROPERTIES:
-                return None
-            items = _list_items(payload, value_at)
-            if len(items) < 3:
-                return None
-            to = items[2]
-            if to[0] == 0xA1:
-                return to[2:].decode("utf-8")
-            if to[0] == 0xB1:
-                return to[5:].decode("utf-8")
-            return None  # null, or not a string
+        _, at, _ = _properties(payload)
+        if at is None:
+            return None
+        items = _list_items(payload, at)
+        if len(items) < 3:
+            return None
+        to = items[2]
+        if to[0] == 0xA1:
+            return to[2:].decode("utf-8")
+        if to[0] == 0xB1:
+            return to[5:].decode("utf-8")
+        return None  # null, or not a string
     except (Unreadable, IndexError, UnicodeDecodeError):
         return None
-    return None
 
 
 def with_to(payload: bytes, to: str) -> bytes:
     """`payload` with its properties' `to` set to `to` if it had none (a properties section made if
     it had none either); unchanged when `to` was set, or when the bytes do not read as a message."""
     try:
-        i = 0
-        n = len(payload)
-        while i < n:
-            code, value_at = _section_code(payload, i)
-            end = skip(payload, value_at)
-            if code in _BEFORE_PROPERTIES:
-                i = end
-                continue
-            if code == PROPERTIES:
-                items = _list_items(payload, value_at)
-                if len(items) > 2 and items[2][0] != _NULL:
-                    return payload  # the publisher named it
-                items += [bytes((_NULL,))] * (3 - len(items))
-                items[2] = _encode_string(to)
-                return b"".join((payload[:i], b"\x00\x53\x73", _encode_list(items), payload[end:]))
-            break  # the first section after where the properties would be
-        fresh = b"\x00\x53\x73" + _encode_list([b"\x40", b"\x40", _encode_string(to)])
-        return b"".join((payload[:i], fresh, payload[i:]))
+        i, at, end = _properties(payload)
+        if at is None:
+            fresh = b"\x00\x53\x73" + _encode_list([b"\x40", b"\x40", _encode_string(to)])
+            return b"".join((payload[:i], fresh, payload[i:]))
+        items = _list_items(payload, at)
+        if len(items) > 2 and items[2][0] != _NULL:
+            return payload  # the publisher named it
+        items += [bytes((_NULL,))] * (3 - len(items))
+        items[2] = _encode_string(to)
+        return b"".join((payload[:i], b"\x00\x53\x73", _encode_list(items), payload[end:]))
     except (Unreadable, IndexError):
         return payload
