@@ -33,28 +33,38 @@ class Unreadable(ValueError):
 
 
 def skip(b: bytes, i: int) -> int:
-    """The offset just after the AMQP value that starts at `i` (raises `Unreadable`)."""
-    if i >= len(b):
-        raise Unreadable(f"value expected at {i}, the bytes end")
-    c = b[i]
-    if c == 0x00:  # described: the descriptor, then the value
-        return skip(b, skip(b, i + 1))
-    width = _FIXED.get(c >> 4)
-    if width is not None:
-        end = i + 1 + width
-    elif c >> 4 in (0xA, 0xC, 0xE):  # variable, compound, array: a 1-byte size
-        if i + 2 > len(b):
-            raise Unreadable(f"size expected at {i + 1}")
-        end = i + 2 + b[i + 1]
-    elif c >> 4 in (0xB, 0xD, 0xF):  # the same with a 4-byte size
-        if i + 5 > len(b):
-            raise Unreadable(f"size expected at {i + 1}")
-        end = i + 5 + int.from_bytes(b[i + 1:i + 5], "big")
-    else:
-        raise Unreadable(f"constructor 0x{c:02x} at {i}")
-    if end > len(b):
-        raise Unreadable(f"value at {i} runs past the end ({end} > {len(b)})")
-    return end
+    """The offset just after the AMQP value that starts at `i` (raises `Unreadable`). A described value
+    (0x00) is its descriptor then its value, each possibly described again: counted in a loop, not by
+    recursion (bytes of nothing but 0x00 must not exhaust the stack)."""
+    pending = 1  # values still to skip: a described value needs two where it stood for one
+    n = len(b)
+    while True:
+        if i >= n:
+            raise Unreadable(f"value expected at {i}, the bytes end")
+        c = b[i]
+        if c == 0x00:
+            pending += 1
+            i += 1
+            continue
+        width = _FIXED.get(c >> 4)
+        if width is not None:
+            end = i + 1 + width
+        elif c >> 4 in (0xA, 0xC, 0xE):  # variable, compound, array: a 1-byte size
+            if i + 2 > n:
+                raise Unreadable(f"size expected at {i + 1}")
+            end = i + 2 + b[i + 1]
+        elif c >> 4 in (0xB, 0xD, 0xF):  # the same with a 4-byte size
+            if i + 5 > n:
+                raise Unreadable(f"size expected at {i + 1}")
+            end = i + 5 + int.from_bytes(b[i + 1:i + 5], "big")
+        else:
+            raise Unreadable(f"constructor 0x{c:02x} at {i}")
+        if end > n:
+            raise Unreadable(f"value at {i} runs past the end ({end} > {n})")
+        pending -= 1
+        if pending == 0:
+            return end
+        i = end
 
 
 def _section_code(b: bytes, i: int) -> tuple[int | None, int]:

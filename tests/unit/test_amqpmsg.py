@@ -117,3 +117,11 @@ def test_read_to_of_what_is_not_a_string_or_not_a_message_is_none() -> None:
                  b"\x00\x53\x73\xc0\x05\x03\x40\x40\xa1\x05"):
         assert read_to(junk) is None
     assert read_to(with_to(b"\x00\x53\x77\x40", "t/a")) == "t/a"
+
+
+def test_descriptors_nested_without_end_do_not_exhaust_the_stack() -> None:
+    """A publisher's bytes alone must never raise out of the router (RecursionError included)."""
+    for junk in (b"\x00" * 100_000, b"\x00\x53\x77" + b"\x00" * 50_000 + b"\x40", b"\x00\x53\x73" + b"\x00\x53" * 40_000):
+        assert with_to(junk, "t") == junk and read_to(junk) is None
+    deep = b"\x00\x53\x77" + b"\x00\x53\x70" * 20_000 + b"\x40"  # a long but well-formed chain: skipped whole
+    assert skip(deep, 0) == len(deep) and read_to(with_to(deep, "t/a")) == "t/a"
