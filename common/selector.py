@@ -34,7 +34,8 @@ Comparing values of different types is UNKNOWN, as are arithmetic on a non-numbe
 a non-string, and a bare identifier used as a condition that is not a boolean. Strings and booleans
 take only ``=`` and ``<>``: with a literal, the other comparisons are refused at parse time; with an
 identifier holding one, they are UNKNOWN. Division by zero (exact or approximate) is UNKNOWN, not
-Java's exception or infinity; exact divided by exact truncates toward zero, as Java's long division.
+Java's exception or infinity; exact divided by exact truncates toward zero, as Java's long division
+(exact arithmetic does not wrap at 64 bits, as Java's would).
 A value of any other Python type (bytes, UUID, ...) is present (not NULL) but compares as UNKNOWN.
 
 Limits: the text is at most ``MAX_TEXT`` (4,096) characters, and its tree at most ``MAX_DEPTH`` (100)
@@ -66,8 +67,9 @@ JMS application (its ``AmqpJmsMessageFacade``, ``AmqpHeader``, ``AmqpMessageIdHe
 - ``JMSXGroupID`` (``group-id``), ``JMSXGroupSeq`` (``group-sequence``, when a group is named),
   ``JMSXUserID`` (``user-id`` as UTF-8), ``JMSXDeliveryCount`` (the header's delivery count plus 1).
 
-These header names win over application properties of the same name, as in Qpid JMS. Bytes that do
-not decode as a message give an empty mapping (every comparison UNKNOWN), never an exception.
+These header names win over application properties of the same name, as in Qpid JMS. Only the
+sections before the body are decoded. Bytes that do not decode as a message give an empty mapping
+(every comparison UNKNOWN), never an exception.
 Proton is imported by ``message_fields`` only, so the sans-IO core may import this module.
 """
 
@@ -89,7 +91,7 @@ if TYPE_CHECKING:
 MAX_TEXT = 4_096
 """The longest selector, in characters."""
 MAX_DEPTH = 100
-"""The deepest nesting: parentheses, NOT and unary signs, each one level."""
+"""The deepest tree: each operator and each pair of parentheses one level."""
 _LONG_MIN, _LONG_MAX = -(2 ** 63), 2 ** 63 - 1
 
 Fields = Mapping[str, object]
@@ -194,7 +196,6 @@ def _tokens(text: str) -> list[_Token]:
 
 _NULL, _BOOL, _NUM, _STR, _OTHER = 0, 1, 2, 3, 4
 _CLASS_OF_TYPE: dict[type, int] = {bool: _BOOL, int: _NUM, float: _NUM, str: _STR, type(None): _NULL}
-_NAMES = {_BOOL: "a boolean", _NUM: "a number", _STR: "a string", _NULL: "NULL"}
 
 
 def _cls(v: object) -> int:
@@ -702,20 +703,45 @@ def _property(v: object) -> object:
     return None
 
 
-def _whole_sections(payload: bytes) -> bool:
-    """The bytes are a sequence of described values, end to end: Proton's decoder takes what it can
-    read and drops the rest silently, so malformed bytes must be told apart before it runs."""
-    i, n = 0, len(payload)
+def _skip_value(b: bytes, i: int) -> int:
+    """The offset after the value at `i`, walking descriptors in a loop (`amqpmsg.skip` recurses once
+    per descriptor, and a payload of many 0x00 bytes would exhaust the stack)."""
+    pending = 1
+    while pending:
+        if i >= len(b):
+            raise Unreadable(f"value expected at {i}, the bytes end")
+        if b[i] == 0x00:  # a described value: its descriptor, then itself
+            i += 1
+            pending += 1
+        else:
+            i = skip(b, i)  # no descriptor here: compound values are skipped by their size
+            pending -= 1
+    return i
+
+
+_BARE_HEAD = range(0x70, 0x75)  # header, annotations, properties, application-properties
+
+
+def _head_sections(payload: bytes) -> bytes | None:
+    """The sections a selector reads (all but the body and footer), or None when the bytes are not
+    whole described sections end to end. Proton's decoder takes what it can read and drops the rest
+    silently, so malformed bytes are told apart here; and the body, however large, is not decoded."""
+    i, n, keep = 0, len(payload), []
     if n == 0:
-        return False
+        return None
     try:
         while i < n:
             if payload[i] != 0x00:
-                return False
-            i = skip(payload, i)
-    except Unreadable:
-        return False
-    return i == n
+                return None
+            d = payload[i + 1]
+            code = payload[i + 2] if d == 0x53 else int.from_bytes(payload[i + 2:i + 10], "big") if d == 0x80 else None
+            end = _skip_value(payload, i)
+            if code is None or code in _BARE_HEAD:  # a symbolic descriptor: Proton knows its name
+                keep.append(payload[i:end])
+            i = end
+    except (Unreadable, IndexError):
+        return None
+    return b"".join(keep)
 
 
 def message_fields(payload: bytes) -> dict[str, object]:
@@ -723,15 +749,18 @@ def message_fields(payload: bytes) -> dict[str, object]:
     docstring); `{}` when the bytes do not decode."""
     from proton import Message, ProtonException  # only here: the sans-IO core imports this module
 
-    if not _whole_sections(payload):
+    head = _head_sections(payload)
+    if head is None:
         return {}
     msg = Message()
     try:
-        msg.decode(payload)
+        msg.decode(head)
         return _fields_of(msg)
     # Proton decodes some fields only when they are read, and what it raises on malformed bytes is
-    # not one type (the fuzz test in tests/unit/test_selector.py found these)
-    except (ProtonException, ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError):
+    # not one type (the fuzz test in tests/unit/test_selector.py found these); its Python side
+    # recurses once per level of nested lists or maps (RecursionError)
+    except (ProtonException, ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
+            RecursionError):
         return {}
 
 

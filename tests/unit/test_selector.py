@@ -564,3 +564,44 @@ def test_mangled_messages_never_raise(data: st.DataObject) -> None:
     f = message_fields(bytes(b))
     assert isinstance(f, dict)
     parse("a = 1 OR s LIKE 'x%' OR JMSType = 's'").matches(f)
+
+
+def _nested_lists(levels: int) -> bytes:
+    """A list of a list of ... of an empty list, `levels` deep (list32 encodings)."""
+    heads, size = [], 1
+    for _ in range(levels):
+        heads.append(b"\xd0" + (4 + size).to_bytes(4, "big") + (1).to_bytes(4, "big"))
+        size += 9
+    return b"".join(reversed(heads)) + b"\x45"
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x00" * 5000,  # descriptors of descriptors: a recursive walk would exhaust the stack
+    b"\x00\x53\x74" + _nested_lists(2000),  # application properties nested deeper than Proton's Python can
+])
+def test_deeply_nested_bytes_give_no_fields_and_no_recursion_error(payload: bytes) -> None:
+    assert message_fields(payload) == {}
+
+
+def test_application_properties_that_are_not_a_map_give_no_properties() -> None:
+    f = message_fields(b"\x00\x53\x74" + b"\x00\x53\x01" * 3000 + b"\x40")  # described values, nested
+    assert f == {"JMSDeliveryMode": "NON_PERSISTENT", "JMSPriority": 4, "JMSTimestamp": 0, "JMSExpiration": 0,
+                 "JMSXDeliveryCount": 1}
+
+
+@pytest.mark.parametrize("value", [_nested_lists(2000), b"\x00\x53\x01" * 3000 + b"\x40"])
+def test_the_body_is_not_decoded_however_it_is_made(value: bytes) -> None:
+    head = _encoded(subject="car", properties={"a": 1})
+    at = head.index(b"\x00\x53\x77")  # the encoded body of `_encoded`, replaced by one Proton could
+    f = message_fields(head[:at] + b"\x00\x53\x77" + value)  # not turn into Python values
+    assert f["JMSType"] == "car" and f["a"] == 1
+
+
+def test_importing_the_module_loads_no_proton() -> None:
+    """The sans-IO core may import it: Proton comes with `message_fields` only."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "import sys, oncemesh.common.selector as s; "
+                          "s.parse(\"a = 'x'\"); print('proton' in sys.modules)"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip() == "False"
