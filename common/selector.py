@@ -253,6 +253,7 @@ def _arith(op: str, a: object, b: object) -> object:
     return x / y
 
 
+_PLAIN_NUMBERS = (int, float)
 _ORDER: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
@@ -528,11 +529,13 @@ class _Parser:
         x, lo, hi = left.fn, low.fn, high.fn
 
         def between_(f: Fields) -> Truth:
-            v = x(f)
-            a = _compare(">=", v, lo(f))
+            v, low_v, high_v = x(f), lo(f), hi(f)
+            if type(v) in _PLAIN_NUMBERS and type(low_v) in _PLAIN_NUMBERS and type(high_v) in _PLAIN_NUMBERS:
+                return (low_v <= v <= high_v) != negate  # type: ignore[operator]
+            a = _compare(">=", v, low_v)
             if a is False:
                 return negate
-            b = _compare("<=", v, hi(f))
+            b = _compare("<=", v, high_v)
             if b is False:
                 return negate
             if a is None or b is None:
@@ -580,14 +583,14 @@ class _Parser:
             escape = str(e.value)
             if len(escape) != 1:
                 raise SelectorError(f"at column {e.col}: ESCAPE takes one character, found {e.text}")
-        rx = _like_regex(str(pat_tok.value), escape, pat_tok.col)
+        test = _like_test(str(pat_tok.value), escape, pat_tok.col)
         x = left.fn
 
         def like_(f: Fields) -> Truth:
             v = x(f)
             if _cls(v) != _STR:
                 return None
-            return (rx.fullmatch(v) is not None) != negate  # type: ignore[call-overload]
+            return test(v) != negate  # type: ignore[arg-type]
         return self.node(_K_BOOL, like_, left.col, t.col, left)
 
     def is_null(self, left: _Expr, t: _Token) -> _Expr:
@@ -628,20 +631,35 @@ def _ident_vs_const(op: str, name: str, c: object) -> Callable[[Fields], Truth]:
     return order_
 
 
-def _like_regex(pattern: str, escape: str | None, col: int) -> re.Pattern[str]:
-    out: list[str] = []
+def _like_test(pattern: str, escape: str | None, col: int) -> Callable[[str], bool]:
+    """A LIKE pattern as a test of a string: the common shapes (`abc`, `abc%`, `%abc`, `%abc%`) as
+    string methods, anything else as a regular expression matched whole."""
+    pieces: list[str | None] = []  # a literal character, or None for %, or "" for _
     i = 0
     while i < len(pattern):
         ch = pattern[i]
         if escape is not None and ch == escape:
             if i + 1 >= len(pattern):
                 raise SelectorError(f"at column {col}: the LIKE pattern ends with its escape character")
-            out.append(re.escape(pattern[i + 1]))
+            pieces.append(pattern[i + 1])
             i += 2
             continue
-        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
+        pieces.append(None if ch == "%" else "" if ch == "_" else ch)
         i += 1
-    return re.compile("".join(out), re.S)
+    lead = bool(pieces) and pieces[0] is None
+    trail = len(pieces) > 1 and pieces[-1] is None
+    middle = pieces[int(lead):len(pieces) - int(trail)]
+    if all(p for p in middle):  # only literal characters between the optional % at each end
+        lit = "".join(p for p in middle if p)
+        if lead and trail:
+            return lambda v: lit in v
+        if lead:
+            return lambda v: v.endswith(lit)
+        if trail:
+            return lambda v: v.startswith(lit)
+        return lambda v: v == lit
+    rx = re.compile("".join(".*" if p is None else "." if p == "" else re.escape(p) for p in pieces), re.S)
+    return lambda v: rx.fullmatch(v) is not None
 
 
 # ------------------------------------------------------------------------------------ public API

@@ -70,6 +70,10 @@ def test_in_a_list_of_strings(country: str, yes: bool) -> None:
     ("%", "", True), ("_", "", False), ("a%", "A", False),  # case-sensitive, unlike SQLite's LIKE
     ("a.b", "a.b", True), ("a.b", "axb", False),  # no regular-expression meaning leaks through
     ("%\n%", "x\ny", True),  # % spans line breaks
+    # the shapes tested without a regular expression: literal, prefix, suffix, infix
+    ("", "", True), ("", "a", False), ("ab", "ab", True), ("ab", "abc", False), ("ab%", "abc", True),
+    ("ab%", "xab", False), ("%ab", "xab", True), ("%ab", "abx", False), ("%ab%", "xaby", True),
+    ("%ab%", "a b", False), ("%%", "", True), ("%", "anything", True),
 ])
 def test_like_patterns(pattern: str, value: str, yes: bool) -> None:
     assert m(f"phone LIKE '{pattern}'", phone=value) is yes
