@@ -383,43 +383,42 @@ def _typed_comparison(draw: st.DrawFn) -> Ex:
     return Ex(expr, f"(CASE WHEN t{name} = '{kind}' THEN {name} {op} {sql} END)")
 
 
+def _maybe_not(draw: st.DrawFn) -> tuple[str, str]:
+    """(" NOT" as the selector spells it, " NOT" for SQLite), or two empty strings."""
+    return (f" {draw(KW['NOT'])}", " NOT") if draw(st.booleans()) else ("", "")
+
+
 @st.composite
 def _between(draw: st.DrawFn) -> Ex:
-    x, lo, hi, neg = draw(NUM), draw(NUM), draw(NUM), draw(st.booleans())
-    n_j = f" {draw(KW['NOT'])}" if neg else ""
-    n_s = " NOT" if neg else ""
+    x, lo, hi = draw(NUM), draw(NUM), draw(NUM)
+    n_j, n_s = _maybe_not(draw)
     return Ex(f"{x.jms}{n_j} {draw(KW['BETWEEN'])} {lo.jms} {draw(KW['AND'])} {hi.jms}",
               f"({x.sql}{n_s} BETWEEN {lo.sql} AND {hi.sql})")
 
 
 @st.composite
 def _in_list(draw: st.DrawFn) -> Ex:
-    name, neg = draw(st.sampled_from(IDS)), draw(st.booleans())
+    name, (n_j, n_s) = draw(st.sampled_from(IDS)), _maybe_not(draw)
     items = ", ".join(_str_lit(v) for v in draw(st.lists(st.text(STR_ALPHABET, max_size=2), min_size=1, max_size=3)))
-    n_j = f" {draw(KW['NOT'])}" if neg else ""
-    n_s = " NOT" if neg else ""
     return Ex(f"{name}{n_j} {draw(KW['IN'])} ({items})", f"(CASE WHEN t{name} = 's' THEN {name}{n_s} IN ({items}) END)")
 
 
 @st.composite
 def _like(draw: st.DrawFn) -> Ex:
-    name, neg, escaped = draw(st.sampled_from(IDS)), draw(st.booleans()), draw(st.booleans())
+    name, (n_j, n_s), escaped = draw(st.sampled_from(IDS)), _maybe_not(draw), draw(st.booleans())
     pieces = draw(st.lists(st.sampled_from(["a", "A", "b", "%", "_"] + (["!%", "!_", "!!"] if escaped else ["!"])),
                            max_size=4))
     pattern = "".join(pieces)
     glob = "".join(p[1] if len(p) == 2 else "*" if p == "%" else "?" if p == "_" else p for p in pieces)
     esc = f" {draw(KW['ESCAPE'])} '!'" if escaped else ""
-    n_j = f" {draw(KW['NOT'])}" if neg else ""
-    n_s = " NOT" if neg else ""
     return Ex(f"{name}{n_j} {draw(KW['LIKE'])} '{pattern}'{esc}",
               f"(CASE WHEN t{name} = 's' THEN {name}{n_s} GLOB '{glob}' END)")
 
 
 @st.composite
 def _is_null(draw: st.DrawFn) -> Ex:
-    name, neg = draw(st.sampled_from(IDS)), draw(st.booleans())
-    n_j = f" {draw(KW['NOT'])}" if neg else ""
-    return Ex(f"{name} {draw(KW['IS'])}{n_j} {draw(KW['NULL'])}", f"({name} IS{' NOT' if neg else ''} NULL)")
+    name, (n_j, n_s) = draw(st.sampled_from(IDS)), _maybe_not(draw)
+    return Ex(f"{name} {draw(KW['IS'])}{n_j} {draw(KW['NULL'])}", f"({name} IS{n_s} NULL)")
 
 
 @st.composite
