@@ -41,8 +41,11 @@ A value of any other Python type (bytes, UUID, ...) is present (not NULL) but co
 Limits: the text is at most ``MAX_TEXT`` (4,096) characters, and its tree at most ``MAX_DEPTH`` (100)
 levels deep, counting each operator and each pair of parentheses as a level (``a = 1`` is two levels
 deep, ``(a = 1)`` three; a run of ``AND``, ``OR``, ``+``/``-`` or ``*``/``/`` is one level, however
-long). Parsing descends one frame per level and evaluation calls one closure per level, so neither
-can exhaust Python's stack: a deeper selector is refused before it is descended into.
+long). The parser (precedence climbing, hand-written: no parser library is worth a dependency for
+this grammar) spends a few Python frames per level and evaluation one closure call per level, so
+neither can exhaust Python's stack: a deeper selector is refused before it is descended into.
+Ill-typed selectors are refused too, at the column of the operator that cannot take its operand
+(``a + 'x' = 1``, ``NOT 3``, ``'x' < a``, a number as the whole selector).
 
 Message fields
 --------------
