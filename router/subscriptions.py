@@ -213,6 +213,7 @@ class SubscriptionTable:
         self._subs: dict[str, Subscription] = {}
         self._by_topic: dict[str, dict[str, Subscription]] = {}
         self._wild: TopicIndex[str] = TopicIndex()  # live wildcard subscriptions' sids by filter
+        self._n_wild = 0  # how many (an attribute: the per-message check costs no call)
         self._matched: dict[str, tuple[Subscription, ...]] = {}  # name -> live_for_topic, while _wild holds any
         self.version = 0  # bumped on every change that must be persisted
 
@@ -225,7 +226,7 @@ class SubscriptionTable:
         name (in the order they were indexed), then the wildcard ones (by sid: the same order at
         every router and in every replay, whatever the order they came in)."""
         d = self._by_topic.get(topic)
-        if not self._wild:
+        if not self._n_wild:
             return d.values() if d else ()
         hit = self._matched.get(topic)
         if hit is None:
@@ -244,6 +245,7 @@ class SubscriptionTable:
     def _index(self, sub: Subscription) -> None:
         if is_wildcard(sub.topic):
             self._wild.add(sub.topic, sub.sid)
+            self._n_wild = len(self._wild)
             self._matched.clear()
         else:
             self._by_topic.setdefault(sub.topic, {})[sub.sid] = sub
@@ -253,6 +255,7 @@ class SubscriptionTable:
     def _unindex(self, sub: Subscription) -> None:
         if is_wildcard(sub.topic):
             self._wild.discard(sub.topic, sub.sid)
+            self._n_wild = len(self._wild)
             self._matched.clear()
             return
         topic_subs = self._by_topic.get(sub.topic)
@@ -401,6 +404,7 @@ class SubscriptionTable:
         self._subs.clear()
         self._by_topic.clear()
         self._wild = TopicIndex()
+        self._n_wild = 0
         self._matched.clear()
         for d in snap.get("subscriptions", []):
             sub = Subscription.from_json(d)
