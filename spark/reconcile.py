@@ -677,7 +677,7 @@ def keep(df: DataFrame) -> DataFrame:
     planner knows (a checkpoint alone does not say how it is partitioned): the frames built on it
     need no exchange."""
     kept = df.localCheckpoint(eager=False)
-    if df.sparkSession.conf.get("spark.sql.shuffle.partitions") == "1":
+    if V.one_partition(df):
         return kept.coalesce(1)
     return kept
 
