@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from .reconcile import Reconciliation, Summary
 
@@ -211,6 +212,14 @@ RETAIN = {"spark.sql.ui.retainedExecutions": "20", "spark.ui.retainedJobs": "100
 SHORT_RUN_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
+# PySpark (4.x) records the Python call site of every DataFrame and Column operation in the JVM,
+# for error messages: four more Py4J round trips around each call (the active session, a setting,
+# set, clear). A reconcile builds its plans in thousands of such calls (the demo's logs: ~13,000
+# round trips, ~10,000 of them these). PySpark reads the setting once per process, from the first
+# session it sees: it holds for sessions this module starts (and spark-submit's).
+NO_CALL_SITES = ("spark.python.sql.dataFrameDebugging.enabled", "false")
+
+
 def spark_session(master: str | None = None, driver_memory: str | None = None,
                   shuffle_partitions: int | None = None, app_name: str = "oncemesh-reconcile",
                   short: bool = False, make_archive: bool = False) -> tuple[SparkSession, bool]:
@@ -227,7 +236,7 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
         return active, False
     if submitted():
         b = (SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.debug.maxToStringFields", "200"))
+             .config("spark.sql.debug.maxToStringFields", "200").config(*NO_CALL_SITES))
         if master:
             b = b.master(master)
         if shuffle_partitions:
@@ -255,7 +264,7 @@ def spark_session(master: str | None = None, driver_memory: str | None = None,
          .config("spark.driver.extraJavaOptions", f"-Xss16m -Dlog4j2.configurationFile={log4j.as_uri()}"
                  + (f" {SHORT_RUN_JVM}" if short and is_local(master) else "") + (f" {cds}" if cds else ""))
          .config("spark.sql.session.timeZone", "UTC")
-         .config("spark.sql.debug.maxToStringFields", "200"))
+         .config("spark.sql.debug.maxToStringFields", "200").config(*NO_CALL_SITES))
     # what the status store keeps of finished queries, jobs and stages (the UI is off, the store is
     # not): with the defaults (1,000 SQL executions and their plan metrics) a session that runs many
     # wide queries -- the live audit's micro-batches, the test suite -- filled a 2 GB heap with them
@@ -412,6 +421,19 @@ class JobCounter:
         self.sc.setLocalProperty("spark.jobGroup.id", group)  # type: ignore[arg-type]  # pyspark annotates the value as str, yet None is how Spark unsets a local property (the group was none)
         self.sc.setLocalProperty("spark.job.description", desc)  # type: ignore[arg-type]  # (the same: None unsets it)
 
+    def submit(self, fn: Callable[..., None], *args: Any) -> Future[None]:
+        """`fn(*args)` on a thread of its own, its jobs in this group (a job group is the JVM
+        thread's: PySpark gives each Python thread its own)."""
+        def in_group() -> None:
+            self.sc.setJobGroup(self.group, "oncemesh reconcile")
+            fn(*args)
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="oncemesh-reconcile")
+        try:
+            return pool.submit(in_group)
+        finally:
+            pool.shutdown(wait=False)
+
     def count(self) -> int:
         """Jobs of the group so far (the status store learns of a job from the listener bus: wait
         until the bus has delivered what was posted)."""
@@ -451,11 +473,16 @@ def _run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, s
     parsed = (read_logs(spark, files).select(*R.USED, "status")
               .transform(R.keep))
     rec: Reconciliation | None = None
+    frames: Future[None] | None = None
     try:
         rec = R.reconcile(parsed, since=since, skew=skew, persist=True)
         pieces = R.summary_pieces(rec)
         if target is not None:
             pieces.append((ANOMALIES, anomalies_ordered(rec).limit(ANOMALY_ROWS + 1)))
+            # the files made of the frames alone are written while the summary is collected: a
+            # short run's driver plans on one core and its tasks run one at a time, so they fill
+            # the other (a checkpoint both need is computed once: the second waits for its blocks)
+            frames = jobs.submit(write_frames, rec, target)
         rows = V.collect_pieces(pieces)
         summary = R.summary_from(rec, rows, accept_partial=accept_partial)
         extra: dict[str, Any] = {"files": n_files if n_files is not None else len(files)}
@@ -472,10 +499,14 @@ def _run(spark: SparkSession, files: Sequence[str], *, out: Path | str | None, s
         outputs = None
         if target is not None:
             outputs = write_outputs(spark, rec, summary, target, chart, say, rows.get(ANOMALIES, []),
-                                    lambda s: replace(s, extra={**s.extra, **measured(jobs, started)}))
+                                    lambda s: replace(s, extra={**s.extra, **measured(jobs, started)}),
+                                    frames=frames)
         summary = replace(summary, extra={**summary.extra, **measured(jobs, started)})
         return summary, outputs
     finally:
+        if frames is not None:  # done before the frames are freed (on failure too; its error is then secondary)
+            with suppress(Exception):
+                frames.result()
         R.release(parsed)
         if rec is not None:
             R.unpersist(rec)
@@ -522,9 +553,25 @@ def _sort_key(row: dict[str, Any]) -> tuple[Any, ...]:
     return tuple((row.get(k) is not None, row.get(k) if row.get(k) is not None else 0) for k in ANOMALY_ORDER)
 
 
+def write_frames(rec: Reconciliation, target: str) -> None:
+    """The results under `target` made of the reconciliation's frames alone (not of its summary):
+    anomalies.parquet, order_anomalies.parquet, order_disagreements.parquet,
+    router_anomalies.parquet, disagreements.parquet, causal_violations.parquet: one write each."""
+    from . import reconcile as R
+
+    _write(R.anomalies(rec.pairs), f"{target}/anomalies.parquet", *ANOMALY_ORDER)
+    _write(R.order_anomalies(rec.order), f"{target}/order_anomalies.parquet", "sub", "pub")
+    _write(rec.sub_pairs.where("disagree"), f"{target}/order_disagreements.parquet", "topic", "sub_a", "sub_b")
+    _write(rec.router_pairs.where("class != 'ok'"), f"{target}/router_anomalies.parquet",
+           "class", "t_recv", "gid", "sub")
+    _write(rec.agreement.where("why is not null"), f"{target}/disagreements.parquet", "gid", "sub")
+    _write(R.causal_anomalies(rec.causal), f"{target}/causal_violations.parquet", "topic", "sub")
+
+
 def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, target: str, chart: bool,
                   say: TextIO, anomaly_rows: Sequence[dict[str, Any]] = (),
-                  final: Callable[[Summary], Summary] | None = None) -> Outputs:
+                  final: Callable[[Summary], Summary] | None = None,
+                  frames: Future[None] | None = None) -> Outputs:
     """Under `target` (a local directory, or a URI such as hdfs://.../run42): anomalies.parquet and
     anomalies.json (the non-ok pairs), summary.json, summary.parquet (its scalars),
     subscriptions.parquet, order_anomalies.parquet (the (subscription, publisher link) rows with a
@@ -559,8 +606,9 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ta
         drawing = pool.submit(C.render, curves, timeline, Path(target) / "reconcile.png", bucket=bucket,
                               title=title)
         pool.shutdown(wait=False)
+    if frames is None:
+        write_frames(rec, target)
     a_parquet, a_json = f"{target}/anomalies.parquet", f"{target}/anomalies.json"
-    _write(R.anomalies(rec.pairs), a_parquet, *ANOMALY_ORDER)
     if collected and not remote:
         Path(a_json).mkdir(parents=True, exist_ok=True)
         for old in Path(a_json).iterdir():
@@ -571,16 +619,12 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ta
         (R.anomalies(rec.pairs).coalesce(1).sortWithinPartitions(*ANOMALY_ORDER)
          .write.mode("overwrite").json(a_json))
     o_parquet, d_parquet = f"{target}/order_anomalies.parquet", f"{target}/order_disagreements.parquet"
-    _write(R.order_anomalies(rec.order), o_parquet, "sub", "pub")
-    _write(rec.sub_pairs.where("disagree"), d_parquet, "topic", "sub_a", "sub_b")
-    r_parquet = f"{target}/router_anomalies.parquet"
-    _write(rec.router_pairs.where("class != 'ok'"), r_parquet, "class", "t_recv", "gid", "sub")
-    g_parquet = f"{target}/disagreements.parquet"
-    _write(rec.agreement.where("why is not null"), g_parquet, "gid", "sub")
+    r_parquet, g_parquet = f"{target}/router_anomalies.parquet", f"{target}/disagreements.parquet"
     c_parquet = f"{target}/causal_violations.parquet"
-    _write(R.causal_anomalies(rec.causal), c_parquet, "topic", "sub")
     s_parquet, subs_parquet = f"{target}/summary.parquet", f"{target}/subscriptions.parquet"
     subs_frame(spark, summary).coalesce(1).write.mode("overwrite").parquet(subs_parquet)
+    if frames is not None:
+        frames.result()  # its error, if any, is this run's
     if drawing is not None:
         png = str(drawing.result())
     # the summary's files last, so that they count every job (summary.parquet's own included)
@@ -590,7 +634,10 @@ def write_outputs(spark: SparkSession, rec: Reconciliation, summary: Summary, ta
     s_json = f"{target}/summary.json"
     text = json.dumps(d, indent=2) + "\n"
     if remote:  # a directory with one part file, like the others
-        spark.createDataFrame([(text,)], "value string").coalesce(1).write.mode("overwrite").text(s_json)
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        (local_frame(spark, [(text,)], StructType([StructField("value", StringType())]))
+         .coalesce(1).write.mode("overwrite").text(s_json))
     else:
         Path(s_json).write_text(text)
     return Outputs(target, s_json, s_parquet, subs_parquet, a_parquet, a_json, png, o_parquet, d_parquet,
@@ -621,13 +668,29 @@ def anomaly_timeline(rec: Reconciliation, times: Sequence[tuple[str, float]] | N
     return bucket, timeline
 
 
+def local_frame(spark: SparkSession, rows: Sequence[Sequence[Any]], schema: StructType) -> DataFrame:
+    """A few rows made on the driver as a frame, built in the JVM from their JSON text:
+    `createDataFrame` of Python rows hands them to a Python worker process, whose start is seconds
+    of a short run (the demo's logs: 2.4 s for subscriptions.parquet). A value that does not fit
+    its field's type fails the query (FAILFAST) instead of becoming null."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType
+
+    text = json.dumps([dict(zip(schema.fieldNames(), row, strict=True)) for row in rows], allow_nan=True)
+    parsed = F.from_json(F.lit(text), ArrayType(schema), {"mode": "FAILFAST"})
+    return spark.range(0, 1, 1, 1).select(F.inline(parsed))
+
+
 def subs_frame(spark: SparkSession, summary: Summary) -> DataFrame:
     """The per-subscription counts of a summary as a frame."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
     from .schema import CLASSES
 
-    cols = ", ".join(f"{c} long" for c in CLASSES)
+    schema = StructType([StructField("sub", StringType()), StructField("topic", StringType()),
+                         *[StructField(c, LongType()) for c in ("pairs", "owed", *CLASSES)]])
     rows = [(s.sub, s.topic, s.pairs, s.owed, *(n for _, n in s.counts)) for s in summary.per_subscription]
-    return spark.createDataFrame(rows, f"sub string, topic string, pairs long, owed long, {cols}")
+    return local_frame(spark, rows, schema)
 
 
 def summary_frame(spark: SparkSession, d: dict[str, Any]) -> DataFrame:
@@ -643,7 +706,7 @@ def summary_frame(spark: SparkSession, d: dict[str, Any]) -> DataFrame:
     row = tuple(float(v) if isinstance(f.dataType, DoubleType) and v is not None
                 else (str(v) if isinstance(f.dataType, StringType) and v is not None else v)
                 for f, v in zip(fields, scalars.values(), strict=True))
-    return spark.createDataFrame([row], StructType(fields))
+    return local_frame(spark, [row], StructType(fields))
 
 
 # ================================================================ presentation

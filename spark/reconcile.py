@@ -27,6 +27,7 @@ rejections, per-hop latency and records left unsettled.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -677,9 +678,19 @@ def keep(df: DataFrame) -> DataFrame:
     planner knows (a checkpoint alone does not say how it is partitioned): the frames built on it
     need no exchange."""
     kept = df.localCheckpoint(eager=False)
-    if df.sparkSession.conf.get("spark.sql.shuffle.partitions") == "1":
+    if V.one_partition(df):
         return kept.coalesce(1)
     return kept
+
+
+def keep_all(*frames: DataFrame) -> list[DataFrame]:
+    """`keep` of each frame, side by side: a keep plans its frame on the driver (analysis,
+    optimization, physical planning: most of a second each in a short run's cold JVM), on one core,
+    and frames that do not read each other need not wait for each other's."""
+    if len(frames) < 2:
+        return [keep(df) for df in frames]
+    with ThreadPoolExecutor(len(frames), thread_name_prefix="oncemesh-keep") as pool:
+        return list(pool.map(keep, frames))
 
 
 def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
@@ -695,27 +706,21 @@ def reconcile(parsed: DataFrame, since: float | None = None, skew: float = 0.0,
             ev = ev.transform(keep)
     lv = lives(ev)
     msgs = messages(ev)
-    if persist:
-        lv = lv.transform(keep)
-        msgs = msgs.transform(keep)
-    classified = pairs(ev, msgs, lv, skew)
-    if persist:
-        classified = classified.transform(keep)
-    incs = incarnations(ev)
-    handed = handed_order(ev, msgs)
-    fifo = fifo_order(handed, classified)
-    sub_pairs = subscription_pair_order(handed)
-    causal = causal_order(ev, handed)
     # the router view: the same events, the routers' lines only (routerview: the one set of rules)
     r_msgs = RV.message_facts(ev)
     if persist:
-        r_msgs = r_msgs.transform(keep)
+        lv, msgs, r_msgs = keep_all(lv, msgs, r_msgs)
+    classified = pairs(ev, msgs, lv, skew)
+    incs = incarnations(ev)
+    handed = handed_order(ev, msgs)
+    sub_pairs = subscription_pair_order(handed)
+    causal = causal_order(ev, handed)
     r_pairs = RV.router_pairs(ev, lives(ev.where(_c("src") == S.ROUTER)), skew, r_msgs)
     if persist:
+        classified, sub_pairs, causal, r_pairs = keep_all(classified, sub_pairs, causal, r_pairs)
+    fifo = fifo_order(handed, classified)
+    if persist:
         fifo = fifo.transform(keep)
-        sub_pairs = sub_pairs.transform(keep)
-        causal = causal.transform(keep)
-        r_pairs = r_pairs.transform(keep)
     return Reconciliation(parsed=parsed, events=ev, lives=lv, messages=msgs, pairs=classified,
                           records=router_records(ev), incarnations=incs,
                           hops=hop_latencies(ev, msgs, classified), order=fifo, sub_pairs=sub_pairs,
