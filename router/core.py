@@ -524,6 +524,8 @@ class DeliveryCore:
         if selected is not None:
             live = selected  # (a selector turned it away from some: owed to the others)
         self.book.add_origin(rec, live, held, me)  # owed to each (but what their clients hold already)
+        if self.table.selective and rec.preds:
+            self.handing.cover_preds(rec)
         subs = self.subs
         remote = False
         queued = 0
@@ -610,11 +612,16 @@ class DeliveryCore:
         self._absorb_placeholders(rec)
         live = self.table.live_for_topic(rec.topic)
         selected = self._select(live, payload) if self.table.selective else None
+        fresh: list[SubRuntime] = []
         for sub in live if selected is None else selected:
             if sub.sid not in rec.owed:
                 rt = self._owe(rec, sub.sid, sub.home)
                 if rt is not None:
-                    self._pump(rt)
+                    fresh.append(rt)
+        if self.table.selective and rec.preds:
+            self.handing.cover_preds(rec)  # (once its parts are all there)
+        for rt in fresh:
+            self._pump(rt)
         if self.total and rec.topic in self.total:
             self.total_order.number(rec, now)
             if rec.outcome is not None:
