@@ -78,8 +78,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="Create a durable subscription NAME on TOPIC and leave it suspended: "
                                    "messages published from now on are held for it until `get` "
                                    "collects them or it expires.")
-    p.add_argument("topic", help="the topic to subscribe to")
+    p.add_argument("topic", help="the topic to subscribe to: a name, or a filter with '+' (one level) and "
+                                 "'#' (the rest), e.g. 'orders/+/eu' (quote it for the shell)")
     p.add_argument("--subscription", required=True, metavar="NAME", help="subscription name (the link name)")
+    p.add_argument("--selector", default=None, metavar="SQL",
+                   help="a JMS message selector, e.g. \"region = 'eu' AND qty > 10\": only what it selects is owed "
+                        "to the subscription (get reads it with the same one; another one makes a new "
+                        "subscription)")
     p.add_argument("--expiry", type=_expiry, default=DEFAULT_EXPIRY,
                    help=f"seconds it may stay detached before it ends (default {DEFAULT_EXPIRY:.0f}; 'never')")
     _common(p)
@@ -266,7 +271,7 @@ async def _subscribe(args: argparse.Namespace) -> int:
     client = _client(args)
     await client.start()
     try:
-        sub = client.subscriber(args.topic, args.subscription, expiry=args.expiry, credit=0)
+        sub = client.subscriber(args.topic, args.subscription, expiry=args.expiry, credit=0, selector=args.selector)
         await sub.wait_attached(args.connect_timeout)
         await sub.detach()
         exp = "never" if math.isinf(args.expiry) else f"{args.expiry:g}s"

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from proton import Message
+from proton import Described, Message
 
 from ..common import engine as amqp
 from ..common import errors
@@ -31,9 +31,17 @@ from ..common import ffi as F
 from ..common.engine import AmqpConnection, Link
 from ..common.errors import ClientError, LinkRefused
 from ..common.ids import PLID_LEN, counter_seq, is_control_tag, subscription_id
-from ..common.symbols import PROP_CLIENT, PROP_EPOCH, PROP_HANDED_LAST, PROP_RESUME, PROP_RESUMED
+from ..common.symbols import (
+    PROP_CLIENT,
+    PROP_EPOCH,
+    PROP_HANDED_LAST,
+    PROP_RESUME,
+    PROP_RESUMED,
+    SELECTOR_FILTER,
+    SELECTOR_KEY,
+)
 from ..common.topics import is_wildcard
-from ..common.vocab import FINAL_SUBJECT
+from ..common.vocab import FINAL_SUBJECT, SELECTIVE
 from .host import ClientHost
 
 log = logging.getLogger("oncemesh.subscriber")
@@ -86,13 +94,23 @@ class Subscriber:
     """A durable subscription to one topic. Create with `Client.subscriber(topic, name)`."""
 
     def __init__(self, client: ClientHost, topic: str, name: str, *, expiry: float = 3600.0,
-                 credit: int = 1000, on_message: Callable[[Delivered], Any] | None = None) -> None:
+                 credit: int = 1000, on_message: Callable[[Delivered], Any] | None = None,
+                 selector: str | None = None) -> None:
+        """`selector`: a JMS message selector (docs/clients.md, "Selectors"): the subscription is owed
+        only the messages it selects. Attaching again with another one ends the subscription and
+        begins a new one (what the old one held is not handed). None: the one this state directory
+        last attached it with (none at first)."""
         self.client = client
         self.topic = topic
         self.name = name
         self.expiry = expiry
         self.window = credit
         self.sid = subscription_id(client.container_id, name, topic)
+        if selector is None:
+            selector = client.state.get_meta(f"selector:{self.sid}") or ""
+        else:
+            client.state.set_meta(f"selector:{self.sid}", selector)
+        self.selector = selector
         self.on_message_cb = on_message
         self.link: Link | None = None
         self.resumed: bool | None = None
@@ -350,6 +368,8 @@ class Subscriber:
             link.set_source(self.topic, 0, F.EXPIRE_NEVER)
         else:
             link.set_source(self.topic, int(self.expiry), F.EXPIRE_WITH_LINK)
+        if self.selector:
+            link.set_source_filter({SELECTOR_KEY: Described(SELECTOR_FILTER, self.selector)})
         link.set_target(None)
         link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND)
         presented = self.client.state.unsettled(self.sid)
@@ -385,7 +405,7 @@ class Subscriber:
         self._steals = 0
         self._slog.write("resumed" if self.resumed else "subscribed", time.time(), None, self.topic, self.sid,
                          container=self.client.container_id, link=self.name,
-                         info=f"router={self.client.router_id}")
+                         info=(f"{SELECTIVE} " if self.selector else "") + f"router={self.client.router_id}")
         self._slog.flush()
         self._attached.set()
 

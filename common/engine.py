@@ -340,6 +340,11 @@ class Link:
         return bool(lib.pn_terminus_is_dynamic(lib.pn_link_remote_source(self.ptr)))
 
     @property
+    def remote_source_filter(self) -> Any:
+        """The filter map of the peer's source (Proton's Python values: a dict), None without one."""
+        return F.data_to_obj(lib.pn_terminus_filter(lib.pn_link_remote_source(self.ptr)))
+
+    @property
     def remote_source_null(self) -> bool:
         """The peer's attach carried no source at all (not one without an address): a lookup of
         the terminus it had under this link name (Qpid JMS's unsubscribe)."""
@@ -386,6 +391,10 @@ class Link:
         lib.pn_terminus_set_timeout(term, timeout)
         if expiry_policy is not None:
             lib.pn_terminus_set_expiry_policy(term, expiry_policy)
+
+    def set_source_filter(self, filters: Any) -> None:
+        """Our source's filter map (the filters the router applies, echoed to the peer)."""
+        F.obj_to_data(filters, lib.pn_terminus_filter(lib.pn_link_source(self.ptr)))
 
     def set_no_source(self) -> None:
         """Our attach carries no source (a null source: "no such terminus" for a lookup)."""

@@ -31,6 +31,12 @@ ANONYMOUS_RELAY = symbol("ANONYMOUS-RELAY")
 # (an array of symbols, as the field is typed)
 ROUTER_CAPABILITIES = Array(UNDESCRIBED, Data.SYMBOL, ANONYMOUS_RELAY)  # type: ignore[arg-type]  # proton annotates Array's descriptor as PythonAMQPData, yet its own UNDESCRIBED (a Constant) is how it takes none
 
+# a receiver's source filter holding a JMS message selector (the Apache filter registry; Qpid JMS's key
+# "jms-selector"): by its descriptor, as a symbol or its ulong code
+SELECTOR_FILTER = symbol("apache.org:selector-filter:string")
+SELECTOR_FILTER_CODE = 0x0000468C00000004
+SELECTOR_KEY = symbol("jms-selector")
+
 # the info fields of a redirect condition (AMQP 1.0, amqp:connection:redirect and amqp:link:redirect)
 REDIRECT_HOSTNAME = symbol("hostname")
 REDIRECT_NETWORK_HOST = symbol("network-host")

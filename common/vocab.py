@@ -31,3 +31,9 @@ IDENTITIES = (TAG, MESSAGE_ID)
 # earlier link that are now final (tags start with "$", which no global id does)
 FINAL_SUBJECT = "oncemesh.final"
 FINAL_TAG_PREFIX = "$final:"
+
+
+# the `info` of a router's `subscribed` / `resumed` settlement-log line for a subscription with a JMS
+# selector, and how our subscriber's begins (docs/settlement-log.md): only what the selector selects is owed to it, which the origins'
+# owed sets say per message; the judge pairs such a life by those alone, not by its filter
+SELECTIVE = "selector"

@@ -73,6 +73,8 @@ from typing import Any, cast
 from ..common import errors
 from ..common.amqpmsg import with_to
 from ..common.ids import PLID_LEN, counter_seq, global_id, identity_scope, plid_of
+from ..common.selector import Selector, SelectorError, message_fields
+from ..common.selector import parse as parse_selector
 from ..common.settlement_log import AcceptedBy, Owed
 from ..common.topics import check_name, is_wildcard, matches
 from ..common.vocab import O_ACCEPTED, O_MODIFIED, O_REJECTED, O_RELEASED, Outcome
@@ -167,6 +169,10 @@ class SubscriberAttach:
     epoch: int | None = None
     handed_last: tuple[str, ...] = ()  # per publisher link, the latest message it was handed
     owner: str = ""  # the authenticated identity attaching ("" without client authentication)
+    selector: str = ""  # its JMS message selector ("" none; checked: `DeliveryCore.selector_of`)
+
+
+SELECTOR_CHANGED = "selector changed"  # why a life ended when its link came back with another selector
 
 
 class DeliveryCore:
@@ -212,6 +218,7 @@ class DeliveryCore:
         self.hold_pumps = False
         self._held_pumps: dict[str, SubRuntime] = {}
         self._owed_sets: dict[str, tuple[int, Owed]] = {}  # topic -> (table version, its owed set)
+        self._selectors: dict[str, Selector] = {}  # selector text -> parsed (`selector_of`)
         self._now = 0.0  # the latest time we were given (stamps copies sent from untimed calls)
         self.mesh_size = 1  # routers in the topology (the mesh layer sets it): 1 = standalone
         # total order: per topic, the numbering learned so far
@@ -513,7 +520,12 @@ class DeliveryCore:
         held = self.placeholders.pop(gid, None) if self.placeholders else None
         me = self.router_id
         live = self.table.live_for_topic(topic)
+        selected = self._select(live, payload) if self.table.selective else None
+        if selected is not None:
+            live = selected  # (a selector turned it away from some: owed to the others)
         self.book.add_origin(rec, live, held, me)  # owed to each (but what their clients hold already)
+        if self.table.selective and rec.preds:
+            self.handing.cover_preds(rec)
         subs = self.subs
         remote = False
         queued = 0
@@ -544,9 +556,12 @@ class DeliveryCore:
                 queued += 1
                 self.remote_pending.setdefault(sid, {})[gid] = rec
                 remote = True
-        hit = self._owed_sets.get(topic)  # (`_owed_set`, its usual case inlined: once per message)
-        self.log.append(("received", gid, topic, None,
-                         hit[1] if hit is not None and hit[0] == self.table.version else self._owed_set(topic)))
+        if selected is not None:
+            self.log.append(("received", gid, topic, None, Owed((sub.sid, sub.home) for sub in selected)))
+        else:
+            hit = self._owed_sets.get(topic)  # (`_owed_set`, its usual case inlined: once per message)
+            self.log.append(("received", gid, topic, None,
+                             hit[1] if hit is not None and hit[0] == self.table.version else self._owed_set(topic)))
         if self.total and topic in self.total:
             self.total_order.number(rec, now)  # may add or end parts, and decide it
             if rec.outcome is not None:
@@ -595,11 +610,18 @@ class DeliveryCore:
         self.book.adopt(rec, payload)  # counted until decided, like any record of ours
         self.handing.chain_record(rec)
         self._absorb_placeholders(rec)
-        for sub in self.table.live_for_topic(rec.topic):
+        live = self.table.live_for_topic(rec.topic)
+        selected = self._select(live, payload) if self.table.selective else None
+        fresh: list[SubRuntime] = []
+        for sub in live if selected is None else selected:
             if sub.sid not in rec.owed:
                 rt = self._owe(rec, sub.sid, sub.home)
                 if rt is not None:
-                    self._pump(rt)
+                    fresh.append(rt)
+        if self.table.selective and rec.preds:
+            self.handing.cover_preds(rec)  # (once its parts are all there)
+        for rt in fresh:
+            self._pump(rt)
         if self.total and rec.topic in self.total:
             self.total_order.number(rec, now)
             if rec.outcome is not None:
@@ -742,25 +764,31 @@ class DeliveryCore:
     def attach_subscriber(self, link: Any, sid: str, topic: str, container: str, link_name: str,
                           expiry: float, capable: bool, presented: Iterable[str] | None,
                           now: float, epoch: int | None = None, handed_last: Iterable[str] = (),
-                          owner: str = "") -> bool:
+                          owner: str = "", selector: str = "") -> bool:
         """A subscriber link attached here (new or resuming). Returns True when it resumed.
         `epoch`: the subscription's epoch its client last attached with (our clients present it).
         `handed_last`: per publisher link, the latest message its client was handed (FIFO: an
         earlier one that comes only now is not handed after it). Raises `UnauthorizedAccess`, having
-        changed nothing, when the subscription is live and another identity's (`refuse_owner`)."""
+        changed nothing, when the subscription is live and another identity's (`refuse_owner`).
+        `selector`: a JMS message selector: only what it selects is owed to the subscription; a live
+        subscription attached with another selector ends, and a new life begins with this one (JMS:
+        changing a durable subscription's selector is unsubscribing and subscribing again)."""
         self._now = now
         self.refuse_owner(sid, owner)
-        self.refuse_filter(topic)
+        self.refuse_filter(topic, selector)
         old_rt = self.subs.get(sid)
         if old_rt is not None and old_rt.link is not None:
             self._unbind(old_rt)  # the same identity attached again: the new link wins (adapter steals)
         before = self.table.get(sid)
+        if before is not None and before.live and before.selector != selector:
+            self._end(sid, now, SELECTOR_CHANGED)
+            before = self.table.get(sid)
         was_remote = before is not None and before.live and before.home != self.router_id
         # the client attached somewhere after the last change we know of: we missed its travels, and
         # what we still hold for it may have been dealt with elsewhere meanwhile
         stale_view = before is not None and before.live and epoch is not None and before.epoch < epoch
         sub, resumed = self.table.attach(sid, topic, container, link_name, expiry, self.router_id, now,
-                                         min_epoch=epoch or 0, owner=owner, inc=self.incarnation)
+                                         min_epoch=epoch or 0, owner=owner, inc=self.incarnation, selector=selector)
         rt = self.subs.get(sid)
         fresh = rt is None
         if rt is None:
@@ -849,12 +877,20 @@ class DeliveryCore:
             raise errors.UnauthorizedAccess(f"subscription {sid} belongs to another identity; attach with the "
                                             f"credentials that made it")
 
-    def refuse_filter(self, topic_filter: str) -> None:
-        """Raise `NotImplementedMode` when wildcard filter `topic_filter` matches a topic that is not
-        in FIFO order (router/order/modes.py): a subscription across several topics gets each
-        publisher's messages in the order it published them, and no order across topics; a causal or
-        total order is a promise about one topic's (or group's) subscribers, which this version
-        does not extend to a wildcard subscription (docs/promises.md, "Topics and wildcards")."""
+    def refuse_filter(self, topic_filter: str, selector: str = "") -> None:
+        """Raise `NotImplementedMode` when wildcard filter `topic_filter` (or a filter with a selector)
+        matches a topic that is not in FIFO order (router/order/modes.py): a subscription across
+        several topics gets each publisher's messages in the order it published them, and no order
+        across topics; a causal or total order is a promise about one topic's (or group's)
+        subscribers, which this version does not extend to a wildcard subscription, nor to one that
+        skips messages (docs/promises.md, "Topics and wildcards"). A selector that does not parse
+        raises `InvalidAddress` (amqp:invalid-field) with the reason."""
+        if selector:
+            self.selector_of(selector)
+            if self.orders and topic_filter in self.orders:
+                raise errors.NotImplementedMode(
+                    f"topic {topic_filter!r} is in {self.orders[topic_filter].name} order: a subscription with a "
+                    f"selector may only be to FIFO topics")
         if not self.orders or not is_wildcard(topic_filter):
             return
         clash = sorted(t for t in self.orders if matches(topic_filter, t))
@@ -865,10 +901,42 @@ class DeliveryCore:
                 f"filter {topic_filter!r} matches topics in an order other than FIFO: {named}{more}; a "
                 f"wildcard subscription may only match FIFO topics (subscribe to those topics by name)")
 
+    def selector_of(self, text: str) -> Selector:
+        """The parsed selector `text` (parsed once per text; `InvalidAddress` with the reason when it
+        does not parse)."""
+        sel = self._selectors.get(text)
+        if sel is None:
+            try:
+                sel = parse_selector(text)
+            except SelectorError as exc:
+                raise errors.InvalidAddress(f"selector {text[:200]!r}: {exc}") from None
+            if len(self._selectors) > 10_000:
+                self._selectors.clear()
+            self._selectors[text] = sel
+        return sel
+
+    def _select(self, live: Iterable[Subscription], payload: bytes) -> tuple[Subscription, ...] | None:
+        """Of the subscriptions `live`, those a message with `payload` is owed to, when a selector
+        of one of them turns it away (None: every one is owed it). The message's fields are read
+        once, and only when a subscription with a selector is among them."""
+        fields: dict[str, object] | None = None
+        out: list[Subscription] = []
+        dropped = False
+        for sub in live:
+            if sub.selector:
+                if fields is None:
+                    fields = message_fields(payload)
+                if not self.selector_of(sub.selector).matches(fields):
+                    dropped = True
+                    continue
+            out.append(sub)
+        return tuple(out) if dropped else None
+
     def attach(self, link: Any, att: SubscriberAttach, now: float) -> bool:
         """`attach_subscriber` with what the ATTACH asked for. Returns True when it resumed."""
         return self.attach_subscriber(link, att.sid, att.topic, att.container, att.link_name, att.expiry,
-                                      att.capable, att.presented, now, att.epoch, att.handed_last, att.owner)
+                                      att.capable, att.presented, now, att.epoch, att.handed_last, att.owner,
+                                      att.selector)
 
     def resume_refused(self, link: Any, att: SubscriberAttach, now: float, reason: str | None = None) -> bool:
         """The mesh refused the attach of `att` here (`reason`: the refusal's). Returns True when
@@ -934,7 +1002,7 @@ class DeliveryCore:
         if sub is not None:
             # a refused claim's life is not the subscription's: its end is no end of the owner's
             # life in the logs (`claim_refused`, which the reconciliation's lives do not read)
-            event = "unsubscribed" if reason == "unsubscribed" else \
+            event = "unsubscribed" if reason in ("unsubscribed", SELECTOR_CHANGED) else \
                 "claim_refused" if reason == CLAIM_REFUSED else "expired"
             self.log.append((event, None, sub.topic, sid, reason))
             self.out.append(Announce(sid))

@@ -93,6 +93,34 @@ class Handing:
             elif pred not in preds:
                 rec.preds = (*preds, pred)
 
+    def cover_preds(self, rec: Record) -> None:
+        """Subscriptions with selectors: a predecessor that is not owed to every subscription `rec`
+        is owed to does not order `rec` for the others (it may become final, or never be known where
+        they are, while an earlier message owed to them is still on its way): `rec` also waits for
+        that predecessor's own predecessors, transitively, down to ones owed to each of them (records
+        final here are left out: every part of them was resolved). Without selectors a later message
+        of a chain is owed to no subscription its predecessor was not (FIFO subscriptions in force
+        only grow along a chain), and this is never needed."""
+        preds = rec.preds
+        if not preds:
+            return
+        owed = rec.owed.keys()
+        records = self.core.records
+        out = list(preds)
+        seen = set(preds)
+        stack = list(preds)
+        while stack:
+            p = records.get(stack.pop())
+            if p is None or p.owed.keys() >= owed:
+                continue
+            for q in p.preds:
+                if q not in seen:
+                    seen.add(q)
+                    out.append(q)
+                    stack.append(q)
+        if len(out) > len(preds):
+            rec.preds = tuple(out)
+
     def unchain(self, rec: Record) -> None:
         """`rec` is final: it leaves its publisher link's chain."""
         key = chain_key(rec)

@@ -48,6 +48,8 @@ from ..common.symbols import (
     PROP_RESUMED,
     PROP_ROUTER,
     ROUTER_CAPABILITIES,
+    SELECTOR_FILTER,
+    SELECTOR_FILTER_CODE,
 )
 from ..common.tls import TlsFiles, TlsProvider
 from ..common.urls import redirect_info
@@ -60,6 +62,7 @@ from ..common.vocab import (
     O_MODIFIED,
     O_REJECTED,
     O_RELEASED,
+    SELECTIVE,
     Outcome,
 )
 from . import admission
@@ -128,6 +131,28 @@ def validate_address(address: str | None, what: str) -> str:
         if why is not None:
             raise errors.InvalidAddress(f"source address {address!r} is not a topic filter: {why}")
     return address
+
+
+def source_selector(filters: Any) -> tuple[str, dict[Any, Any] | None]:
+    """(the JMS selector, "" none; the filter map to echo) of a receiver's source filter map. A filter
+    the router does not apply is refused (amqp:not-implemented), a selector that is not a string is
+    an invalid field; an empty selector selects everything."""
+    if not filters:
+        return "", None
+    if not isinstance(filters, dict):
+        raise errors.InvalidAddress("a source's filter is a map of filters")
+    selector = ""
+    for key, value in filters.items():
+        desc = getattr(value, "descriptor", None)
+        if desc in (SELECTOR_FILTER, SELECTOR_FILTER_CODE):
+            text = getattr(value, "value", None)
+            if not isinstance(text, str):
+                raise errors.InvalidAddress(f"the selector filter {key!r} holds no string")
+            selector = text.strip()
+        else:
+            raise errors.NotImplementedMode(f"source filter {key!r} ({desc!r}) is not one this router applies: it "
+                                            f"applies JMS selectors ({SELECTOR_FILTER}) only")
+    return selector, filters
 
 
 class SubLinkCtx:
@@ -867,7 +892,8 @@ class Router:
         if handed_last is not None and not isinstance(handed_last, list | tuple):
             raise errors.RemoteProtocolError(f"link property {PROP_HANDED_LAST} must be a list of ids")
         last = tuple(str(g) for g in handed_last) if handed_last else ()
-        self.core.refuse_filter(topic)
+        selector, filters = source_selector(link.remote_source_filter)
+        self.core.refuse_filter(topic, selector)
         sid = subscription_id(container, link.name, topic)
         known = self.core.table.get(sid)
         self._authorize_subscriber(link.conn, topic, sid, known)
@@ -886,10 +912,12 @@ class Router:
         epoch = props.get(PROP_EPOCH)
         epoch = int(epoch) if isinstance(epoch, int) and epoch > 0 else None
         att = link.ctx.attach_args = SubscriberAttach(sid, topic, container, link.name, expiry, capable, ids,
-                                                      epoch, last, link.conn.user or "")
+                                                      epoch, last, link.conn.user or "", selector)
         link.ctx.resumed = self.core.attach(link, att, time.time())
         link.set_source(topic, 0 if math.isinf(expiry) else int(expiry),
                         F.EXPIRE_NEVER if math.isinf(expiry) else F.EXPIRE_WITH_LINK)
+        if filters:
+            link.set_source_filter(filters)  # (the filters applied, as the peer sent them)
         link.set_target(link.remote_target_address)
         link.set_settle_modes(F.SND_UNSETTLED, link.remote_rcv_settle_mode)
         # the attach is answered once the table holding the subscription is on disk (and, in a
@@ -1271,8 +1299,10 @@ class Router:
         epoch = sub.epoch if sub is not None else 0
         link.set_properties({PROP_RESUMED: ctx.resumed, PROP_ROUTER: self.id, PROP_EPOCH: epoch})
         link.open()
+        selective = ctx.attach_args is not None and bool(ctx.attach_args.selector)
         self.slog.write("resumed" if ctx.resumed else "subscribed", time.time(), None, ctx.topic, ctx.sid,
-                        container=link.conn.ctx.container, link=link.name, count=epoch)
+                        container=link.conn.ctx.container, link=link.name, count=epoch,
+                        **({"info": SELECTIVE} if selective else {}))
         # (no flush here: this runs after the pass, and the engine's before_output hook writes the
         # log before the answer leaves; a flush per subscriber was a write per attach)
         self.core.subscriber_credit(ctx.sid, link.credit, link.draining)

@@ -96,6 +96,9 @@ class Subscription:
     gen: int = 0
     root: float | None = None
     depth: int = 0
+    # its JMS message selector (common/selector.py; "" none): only messages it selects are owed to it
+    # (a life's: another selector is another life)
+    selector: str = ""
     # soft state, not persisted: the router-local link binding is kept by the delivery core
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -119,6 +122,8 @@ class Subscription:
             d["root"] = self.root
         if self.depth:
             d["depth"] = self.depth
+        if self.selector:
+            d["selector"] = self.selector
         return d
 
     @classmethod
@@ -130,12 +135,13 @@ class Subscription:
                    created=float(d["created"]), end_reason=d.get("end_reason"),
                    confirmed=bool(d.get("confirmed", False)), owner=str(d.get("owner") or ""),
                    inc=str(d.get("inc") or ""), gen=int(d.get("gen") or 0),
-                   root=None if d.get("root") is None else float(d["root"]), depth=int(d.get("depth") or 0))
+                   root=None if d.get("root") is None else float(d["root"]), depth=int(d.get("depth") or 0),
+                   selector=str(d.get("selector") or ""))
 
 
 _STATE_RANK = {SubState.ACTIVE: 0, SubState.SUSPENDED: 1, SubState.ENDED: 2}
 _FIELDS = ("sid", "topic", "container", "link", "expiry", "state", "home", "epoch", "since", "created",
-           "end_reason", "confirmed", "owner", "inc", "gen", "root", "depth")
+           "end_reason", "confirmed", "owner", "inc", "gen", "root", "depth", "selector")
 
 
 def order_key(s: Subscription) -> tuple[int, str, int, bool]:
@@ -214,6 +220,7 @@ class SubscriptionTable:
         self._by_topic: dict[str, dict[str, Subscription]] = {}
         self._wild: TopicIndex[str] = TopicIndex()  # live wildcard subscriptions' sids by filter
         self._n_wild = 0  # how many (an attribute: the per-message check costs no call)
+        self.selective = 0  # live subscriptions with a selector (0: no message needs its fields read)
         self._matched: dict[str, tuple[Subscription, ...]] = {}  # name -> live_for_topic, while _wild holds any
         self.version = 0  # bumped on every change that must be persisted
 
@@ -243,6 +250,8 @@ class SubscriptionTable:
         return (f for f, _ in self._wild.filters())
 
     def _index(self, sub: Subscription) -> None:
+        if sub.selector:
+            self.selective += 1
         if is_wildcard(sub.topic):
             self._wild.add(sub.topic, sub.sid)
             self._n_wild = len(self._wild)
@@ -253,6 +262,8 @@ class SubscriptionTable:
                 self._matched.pop(sub.topic, None)
 
     def _unindex(self, sub: Subscription) -> None:
+        if sub.selector:
+            self.selective -= 1
         if is_wildcard(sub.topic):
             self._wild.discard(sub.topic, sub.sid)
             self._n_wild = len(self._wild)
@@ -277,12 +288,14 @@ class SubscriptionTable:
 
     # -- changes ---------------------------------------------------------------------------------
     def attach(self, sid: str, topic: str, container: str, link: str, expiry: float, home: str,
-               now: float, min_epoch: int = 0, owner: str = "", inc: str = "") -> tuple[Subscription, bool]:
+               now: float, min_epoch: int = 0, owner: str = "", inc: str = "",
+               selector: str = "") -> tuple[Subscription, bool]:
         """Attach or resume. Returns (subscription, resumed) where resumed means it existed.
         `min_epoch`: the client knew a later epoch than we do; the new one must beat it. `owner`: the
         authenticated identity attaching (kept by a new life; the router checked a resume's). `inc`:
         the attaching router's incarnation. A new life made over an ended one takes its place in the
-        history after it (`next_life`)."""
+        history after it (`next_life`). `selector`: a new life's (a resume keeps its life's: the caller
+        ends a life whose selector the attach changes)."""
         sub = self._subs.get(sid)
         if sub is not None and sub.live:
             if owner and not sub.owner:
@@ -298,7 +311,7 @@ class SubscriptionTable:
         epoch = max(sub.epoch if sub is not None else 0, min_epoch) + 1
         sub = Subscription(sid=sid, topic=topic, container=container, link=link, expiry=expiry,
                            state=SubState.ACTIVE, home=home, epoch=epoch, since=now, created=now, owner=owner,
-                           inc=inc, **next_life(sub))
+                           inc=inc, selector=selector, **next_life(sub))
         self._subs[sid] = sub
         self._index(sub)
         self.version += 1
@@ -405,6 +418,7 @@ class SubscriptionTable:
         self._by_topic.clear()
         self._wild = TopicIndex()
         self._n_wild = 0
+        self.selective = 0
         self._matched.clear()
         for d in snap.get("subscriptions", []):
             sub = Subscription.from_json(d)

@@ -34,6 +34,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from ..common.vocab import SELECTIVE
 from . import routerview as RV
 from . import schema as S
 from . import verdict as V
@@ -176,13 +177,15 @@ def restrict_since(events: DataFrame, since: float) -> DataFrame:
 # ================================================================ 2. subscriptions
 def lives(events: DataFrame) -> DataFrame:
     """Each life of each subscription: sub, life (1, 2, ...), topic, start, end (null while it lives),
-    end_ev. A `subscribed` or `resumed` (router or subscriber) opens a life when none is open; later
+    end_ev, selective (a start said its subscription has a selector: `vocab.SELECTIVE`). A `subscribed`
+    or `resumed` (router or subscriber) opens a life when none is open; later
     starts belong to the same life; `unsubscribed` or `expired` closes it; an end with no life open
     is ignored. At equal timestamps starts sort before ends."""
     lc = (events
           .where(_c("sub").isNotNull() & _c("src").isin(S.ROUTER, S.SUBSCRIBER)
                  & _c("ev").isin(*sorted(S.LIFE_STARTS | S.LIFE_ENDS)))
-          .select("sub", "topic", "ts", "ev", _c("ev").isin(*sorted(S.LIFE_STARTS)).alias("is_start")))
+          .select("sub", "topic", "ts", "ev", _c("ev").isin(*sorted(S.LIFE_STARTS)).alias("is_start"),
+                  _c("info").startswith(SELECTIVE).alias("sel")))
     w = Window.partitionBy("sub").orderBy(_c("ts"), _c("is_start").desc())
     prev = F.lag("is_start").over(w)
     opens = _c("is_start") & (prev.isNull() | ~prev)
@@ -194,7 +197,8 @@ def lives(events: DataFrame) -> DataFrame:
             .agg(F.first("topic", ignorenulls=True).alias("topic"),
                  F.min(F.when(_c("is_start"), _c("ts"))).alias("start"),
                  F.min(end_ts).alias("end"),
-                 F.min_by(F.when(~_c("is_start"), _c("ev")), end_ts).alias("end_ev")))
+                 F.min_by(F.when(~_c("is_start"), _c("ev")), end_ts).alias("end_ev"),
+                 F.coalesce(F.max("sel"), F.lit(False)).alias("selective")))
 
 
 def observed_subscriptions(events: DataFrame) -> DataFrame:
@@ -241,9 +245,11 @@ def messages(events: DataFrame) -> DataFrame:
 # ================================================================ 4. pairs
 def owed_pairs(msgs: DataFrame, subs_lives: DataFrame) -> DataFrame:
     """(gid, sub) for each message and each life whose filter matches its topic (spark/topicmatch.py)
-    that had begun at or before the first send and had not ended by then: gid, sub, life, life_start, life_end, life_end_ev."""
-    lv = subs_lives.select("sub", "topic", "life", _c("start").alias("life_start"),
-                           _c("end").alias("life_end"), _c("end_ev").alias("life_end_ev"))
+    that had begun at or before the first send and had not ended by then, but for lives with a selector
+    (what they are owed depends on each message's fields, which no log holds: their pairs are the ones
+    handed, and the router view judges them by the origins' owed sets): gid, sub, life, life_start, life_end, life_end_ev."""
+    lv = subs_lives.where(~_c("selective")).select("sub", "topic", "life", _c("start").alias("life_start"),
+                                                   _c("end").alias("life_end"), _c("end_ev").alias("life_end_ev"))
     return (join_by_filter(msgs.select("gid", "topic", "t_pub"), lv)
             .where((_c("life_start") <= _c("t_pub"))
                    & (_c("life_end").isNull() | (_c("life_end") > _c("t_pub"))))

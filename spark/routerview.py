@@ -120,10 +120,11 @@ def pair_evidence(events: DataFrame) -> DataFrame:
 
 def in_force(msgs: DataFrame, router_lives: DataFrame, skew: float = 0.0) -> DataFrame:
     """(gid, sub): subscriptions whose life (from the routers' lifecycle lines: `lives` of the
-    router lines; its filter matching the message's topic, spark/topicmatch.py) had begun before the
-    message first came to an origin (by more than `skew`) and
+    router lines; its filter matching the message's topic, spark/topicmatch.py; not one with a
+    selector, whose pairs are the owed sets') had begun before the message first came to an origin (by more than `skew`) and
     had not ended by then."""
-    lv = router_lives.select("sub", "topic", _c("start").alias("life_start"), _c("end").alias("life_end"))
+    lv = router_lives.where(~_c("selective")).select("sub", "topic", _c("start").alias("life_start"),
+                                                     _c("end").alias("life_end"))
     return (join_by_filter(msgs.where(_c("t_recv").isNotNull()).select("gid", "topic", "t_recv"), lv)
             .where((_c("life_start") + F.lit(skew) < _c("t_recv"))
                    & (_c("life_end").isNull() | (_c("life_end") > _c("t_recv"))))

@@ -5,6 +5,7 @@ topic, the topic carried to a wildcard subscriber in the message's `to`, and the
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,63 @@ def test_the_anonymous_relay_publishes_each_message_to_the_topic_its_to_names(ro
     assert sorted(refused) == ["none:REJECTED", "wild:REJECTED"], refused
     assert [(m.topic, m.body) for m in got["wild"]] == [("relay/a", "a1"), ("relay/b", "b1"), ("relay/a", "a2")]
     assert [m.body for m in got["lit"]] == ["a1", "a2"]
+
+
+def test_a_jms_selector_on_the_source_selects_what_the_subscription_is_owed(router: Any, tmp_path: Path) -> None:
+    """A receiver whose source filter holds a JMS selector (apache.org:selector-filter:string, as Qpid
+    JMS and Proton's `Selector` send it): it is owed, and handed, only what the selector selects; the
+    publisher hears ACCEPTED when the subscriptions owed each message took it; the router answers with
+    the filter it applies; a selector that does not parse is refused with amqp:invalid-field."""
+    from proton import Message
+    from proton.reactor import Selector
+    from proton.utils import BlockingConnection, LinkDetached
+
+    attached = threading.Event()
+
+    def select(n: int) -> tuple[list[str], bool, str]:
+        conn = BlockingConnection(router.url, timeout=30)
+        try:
+            rcv = conn.create_receiver("sel/t", name="eu", options=Selector("region = 'eu' AND qty > 1"), credit=10)
+            attached.set()
+            answered = rcv.link.remote_source.filter
+            answered.rewind()
+            answered.next()
+            echoed = any(str(getattr(v, "descriptor", "")) == "apache.org:selector-filter:string"
+                         for v in (answered.get_object() or {}).values())
+            bodies = []
+            for _ in range(n):
+                m = rcv.receive(timeout=30)
+                bodies.append(m.body)
+                rcv.accept()
+            try:
+                conn.create_receiver("sel/t", name="bad", options=Selector("region = "))
+                refused = ""
+            except LinkDetached as exc:
+                refused = str(exc)
+            return bodies, echoed, refused
+        finally:
+            conn.close()
+
+    async def main() -> tuple[list[str], bool, str, list[Any]]:
+        c = await start(router.url, tmp_path, "all")
+        every = c.subscriber("sel/t", "every")
+        await every.wait_attached(20)
+        task = asyncio.ensure_future(asyncio.to_thread(select, 2))
+        pub_c = await start(router.url, tmp_path, "pub")
+        pub = pub_c.publisher("sel/t", "p")
+        assert await asyncio.to_thread(attached.wait, 30)  # (the selecting receiver, in its thread)
+        futs = [await pub.send(Message(body=f"{region}:{qty}", properties={"region": region, "qty": qty}))
+                for region, qty in (("eu", 5), ("us", 5), ("eu", 1), ("eu", 2))]
+        got = (await drain([every], 4))[0]
+        results = await asyncio.gather(*futs)
+        assert all(r.accepted for r in results)
+        bodies, echoed, refused = await task
+        for x in (c, pub_c):
+            await x.close()
+        return bodies, echoed, refused, got
+
+    bodies, echoed, refused, got = run(main(), timeout=120)
+    assert bodies == ["eu:5", "eu:2"]
+    assert sorted(m.body for m in got) == ["eu:1", "eu:2", "eu:5", "us:5"]
+    assert echoed
+    assert "amqp:invalid-field" in refused and "column" in refused, refused

@@ -80,6 +80,27 @@ TOPIC = "t"
 # filter i mod 4): one topic by name, one level of a subtree, everything, another subtree
 WILD_TOPICS = ("t/a", "t/b", "u/x")
 WILD_FILTERS = ("t/a", "t/+", "#", "u/#")
+# a run with selectors: subscriber i has selector i mod 4 ("" none); each message carries the
+# application property `parity` of its tag (`parity_of`)
+SELECTORS = ("", "parity = 'even'", "parity <> 'even' AND parity IS NOT NULL", "missing = 1")
+
+
+def parity_of(tag: bytes) -> str:
+    return "even" if tag[-1] % 2 == 0 else "odd"
+
+
+def owed_by_selector(selector: str, tag: bytes) -> bool:
+    """The simulator's own reading of `SELECTORS` (not common/selector.py: the reference it checks)."""
+    return {"": True, SELECTORS[1]: parity_of(tag) == "even", SELECTORS[2]: parity_of(tag) == "odd",
+            SELECTORS[3]: False}[selector]
+
+
+def amqp_with_parity(tag: bytes) -> bytes:
+    """An AMQP message: application-properties {"parity": ...}, then a data section with the tag."""
+    value = parity_of(tag).encode()
+    body = b"\xa1\x06parity" + bytes((0xA1, len(value))) + value
+    props = b"\x00\x53\x74\xc1" + bytes((len(body) + 1, 2)) + body
+    return props + b"\x00\x53\x75\xa0" + bytes((len(tag),)) + tag
 HELLO = 0.5
 DEAD_AFTER = 1.5
 DRAIN_TIMEOUT, DRAIN_GRACE, DRAIN_CHECK = 4.0, 0.4, 0.05
@@ -119,6 +140,7 @@ class SimSubscriber:
     wants: bool = True  # wants to be connected
     epoch: int | None = None  # the subscription's epoch at its last completed attach
     filter: str = TOPIC  # its topic filter (a name, or with '+'/'#' in a run with wildcards)
+    selector: str = ""  # its JMS selector (a run with selectors: `SELECTORS`)
 
 
 @dataclass
@@ -138,10 +160,13 @@ class SimPublisher:
     by_id: bool = False
     transfers: int = 0
     topic: str = TOPIC  # the topic it publishes to
+    with_props: bool = False  # its messages are AMQP messages with a `parity` property (`parity_of`)
 
     def message(self, gid: str, tag: bytes) -> tuple[bytes, bytes]:
         """(the tag, the bytes) of the transfer of `gid` now: ours resend under the same tag; one
         identified by message-id takes the next tag and carries the id (an AMQP properties section)."""
+        if self.with_props:
+            return tag, amqp_with_parity(tag)
         if not self.by_id:
             return tag, b"payload:" + tag
         fresh = counter_tag(self.transfers)
@@ -500,7 +525,7 @@ class Simulation:
     def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
                  faults: Faults | None = None, duration: float = 20.0, total: bool | str = False,
                  causal: bool = False, hold_after_stall: bool = True, by_id: bool = False,
-                 wildcards: bool = False) -> None:
+                 wildcards: bool = False, selectors: bool = False) -> None:
         global _serials
         _serials = itertools.count()
         self.seed = seed
@@ -540,7 +565,8 @@ class Simulation:
         filters = WILD_FILTERS if wildcards else (TOPIC,)
         topics = WILD_TOPICS if wildcards else (TOPIC,)
         self.subs = [SimSubscriber(f"s{i}", subscription_id("c-sub", f"s{i}", filters[i % len(filters)]),
-                                   self.rng.sample(names, len(names)), filter=filters[i % len(filters)])
+                                   self.rng.sample(names, len(names)), filter=filters[i % len(filters)],
+                                   selector=SELECTORS[i % len(SELECTORS)] if selectors else "")
                      for i in range(n_subs)]
         self.pubs = [SimPublisher(f"p{i}", publisher_link_id("c-pub", f"p{i}"),
                                   self.rng.sample(names, len(names)), topic=topics[i % len(topics)])
@@ -548,7 +574,9 @@ class Simulation:
         if causal:  # a client's two links try the routers in the same order (they meet more often)
             for s, p in zip(self.subs, self.pubs, strict=False):
                 p.urls = list(s.urls)
+        assert not (selectors and (total or causal or by_id)), "selectors: FIFO topics, publishers named by tag"
         for p in self.pubs:
+            p.with_props = selectors
             p.to_publish = messages
             p.by_id = by_id  # (tags picked by the library, identity by message-id)
         self.handed: dict[tuple[str, str], int] = {}
@@ -943,7 +971,7 @@ class Simulation:
         if self.sequence.get(s.sid):  # and the latest handed of all (total order)
             last.append(self.sequence[s.sid][-1])
         att = SubscriberAttach(s.sid, s.filter, self.client_of(s.name), s.name, float("inf"), True, sorted(s.accepted),
-                               s.epoch, tuple(last))
+                               s.epoch, tuple(last), selector=s.selector)
         r.subscriber_attach(link, s, att)
 
     def sub_opened(self, s: SimSubscriber, link: Token, rid: str, epoch: int | None = None) -> None:
@@ -1125,7 +1153,8 @@ class Simulation:
             burst -= 1
             gid = p.gid(tag)
             self.owed[gid] = {s.sid for s in self.subs if s.in_force_since is not None and s.ended_at is None
-                              and (s.filter == p.topic or matches(s.filter, p.topic))}
+                              and (s.filter == p.topic or matches(s.filter, p.topic))
+                              and (not s.selector or owed_by_selector(s.selector, tag))}
             self.published_at[gid] = self.now
             p.in_doubt[gid] = tag
             self._send(p, r, link, gid, tag)

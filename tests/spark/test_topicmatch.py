@@ -82,3 +82,42 @@ def test_a_real_run_with_wildcard_subscriptions_is_judged_ok(spark: SparkSession
     rv = summary.router_view
     assert rv is not None and rv.count("ok") == owed and rv.failures == 0 and rv.unjudged == 0
     assert summary.passed
+
+
+def test_a_real_run_with_a_selector_is_judged_by_the_owed_sets(spark: SparkSession, tmp_path: Path,
+                                                              router: tuple[str, subprocess.Popen[bytes], Path]) -> None:  # noqa: F811
+    """A subscription with a JMS selector is owed only what it selects, which no log can recompute
+    (the messages' fields are not in it): both views pair its life by what the origin's owed sets and
+    the hand-overs say, not by its filter (vocab.SELECTIVE); the messages it did not select are no
+    pairs of it, and every pair is ok."""
+    import asyncio
+
+    from proton import Message
+
+    from oncemesh.clients.runtime import Client
+    from tests.integration.test_mesh import drain
+    from tests.integration.test_single_router import run as run_async
+
+    url, proc, logs = router
+
+    async def main() -> None:
+        c = await Client(url, state_dir=tmp_path / "c", log_dir=logs).start()
+        sel = c.subscriber("sel/t", "sel", selector="qty > 1")
+        every = c.subscriber("sel/t", "every")
+        for s in (sel, every):
+            await s.wait_attached(20)
+        p = c.publisher("sel/t", "p")
+        futs = [await p.send(Message(body=f"m{q}", properties={"qty": q})) for q in (1, 2, 3, 0)]
+        (got_sel,), (got_all,) = await asyncio.gather(drain([sel], 2), drain([every], 4))
+        assert sorted(m.body for m in got_sel) == ["m2", "m3"] and len(got_all) == 4
+        assert all(r.accepted for r in await asyncio.gather(*futs))
+        await c.close()
+
+    run_async(main(), timeout=90)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(STEP_TIMEOUT) == 0
+    summary = reconcile_paths([logs], spark=spark, out=tmp_path / "out")
+    assert summary.class_counts() == {c: (6 if c == "ok" else 0) for c in CLASSES}
+    rv = summary.router_view
+    assert rv is not None and rv.count("ok") == 6 and rv.failures == 0 and rv.unjudged == 0
+    assert summary.passed

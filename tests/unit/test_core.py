@@ -817,3 +817,62 @@ def test_an_anonymous_relay_link_publishes_each_message_to_the_topic_it_names() 
         h.core.publish(h.pub_link, object(), b"1", b"m", h.now, topic="a")
     with pytest.raises(errors.NotImplementedMode):
         h.core.attach_publisher(object(), publisher_link_id("pub", "r2"), "", True, None, h.now, by_id=True)
+
+
+def _props(region: str | None, qty: int) -> bytes:
+    from proton import Message
+
+    m = Message(body="b", properties={"qty": qty} | ({"region": region} if region is not None else {}))
+    return bytes(m.encode())
+
+
+def test_a_subscription_with_a_selector_is_owed_only_what_it_selects() -> None:
+    from oncemesh.common.settlement_log import Owed
+
+    h = Harness()
+    eu = subscription_id("c", "eu", "t")
+    every = subscription_id("c", "all", "t")
+    h.core.attach_subscriber(object(), eu, "t", "c", "eu", 60.0, True, None, h.now, selector="region = 'eu' AND qty > 1")
+    h.core.attach_subscriber(object(), every, "t", "c", "all", 60.0, True, None, h.now)
+    for sid in (eu, every):
+        h.core.subscriber_credit(sid, 10)
+    assert h.core.table.selective == 1
+    h.attach_pub()
+    h.core.log.clear()
+    sent = {}
+    for i, (region, qty) in enumerate((("eu", 5), ("us", 5), ("eu", 1), (None, 9))):
+        tok = object()
+        sent[(region, qty)] = h.core.publish(h.pub_link, tok, str(i).encode(), _props(region, qty), h.now)
+    acts = h.take()
+    got = {(sid, gid) for sid, gid in delivered(acts)}
+    assert {gid for sid, gid in got if sid == eu} == {sent[("eu", 5)]}
+    assert {gid for sid, gid in got if sid == every} == set(sent.values())
+    # the log's owed set says whom each message was owed to: the judge's evidence
+    owed = {e[1]: e[4] for e in h.core.log if e[0] == "received"}
+    assert isinstance(owed[sent[("us", 5)]], Owed) and [s for s, _ in owed[sent[("us", 5)]].pairs] == [every]
+    assert sorted(s for s, _ in owed[sent[("eu", 5)]].pairs) == sorted([eu, every])
+    # a message not selected is ACCEPTED once the others accepted it (nobody accepts for the selector)
+    gid = sent[("us", 5)]
+    outs = h.outcome(every, gid, Outcome.ACCEPTED)
+    assert [o.outcome for o in outcomes(outs)] == [Outcome.ACCEPTED]
+
+
+def test_a_bad_selector_or_one_on_an_ordered_topic_is_refused_and_another_selector_is_a_new_life() -> None:
+    h = Harness(total_topics=frozenset({"ordered"}))
+    sid = subscription_id("c", "s", "t")
+    with pytest.raises(errors.InvalidAddress, match="selector 'a = ': at column"):
+        h.core.attach_subscriber(object(), sid, "t", "c", "s", 60.0, True, None, h.now, selector="a = ")
+    assert h.core.table.get(sid) is None and not h.take()
+    with pytest.raises(errors.NotImplementedMode, match="selector"):
+        h.core.attach_subscriber(object(), subscription_id("c", "s", "ordered"), "ordered", "c", "s", 60.0, True, None,
+                                 h.now, selector="a = 1")
+    h.core.attach_subscriber(object(), sid, "t", "c", "s", 60.0, True, None, h.now, selector="a = 1")
+    first = h.core.table.get(sid)
+    assert first is not None and first.selector == "a = 1"
+    h.now += 1
+    h.core.log.clear()
+    h.core.attach_subscriber(object(), sid, "t", "c", "s", 60.0, True, None, h.now, selector="a = 2")
+    second = h.core.table.get(sid)
+    assert second is not None and second.selector == "a = 2" and second.created > first.created
+    assert ("unsubscribed", None, "t", sid, "selector changed") in h.core.log
+    assert h.core.table.selective == 1
