@@ -83,7 +83,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .amqpmsg import Unreadable, skip
 from .errors import RemoteProtocolError
@@ -103,9 +103,8 @@ _Eval = Callable[[Fields], object]
 
 
 class SelectorError(RemoteProtocolError, ValueError):
-    """A selector that does not parse or is ill-typed: the subscriber's fault; the attach is refused."""
-
-    condition = "amqp:invalid-field"
+    """A selector that does not parse or is ill-typed: the subscriber's fault; the attach is refused
+    (with RemoteProtocolError's condition, amqp:invalid-field)."""
 
 
 # ---------------------------------------------------------------------------------------- tokens
@@ -286,7 +285,7 @@ def _const(kind: str, value: object, col: int) -> _Expr:
 def _cond(e: _Expr) -> Callable[[Fields], Truth]:
     """The expression as a condition: a bare identifier counts only when it holds a boolean."""
     if e.kind == _K_BOOL:
-        return e.fn  # type: ignore[return-value]
+        return cast(Callable[[Fields], Truth], e.fn)  # (a boolean expression's evaluator returns a Truth)
     name = e.ident
     assert name is not None
 
@@ -446,7 +445,7 @@ class _Parser:
 
         def neg(f: Fields) -> object:
             v = g(f)
-            return -v if _cls(v) == _NUM else None  # type: ignore[operator]
+            return -cast(float, v) if _cls(v) == _NUM else None
         return self.node(_K_NUM, neg, t.col, t.col, inner)
 
     def logical(self, first: _Expr, word: str, bp: int) -> _Expr:
@@ -534,7 +533,7 @@ class _Parser:
         def between_(f: Fields) -> Truth:
             v, low_v, high_v = x(f), lo(f), hi(f)
             if type(v) in _PLAIN_NUMBERS and type(low_v) in _PLAIN_NUMBERS and type(high_v) in _PLAIN_NUMBERS:
-                return (low_v <= v <= high_v) != negate  # type: ignore[operator]
+                return (cast(float, low_v) <= cast(float, v) <= cast(float, high_v)) != negate
             a = _compare(">=", v, low_v)
             if a is False:
                 return negate
@@ -593,7 +592,7 @@ class _Parser:
             v = x(f)
             if _cls(v) != _STR:
                 return None
-            return test(v) != negate  # type: ignore[arg-type]
+            return test(cast(str, v)) != negate
         return self.node(_K_BOOL, like_, left.col, t.col, left)
 
     def is_null(self, left: _Expr, t: _Token) -> _Expr:
@@ -624,12 +623,13 @@ def _ident_vs_const(op: str, name: str, c: object) -> Callable[[Fields], Truth]:
             return (v == c) == eq
         return eq_
     cmp = _ORDER[op]
+    cn = cast(float, c)  # (a number: an order with another literal is refused at parse time)
 
     def order_(f: Fields) -> Truth:
         v = f.get(name)
         t = type(v)
         if t is int or t is float:
-            return cmp(v, c)  # type: ignore[arg-type]
+            return cmp(cast(float, v), cn)
         return _compare(op, v, c)
     return order_
 
