@@ -106,11 +106,8 @@ class Subscriber:
         self.expiry = expiry
         self.window = credit
         self.sid = subscription_id(client.container_id, name, topic)
-        if selector is None:
-            selector = client.state.get_meta(f"selector:{self.sid}") or ""
-        else:
-            client.state.set_meta(f"selector:{self.sid}", selector)
-        self.selector = selector
+        self._selector_given = selector  # (None: read from the state directory at attach)
+        self.selector = selector or ""
         self.on_message_cb = on_message
         self.link: Link | None = None
         self.resumed: bool | None = None
@@ -368,6 +365,10 @@ class Subscriber:
             link.set_source(self.topic, 0, F.EXPIRE_NEVER)
         else:
             link.set_source(self.topic, int(self.expiry), F.EXPIRE_WITH_LINK)
+        if self._selector_given is None:
+            self.selector = self.client.state.get_meta(f"selector:{self.sid}") or ""
+        else:
+            self.client.state.set_meta(f"selector:{self.sid}", self._selector_given)
         if self.selector:
             link.set_source_filter({SELECTOR_KEY: Described(SELECTOR_FILTER, self.selector)})
         link.set_target(None)
