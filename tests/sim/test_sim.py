@@ -11,6 +11,8 @@ run did before it had to fit CI's time), plus 5,000 longer runs with every fault
 
 from __future__ import annotations
 
+from typing import Any
+
 import networkx as nx
 import pytest
 
@@ -108,24 +110,33 @@ def test_publishers_identified_by_message_id_resend_under_fresh_tags(pytestconfi
     assert resends > 0 or not seeds(pytestconfig, "by_id", full)
 
 
+def owed_counts(pytestconfig: pytest.Config, case: str, faults: str, full: bool, **kw: Any) -> dict[str, int] | None:
+    """Run a case's seeds (each must end with every message's outcome) and count, per subscriber
+    name, the messages the simulator's own reading of the run owed it; None when no seed ran."""
+    owed: dict[str, int] = {}
+    sim = None
+    for seed in seeds(pytestconfig, case, full):
+        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
+        sim = simulate(seed, topology, faults, duration=8.0, messages=30, **kw)
+        for sids in sim.owed.values():
+            for sid in sids:
+                owed[sid] = owed.get(sid, 0) + 1
+        assert all(not p.in_doubt for p in sim.pubs)
+    if sim is None:
+        return None
+    by_name = {sub.sid: sub.name for sub in sim.subs}
+    return {by_name[sid]: n for sid, n in owed.items() if sid in by_name}
+
+
 @pytest.mark.parametrize("faults", ["", "kill", "kill,freeze,partition,loss"])
 def test_wildcard_subscriptions_with_faults(pytestconfig: pytest.Config, faults: str, full: bool = False) -> None:
     """Publishers on three topics of a tree, subscriptions with filters matching one, some or all of
     them (common/topics.py; `WILD_FILTERS`): each message is owed to exactly the subscriptions in
     force whose filter matches its topic, wherever they are homed; no duplicate, no false ACCEPTED,
     FIFO per publisher; once faults heal, every message reaches its outcome."""
-    owed: dict[str, int] = {}
-    for seed in seeds(pytestconfig, "wildcards", full):
-        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
-        sim = simulate(seed, topology, faults, duration=8.0, messages=30, wildcards=True)
-        for sids in sim.owed.values():
-            for sid in sids:
-                owed[sid] = owed.get(sid, 0) + 1
-        assert all(not p.in_doubt for p in sim.pubs)
+    count = owed_counts(pytestconfig, "wildcards", faults, full, wildcards=True)
     # the filters did select: '#' (s2) is owed every message, 't/a' (s0) only one topic's
-    if seeds(pytestconfig, "wildcards", full):
-        by_name = {s.sid: s.name for s in sim.subs}
-        count = {by_name[sid]: n for sid, n in owed.items() if sid in by_name}
+    if count is not None:
         assert count.get("s2", 0) > count.get("s1", 0) > count.get("s0", 0) > 0, count
 
 
@@ -135,17 +146,8 @@ def test_selector_subscriptions_with_faults(pytestconfig: pytest.Config, faults:
     the even ones, the odd ones, none at all): each message is owed to exactly the subscriptions in
     force whose selector selects it (the origin decides, common/selector.py); no duplicate, no false
     ACCEPTED; once faults heal, every message reaches its outcome."""
-    owed: dict[str, int] = {}
-    for seed in seeds(pytestconfig, "selectors", full):
-        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
-        sim = simulate(seed, topology, faults, duration=8.0, messages=30, selectors=True)
-        for sids in sim.owed.values():
-            for sid in sids:
-                owed[sid] = owed.get(sid, 0) + 1
-        assert all(not p.in_doubt for p in sim.pubs)
-    if seeds(pytestconfig, "selectors", full):
-        by_name = {s.sid: s.name for s in sim.subs}
-        count = {by_name[sid]: n for sid, n in owed.items() if sid in by_name}
+    count = owed_counts(pytestconfig, "selectors", faults, full, selectors=True)
+    if count is not None:
         # no selector, even, odd: each owed some; 'missing = 1' (no message has it): nothing
         assert count.get("s0", 0) > 0 and count.get("s1", 0) > 0 and count.get("s2", 0) > 0 and "s3" not in count, count
 
