@@ -345,6 +345,17 @@ class Link:
         return F.data_to_obj(lib.pn_terminus_filter(lib.pn_link_remote_source(self.ptr)))
 
     @property
+    def remote_source_capabilities(self) -> tuple[str, ...]:
+        """The capabilities of the peer's source, as strings (a symbol, or an array or list of them)."""
+        obj = F.data_to_obj(lib.pn_terminus_capabilities(lib.pn_link_remote_source(self.ptr)))
+        if obj is None:
+            return ()
+        items = getattr(obj, "elements", obj)
+        if isinstance(items, str):
+            return (str(items),)
+        return tuple(str(c) for c in items if isinstance(c, str)) if isinstance(items, list | tuple) else ()
+
+    @property
     def remote_source_null(self) -> bool:
         """The peer's attach carried no source at all (not one without an address): a lookup of
         the terminus it had under this link name (Qpid JMS's unsubscribe)."""
@@ -391,6 +402,10 @@ class Link:
         lib.pn_terminus_set_timeout(term, timeout)
         if expiry_policy is not None:
             lib.pn_terminus_set_expiry_policy(term, expiry_policy)
+
+    def set_source_capabilities(self, capabilities: tuple[str, ...]) -> None:
+        """Our source's capabilities (symbols)."""
+        F.obj_to_data(F.symbol_array(capabilities), lib.pn_terminus_capabilities(lib.pn_link_source(self.ptr)))
 
     def set_source_filter(self, filters: Any) -> None:
         """Our source's filter map (the filters the router applies, echoed to the peer)."""

@@ -7,7 +7,7 @@ costs microseconds, a `lib` call ~0.05 µs (docs/engine.md, "The engine layer").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from cproton_ffi import ffi, lib
 from proton._data import dat2obj, obj2dat
@@ -113,6 +113,13 @@ def data_to_obj(data: Any) -> Any:
 def obj_to_data(obj: Any, data: Any) -> None:
     lib.pn_data_clear(data)
     obj2dat(obj, data)
+
+
+def symbol_array(symbols: tuple[str, ...]) -> Any:
+    """An AMQP array of symbols (terminus capabilities)."""
+    from proton import UNDESCRIBED, Array, Data, symbol
+
+    return Array(cast(Any, UNDESCRIBED), Data.SYMBOL, *(symbol(s) for s in symbols))
 
 
 def terminus_address(term: Any) -> str | None:

@@ -40,6 +40,12 @@ def subscription_id(container_id: str, link_name: str, topic: str) -> str:
     return _b32(h)[:16]
 
 
+def shared_subscription_id(scope: str, name: str, topic: str) -> str:
+    """The id of shared subscription `name` on `topic`, scoped to container id `scope` ("" global;
+    router/groups.py): never the id of a subscription of one link (a NUL no container id holds)."""
+    return subscription_id(f"\0shared\0{scope}", name, topic)
+
+
 _PLAIN_TAG = re.compile(rb'[\x21\x23-\x5b\x5d-\x7e]{1,%d}' % _TAG_MAX_PLAIN)  # printable, no " or \\
 
 

@@ -97,6 +97,7 @@ from .actions import (
 )
 from .coreconfig import CoreConfig as CoreConfig  # (re-exported: its importers name it from here)
 from .finals import FinalNotes, OldFinals, age_finals
+from .groups import Group, Member
 from .handing import Handing
 from .identity import Identities, WireNote
 from .meshside import MeshSide, declared_settled
@@ -170,6 +171,8 @@ class SubscriberAttach:
     handed_last: tuple[str, ...] = ()  # per publisher link, the latest message it was handed
     owner: str = ""  # the authenticated identity attaching ("" without client authentication)
     selector: str = ""  # its JMS message selector ("" none; checked: `DeliveryCore.selector_of`)
+    member: str = ""  # a member link of shared subscription `sid`: the member's own id (router/groups.py)
+    member_name: str = ""  # ... and its link name (`link_name` is then the subscription's name)
 
 
 SELECTOR_CHANGED = "selector changed"  # why a life ended when its link came back with another selector
@@ -193,6 +196,9 @@ class DeliveryCore:
         self.book = RecordBook()
         self.records: dict[str, Record] = self.book.by_gid
         self.subs: dict[str, SubRuntime] = {}  # subscriptions homed here
+        # shared subscriptions homed here (router/groups.py), and each member link's subscription
+        self.groups: dict[str, SubRuntime] = {}
+        self.member_sid: dict[str, str] = {}
         self.remote_pending: dict[str, dict[str, Record]] = {}  # remote sid -> origin records owing it
         self.pub_links: dict[Any, PubLink] = {}
         self.pub_of: dict[Any, tuple[PubLink, str]] = {}  # publisher delivery token -> (link, gid)
@@ -739,7 +745,9 @@ class DeliveryCore:
             on_link = rt.on_link
             if gid in on_link:
                 on_link.remove(gid)
-                self.out.append(SettleDelivery(sid, gid))
+                self.out.append(SettleDelivery(sid if rt.group is None else rt.group.settled(gid), gid))
+            elif rt.group is not None:
+                rt.group.settled(gid)  # (held by a member that dropped: nothing to settle on a link)
             elif st is S_ACCEPTED:
                 if rt.link is not None and rt.capable:
                     rt.notify.append(gid)
@@ -764,7 +772,7 @@ class DeliveryCore:
     def attach_subscriber(self, link: Any, sid: str, topic: str, container: str, link_name: str,
                           expiry: float, capable: bool, presented: Iterable[str] | None,
                           now: float, epoch: int | None = None, handed_last: Iterable[str] = (),
-                          owner: str = "", selector: str = "") -> bool:
+                          owner: str = "", selector: str = "", member: str = "", member_name: str = "") -> bool:
         """A subscriber link attached here (new or resuming). Returns True when it resumed.
         `epoch`: the subscription's epoch its client last attached with (our clients present it).
         `handed_last`: per publisher link, the latest message its client was handed (FIFO: an
@@ -772,12 +780,17 @@ class DeliveryCore:
         changed nothing, when the subscription is live and another identity's (`refuse_owner`).
         `selector`: a JMS message selector: only what it selects is owed to the subscription; a live
         subscription attached with another selector ends, and a new life begins with this one (JMS:
-        changing a durable subscription's selector is unsubscribing and subscribing again)."""
+        changing a durable subscription's selector is unsubscribing and subscribing again).
+        `member`: the link is a member of shared subscription `sid` (its own id: router/groups.py),
+        which other members may hold too; `link_name` is then the subscription's name (`container`
+        its scope) and `member_name` the member's link name."""
         self._now = now
         self.refuse_owner(sid, owner)
         self.refuse_filter(topic, selector)
         old_rt = self.subs.get(sid)
-        if old_rt is not None and old_rt.link is not None:
+        if member:
+            self._refuse_member(sid, old_rt, selector)
+        elif old_rt is not None and old_rt.link is not None:
             self._unbind(old_rt)  # the same identity attached again: the new link wins (adapter steals)
         before = self.table.get(sid)
         if before is not None and before.live and before.selector != selector:
@@ -797,11 +810,14 @@ class DeliveryCore:
             self._moved_here(sid)
         if stale_view:
             self._distrust(rt, now)
-        rt.link = link
-        rt.capable = capable
+        if member:
+            self._join(rt, member, member_name, link)
+        else:
+            rt.link = link
+            rt.capable = capable
+            rt.credit = 0
         rt.wild = is_wildcard(topic)
         rt.client = container
-        rt.credit = 0
         presented_set = set(presented or ())
         self.log.append(("attach_requested", None, topic, sid, {
             "container": container, "link": link_name,
@@ -936,7 +952,7 @@ class DeliveryCore:
         """`attach_subscriber` with what the ATTACH asked for. Returns True when it resumed."""
         return self.attach_subscriber(link, att.sid, att.topic, att.container, att.link_name, att.expiry,
                                       att.capable, att.presented, now, att.epoch, att.handed_last, att.owner,
-                                      att.selector)
+                                      att.selector, att.member, att.member_name)
 
     def resume_refused(self, link: Any, att: SubscriberAttach, now: float, reason: str | None = None) -> bool:
         """The mesh refused the attach of `att` here (`reason`: the refusal's). Returns True when
@@ -950,23 +966,31 @@ class DeliveryCore:
           made a new life."""
         if refused_as_foreign(reason):
             rt = self.subs.get(att.sid)
-            if rt is None or rt.link != link:
+            links = self._links_of(rt) if rt is not None else []
+            if all(held is not link for _, held in links):
                 return False  # (already taken from it: subscription_changed closed it)
-            self.out.append(DetachLink(att.sid, link, errors.UnauthorizedAccess.condition,
-                                       f"subscription {att.sid} belongs to another identity; attach with the "
-                                       f"credentials that made it"))
+            for lid, held in links:  # (a shared one: every member here attached to the life refused)
+                self.out.append(DetachLink(lid, held, errors.UnauthorizedAccess.condition,
+                                           f"subscription {att.sid} belongs to another identity; attach with the "
+                                           f"credentials that made it"))
+            assert rt is not None
             self._unbind(rt)
             sub = self.table.get(att.sid)
             if sub is not None and sub.live and sub.home == self.router_id and sub.owner == att.owner:
                 self._end(att.sid, now, CLAIM_REFUSED)
             return False
-        self.detach_subscriber(link, att.sid, True, now)
+        self.detach_subscriber(link, att.member or att.sid, True, now, clean=True)
         self.attach(link, att, now)
         return True
 
-    def detach_subscriber(self, link: Any, sid: str, closed: bool, now: float) -> None:
+    def detach_subscriber(self, link: Any, sid: str, closed: bool, now: float, clean: bool = False) -> None:
         """The subscriber's link detached (`closed`: unsubscribe) or its connection dropped.
-        Ignored when `link` is no longer the subscription's link (it was stolen by a newer one)."""
+        Ignored when `link` is no longer the subscription's link (it was stolen by a newer one).
+        `clean`: the link detached (an AMQP detach came: every disposition its client sent came
+        before it), not its connection dropped. `sid` may be a shared subscription's member."""
+        if self.member_sid and sid in self.member_sid:
+            self._member_left(link, sid, closed, clean, now)
+            return
         rt = self.subs.get(sid)
         sub = self.table.get(sid)
         if rt is None or sub is None or not sub.live or rt.link != link:
@@ -981,8 +1005,137 @@ class DeliveryCore:
             self.log.append(("suspended", None, sub.topic, sid, None))
             self.out.append(Announce(sid))
 
+    def _refuse_member(self, sid: str, rt: SubRuntime | None, selector: str) -> None:
+        """Raise when a member may not join shared subscription `sid` here: it is attached at
+        another router this one reaches (`LinkRedirect`: members attach at one router; a
+        subscription with none attached moves), or its attached members have another selector
+        (`PreconditionFailed`: one subscription, one selector)."""
+        sub = self.table.get(sid)
+        if sub is None or not sub.live:
+            return
+        if sub.state is SUB_ACTIVE and sub.home != self.router_id and sub.home in self.reachable:
+            raise errors.LinkRedirect(
+                f"shared subscription {sub.link!r} ({sid}) has its members attached at router {sub.home}: attach "
+                f"there (the members of a shared subscription attach at one router; it moves to another when "
+                f"none is attached, or when that router is down)")
+        if sub.selector != selector and rt is not None and rt.group is not None and rt.group.attached():
+            raise errors.PreconditionFailed(
+                f"shared subscription {sub.link!r} has selector {sub.selector!r} and members attached with it; a "
+                f"member must attach with the same selector")
+
+    def _join(self, rt: SubRuntime, mid: str, name: str, link: Any) -> None:
+        """Member `mid` (link `name`) attached to shared subscription `rt`. A member that comes
+        back (its connection dropped, or this link took its place) gives back what it held: what
+        it presents is counted accepted by the caller, the rest goes to any member."""
+        grp = rt.group
+        if grp is None:
+            grp = rt.group = Group(rt.sid)
+        if self.groups.get(rt.sid) is not rt:
+            self.groups[rt.sid] = rt
+        old = grp.members.get(mid)
+        if old is not None:
+            self._give_back(rt, old)
+        grp.members[mid] = Member(mid, name, link)
+        self.member_sid[mid] = rt.sid
+        rt.link = grp
+        rt.capable = False  # (its members are told nothing of FINALs: several links, one subscription)
+        rt.credit = grp.credit()
+
+    def _give_back(self, rt: SubRuntime, m: Member) -> None:
+        """Member `m` leaves shared subscription `rt`: what it was handed and did not accept goes back
+        to the subscription's queue, for any member."""
+        grp = rt.group
+        assert grp is not None
+        self.member_sid.pop(m.mid, None)
+        held = grp.let_go(m)
+        if not held:
+            return
+        sid = rt.sid
+        for gid in held:
+            rt.on_link.discard(gid)
+            rec = self.records.get(gid)
+            if rec is not None and rec.owed.get(sid) is S_SENT:
+                self.book.move(rec, sid, S_QUEUED)
+                rt.resend.add(gid)
+                self.log.append(("released", gid, rec.topic, sid, f"member={m.name} left"))
+        if rt.link is not None:
+            rt.queue = deque(rt.owed)  # (the pump skips what is not QUEUED)
+
+    def _member_left(self, link: Any, mid: str, closed: bool, clean: bool, now: float) -> None:
+        """A member link of a shared subscription detached (`clean`) or its connection dropped.
+        When it was the last member attached, the subscription is detached as a plain one is."""
+        m, rt = self._member(mid)
+        if m is None or rt is None or m.link is not link:
+            return
+        grp = rt.group
+        assert grp is not None
+        if clean:
+            self._give_back(rt, m)
+        else:  # in doubt: what it holds waits for it (`shared_member_grace`)
+            m.link = None
+            m.credit = 0
+            m.drain = False
+            m.dropped = now
+            for gid in m.held:
+                rt.on_link.discard(gid)
+        if grp.attached():
+            rt.credit = grp.credit()
+            self._pump(rt)
+            return
+        rt.link = None
+        rt.credit = 0
+        rt.queue.clear()
+        sid = rt.sid
+        sub = self.table.get(sid)
+        if sub is None or not sub.live or sub.home != self.router_id:
+            return
+        if closed:
+            self._end(sid, now, "unsubscribed")
+        elif sub.expiry <= 0:
+            self._end(sid, now, "detached-not-durable")
+        else:
+            self.table.suspend(sid, now)
+            self.log.append(("suspended", None, sub.topic, sid, None))
+            self.out.append(Announce(sid))
+
+    def _give_up_members(self, now: float) -> None:
+        """Members that dropped and did not come back within `shared_member_grace`: what they held
+        goes to the other members."""
+        grace = self.cfg.shared_member_grace
+        for rt in list(self.groups.values()):
+            grp = rt.group
+            if grp is None:
+                continue
+            for m in grp.given_up(now, grace):
+                self._give_back(rt, m)
+                if rt.link is not None:
+                    self._pump(rt)
+
+    def _links_of(self, rt: SubRuntime) -> list[tuple[str, Any]]:
+        """(id, link) of each link attached to `rt`: its link, or its members' (a shared one)."""
+        grp = rt.group
+        if grp is None:
+            return [(rt.sid, rt.link)] if rt.link is not None else []
+        return [(m.mid, m.link) for m in grp.members.values() if m.link is not None]
+
+    def _forget_group(self, rt: SubRuntime) -> None:
+        grp = rt.group
+        if grp is None:
+            return
+        for mid in grp.members:
+            self.member_sid.pop(mid, None)
+        grp.members.clear()
+        grp.holder.clear()
+        if self.groups.get(rt.sid) is rt:
+            del self.groups[rt.sid]
+
     def _unbind(self, rt: SubRuntime) -> None:
-        """Forget the current link: what was SENT on it is in doubt and will be redelivered."""
+        """Forget the current link: what was SENT on it is in doubt and will be redelivered. (A
+        shared subscription: every member's, and what members that dropped held.)"""
+        if rt.group is not None:
+            for m in rt.group.members.values():
+                rt.on_link.update(m.held)
+            self._forget_group(rt)
         rt.link = None
         rt.credit = 0
         if rt.notify:  # not told yet: tell it when it resumes and presents them
@@ -1010,6 +1163,8 @@ class DeliveryCore:
 
     def _ended(self, sid: str, now: float, reason: str) -> None:
         rt = self.subs.pop(sid, None)
+        if rt is not None and rt.group is not None:
+            self._forget_group(rt)
         for gid, phs in list(self.placeholders.items()):
             if phs.pop(sid, None) is not None and not phs:
                 del self.placeholders[gid]
@@ -1025,11 +1180,28 @@ class DeliveryCore:
         drain (a pull consumer): what cannot be sent now uses up the credit (`DrainCredit`), here
         or whenever its queue empties later."""
         rt = self.subs.get(sid)
-        if rt is None or rt.link is None:
+        if rt is None:
+            m, rt = self._member(sid)
+            if m is None or rt is None or m.link is None:
+                return
+            m.credit = credit
+            m.drain = drain
+            rt.credit = rt.group.credit() if rt.group is not None else 0
+            self._pump(rt)
+            return
+        if rt.link is None:
             return
         rt.credit = credit
         rt.drain = drain
         self._pump(rt)
+
+    def _member(self, mid: str) -> tuple[Member | None, SubRuntime | None]:
+        """The member `mid` of a shared subscription homed here, and that subscription's runtime."""
+        g = self.member_sid.get(mid) if self.member_sid else None
+        rt = self.subs.get(g) if g is not None else None
+        if rt is None or rt.group is None:
+            return None, None
+        return rt.group.members.get(mid), rt
 
     def hold_handovers(self) -> None:
         """Hand nothing to a subscriber's link until `release_handovers` (what would have gone waits,
@@ -1066,6 +1238,7 @@ class DeliveryCore:
         out = self.out
         log = self.log
         wild = rt.wild
+        grp = rt.group
         while q and rt.credit > 0:
             gid = q.popleft()
             rec = rt.owed.get(gid)
@@ -1081,9 +1254,12 @@ class DeliveryCore:
                 rt.credit -= 1
                 if rt.resend:
                     rt.resend.discard(gid)
-                out.append(Deliver(sid, gid, rec.payload if not wild else with_to(rec.payload, rec.topic),
-                                   redelivery))
-                log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
+                if grp is None:
+                    out.append(Deliver(sid, gid, rec.payload if not wild else with_to(rec.payload, rec.topic),
+                                       redelivery))
+                    log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
+                else:
+                    self._hand_member(grp, rec, redelivery)
                 if handed is not None:
                     handed(rt, rec)
             elif verdict is PARK:
@@ -1110,6 +1286,22 @@ class DeliveryCore:
         if rt.drain and rt.credit > 0 and not q and not rt.notify:
             rt.credit = 0
             self.out.append(DrainCredit(sid))
+        elif grp is not None and not q and rt.credit > 0:
+            for m in grp.attached():  # members that asked to drain: what cannot go now uses up their credit
+                if m.drain and m.credit > 0:
+                    rt.credit -= m.credit
+                    m.credit = 0
+                    self.out.append(DrainCredit(m.mid))
+
+    def _hand_member(self, grp: Group, rec: Record, redelivery: bool) -> None:
+        """Hand `rec` (SENT already) to the next member of shared subscription `grp` with credit."""
+        mid = grp.hand(rec.gid)
+        m = grp.members[mid]
+        rt = self.subs[grp.sid]
+        self.out.append(Deliver(mid, rec.gid, rec.payload if not rt.wild else with_to(rec.payload, rec.topic),
+                                redelivery))
+        self.log.append(("delivered", rec.gid, rec.topic, grp.sid,
+                         f"redelivery member={m.name}" if redelivery else f"member={m.name}"))
 
     def _send(self, rt: SubRuntime, rec: Record, redelivery: bool) -> None:
         """Hand `rec` (QUEUED for `rt`: the callers check it) to the subscription's link."""
@@ -1120,6 +1312,9 @@ class DeliveryCore:
         rt.credit -= 1
         if rt.resend:
             rt.resend.discard(gid)
+        if rt.group is not None:
+            self._hand_member(rt.group, rec, redelivery)
+            return
         self.out.append(Deliver(sid, gid, rec.payload if not rt.wild else with_to(rec.payload, rec.topic), redelivery))
         self.log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
 
@@ -1135,24 +1330,32 @@ class DeliveryCore:
         """A subscriber's disposition for the delivery of `gid` on its current link."""
         self._now = now
         rt = self.subs.get(sid)
-        if rt is None:
-            return
+        why: str | None = None
+        if rt is None:  # a member of a shared subscription? (router/groups.py)
+            m, rt = self._member(sid)
+            if m is None or rt is None or gid not in m.held:
+                return
+            assert rt.group is not None
+            sid = rt.sid
+            why = f"member={m.name}"
+            if settled or outcome in (O_RELEASED, O_MODIFIED):
+                rt.group.settled(gid)
         rec = rt.owed.get(gid)
         if outcome is O_ACCEPTED and not settled:  # (the usual: one test instead of three)
             if rec is not None:
-                self._resolve(rec, sid, S_ACCEPTED, None, now, None)
+                self._resolve(rec, sid, S_ACCEPTED, None, now, why)
             return
         if settled or outcome in (O_RELEASED, O_MODIFIED):
             rt.on_link.discard(gid)  # the adapter settled the delivery: it is no longer on the link
         if rec is None:
             return  # already resolved (e.g. presented on resume, or a duplicate disposition)
         if outcome is O_ACCEPTED:
-            self._resolve(rec, sid, S_ACCEPTED, None, now, None)
+            self._resolve(rec, sid, S_ACCEPTED, None, now, why)
         elif outcome is O_REJECTED:
-            self._resolve(rec, sid, S_REJECTED, error, now, None)
+            self._resolve(rec, sid, S_REJECTED, error, now, why)
         elif outcome is O_MODIFIED and undeliverable:
             self._resolve(rec, sid, S_REJECTED, (errors.UNDELIVERABLE, "subscriber: undeliverable here"),
-                          now, None)
+                          now, why)
         else:
             reds = rec.redeliveries
             if reds is None:
@@ -1301,11 +1504,12 @@ class DeliveryCore:
             if was_here:
                 rt = self.subs.get(sid)
                 if rt is not None and rt.link is not None:
-                    if foreign(old, new):
-                        self.out.append(_refusal(sid, rt.link, new))
-                    else:
-                        self.out.append(DetachLink(sid, rt.link, errors.LinkStolen.condition,
-                                                   "the subscription was ended elsewhere"))
+                    for lid, link in self._links_of(rt):
+                        if foreign(old, new):
+                            self.out.append(_refusal(lid, link, new))
+                        else:
+                            self.out.append(DetachLink(lid, link, errors.LinkStolen.condition,
+                                                       "the subscription was ended elsewhere"))
                     self._unbind(rt)
             self._ended(sid, now, new.end_reason or "ended")
             return
@@ -1385,9 +1589,10 @@ class DeliveryCore:
         if rt is None:
             return
         if rt.link is not None:
-            self.out.append(_refusal(sid, rt.link, new) if other else DetachLink(
-                sid, rt.link, errors.LinkStolen.condition, f"the subscription resumed at router {new.home}"))
-            self._unbind(rt)
+            for lid, link in self._links_of(rt):
+                self.out.append(_refusal(lid, link, new) if other else DetachLink(
+                    lid, link, errors.LinkStolen.condition, f"the subscription resumed at router {new.home}"))
+        self._unbind(rt)  # (a shared one's members that dropped too)
         for gid, rec in list(rt.owed.items()):
             if rec.origin is None:  # ours: it is remote now, send it to the new home
                 if rec.owed.get(sid) is S_SENT:
@@ -1504,6 +1709,8 @@ class DeliveryCore:
         whole mesh is reachable)."""
         self._now = now
         self.sweeps.sweep(now, may_expire)
+        if self.groups:
+            self._give_up_members(now)
 
     def forget_older(self, now: float) -> None:
         """Forget what is older than `final_memory` (a sweep asks): who held a copy, the predecessors

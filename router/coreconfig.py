@@ -24,6 +24,10 @@ class CoreConfig:
     final_memory_entries: int = 1_000_000  # final gids and gid intervals remembered at most (oldest go first)
     final_notes_max: int = 200_000  # notes on final messages whose publisher may resend them (router/identity.py)
     final_notify_batch: int = 256
+    # seconds a shared subscription's member whose connection dropped keeps what it was handed and
+    # had not settled (in doubt: it may have accepted it) before that goes to another member
+    # (router/groups.py)
+    shared_member_grace: float = 30.0
     # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
     # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
     total_topics: frozenset[str] = frozenset()

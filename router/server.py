@@ -31,7 +31,7 @@ from ..common import errors, topics
 from ..common import ffi as F
 from ..common.amqpmsg import read_to
 from ..common.engine import AmqpConnection, Engine, Link
-from ..common.ids import publisher_link_id, subscription_id
+from ..common.ids import publisher_link_id, shared_subscription_id, subscription_id
 from ..common.passrules import HandoverHold, PassBudget
 from ..common.sasl import PLAIN, SCRAM, SaslServer, ScramSecret, ServerPolicy
 from ..common.settlement_log import Segments, SettlementLog
@@ -98,6 +98,7 @@ from .mgmtlink import ManagementLinks, MgmtCtx
 from .policy import Grants, PolicyError, load_policy
 from .snapshot import CoreSnapshot, Parts
 from .statusfile import StatusFile
+from .groups import GLOBAL, NAME_DELIMITER, SHARED, group_key
 from .subscriptions import Subscription, SubscriptionStore, SubscriptionTable
 from .users import Users
 
@@ -156,10 +157,11 @@ def source_selector(filters: Any) -> tuple[str, dict[Any, Any] | None]:
 
 
 class SubLinkCtx:
-    __slots__ = ("sid", "topic", "deliveries", "gid_of", "final_seq", "attach_args", "resumed")
+    __slots__ = ("sid", "table_sid", "topic", "deliveries", "gid_of", "final_seq", "attach_args", "resumed")
 
-    def __init__(self, sid: str, topic: str) -> None:
-        self.sid = sid
+    def __init__(self, sid: str, topic: str, table_sid: str = "") -> None:
+        self.sid = sid  # the link's id with the core (a shared subscription's member: the member's)
+        self.table_sid = table_sid or sid  # its subscription's id in the table
         self.topic = topic
         self.attach_args: SubscriberAttach | None = None
         self.resumed = False
@@ -295,7 +297,7 @@ class Router:
         self.status_file = StatusFile(cfg.ready_file) if cfg.ready_file is not None else None
         self._log_blocked_at: float | None = None
         self._last_stats: dict[str, Any] = {}
-        self._awaiting_mesh: dict[str, Link] = {}  # subscriber ATTACHes waiting for gossip acks
+        self._awaiting_mesh: dict[str, list[Link]] = {}  # subscriber ATTACHes waiting for gossip acks
         self._drain: Drain | None = None  # set once the router drains (SIGUSR1): router/drain.py
         self._drain_waits: dict[AmqpConnection, set[Any]] = {}  # publisher deliveries open when it began
         self._drain_told: set[AmqpConnection] = set()  # connections told to move
@@ -813,7 +815,7 @@ class Router:
                 self._open_subscriber(link)
             else:
                 self._open_publisher(link)
-        except (errors.RemoteProtocolError, errors.ResourceLimitExceeded) as exc:
+        except (errors.RemoteProtocolError, errors.ResourceLimitExceeded, errors.LinkRedirect) as exc:
             if exc.condition == errors.UnauthorizedAccess.condition:
                 self.stats_refusals["unauthorized_attaches"] += 1
             elif isinstance(exc, errors.ResourceLimitExceeded):
@@ -862,10 +864,17 @@ class Router:
 
     def _open_subscriber(self, link: Link) -> None:
         container = link.conn.ctx.container or ""
+        shared: tuple[str, str] | None = None  # a shared subscription's (scope, name): router/groups.py
+        caps: tuple[str, ...] = ()
         if link.remote_source_null:
             found = self._lookup(link, container)
             topic, expiry = found.topic, found.expiry
+            if found.sid == shared_subscription_id(found.container, found.link, found.topic):
+                shared = (found.container, found.link)
+                caps = (SHARED,) if found.container else (SHARED, GLOBAL)
         else:
+            caps = link.remote_source_capabilities
+            shared = group_key(link.name, caps, container)
             topic = validate_address(link.remote_source_address, "source")
             policy = link.remote_source_expiry_policy
             timeout = float(link.remote_source_timeout)
@@ -895,29 +904,44 @@ class Router:
         selector, filters = source_selector(link.remote_source_filter)
         self.core.refuse_filter(topic, selector)
         sid = subscription_id(container, link.name, topic)
+        member = ""
+        if shared is not None:
+            member, sid = sid, shared_subscription_id(shared[0], shared[1], topic)
         known = self.core.table.get(sid)
         self._authorize_subscriber(link.conn, topic, sid, known)
         if (known is None or not known.live) and len(self.core.table) >= self.cfg.max_subscriptions:
             raise errors.ResourceLimitExceeded(
                 f"the subscription table holds {len(self.core.table)} subscriptions (max_subscriptions "
                 f"{self.cfg.max_subscriptions}); end some, or raise the limit")
-        old = self.sub_links.get(sid)
+        lid = member or sid  # (the link's id with the core, and in sub_links)
+        old = self.sub_links.get(lid)
         if old is not None and old is not link:
-            log.info("link.stolen sid=%s old_peer=%s new_peer=%s", sid, old.conn.peer, link.conn.peer)
+            log.info("link.stolen sid=%s old_peer=%s new_peer=%s", lid, old.conn.peer, link.conn.peer)
             self._forget_sub_link(old)
             old.close(errors.LinkStolen.condition, "the same subscription attached on another link")
-        link.ctx = SubLinkCtx(sid, topic)
-        self.sub_links[sid] = link
+        link.ctx = SubLinkCtx(lid, topic, sid)
+        self.sub_links[lid] = link
         ids = [str(g) for g in presented] if presented else None
         epoch = props.get(PROP_EPOCH)
         epoch = int(epoch) if isinstance(epoch, int) and epoch > 0 else None
-        att = link.ctx.attach_args = SubscriberAttach(sid, topic, container, link.name, expiry, capable, ids,
-                                                      epoch, last, link.conn.user or "", selector)
-        link.ctx.resumed = self.core.attach(link, att, time.time())
+        if shared is not None:
+            att = SubscriberAttach(sid, topic, shared[0], shared[1], expiry, capable, ids, epoch, last,
+                                   link.conn.user or "", selector, member, link.name)
+        else:
+            att = SubscriberAttach(sid, topic, container, link.name, expiry, capable, ids, epoch, last,
+                                   link.conn.user or "", selector)
+        link.ctx.attach_args = att
+        try:
+            link.ctx.resumed = self.core.attach(link, att, time.time())
+        except errors.OncemeshError:
+            self._forget_sub_link(link)
+            raise
         link.set_source(topic, 0 if math.isinf(expiry) else int(expiry),
                         F.EXPIRE_NEVER if math.isinf(expiry) else F.EXPIRE_WITH_LINK)
         if filters:
             link.set_source_filter(filters)  # (the filters applied, as the peer sent them)
+        if shared is not None:
+            link.set_source_capabilities(tuple(c for c in caps if c in (SHARED, GLOBAL)))
         link.set_target(link.remote_target_address)
         link.set_settle_modes(F.SND_UNSETTLED, link.remote_rcv_settle_mode)
         # the attach is answered once the table holding the subscription is on disk (and, in a
@@ -930,7 +954,10 @@ class Router:
         attaches, reads the source we answer with, and closes the link, which ends it). The attach
         is then that subscription's, with its topic and expiry. None or several: refused with a
         null source (nothing is created)."""
-        found = [s for s in self.core.table.live() if s.container == container and s.link == link.name]
+        name = link.name.split(NAME_DELIMITER, 1)[0]  # (a shared subscription's: router/groups.py)
+        found = [s for s in self.core.table.live() if (s.container == container and s.link == link.name) or (
+            s.link == name and s.container in (container, "")
+            and s.sid == shared_subscription_id(s.container, s.link, s.topic))]
         log.info("subscription.lookup container=%s link=%s found=%s", container, link.name,
                  ",".join(s.sid for s in found) or "none")
         if len(found) == 1:
@@ -1143,7 +1170,7 @@ class Router:
                 log.info("link.detached sid=%s closed=%s condition=%s", ctx.sid, closed, condition)
             if self.sub_links.get(ctx.sid) is link:
                 self._forget_sub_link(link)
-                self.core.detach_subscriber(link, ctx.sid, closed, time.time())
+                self.core.detach_subscriber(link, ctx.sid, closed, time.time(), clean=True)
         elif isinstance(ctx, PubLinkCtx):
             self._close_publisher(link, None, None)
         self.drain()
@@ -1191,8 +1218,11 @@ class Router:
         ctx = link.ctx
         if self.sub_links.get(ctx.sid) is link:
             del self.sub_links[ctx.sid]
-        if self._awaiting_mesh.get(ctx.sid) is link:
-            del self._awaiting_mesh[ctx.sid]
+        waiting = self._awaiting_mesh.get(ctx.table_sid)
+        if waiting is not None and link in waiting:
+            waiting.remove(link)
+            if not waiting:
+                del self._awaiting_mesh[ctx.table_sid]
         ctx.deliveries.clear()
         ctx.gid_of.clear()
 
@@ -1285,8 +1315,9 @@ class Router:
         opens, self._pending_opens = self._pending_opens, []
         for link in opens:
             if link.local_uninit and self.sub_links.get(link.ctx.sid) is link:
-                if self.mesh is not None and self.mesh.attach_pending(link.ctx.sid):
-                    self._awaiting_mesh[link.ctx.sid] = link  # answered once the mesh acknowledged
+                if self.mesh is not None and self.mesh.attach_pending(link.ctx.table_sid):
+                    # answered once the mesh acknowledged (several: a shared subscription's members)
+                    self._awaiting_mesh.setdefault(link.ctx.table_sid, []).append(link)
                     continue
                 self._answer_subscriber(link)
         if opens:
@@ -1295,12 +1326,12 @@ class Router:
     def _answer_subscriber(self, link: Link) -> None:
         """Answer a subscriber's ATTACH: from now on the subscription is in force."""
         ctx = link.ctx
-        sub = self.table.get(ctx.sid)
+        sub = self.table.get(ctx.table_sid)
         epoch = sub.epoch if sub is not None else 0
         link.set_properties({PROP_RESUMED: ctx.resumed, PROP_ROUTER: self.id, PROP_EPOCH: epoch})
         link.open()
         selective = ctx.attach_args is not None and bool(ctx.attach_args.selector)
-        self.slog.write("resumed" if ctx.resumed else "subscribed", time.time(), None, ctx.topic, ctx.sid,
+        self.slog.write("resumed" if ctx.resumed else "subscribed", time.time(), None, ctx.topic, ctx.table_sid,
                         container=link.conn.ctx.container, link=link.name, count=epoch,
                         **({"info": SELECTIVE} if selective else {}))
         # (no flush here: this runs after the pass, and the engine's before_output hook writes the
@@ -1309,9 +1340,12 @@ class Router:
 
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:
         """The mesh acknowledged (or refused) the announcement of a subscriber's attach."""
-        link = self._awaiting_mesh.pop(sid, None)
-        if link is None or self.sub_links.get(sid) is not link or not link.local_uninit:
-            return
+        for link in self._awaiting_mesh.pop(sid, []):
+            if self.sub_links.get(link.ctx.sid) is link and link.local_uninit:
+                self._mesh_attach_done(link, refused)
+
+    def _mesh_attach_done(self, link: Link, refused: str | None) -> None:
+        sid = link.ctx.table_sid
         if refused is not None:
             # the old home ended this life meanwhile: it becomes a new subscription (a new life);
             # or another identity's life holds it: refused (the core detaches the link)

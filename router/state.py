@@ -22,11 +22,14 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..common.errors import OncemeshError
 from ..common.ids import PLID_LEN
 from ..common.vocab import Outcome
+
+if TYPE_CHECKING:
+    from .groups import Group
 
 
 class S(IntEnum):
@@ -101,7 +104,7 @@ class SubRuntime:
 
     __slots__ = ("sid", "link", "credit", "queue", "owed", "on_link", "capable", "final_unnotified",
                  "notify", "arrived_at", "fifo_hi", "resend", "tnext", "thanded", "thanded_ids", "thanded_at",
-                 "client", "cpassed", "drain", "wild")
+                 "client", "cpassed", "drain", "wild", "group")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
@@ -111,6 +114,9 @@ class SubRuntime:
         # its filter is a wildcard: each message handed carries its topic as properties.to
         # (common/amqpmsg.py), set when the publisher left it empty
         self.wild = False
+        # a shared subscription's members (router/groups.py): then `link` is this group while any
+        # member is attached, `credit` the sum of theirs, and each message goes to one of them
+        self.group: Group | None = None
         self.queue: deque[str] = deque()  # gids QUEUED, in the order to send
         self.owed: dict[str, Record] = {}  # gids QUEUED or SENT for this subscription, arrival order
         self.on_link: set[str] = set()  # gids with an unsettled delivery on the current link
