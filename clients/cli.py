@@ -85,6 +85,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="a JMS message selector, e.g. \"region = 'eu' AND qty > 10\": only what it selects is owed "
                         "to the subscription (get reads it with the same one; another one makes a new "
                         "subscription)")
+    p.add_argument("--shared", action="store_true",
+                   help="join the shared subscription NAME as one of its members: every client that subscribes "
+                        "to NAME with --shared splits its messages with the others (each message goes to one "
+                        "member); get and unsubscribe with this --state-dir use it as a member too")
     p.add_argument("--expiry", type=_expiry, default=DEFAULT_EXPIRY,
                    help=f"seconds it may stay detached before it ends (default {DEFAULT_EXPIRY:.0f}; 'never')")
     _common(p)
@@ -271,11 +275,13 @@ async def _subscribe(args: argparse.Namespace) -> int:
     client = _client(args)
     await client.start()
     try:
-        sub = client.subscriber(args.topic, args.subscription, expiry=args.expiry, credit=0, selector=args.selector)
+        sub = client.subscriber(args.topic, args.subscription, expiry=args.expiry, credit=0, selector=args.selector,
+                                shared=True if args.shared else None)
         await sub.wait_attached(args.connect_timeout)
         await sub.detach()
         exp = "never" if math.isinf(args.expiry) else f"{args.expiry:g}s"
-        print(f"oncemesh subscribe: {'resumed' if sub.resumed else 'created'} subscription "
+        print(f"oncemesh subscribe: {'resumed' if sub.resumed else 'created'} "
+              f"{'shared subscription (as a member) ' if sub.shared else 'subscription '}"
               f"{args.subscription!r} on {args.topic!r} (id {sub.sid}, expiry {exp}, router {client.router_id})",
               file=sys.stderr)
         return 0

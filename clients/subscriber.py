@@ -30,7 +30,16 @@ from ..common import errors
 from ..common import ffi as F
 from ..common.engine import AmqpConnection, Link
 from ..common.errors import ClientError, LinkRefused
-from ..common.ids import PLID_LEN, counter_seq, is_control_tag, subscription_id
+from ..common.ids import (
+    GLOBAL,
+    NAME_DELIMITER,
+    PLID_LEN,
+    SHARED,
+    counter_seq,
+    is_control_tag,
+    shared_subscription_id,
+    subscription_id,
+)
 from ..common.symbols import (
     PROP_CLIENT,
     PROP_EPOCH,
@@ -95,17 +104,29 @@ class Subscriber:
 
     def __init__(self, client: ClientHost, topic: str, name: str, *, expiry: float = 3600.0,
                  credit: int = 1000, on_message: Callable[[Delivered], Any] | None = None,
-                 selector: str | None = None) -> None:
+                 selector: str | None = None, shared: bool | None = None) -> None:
         """`selector`: a JMS message selector (docs/clients.md, "Selectors"): the subscription is owed
         only the messages it selects. Attaching again with another one ends the subscription and
         begins a new one (what the old one held is not handed). None: the one this state directory
-        last attached it with (none at first)."""
+        last attached it with (none at first). `shared`: be one member of the global shared
+        subscription `name` (docs/clients.md, "Shared subscriptions"), which other clients may
+        consume too; None: as this state directory last made it (not shared at first)."""
         self.client = client
         self.topic = topic
         self.name = name
         self.expiry = expiry
         self.window = credit
-        self.sid = subscription_id(client.container_id, name, topic)
+        get_meta = getattr(client.state, "get_meta", None)
+        key = f"shared:{topic} {name}"
+        if shared is None:
+            shared = bool(get_meta(key)) if get_meta is not None else False
+        elif get_meta is not None:
+            client.state.set_meta(key, "1" if shared else "")
+        self.shared = shared
+        # a member's link name: the subscription's name, then what Qpid JMS puts after it
+        self.link_name = f"{name}{NAME_DELIMITER}{GLOBAL}" if shared else name
+        self.sid = shared_subscription_id("", name, topic) if shared else subscription_id(client.container_id, name,
+                                                                                           topic)
         self._selector_given = selector  # (None: read from the state directory at attach)
         self.selector = selector or ""
         self.on_message_cb = on_message
@@ -359,7 +380,7 @@ class Subscriber:
         if self._closing:
             return
         self._attached.clear()
-        link = conn.receiver(session, self.name)
+        link = conn.receiver(session, self.link_name)
         link.ctx = self
         if math.isinf(self.expiry):
             link.set_source(self.topic, 0, F.EXPIRE_NEVER)
@@ -371,6 +392,8 @@ class Subscriber:
             self.client.state.set_meta(f"selector:{self.sid}", self._selector_given)
         if self.selector:
             link.set_source_filter({SELECTOR_KEY: Described(SELECTOR_FILTER, self.selector)})
+        if self.shared:
+            link.set_source_capabilities((SHARED, GLOBAL))
         link.set_target(None)
         link.set_settle_modes(F.SND_UNSETTLED, F.RCV_SECOND)
         presented = self.client.state.unsettled(self.sid)
@@ -395,8 +418,8 @@ class Subscriber:
         self._attached.clear()
 
     def on_link_open(self, link: Link) -> None:
-        if link is not self.link:
-            return
+        if link is not self.link or link.remote_source_null:
+            return  # (no source: a refusal, whose detach follows; not in force)
         props = link.remote_properties
         self.resumed = bool(props.get(PROP_RESUMED, False))
         epoch = props.get(PROP_EPOCH)

@@ -40,6 +40,22 @@ def subscription_id(container_id: str, link_name: str, topic: str) -> str:
     return _b32(h)[:16]
 
 
+SHARED = "shared"  # the source capability of a shared subscription's member link (Qpid JMS's)
+GLOBAL = "global"  # ... and of one whose name is not scoped to the client's container id
+NAME_DELIMITER = "|"  # a member link's name is the subscription's name, then '|' and what tells members apart
+
+
+def group_key(link_name: str, capabilities: tuple[str, ...] | list[str], container: str) -> tuple[str, str] | None:
+    """The (scope, name) of the shared subscription a receiver attach joins, or None when it is
+    not shared (no `shared` source capability). The name is the link name up to its first '|'
+    (Qpid JMS names its members `name`, `name|2`, ... or `name|global`, `name|global2`, ...);
+    the scope is the client's container id, or "" for a global subscription (`global`)."""
+    if SHARED not in capabilities:
+        return None
+    name = link_name.split(NAME_DELIMITER, 1)[0]
+    return ("" if GLOBAL in capabilities else container, name)
+
+
 def shared_subscription_id(scope: str, name: str, topic: str) -> str:
     """The id of shared subscription `name` on `topic`, scoped to container id `scope` ("" global;
     router/groups.py): never the id of a subscription of one link (a NUL no container id holds)."""

@@ -152,6 +152,18 @@ class Mesh:
                             "peers": {p.id: p.version for p in sorted(self.peers.values(), key=lambda p: p.id)}}
         return info
 
+    def client_url(self, router_id: str) -> str | None:
+        """Where the clients of router `router_id` connect: what it said (a neighbour), else the
+        topology's fixed address; None unknown."""
+        peer = self.peers.get(router_id)
+        if peer is not None and peer.client_url:
+            return str(peer.client_url)
+        spec = self.topo.routers.get(router_id)
+        if spec is None:
+            return None
+        settings = self.topo.router_settings(router_id)
+        return client_url_of(spec.host, spec.port, bool(settings.get("tls_cert")), str(settings.get("client_url", "")))
+
     def redirect_targets(self) -> list[tuple[str, str]]:
         """Live neighbours and where their clients connect (what they said, else the topology's
         fixed address), the cheapest link first."""

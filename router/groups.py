@@ -39,21 +39,9 @@ from __future__ import annotations
 
 from typing import Any
 
-SHARED = "shared"  # the source capability of a shared subscription's member link (Qpid JMS's)
-GLOBAL = "global"  # ... and of one whose name is not scoped to the client's container id
-NAME_DELIMITER = "|"  # a member link's name is the subscription's name, then '|' and what tells members apart
+from ..common.ids import GLOBAL, NAME_DELIMITER, SHARED, group_key
 
-
-def group_key(link_name: str, capabilities: tuple[str, ...] | list[str], container: str) -> tuple[str, str] | None:
-    """The (scope, name) of the shared subscription a receiver attach joins, or None when it is
-    not shared (no `shared` source capability). The name is the link name up to its first '|'
-    (Qpid JMS names its members `name`, `name|2`, ... or `name|global`, `name|global2`, ...);
-    the scope is the client's container id, or "" for a global subscription (`global`)."""
-    if SHARED not in capabilities:
-        return None
-    name = link_name.split(NAME_DELIMITER, 1)[0]
-    return ("" if GLOBAL in capabilities else container, name)
-
+__all__ = ["GLOBAL", "NAME_DELIMITER", "SHARED", "Group", "Member", "group_key"]
 
 class Member:
     """One member link of a shared subscription."""

@@ -35,6 +35,10 @@ class MeshPort(Protocol):
         """The mesh's part of the router's status file (peers, convergence, inter-router address)."""
         ...
 
+    def client_url(self, router_id: str) -> str | None:
+        """Where the clients of router `router_id` connect (None: unknown)."""
+        ...
+
     def redirect_targets(self) -> list[tuple[str, str]]:
         """(router id, client URL) of the live neighbours whose client address is known, best first:
         where a draining router sends its clients."""

@@ -822,8 +822,22 @@ class Router:
                 self.stats_refusals["limited_attaches"] += 1
             log.warning("link.refused peer=%s container=%s link=%s condition=%s reason=%s", link.conn.peer,
                         link.conn.ctx.container, link.name, exc.condition, exc)
-            link.close(exc.condition, str(exc))
+            link.close(exc.condition, str(exc), info=self._home_info(link) if isinstance(exc, errors.LinkRedirect)
+                       else None)
         self.drain()
+
+    def _home_info(self, link: Link) -> dict[Any, Any] | None:
+        """The info of a redirect to the router where the subscription `link` asked to join has its
+        members (a shared one: router/groups.py), when its client address is known."""
+        att = link.ctx.attach_args if isinstance(link.ctx, SubLinkCtx) else None
+        sub = self.core.table.get(att.sid) if att is not None else None
+        url = self.mesh.client_url(sub.home) if sub is not None and self.mesh is not None else None
+        if sub is None or not url:
+            return None
+        try:
+            return redirect_info(url, sub.home)
+        except ValueError:
+            return None
 
     def _too_many_links(self, link: Link) -> bool:
         """Refuse an attach beyond the connection's link limit (`max_links_per_connection`, or the
