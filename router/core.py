@@ -746,8 +746,11 @@ class DeliveryCore:
             if gid in on_link:
                 on_link.remove(gid)
                 self.out.append(SettleDelivery(sid if rt.group is None else rt.group.settled(gid), gid))
-            elif rt.group is not None:
-                rt.group.settled(gid)  # (held by a member that dropped: nothing to settle on a link)
+            elif rt.group is not None:  # (held by a member that dropped, or presented by one)
+                if st is S_ACCEPTED:
+                    self._member_final(rt, gid)
+                else:
+                    rt.group.settled(gid)
             elif st is S_ACCEPTED:
                 if rt.link is not None and rt.capable:
                     rt.notify.append(gid)
@@ -811,7 +814,8 @@ class DeliveryCore:
         if stale_view:
             self._distrust(rt, now)
         if member:
-            self._join(rt, member, member_name, link)
+            self._join(rt, member, member_name, link, capable)
+            self._await_former(rt, sub, member, now)
         else:
             rt.link = link
             rt.capable = capable
@@ -847,6 +851,8 @@ class DeliveryCore:
                     self.book.move(rec2, sid, S_ACCEPTED)
                     self.log.append(("accepted", gid, topic, sid, "resume"))  # (acks of it say so)
         rt.final_unnotified.clear()
+        if member:
+            self._presented_by_member(rt, member, presented_set)
         # only a client that hands over in arrival order (ours) presents `handed_last`; what a
         # client presents as accepted says nothing of order (a client may accept out of order)
         handed_last = tuple(handed_last)
@@ -1023,7 +1029,7 @@ class DeliveryCore:
                 f"shared subscription {sub.link!r} has selector {sub.selector!r} and members attached with it; a "
                 f"member must attach with the same selector")
 
-    def _join(self, rt: SubRuntime, mid: str, name: str, link: Any) -> None:
+    def _join(self, rt: SubRuntime, mid: str, name: str, link: Any, capable: bool) -> None:
         """Member `mid` (link `name`) attached to shared subscription `rt`. A member that comes
         back (its connection dropped, or this link took its place) gives back what it held: what
         it presents is counted accepted by the caller, the rest goes to any member."""
@@ -1036,10 +1042,76 @@ class DeliveryCore:
         if old is not None:
             self._give_back(rt, old)
         grp.members[mid] = Member(mid, name, link)
+        if capable:
+            grp.capable.add(mid)
+        else:
+            grp.capable.discard(mid)
+            grp.notify.pop(mid, None)
         self.member_sid[mid] = rt.sid
         rt.link = grp
         rt.capable = False  # (its members are told nothing of FINALs: several links, one subscription)
         rt.credit = grp.credit()
+
+    def _await_former(self, rt: SubRuntime, sub: Subscription, mid: str, now: float) -> None:
+        """Member `mid` joined shared subscription `rt` (table entry `sub`). Members the entry lists
+        that this runtime never had were attached at its previous home, or here before a restart:
+        what they accepted there may not be known here, so nothing is handed until each came back
+        and presented it, or `shared_member_grace` passed. Then the entry lists the members."""
+        grp = rt.group
+        assert grp is not None
+        former = {m for m in sub.members if m not in grp.members and m not in grp.awaiting}
+        if former:
+            grp.awaiting |= former
+            grp.hold_until = now + self.cfg.shared_member_grace
+        grp.awaiting.discard(mid)
+        self.table.set_members(rt.sid, grp.listed())
+
+    def _members_changed(self, rt: SubRuntime) -> None:
+        """Tell the mesh the members of shared subscription `rt` when they changed."""
+        grp = rt.group
+        if grp is not None and self.table.set_members(rt.sid, grp.listed()):
+            self.out.append(Announce(rt.sid))
+
+    def _presented_by_member(self, rt: SubRuntime, mid: str, presented: set[str]) -> None:
+        """Member `mid` presented `presented` (accepted, settlement not seen): those final already
+        are told it (`rt.notify`, filled by the attach, is the member's); the others are held by
+        it, so that their FINAL reaches it (`_member_final`)."""
+        grp = rt.group
+        assert grp is not None
+        if rt.notify:
+            if mid in grp.capable:
+                grp.notify.setdefault(mid, []).extend(rt.notify)
+            rt.notify.clear()
+        m = grp.members[mid]
+        for gid in presented:
+            if gid in self.records or gid in self.placeholders:
+                grp.holder[gid] = mid
+                m.held.add(gid)
+
+    def _member_final(self, rt: SubRuntime, gid: str) -> None:
+        """`gid`, accepted by a member of shared subscription `rt` whose settlement it did not see on
+        a link, is final: the member that holds it is told when it has credit (ours only)."""
+        grp = rt.group
+        assert grp is not None
+        mid = grp.settled(gid)
+        if mid and mid in grp.capable:
+            grp.notify.setdefault(mid, []).append(gid)
+            if rt.link is not None:
+                self._pump(rt)
+
+    def _notify_members(self, rt: SubRuntime, grp: Group) -> None:
+        """Tell attached members with credit the final ids they wait for (`Group.notify`)."""
+        batch = self.cfg.final_notify_batch
+        for m in grp.attached():
+            ids = grp.notify.get(m.mid)
+            while ids and m.credit > 0:
+                chunk = tuple(ids[:batch])
+                del ids[:batch]
+                self.out.append(NotifyFinal(m.mid, chunk))
+                m.credit -= 1
+                rt.credit -= 1
+            if ids is not None and not ids:
+                del grp.notify[m.mid]
 
     def _give_back(self, rt: SubRuntime, m: Member) -> None:
         """Member `m` leaves shared subscription `rt`: what it was handed and did not accept goes back
@@ -1071,6 +1143,7 @@ class DeliveryCore:
         assert grp is not None
         if clean:
             self._give_back(rt, m)
+            self._members_changed(rt)
         else:  # in doubt: what it holds waits for it (`shared_member_grace`)
             m.link = None
             m.credit = 0
@@ -1106,8 +1179,14 @@ class DeliveryCore:
             grp = rt.group
             if grp is None:
                 continue
-            for m in grp.given_up(now, grace):
+            gone = grp.given_up(now, grace)
+            for m in gone:
                 self._give_back(rt, m)
+            if grp.awaiting and now >= grp.hold_until:
+                gone.append(Member("", "", None))  # (awaited members given up alike)
+                grp.awaiting.clear()
+            if gone:
+                self._members_changed(rt)
                 if rt.link is not None:
                     self._pump(rt)
 
@@ -1239,6 +1318,11 @@ class DeliveryCore:
         log = self.log
         wild = rt.wild
         grp = rt.group
+        if grp is not None:
+            if grp.notify and rt.credit > 0:
+                self._notify_members(rt, grp)
+            if grp.awaiting:
+                return  # (members of its previous home awaited: `_await_former`)
         while q and rt.credit > 0:
             gid = q.popleft()
             rec = rt.owed.get(gid)
@@ -1625,7 +1709,9 @@ class DeliveryCore:
                 if sub is not None and sub.live and sub.home != self.router_id:
                     self.out.append(SendFinal(sub.home, gid))  # it moved on: the FINAL follows it
                 continue
-            if rt.link is not None and rt.capable:
+            if rt.group is not None:
+                self._member_final(rt, gid)
+            elif rt.link is not None and rt.capable:
                 rt.notify.append(gid)
                 self._pump(rt)
             else:

@@ -61,13 +61,27 @@ class Member:
 class Group:
     """The members of one shared subscription homed here."""
 
-    __slots__ = ("sid", "members", "holder", "_turn")
+    __slots__ = ("sid", "members", "holder", "capable", "notify", "awaiting", "hold_until", "_turn")
 
     def __init__(self, sid: str) -> None:
         self.sid = sid
         self.members: dict[str, Member] = {}  # mid -> member, attached or dropped (in doubt)
-        self.holder: dict[str, str] = {}  # gid -> the mid it was handed to, until settled
+        # gid -> the mid it was handed to (or that presented it as accepted), until settled
+        self.holder: dict[str, str] = {}
+        self.capable: set[str] = set()  # members that take FINAL notifications (our clients)
+        # per member: ids it accepted whose settlement it did not see on a link (it left, or
+        # presented them), final since: told with NotifyFinal once it has credit
+        self.notify: dict[str, list[str]] = {}
+        # members the table lists that this runtime never had (attached at the subscription's
+        # previous home, or before this router restarted): nothing is handed until each came back
+        # (presenting what it accepted) or `hold_until` passed
+        self.awaiting: set[str] = set()
+        self.hold_until = 0.0
         self._turn = 0
+
+    def listed(self) -> tuple[str, ...]:
+        """The members the table lists: attached, in doubt, and awaited."""
+        return tuple(sorted(set(self.members) | self.awaiting))
 
     def attached(self) -> list[Member]:
         return [m for m in self.members.values() if m.link is not None]

@@ -90,6 +90,7 @@ from .admission import LoginThrottle, PreAuth, PreAuthLimits, ThrottleLimits
 from .config import RouterConfig, client_url_of, parse_hostport
 from .core import DeliveryCore, SubscriberAttach
 from .drain import ConnView, Dependents, Drain, DrainPhase, core_dependents
+from .groups import GLOBAL, NAME_DELIMITER, SHARED, group_key
 from .heapprobe import HeapProbe, interval_from_env
 from .http import HttpEndpoint
 from .looplag import LagSummary, LoopLag
@@ -98,7 +99,6 @@ from .mgmtlink import ManagementLinks, MgmtCtx
 from .policy import Grants, PolicyError, load_policy
 from .snapshot import CoreSnapshot, Parts
 from .statusfile import StatusFile
-from .groups import GLOBAL, NAME_DELIMITER, SHARED, group_key
 from .subscriptions import Subscription, SubscriptionStore, SubscriptionTable
 from .users import Users
 

@@ -99,6 +99,9 @@ class Subscription:
     # its JMS message selector (common/selector.py; "" none): only messages it selects are owed to it
     # (a life's: another selector is another life)
     selector: str = ""
+    # a shared subscription's members at its home (router/groups.py): their ids, attached or in
+    # doubt; a new home (or a restarted one) waits for them before it hands anything
+    members: tuple[str, ...] = ()
     # soft state, not persisted: the router-local link binding is kept by the delivery core
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -124,6 +127,8 @@ class Subscription:
             d["depth"] = self.depth
         if self.selector:
             d["selector"] = self.selector
+        if self.members:
+            d["members"] = list(self.members)
         return d
 
     @classmethod
@@ -136,12 +141,13 @@ class Subscription:
                    confirmed=bool(d.get("confirmed", False)), owner=str(d.get("owner") or ""),
                    inc=str(d.get("inc") or ""), gen=int(d.get("gen") or 0),
                    root=None if d.get("root") is None else float(d["root"]), depth=int(d.get("depth") or 0),
-                   selector=str(d.get("selector") or ""))
+                   selector=str(d.get("selector") or ""),
+                   members=tuple(str(m) for m in d.get("members") or ()))
 
 
 _STATE_RANK = {SubState.ACTIVE: 0, SubState.SUSPENDED: 1, SubState.ENDED: 2}
 _FIELDS = ("sid", "topic", "container", "link", "expiry", "state", "home", "epoch", "since", "created",
-           "end_reason", "confirmed", "owner", "inc", "gen", "root", "depth", "selector")
+           "end_reason", "confirmed", "owner", "inc", "gen", "root", "depth", "selector", "members")
 
 
 def order_key(s: Subscription) -> tuple[int, str, int, bool]:
@@ -333,6 +339,17 @@ class SubscriptionTable:
         sub.end_reason = None
         self.version += 1
         return sub
+
+    def set_members(self, sid: str, members: tuple[str, ...]) -> bool:
+        """A shared subscription homed here has these members now (a new version when they
+        changed: the epoch moves on, so that every router takes it). True when it changed."""
+        sub = self._subs.get(sid)
+        if sub is None or not sub.live or sub.members == members:
+            return False
+        sub.members = members
+        sub.epoch += 1
+        self.version += 1
+        return True
 
     def confirm(self, sid: str) -> bool:
         """Every router acknowledged this life's first attach. True when that changed the entry."""

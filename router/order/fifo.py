@@ -54,12 +54,13 @@ class FifoOrder(OrderPolicy):
         seq = rec.seq  # (None: not ours, ordered by its origin's arrival order alone, `preds`)
         if seq is not None:
             hi = rt.fifo_hi.get(rec.plid, -1)
-            if seq < hi and not redelivery and not (rt.resend and rec.gid in rt.resend):
+            if seq < hi and not redelivery and not (rt.resend and rec.gid in rt.resend) and rt.group is None:
                 # a later message of its publisher (ours: they declared their order) was handed
                 # first: it came here only after that (re-originated with a newer subscription table
                 # after its publisher failed over, for a subscription not in force when it was first
                 # sent: a message it is owed holds every later one back). Handing it now would break
-                # FIFO: it ends for this subscription.
+                # FIFO: it ends for this subscription. (A shared subscription promises no order: what
+                # a member gave back goes to another after later ones; router/groups.py)
                 return FIFO_LATE
             if seq > hi:
                 rt.fifo_hi[rec.plid] = seq

@@ -44,6 +44,7 @@ from typing import Any
 
 import networkx as nx
 
+from oncemesh.common.errors import LinkRedirect
 from oncemesh.common.ids import (
     PLID_LEN,
     counter_seq,
@@ -52,6 +53,7 @@ from oncemesh.common.ids import (
     identity_scope,
     msgid_gid,
     publisher_link_id,
+    shared_subscription_id,
     subscription_id,
 )
 from oncemesh.common.topics import matches
@@ -141,6 +143,16 @@ class SimSubscriber:
     epoch: int | None = None  # the subscription's epoch at its last completed attach
     filter: str = TOPIC  # its topic filter (a name, or with '+'/'#' in a run with wildcards)
     selector: str = ""  # its JMS selector (a run with selectors: `SELECTORS`)
+    # a run with shared subscriptions: the shared subscription (its table id) it is a member of, its
+    # name and the member's link name (`sid` is then the member's own id: its link's with the core)
+    group: str = ""
+    group_name: str = ""
+    link_name: str = ""
+
+    @property
+    def acct(self) -> str:
+        """What the mesh owes messages to: its subscription (a member: the shared one)."""
+        return self.group or self.sid
 
 
 @dataclass
@@ -292,7 +304,7 @@ class SimRouter:
         sim = self.sim
         t = type(a)
         if t is Deliver:
-            sim.check_handover(self, a.sid, a.gid)
+            sim.check_handover(self, self.core.member_sid.get(a.sid, a.sid), a.gid)
             entry = self.sub_links.get(a.sid)
             if sim.causal:
                 sim.delivered_by[(a.sid, a.gid)] = (self.id, self.incarnation)
@@ -332,22 +344,29 @@ class SimRouter:
             self.node.perform(a, sim.now)
 
     def attach_done(self, sid: str, refused: str | None) -> None:
-        entry = self.awaiting.pop(sid, None)
-        if entry is None:
-            return
+        """The mesh acknowledged (or refused) subscription `sid`'s announcement: the ATTACHes that
+        waited for it (several: members of a shared one, keyed by their own ids) are answered."""
+        for key in [k for k, e in self.awaiting.items() if e[2].sid == sid]:
+            entry = self.awaiting.pop(key, None)
+            if entry is not None:
+                self._attach_done(key, entry, refused)
+
+    def _attach_done(self, key: str, entry: tuple[Token, SimSubscriber, SubscriberAttach],
+                     refused: str | None) -> None:
         link, sub, att = entry
-        if self.sub_links.get(sid, (None,))[0] is not link:
+        sid = att.sid
+        if self.sub_links.get(key, (None,))[0] is not link:
             return
         if refused is not None:
             if not self.core.resume_refused(link, att, self.sim.now, refused):
                 return  # refused: another identity's life holds it (the core detached the link)
-            self.awaiting[sid] = entry
+            self.awaiting[key] = entry
             if not self.node.attach_pending(sid):
                 self.attach_done(sid, None)
             return
         self.persist()
-        entry = self.core.table.get(sid)
-        epoch = entry.epoch if entry is not None else None  # the ATTACH answer carries it
+        table_entry = self.core.table.get(sid)
+        epoch = table_entry.epoch if table_entry is not None else None  # the ATTACH answer carries it
         self.sim.client_event(lambda: self.sim.sub_opened(sub, link, self.id, epoch))
 
     # -- client-facing inputs -----------------------------------------------------------------
@@ -360,16 +379,26 @@ class SimRouter:
     def subscriber_attach_now(self, link: Token, s: SimSubscriber, att: SubscriberAttach) -> None:
         if self.sub_links.get(s.sid, (None,))[0] is not link:
             return  # (gone before it was read)
-        self.core.attach(link, att, self.sim.now)
+        try:
+            self.core.attach(link, att, self.sim.now)
+        except LinkRedirect:  # a member, and its shared subscription has its members elsewhere
+            del self.sub_links[s.sid]
+            home = self.core.table.get(att.sid)
+            self.process()
+            self.sim.client_event(lambda: self.sim.sub_redirected(s, link, home.home if home else None), link)
+            return
         self.awaiting[s.sid] = (link, s, att)
         self.process()
-        if s.sid in self.awaiting and not self.node.attach_pending(s.sid):
-            self.attach_done(s.sid, None)
+        if s.sid in self.awaiting and not self.node.attach_pending(att.sid):
+            self.attach_done(att.sid, None)
             self.process()
 
     def on_link(self, sid: str, link: Token) -> bool:
         """Is `link` the subscription's link here (what a connection says is about its own link)?"""
         rt = self.core.subs.get(sid)
+        if rt is None and sid in self.core.member_sid:  # a member of a shared subscription
+            m, _ = self.core._member(sid)
+            return m is not None and m.link is link
         return rt is not None and rt.link is link
 
     def usable(self) -> bool:
@@ -525,7 +554,7 @@ class Simulation:
     def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
                  faults: Faults | None = None, duration: float = 20.0, total: bool | str = False,
                  causal: bool = False, hold_after_stall: bool = True, by_id: bool = False,
-                 wildcards: bool = False, selectors: bool = False) -> None:
+                 wildcards: bool = False, selectors: bool = False, shared: bool = False) -> None:
         global _serials
         _serials = itertools.count()
         self.seed = seed
@@ -571,6 +600,16 @@ class Simulation:
         self.pubs = [SimPublisher(f"p{i}", publisher_link_id("c-pub", f"p{i}"),
                                   self.rng.sample(names, len(names)), topic=topics[i % len(topics)])
                      for i in range(n_pubs)]
+        # a run with shared subscriptions: the subscribers are members of two shared subscriptions
+        # (the first half of "ga", the rest of "gb"), each member a client of its own
+        assert not (shared and (total or causal or wildcards)), "shared subscriptions: FIFO topic t"
+        self.shared = shared
+        if shared:
+            for i, sub in enumerate(self.subs):
+                sub.group_name = "ga" if i < max(1, n_subs // 2) else "gb"
+                sub.link_name = f"{sub.group_name}|global{i}"
+                sub.sid = subscription_id(f"c-{sub.name}", sub.link_name, TOPIC)
+                sub.group = shared_subscription_id("", sub.group_name, TOPIC)
         if causal:  # a client's two links try the routers in the same order (they meet more often)
             for s, p in zip(self.subs, self.pubs, strict=False):
                 p.urls = list(s.urls)
@@ -970,9 +1009,24 @@ class Simulation:
                 if sid == s.sid and seq >= 0]
         if self.sequence.get(s.sid):  # and the latest handed of all (total order)
             last.append(self.sequence[s.sid][-1])
-        att = SubscriberAttach(s.sid, s.filter, self.client_of(s.name), s.name, float("inf"), True, sorted(s.accepted),
-                               s.epoch, tuple(last), selector=s.selector)
+        if s.group:  # a member: of shared subscription s.group, named s.group_name, global
+            att = SubscriberAttach(s.group, s.filter, "", s.group_name, float("inf"), True, sorted(s.accepted),
+                                   s.epoch, tuple(last), member=s.sid, member_name=s.link_name)
+        else:
+            att = SubscriberAttach(s.sid, s.filter, self.client_of(s.name), s.name, float("inf"), True,
+                                   sorted(s.accepted), s.epoch, tuple(last), selector=s.selector)
         r.subscriber_attach(link, s, att)
+
+    def sub_redirected(self, s: SimSubscriber, link: Token, home: str | None) -> None:
+        """A member's attach was refused with amqp:link:redirect: it tries the home it names next
+        (as our client does when it knows that address), a moment later."""
+        if s.link is not link:
+            return
+        s.router, s.link, s.open = None, None, False
+        if home is not None and home in s.urls:
+            s.urls.remove(home)
+            s.urls.insert(0, home)
+        self.schedule(self.rng.uniform(0.01, 0.2), lambda: self.sub_connect(s))
 
     def sub_opened(self, s: SimSubscriber, link: Token, rid: str, epoch: int | None = None) -> None:
         if s.link is not link:
@@ -1017,13 +1071,20 @@ class Simulation:
             self.schedule(0.05, lambda: self.sub_work(s, link))
             return
         rng = self.rng
+        if s.group and rng.random() < 0.02:  # a member leaves (an AMQP detach), and comes back later
+            self.note(f"{s.name} detaches, {len(s.arrived)} not handed over")
+            self.sub_disconnect(s, clean=True)
+            self.schedule(rng.uniform(0.05, 0.5), lambda: self.sub_connect(s))
+            return
         n = rng.randint(0, len(s.arrived))
         batch = s.arrived[:n]  # handed in arrival order (as our client does), accepted in any order
         del s.arrived[:n]
         for gid in batch:
-            self.handed[(s.sid, gid)] = self.handed.get((s.sid, gid), 0) + 1
-            if self.handed[(s.sid, gid)] > 1:
-                raise Violation(f"{gid} handed twice to {s.name}")
+            key = (s.acct, gid)
+            self.handed[key] = self.handed.get(key, 0) + 1
+            if self.handed[key] > 1:
+                raise Violation(f"{gid} handed twice to {s.name}" if not s.group else
+                                f"{gid} handed to two members of shared subscription {s.group_name} ({s.name} second)")
             self.sequence.setdefault(s.sid, []).append(gid)
             if self.causal and (s.sid, gid) in self.delivered_by:
                 rid, life = self.delivered_by[(s.sid, gid)]
@@ -1031,7 +1092,7 @@ class Simulation:
                     {gid} | self.deps.get(gid, set()))
             seq = counter_seq(gid)
             last = self.last_seq.get((s.sid, gid[:PLID_LEN]), -1)
-            if seq is not None and seq < last and not self.total:
+            if seq is not None and seq < last and not self.total and not s.group:
                 raise Violation(f"FIFO: {gid} (seq {seq}) handed to {s.name} after seq {last} of its publisher")
             self.last_seq[(s.sid, gid[:PLID_LEN])] = max(last, seq if seq is not None else -1)
         rng.shuffle(batch)
@@ -1071,7 +1132,8 @@ class Simulation:
                 s.accepted.discard(g)
                 s.settled.add(g)
 
-    def sub_disconnect(self, s: SimSubscriber) -> None:
+    def sub_disconnect(self, s: SimSubscriber, clean: bool = False) -> None:
+        """Its connection drops (`clean`: it detaches its link, after every disposition it sent)."""
         r = self.routers[s.router] if s.router else None
         link = s.link
         s.router, s.link, s.open = None, None, False
@@ -1082,8 +1144,9 @@ class Simulation:
             r.awaiting.pop(s.sid, None)
             if r.frozen:
                 self.schedule(0.0, lambda: self._late_detach(r, link, s.sid))
-            elif not r.take(link, lambda: r.core.detach_subscriber(link, s.sid, False, self.now), eof=True):
-                r.core.detach_subscriber(link, s.sid, False, self.now)
+            elif not r.take(link, lambda: r.core.detach_subscriber(link, s.sid, False, self.now, clean=clean),
+                            eof=True):
+                r.core.detach_subscriber(link, s.sid, False, self.now, clean=clean)
                 r.process()
 
     def sub_lost(self, s: SimSubscriber, link: Token) -> None:
@@ -1152,7 +1215,7 @@ class Simulation:
             p.to_publish -= 1
             burst -= 1
             gid = p.gid(tag)
-            self.owed[gid] = {s.sid for s in self.subs if s.in_force_since is not None and s.ended_at is None
+            self.owed[gid] = {s.acct for s in self.subs if s.in_force_since is not None and s.ended_at is None
                               and (s.filter == p.topic or matches(s.filter, p.topic))
                               and (not s.selector or owed_by_selector(s.selector, tag))}
             self.published_at[gid] = self.now
@@ -1187,7 +1250,7 @@ class Simulation:
             return
         if outcome is Outcome.ACCEPTED:
             for sid in self.owed.get(gid, ()):
-                sub = next(s for s in self.subs if s.sid == sid)
+                sub = next(s for s in self.subs if s.acct == sid)
                 if self.handed.get((sid, gid), 0) != 1 and sub.ended_at is None:
                     raise Violation(f"false ACCEPTED for {gid} at {rid}: {sub.name} in force, not handed")
         self.outcomes[gid] = outcome

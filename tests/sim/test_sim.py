@@ -36,16 +36,17 @@ def graph(name: str) -> nx.Graph:
 
 def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messages: int = 30,
              total: bool | str = False, causal: bool = False, hold_after_stall: bool = True,
-             by_id: bool = False, wildcards: bool = False, selectors: bool = False) -> Simulation:
+             by_id: bool = False, wildcards: bool = False, selectors: bool = False,
+             shared: bool = False) -> Simulation:
     sim = Simulation(seed, graph(topology), faults=Faults.parse(faults), duration=duration, messages=messages,
                      total=total, causal=causal, hold_after_stall=hold_after_stall, by_id=by_id,
-                     wildcards=wildcards, selectors=selectors)
+                     wildcards=wildcards, selectors=selectors, shared=shared)
     cmd = (f"pytest tests/sim -k replay --sim-seed {seed} --sim-topology {topology} "
            f"--sim-faults {faults or 'none'} --sim-duration {duration:g} --sim-messages {messages}"
            + (" --sim-lamport" if total == "lamport" else " --sim-total" if total else "")
            + (" --sim-causal" if causal else "") + ("" if hold_after_stall else " --sim-no-hold")
            + (" --sim-by-id" if by_id else "") + (" --sim-wildcards" if wildcards else "")
-           + (" --sim-selectors" if selectors else ""))
+           + (" --sim-selectors" if selectors else "") + (" --sim-shared" if shared else ""))
     judged(sim.run, what=f"seed {seed} on {topology} with faults [{faults}]", replay=cmd,
            describe=lambda: "last events:\n" + sim.describe())
     return sim
@@ -54,7 +55,7 @@ def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messa
 # seeds per case: (default run, with -m slow)
 SEEDS = {"mesh": (200, 500), "faults": (120, 300), "total": (40, 100), "lamport": (40, 100), "causal": (40, 100),
          "drain": (40, 300), "stop": (40, 300), "starve": (20, 300), "by_id": (40, 200),
-         "wildcards": (40, 200), "selectors": (30, 200)}
+         "wildcards": (40, 200), "selectors": (30, 200), "shared": (40, 200)}
 
 
 def seeds(config: pytest.Config, case: str, full: bool = False) -> range:
@@ -83,7 +84,7 @@ def test_replay(pytestconfig: pytest.Config) -> None:
                    "lamport" if pytestconfig.getoption("--sim-lamport") else pytestconfig.getoption("--sim-total"),
                    pytestconfig.getoption("--sim-causal"), not pytestconfig.getoption("--sim-no-hold"),
                    pytestconfig.getoption("--sim-by-id"), pytestconfig.getoption("--sim-wildcards"),
-                   pytestconfig.getoption("--sim-selectors"))
+                   pytestconfig.getoption("--sim-selectors"), pytestconfig.getoption("--sim-shared"))
     print(sim.describe())
 
 
@@ -150,6 +151,26 @@ def test_selector_subscriptions_with_faults(pytestconfig: pytest.Config, faults:
     if count is not None:
         # no selector, even, odd: each owed some; 'missing = 1' (no message has it): nothing
         assert count.get("s0", 0) > 0 and count.get("s1", 0) > 0 and count.get("s2", 0) > 0 and "s3" not in count, count
+
+
+@pytest.mark.parametrize("faults", ["", "kill", "kill,freeze,partition,loss"])
+def test_shared_subscriptions_with_faults(pytestconfig: pytest.Config, faults: str, full: bool = False) -> None:
+    """The subscribers are members of two shared subscriptions (router/groups.py), each member a client
+    of its own: members drop their connections, detach and come back, and are refused with a redirect
+    when they try a router other than their subscription's home. Each message is handed to one member
+    of each shared subscription in force, exactly once; no false ACCEPTED; once faults heal, every
+    message reaches its outcome, and every member saw what it accepted settled."""
+    members: dict[str, set[str]] = {}
+    for seed in seeds(pytestconfig, "shared", full):
+        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
+        sim = simulate(seed, topology, faults, duration=8.0, messages=30, shared=True)
+        assert all(not p.in_doubt for p in sim.pubs)
+        for sub in sim.subs:
+            if any(sid == sub.sid or sid == sub.acct for sid, _ in sim.handed):
+                members.setdefault(sub.group_name, set()).add(sub.name)
+        assert len({s.acct for s in sim.subs}) == 2
+    if seeds(pytestconfig, "shared", full):
+        assert all(len(v) >= 1 for v in members.values()) and members, members
 
 
 @pytest.mark.parametrize("faults", ["drain", "drain,kill,freeze,partition,loss"])
@@ -302,7 +323,8 @@ FULL_CASES = [("mesh", "")] + [(case, f) for case in ("faults",) for f in
     [("drain", f) for f in ["drain", "drain,kill,freeze,partition,loss"]] + [("stop", "stop"), ("starve", "starve")] + \
     [("by_id", f) for f in ["kill", "kill,freeze,partition,loss"]] + \
     [("wildcards", f) for f in ["", "kill", "kill,freeze,partition,loss"]] + \
-    [("selectors", f) for f in ["", "kill,freeze,partition,loss"]]
+    [("selectors", f) for f in ["", "kill,freeze,partition,loss"]] + \
+    [("shared", f) for f in ["", "kill", "kill,freeze,partition,loss"]]
 
 
 @pytest.mark.slow
@@ -321,5 +343,6 @@ def test_more_seeds(pytestconfig: pytest.Config, case: str, faults: str) -> None
            "by_id": lambda: test_publishers_identified_by_message_id_resend_under_fresh_tags(pytestconfig, faults,
                                                                                              full=True),
            "wildcards": lambda: test_wildcard_subscriptions_with_faults(pytestconfig, faults, full=True),
-           "selectors": lambda: test_selector_subscriptions_with_faults(pytestconfig, faults, full=True)}
+           "selectors": lambda: test_selector_subscriptions_with_faults(pytestconfig, faults, full=True),
+           "shared": lambda: test_shared_subscriptions_with_faults(pytestconfig, faults, full=True)}
     run[case]()

@@ -84,7 +84,7 @@ def test_members_split_the_messages_and_each_is_accepted_once() -> None:
     for gid in gids:
         assert h.core.records[gid].owed == {G: S.ACCEPTED}
     # the publisher settles: each delivery is settled on the member link that holds it
-    for tok, (_, gid) in list(h.core.pub_of.items()):
+    for tok in list(h.core.pub_of):
         h.core.publisher_settled(tok, h.now)
     settles = {(a.sid, a.gid) for a in h.take() if isinstance(a, SettleDelivery)}
     assert settles == set(got)
@@ -235,3 +235,30 @@ def test_a_member_asking_to_drain_gets_its_credit_used_up() -> None:
     h.take()
     h.core.subscriber_credit(a, 3, drain=True)
     assert [x.sid for x in h.take() if isinstance(x, DrainCredit)] == [a]
+
+
+def test_a_new_home_hands_nothing_until_the_former_members_came_back_or_the_grace_passed() -> None:
+    """The subscription moves (its home is down): what its members accepted there may not be known
+    at the new home, so it hands nothing until each member listed there presented, or the grace."""
+    h = Shared()
+    a, b = h.member("ca"), h.member("cb")
+    entry = h.core.table.get(G)
+    assert entry is not None and set(entry.members) == {a, b}
+    s = Shared(shared_member_grace=5.0)
+    s.core.table.merge(entry)  # (R is not reachable from S: the member takes the subscription)
+    s.member("ca")
+    s.take()
+    (g1,) = s.publish(1)
+    assert handed(s.take()) == []  # b, a member at R, may have accepted what S does not know of
+    s.member("cb", presented=[])
+    assert [g for _, g in handed(s.take())] == [g1]
+    # and when a former member never comes back: after the grace
+    t = Shared(shared_member_grace=5.0)
+    t.core.table.merge(s.core.table.get(G))
+    t.member("ca")
+    t.take()
+    (g2,) = t.publish(1)
+    assert handed(t.take()) == []
+    t.now += 6
+    t.core.tick(t.now)
+    assert [g for _, g in handed(t.take())] == [g2]
