@@ -28,8 +28,11 @@ PROP_CLIENT_URL = symbol("oncemesh.client-url")  # inter-router: where the route
 # connection capabilities a router offers: ANONYMOUS-RELAY (a sender link with no target; each
 # message's `to` names its topic), as Qpid JMS, Dispatch and Artemis name it
 ANONYMOUS_RELAY = symbol("ANONYMOUS-RELAY")
+# ... and SHARED-SUBS (receivers may share a subscription, router/groups.py: Qpid JMS creates a shared
+# consumer only when the peer offers it)
+SHARED_SUBS = symbol("SHARED-SUBS")
 # (an array of symbols, as the field is typed)
-ROUTER_CAPABILITIES = Array(UNDESCRIBED, Data.SYMBOL, ANONYMOUS_RELAY)  # type: ignore[arg-type]  # proton annotates Array's descriptor as PythonAMQPData, yet its own UNDESCRIBED (a Constant) is how it takes none
+ROUTER_CAPABILITIES = Array(UNDESCRIBED, Data.SYMBOL, ANONYMOUS_RELAY, SHARED_SUBS)  # type: ignore[arg-type]  # proton annotates Array's descriptor as PythonAMQPData, yet its own UNDESCRIBED (a Constant) is how it takes none
 
 # a receiver's source filter holding a JMS message selector (the Apache filter registry; Qpid JMS's key
 # "jms-selector"): by its descriptor, as a symbol or its ulong code

@@ -745,12 +745,12 @@ class DeliveryCore:
             on_link = rt.on_link
             if gid in on_link:
                 on_link.remove(gid)
-                self.out.append(SettleDelivery(sid if rt.group is None else rt.group.settled(gid), gid))
+                self.out.append(SettleDelivery(sid if rt.group is None else self._settle_in_group(rt, gid), gid))
             elif rt.group is not None:  # (held by a member that dropped, or presented by one)
                 if st is S_ACCEPTED:
                     self._member_final(rt, gid)
                 else:
-                    rt.group.settled(gid)
+                    self._settle_in_group(rt, gid)
             elif st is S_ACCEPTED:
                 if rt.link is not None and rt.capable:
                     rt.notify.append(gid)
@@ -1012,18 +1012,25 @@ class DeliveryCore:
             self.out.append(Announce(sid))
 
     def _refuse_member(self, sid: str, rt: SubRuntime | None, selector: str) -> None:
-        """Raise when a member may not join shared subscription `sid` here: it is attached at
-        another router this one reaches (`LinkRedirect`: members attach at one router; a
-        subscription with none attached moves), or its attached members have another selector
+        """Raise when a member may not join shared subscription `sid` here: its home is another
+        router this one reaches (`LinkRedirect`: members attach at its home; it moves only when its
+        home is down or cut off), or its attached members have another selector
         (`PreconditionFailed`: one subscription, one selector)."""
         sub = self.table.get(sid)
+        if not self.ready and (sub is None or not sub.live or sub.home != self.router_id):
+            # (a router that has not synced its table with the mesh yet cannot know where its home is,
+            # nor which members it had: the members' acceptances are known there)
+            raise errors.LinkRedirect(
+                f"router {self.router_id} has not synced its subscription table with the mesh yet: a member of "
+                f"shared subscription {sid} attaches again in a moment, here or at another router")
         if sub is None or not sub.live:
             return
-        if sub.state is SUB_ACTIVE and sub.home != self.router_id and sub.home in self.reachable:
+        if sub.home != self.router_id and sub.home in self.reachable:
+            # (suspended there too: what its members accepted there is known there, and only there)
             raise errors.LinkRedirect(
-                f"shared subscription {sub.link!r} ({sid}) has its members attached at router {sub.home}: attach "
-                f"there (the members of a shared subscription attach at one router; it moves to another when "
-                f"none is attached, or when that router is down)")
+                f"shared subscription {sub.link!r} ({sid}) has its home at router {sub.home}: attach there (the "
+                f"members of a shared subscription attach at its home; it moves to another router only when "
+                f"that one is down or cut off)")
         if sub.selector != selector and rt is not None and rt.group is not None and rt.group.attached():
             raise errors.PreconditionFailed(
                 f"shared subscription {sub.link!r} has selector {sub.selector!r} and members attached with it; a "
@@ -1040,7 +1047,7 @@ class DeliveryCore:
             self.groups[rt.sid] = rt
         old = grp.members.get(mid)
         if old is not None:
-            self._give_back(rt, old)
+            self._give_back(rt, old, keep_accepted=False)  # (it presents what it holds: held again below)
         grp.members[mid] = Member(mid, name, link)
         if capable:
             grp.capable.add(mid)
@@ -1093,8 +1100,8 @@ class DeliveryCore:
         a link, is final: the member that holds it is told when it has credit (ours only)."""
         grp = rt.group
         assert grp is not None
-        mid = grp.settled(gid)
-        if mid and mid in grp.capable:
+        mid = self._settle_in_group(rt, gid)
+        if mid and mid in grp.capable and mid in grp.members:  # (a member that left: until it held nothing)
             grp.notify.setdefault(mid, []).append(gid)
             if rt.link is not None:
                 self._pump(rt)
@@ -1113,9 +1120,12 @@ class DeliveryCore:
             if ids is not None and not ids:
                 del grp.notify[m.mid]
 
-    def _give_back(self, rt: SubRuntime, m: Member) -> None:
+    def _give_back(self, rt: SubRuntime, m: Member, keep_accepted: bool = True) -> None:
         """Member `m` leaves shared subscription `rt`: what it was handed and did not accept goes back
-        to the subscription's queue, for any member."""
+        to the subscription's queue, for any member. What it accepted and is not final yet it keeps
+        (`keep_accepted`): it stays listed in the table, without a link, until that is final, so
+        that a new home of the subscription waits for it (`_await_former`), and learns of it when it
+        comes back."""
         grp = rt.group
         assert grp is not None
         self.member_sid.pop(m.mid, None)
@@ -1123,15 +1133,38 @@ class DeliveryCore:
         if not held:
             return
         sid = rt.sid
+        kept: set[str] = set()
         for gid in held:
             rt.on_link.discard(gid)
             rec = self.records.get(gid)
-            if rec is not None and rec.owed.get(sid) is S_SENT:
+            st = rec.owed.get(sid) if rec is not None else None
+            if st is S_SENT:
+                assert rec is not None
                 self.book.move(rec, sid, S_QUEUED)
                 rt.resend.add(gid)
                 self.log.append(("released", gid, rec.topic, sid, f"member={m.name} left"))
+            elif st is S_ACCEPTED or (rec is None and gid in self.placeholders):
+                kept.add(gid)
+        if kept and keep_accepted:
+            gone = grp.members[m.mid] = Member(m.mid, m.name, None)
+            gone.held = kept
+            for gid in kept:
+                grp.holder[gid] = m.mid
         if rt.link is not None:
             rt.queue = deque(rt.owed)  # (the pump skips what is not QUEUED)
+
+    def _settle_in_group(self, rt: SubRuntime, gid: str) -> str:
+        """`gid` is settled for shared subscription `rt`: the member that held it (`Group.settled`); a
+        member that left and held nothing more leaves the table's list."""
+        grp = rt.group
+        assert grp is not None
+        mid = grp.settled(gid)
+        m = grp.members.get(mid) if mid else None
+        if m is not None and m.link is None and m.dropped is None and not m.held:
+            del grp.members[mid]
+            grp.notify.pop(mid, None)
+            self._members_changed(rt)
+        return mid
 
     def _member_left(self, link: Any, mid: str, closed: bool, clean: bool, now: float) -> None:
         """A member link of a shared subscription detached (`clean`) or its connection dropped.

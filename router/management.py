@@ -224,13 +224,16 @@ def _topics(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now
 def subscription_rows(page: RowPage[SubscriptionRow]) -> list[list[Any]]:
     """One row per subscription of the page: `backlog` is what this router holds for it (its home:
     messages owed and not yet resolved; elsewhere: messages of this origin still pending for it),
-    `on_link` what is sent and unsettled, `queued` what waits for credit (its home only)."""
+    `on_link` what is sent and unsettled, `queued` what waits for credit (its home only); a shared
+    subscription's `members` (listed mesh-wide: attached, in doubt, or holding what is not final yet)
+    and how many of them are `attached` (its home only)."""
     return [[r.sid, r.topic, r.container, r.link, r.state.value, r.home, r.owner or None, r.epoch, r.expiry_s,
-             round(r.since_s, 1), r.backlog, r.queued, r.on_link, r.end_reason] for r in page.rows]
+             round(r.since_s, 1), r.backlog, r.queued, r.on_link, r.end_reason,
+             len(r.members) if r.members is not None else None, r.attached] for r in page.rows]
 
 
 SUBSCRIPTION_COLUMNS = ("sid", "topic", "container", "link", "state", "home", "owner", "epoch", "expiry_s",
-                        "since_s", "backlog", "queued", "on_link", "end_reason")
+                        "since_s", "backlog", "queued", "on_link", "end_reason", "members", "attached")
 
 
 def _subscriptions(core: SnapshotSource, state: RouterState, mesh: MeshView | None, now: float,

@@ -131,6 +131,10 @@ class SubscriptionRow:
     queued: int | None  # waiting for credit (homed here only)
     on_link: int | None  # sent and unsettled (homed here only)
     end_reason: str | None
+    # a shared subscription (router/groups.py): its members as the table lists them, and those of
+    # them with a link attached here (its home only); None: not shared
+    members: tuple[str, ...] | None = None
+    attached: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +239,8 @@ def subscription_page(table: SubscriptionTable, subs: Mapping[str, SubRuntime],
             None if math.isinf(sub.expiry) else sub.expiry, now - sub.since,
             len(rt.owed) if rt is not None else len(remote_pending.get(sub.sid, ())),
             len(rt.queue) if rt is not None else None, len(rt.on_link) if rt is not None else None,
-            sub.end_reason))
+            sub.end_reason, sub.members or None,
+            len(rt.group.attached()) if rt is not None and rt.group is not None else None))
     return RowPage(tuple(rows), len(every))
 
 

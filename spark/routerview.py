@@ -38,6 +38,7 @@ UNJUDGED = "unjudged"
 REASONS = ("no_owed_set", "missing_log", "partial_log", "evidence_gap")
 RESOLVING = ("accepted", "rejected", "ended")
 REMOTE = "remote"  # info of an origin's echo of a home router's resolution
+MEMBER = "member="  # info of a shared subscription's member's disposition (router/groups.py): one too
 
 PAIR_COLUMNS = ("gid", "sub", "topic", "class", "reason", "owed", "in_force", "home", "origin", "t_recv",
                 "t_told", "outcome", "t_acc", "t_rej", "t_end", "dispositions", "deliveries",
@@ -93,7 +94,8 @@ def message_facts(events: DataFrame) -> DataFrame:
 
 # ================================================================ 2. what the homes say
 def pair_evidence(events: DataFrame) -> DataFrame:
-    """Per (gid, sub) a router logged something for: dispositions (`accepted` without info),
+    """Per (gid, sub) a router logged something for: dispositions (`accepted` without info, or a
+    shared subscription member's, `member=...`),
     t_acc (the first acceptance: a disposition, or presented on resume), t_rej, t_end (the first
     rejection, end), dl (every `delivered` time; dls with the node and incarnation that delivered),
     acc_at (the node and incarnation of the first acceptance), delivered_by (the first router that delivered),
@@ -104,7 +106,8 @@ def pair_evidence(events: DataFrame) -> DataFrame:
                                   & ev.isin("delivered", *RESOLVING))
     is_dl = ev == "delivered"
     return (lines.groupBy("gid", "sub")
-            .agg(F.sum(((ev == "accepted") & _c("info").isNull()).cast("long")).alias("dispositions"),
+            .agg(F.sum(((ev == "accepted") & (_c("info").isNull() | _c("info").startswith(MEMBER))).cast("long"))
+                 .alias("dispositions"),
                  F.min(F.when((ev == "accepted") & own, _c("ts"))).alias("t_acc"),
                  F.min(F.when((ev == "rejected") & own, _c("ts"))).alias("t_rej"),
                  F.min(F.when((ev == "ended") & own, _c("ts"))).alias("t_end"),

@@ -26,6 +26,9 @@ Mutations (`MUTATIONS`) and what the router view must say:
 | unexpected_delivery | delivered and accepted to a subscription nobody owed: `unexpected` |
 | truncate | a closed segment cut short (its trailer gone): the router's pairs `unjudged` (partial_log) |
 | drop_segment | a segment removed: the router's pairs `unjudged` |
+| shared_given_back | a shared subscription's message: handed to member m1, given back when it left (`released`), handed to m2 and accepted: `ok` |
+| shared_two_members | handed to members m1 and m2 both, each accepting it: `duplicated` |
+| shared_none_accepted | handed to member m1, given back, and no member accepted it (a pair homed at its origin): `lost` |
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from oncemesh.common.settlement_log import AcceptedBy, Owed, Peer, Segments, Set
 
 MUTATIONS = ("none", "drop_accept_local", "drop_accept_remote", "drop_accept_and_echo", "duplicate_delivery",
              "duplicate_accept", "outcome_early", "drop_received", "unexpected_delivery", "truncate",
-             "drop_segment")
+             "drop_segment", "shared_given_back", "shared_two_members", "shared_none_accepted")
 BASE = 1_900_000_000.0  # event times (after any real segment header's t0: lines keep their times)
 SEGMENT_BYTES = 400
 
@@ -179,6 +182,28 @@ def mutate(h: History, mutation: str, rng: random.Random) -> bool:
         for g, s in h.pairs():
             if h.subs[s] == target or h.messages[g] == target:
                 h.expected[(g, s)] = "unjudged"
+    elif mutation.startswith("shared_"):  # the subscription is a shared one: its lines name members
+        pairs = local if mutation == "shared_none_accepted" else h.pairs()
+        if not pairs:
+            return False
+        g, s = rng.choice(pairs)
+        home = h.subs[s]
+        dl = _find(h, "delivered", g, s, home, None)
+        acc = _find(h, "accepted", g, s, home, None)
+        dl.entry = (*dl.entry[:4], "member=m1")
+        if mutation == "shared_two_members":
+            acc.entry = (*acc.entry[:4], "member=m1")
+            h.events.append(Event(home, dl.ts + 0.1, ("delivered", g, h.topic, s, "member=m2")))
+            h.events.append(Event(home, acc.ts + 0.001, ("accepted", g, h.topic, s, "member=m2")))
+            h.expected[(g, s)] = "duplicated"
+        else:
+            h.events.append(Event(home, dl.ts + 0.1, ("released", g, h.topic, s, "member=m1 left")))
+            if mutation == "shared_given_back":
+                acc.entry = (*acc.entry[:4], "member=m2")
+                h.events.append(Event(home, dl.ts + 0.2, ("delivered", g, h.topic, s, "member=m2")))
+            else:
+                h.events.remove(acc)
+                h.expected[(g, s)] = "lost"
     else:
         raise ValueError(f"unknown mutation {mutation!r}")
     return True

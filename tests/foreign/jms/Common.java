@@ -19,7 +19,7 @@ final class Common {
                 String k = argv[i];
                 if (!k.startsWith("--")) usage("unexpected argument " + k);
                 k = k.substring(2);
-                if (k.equals("second") || k.equals("drain")) { kv.put(k, "1"); continue; }
+                if (k.equals("second") || k.equals("drain") || k.equals("no-client-id")) { kv.put(k, "1"); continue; }
                 if (i + 1 >= argv.length) usage("--" + k + " needs a value");
                 kv.put(k, argv[++i]);
             }
@@ -89,7 +89,10 @@ final class Common {
             }
         }
         u.append(")?failover.initialReconnectDelay=100&failover.maxReconnectDelay=1000")
-         .append("&failover.useReconnectBackOff=false&jms.clientID=").append(a.get("container"));
+         .append("&failover.useReconnectBackOff=false");
+        if (!a.flag("no-client-id")) {  // (without one, a shared subscription's name is global)
+            u.append("&jms.clientID=").append(a.get("container"));
+        }
         if (a.flag("user")) {
             u.append("&jms.username=").append(a.get("user")).append("&jms.password=").append(a.get("password"));
         }

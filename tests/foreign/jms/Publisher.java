@@ -41,6 +41,7 @@ public final class Publisher {
             StringBuilder body = new StringBuilder(link + ":" + k + ";");
             while (body.length() < size) body.append('x');
             TextMessage m = session.createTextMessage(body.toString());
+            m.setIntProperty("k", k);  // (what a subscriber's selector can select on)
             final int kk = k;
             if (window <= 1) {
                 rep.line("sent", "\"k\":" + k + ",\"tag\":null,\"resend\":false");

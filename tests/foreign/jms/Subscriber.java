@@ -7,7 +7,8 @@
 // message id. The failover transport reconnects (the next URL of --url) and re-creates the
 // subscriber: the same subscription, resumed. With --drain it pulls: prefetch 0 and receiveNoWait()
 // (Qpid JMS grants one credit and drains), every 200 ms once nothing came. With --unsubscribe 1 it
-// ends the subscription (Session.unsubscribe) instead, and exits.
+// ends the subscription (Session.unsubscribe) instead, and exits. With --shared NAME it is one member
+// of the shared durable subscription NAME (--selector: its JMS selector; --no-client-id: global).
 import jakarta.jms.Connection;
 import jakarta.jms.Message;
 import jakarta.jms.Session;
@@ -37,6 +38,17 @@ public final class Subscriber {
             }
             conn.close();
             return;
+        }
+        if (a.flag("shared")) {
+            // a member of the shared durable subscription --shared (JMS 2.0), with --selector if given:
+            // Qpid JMS attaches `name` (or `name|global` without a client id) with the source
+            // capability "shared"; every member splits the subscription's messages
+            jakarta.jms.MessageConsumer c = session.createSharedDurableConsumer(
+                session.createTopic(a.get("topic")), a.get("shared"), a.flag("selector") ? a.get("selector") : null);
+            c.setMessageListener((Message m) -> report(rep, m));
+            conn.start();
+            rep.line("attached", "\"timeout\":null");
+            new CountDownLatch(1).await();  // until the test ends the process
         }
         TopicSubscriber sub = session.createDurableSubscriber(session.createTopic(a.get("topic")), a.get("link"));
         if (!a.flag("drain")) {
