@@ -62,6 +62,8 @@ TOPIC = "chaos"
 # every topic, publisher 0's topic by name, one level of the tree, and publisher 1's by a '#' filter
 WILD_TOPIC = "chaos/p{}"
 WILD_FILTERS = ("chaos/#", "chaos/p0", "chaos/+", "chaos/p1/#")
+# with --shared: every subscriber is a member of this shared subscription
+SHARED_NAME = "chaos-shared"
 TICK = 0.1  # seconds between looks at processes and logs while playing the schedule
 PROGRESS_EVERY = 10.0
 STALL = 20.0  # after every publisher finished: this long without a client log line means stuck
@@ -92,6 +94,9 @@ class ChaosConfig:
     order: str = "fifo"  # the chaos topic's order: fifo, or total (by the sequencer)
     # publishers on a topic each (`WILD_TOPIC`), subscriptions to filters over them (`WILD_FILTERS`)
     wildcards: bool = False
+    # the subscribers are the members of one shared subscription (`SHARED_NAME`): each message is
+    # owed to it once, and handed to one member
+    shared: bool = False
 
     @property
     def settle_timeout(self) -> float:
@@ -124,6 +129,7 @@ class ChaosResult:
     interrupted: bool = False
     error: str | None = None
     order: str = "fifo"  # the chaos topic's order (what order_failures counts)
+    shared: bool = False  # the subscribers were members of one shared subscription: no order promised
     router_evidence: list[str] = field(default_factory=list)  # the log lines of failing router-view pairs
 
     @property
@@ -139,7 +145,7 @@ class ChaosResult:
     def order_failures(self) -> int:
         """FIFO reversals (messages handed after a later one of the same publisher), or with
         `--order total` the pairs of subscriptions handed messages in opposite orders."""
-        if self.summary is None:
+        if self.summary is None or self.shared:  # (a shared subscription promises no order: docs/promises.md)
             return 0
         return self.summary.total_order_disagreements if self.order in ("total", "lamport") else self.summary.fifo_reversals
 
@@ -158,8 +164,10 @@ class ChaosResult:
         return 0
 
     def verdict(self) -> str:
-        return {0: f"PASS: nothing lost, duplicated, unexpected, falsely accepted or out of "
-                   f"{'total' if self.order in ('total', 'lamport') else 'FIFO'} order; the run quiesced",
+        order = "" if self.shared else (f" or out of {'total' if self.order in ('total', 'lamport') else 'FIFO'} "
+                                        f"order")
+        return {0: f"PASS: nothing lost, duplicated, unexpected or falsely accepted{order}; the run quiesced"
+                   + (" (a shared subscription: no order promised)" if self.shared else ""),
                 1: "FAIL: promises broken or processes crashed (see above)",
                 2: f"ERROR: {self.error}",
                 3: "LIVENESS: nothing broken, but the run did not quiesce in time"}[self.exit_code]
@@ -192,6 +200,7 @@ class _Client:
     args: list[str]  # the worker's arguments, without --url
     out: Path
     urls: str = ""  # every router's URL, its home first (known once the mesh is up)
+    link: str = ""  # a subscriber's subscription name (its logs' `link`): its own, or the shared one
     proc: Proc | None = None
     down: bool = False  # killed by us, not restarted yet
     finished: bool = False  # a publisher that exited 0
@@ -248,7 +257,7 @@ class _Run:
         self.clients = self._clients()
         self.schedule = make_schedule(self.topology, [c.name for c in self.clients], cfg.duration, self.seed,
                                       cfg.faults, cfg.limits)
-        self.result = ChaosResult(self.seed, self.state, self.schedule, order=cfg.order)
+        self.result = ChaosResult(self.seed, self.state, self.schedule, order=cfg.order, shared=cfg.shared)
         self.mesh: Mesh | None = None
         self.watch = ClientLogs(self.client_logs)
         self.expect: dict[str, str] = dict.fromkeys(self.routers, "up")  # up | killed | frozen
@@ -281,8 +290,11 @@ class _Run:
         for i in range(cfg.subscribers):
             home = self.routers[i % n]
             topic = WILD_FILTERS[i % len(WILD_FILTERS)] if cfg.wildcards else TOPIC
-            out.append(self._client(f"sub-{i}", "consume", home, [
-                "--topic", topic, "--name", f"sub-{i}", "--reconnect-timeout", reconnect]))
+            sub = self._client(f"sub-{i}", "consume", home, [
+                "--topic", topic, "--name", SHARED_NAME if cfg.shared else f"sub-{i}", "--reconnect-timeout",
+                reconnect, *(["--shared"] if cfg.shared else [])])
+            sub.link = SHARED_NAME if cfg.shared else sub.name
+            out.append(sub)
         for j in range(cfg.publishers):
             home = self.routers[(n - 1 - j) % n]
             topic = WILD_TOPIC.format(j) if cfg.wildcards else TOPIC
@@ -316,7 +328,7 @@ class _Run:
             "seed": self.seed, "topology": str(cfg.topology.resolve()), "duration": cfg.duration,
             "faults": [k.value for k in cfg.faults], "publishers": cfg.publishers,
             "subscribers": cfg.subscribers, "rate": cfg.rate, "size": cfg.size, "code": _code_version(),
-            "wildcards": cfg.wildcards,
+            "wildcards": cfg.wildcards, "shared": cfg.shared,
             "schedule": [f.to_json() for f in self.schedule]}, indent=2) + "\n")
         self.say(f"oncemesh chaos: seed {self.seed}, topology {cfg.topology}, {cfg.duration:g}s of traffic, "
                  f"faults {','.join(k.value for k in cfg.faults) or 'none'}; state and logs in {self.state}; "
@@ -335,7 +347,7 @@ class _Run:
         for c in self.clients:
             if c.kind == "consume":
                 c.start()
-        subs = [c.name for c in self.clients if c.kind == "consume"]
+        subs = sorted({c.link for c in self.clients if c.kind == "consume"})
         self._wait(lambda: all((s := self.watch.by_link(n)) is not None and s.started for n in subs),
                    min(SETUP_TIMEOUT, self.remaining()), "every subscription in force")
         self.say(f"{len(subs)} subscriptions in force; starting {cfg.publishers} publishers at "
@@ -537,7 +549,7 @@ class _Run:
         messages not yet published (each brings an outcome and a hand-over per subscription),
         outcomes not yet told, hand-overs owed. Never below 0, so a run cannot make new lows
         for ever: `quiesce` waits while it does."""
-        owed_per_message = 1 + len([c for c in self.clients if c.kind == "consume"])
+        owed_per_message = 1 + len({c.link for c in self.clients if c.kind == "consume"})
         total = self.cfg.publishers * max(1, int(self.cfg.rate * self.cfg.duration))
         unpublished = max(0, total - len(self.watch.published))
         return unpublished * owed_per_message + len(self.watch.in_doubt()) + sum(missing.values())
@@ -547,7 +559,7 @@ class _Run:
         long as the work left makes new lows, and at most `settle_timeout` after the last one (not
         a deadline on the whole: how long catching up takes is the machine's speed times the
         backlog the faults left)."""
-        subs = [c.name for c in self.clients if c.kind == "consume"]
+        subs = sorted({c.link for c in self.clients if c.kind == "consume"})
         pubs = [c for c in self.clients if c.kind == "publish"]
         last = quiet_since = low_since = time.monotonic()
         low: int | None = None
@@ -666,7 +678,7 @@ class _Run:
                  f"{self.cfg.publishers} --subscribers {self.cfg.subscribers} --rate {self.cfg.rate:g}"
                  + (f" --size {self.cfg.size}" if self.cfg.size != DEFAULT_SIZE else "")
                  + (f" --order {self.cfg.order}" if self.cfg.order != "fifo" else "")
-                 + (" --wildcards" if self.cfg.wildcards else "")
+                 + (" --wildcards" if self.cfg.wildcards else "") + (" --shared" if self.cfg.shared else "")
                  + (f" --mean-gap {self.cfg.limits.mean_gap:g}" if self.cfg.limits.mean_gap != Limits().mean_gap
                     else ""))
 
@@ -804,7 +816,8 @@ def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None 
               faults: Sequence[FaultKind] | str = ALL_FAULTS, state_dir: Path | str | None = None,
               publishers: int = 2, subscribers: int = 3, rate: float = 30.0, size: int = DEFAULT_SIZE,
               settle: float | None = None, limits: Limits | None = None, reconcile: bool = True,
-              say: Callable[[str], None] | None = None, order: str = "fifo", wildcards: bool = False) -> ChaosResult:
+              say: Callable[[str], None] | None = None, order: str = "fifo", wildcards: bool = False,
+              shared: bool = False) -> ChaosResult:
     """One chaos run (see the module docstring); the result says what happened and the verdict.
 
     Raises ChaosError when the run cannot even be set up with these arguments; every other
@@ -815,9 +828,11 @@ def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None 
         raise ChaosError("duration, publishers, subscribers and rate must be positive")
     if wildcards and order != "fifo":
         raise ChaosError("--wildcards needs --order fifo: a wildcard filter may only match FIFO topics")
+    if shared and (order != "fifo" or wildcards):
+        raise ChaosError("--shared needs --order fifo and no --wildcards")
     cfg = ChaosConfig(resolve_topology(topology), duration, seed, tuple(faults),
                       Path(state_dir) if state_dir is not None else None, publishers, subscribers, rate,
-                      size, settle, limits or Limits(), reconcile, order, wildcards)
+                      size, settle, limits or Limits(), reconcile, order, wildcards, shared)
     try:
         run = _Run(cfg, say or (lambda text: print(text, flush=True)))
     except TopologyError as exc:
@@ -891,6 +906,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="publisher j publishes to chaos/pJ and the subscribers take the filters chaos/#, "
                         "chaos/p0, chaos/+ and chaos/p1/# in turn: each is owed exactly what its filter "
                         "matches (fifo order only)")
+    p.add_argument("--shared", action="store_true",
+                   help="the subscribers are the members of one shared subscription: each message is owed to it "
+                        "once and handed to one member, whichever member's router crashes (fifo order only; "
+                        "known gap: a partition can split it, docs/promises.md)")
     p.add_argument("--no-reconcile", action="store_true", help="skip the Spark reconciliation (no verdict on "
                                                                 "safety beyond the client logs)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress on stderr)")
@@ -916,7 +935,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                            state_dir=args.state_dir, publishers=args.publishers, subscribers=args.subscribers,
                            rate=args.rate, size=args.size, settle=args.settle,
                            limits=Limits(mean_gap=args.mean_gap), reconcile=not args.no_reconcile, say=say,
-                           order=args.order, wildcards=args.wildcards)
+                           order=args.order, wildcards=args.wildcards, shared=args.shared)
     except (ChaosError, ValueError) as exc:
         print(f"oncemesh chaos: {exc}", file=sys.stderr)
         return 2

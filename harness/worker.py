@@ -75,7 +75,8 @@ async def _subscribed(args: argparse.Namespace) -> tuple[Client, Subscriber]:
     client = Client(args.url, state_dir=args.state_dir, log_dir=args.log_dir,
                     reconnect_timeout=args.reconnect_timeout, idle_timeout=args.idle_timeout)
     await client.start()
-    sub = client.subscriber(args.topic, args.name, expiry=args.expiry, credit=args.credit)
+    sub = client.subscriber(args.topic, args.name, expiry=args.expiry, credit=args.credit,
+                            shared=True if getattr(args, "shared", False) else None)
     await sub.wait_attached(args.reconnect_timeout)
     return client, sub
 
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--idle-exit", type=float, default=None, help="exit after S seconds without a message")
     cp.add_argument("--delay", type=float, default=0.0, help="seconds of 'work' per message")
     cp.add_argument("--unsubscribe", action="store_true")
+    cp.add_argument("--shared", action="store_true", help="a member of the shared subscription --name")
     args = p.parse_args(argv)
     if args.kind == "publish" and args.count is None:
         p.error("publish needs --count")
