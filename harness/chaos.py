@@ -908,8 +908,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "matches (fifo order only)")
     p.add_argument("--shared", action="store_true",
                    help="the subscribers are the members of one shared subscription: each message is owed to it "
-                        "once and handed to one member, whichever member's router crashes (fifo order only; "
-                        "known gap: a partition can split it, docs/promises.md)")
+                        "once and handed to one member, whichever member's router crashes (fifo order only)")
     p.add_argument("--no-reconcile", action="store_true", help="skip the Spark reconciliation (no verdict on "
                                                                 "safety beyond the client logs)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress on stderr)")

@@ -210,6 +210,11 @@ class DeliveryCore:
         self.ids = Identities(self)  # (it owns what it remembers of tags and final messages)
         self.stats_reclaimed = 0  # subscriptions claimed again for their live link here (meshside.py)
         self.reachable: dict[str, str] = {router_id: ""}  # router -> incarnation (mesh layer sets it)
+        # shared subscriptions' lease (`lease_held`, `_refuse_member`): when this router last reached a
+        # majority of the mesh, when it last reached each router, and when it first heard of any
+        self.last_whole = 0.0
+        self.last_seen: dict[str, float] = {}
+        self._born: float | None = None
         self.newest_link: dict[str, PubLink] = {}  # plid -> its most recent attach here
         self.reserved_credit = 0
         self.ready = True  # grant publishers credit only when ready (table loaded / synced)
@@ -1025,6 +1030,14 @@ class DeliveryCore:
                 f"shared subscription {sid} attaches again in a moment, here or at another router")
         if sub is None or not sub.live:
             return
+        seen = self.last_seen.get(sub.home, self._born if self._born is not None else self._now)
+        if sub.home != self.router_id and sub.home not in self.reachable and self.mesh_size > 1 \
+                and self._now - seen < 2 * self.cfg.shared_lease:
+            # (its home may still hand it, cut off from us, until its lease runs out: `lease_held`)
+            raise errors.LinkRedirect(
+                f"shared subscription {sub.link!r} ({sid}) has its home at router {sub.home}, last heard of "
+                f"{self._now - seen:.1f} s ago: attach there, or here again once it has been gone "
+                f"{2 * self.cfg.shared_lease:g} s (shared_lease)")
         if sub.home != self.router_id and sub.home in self.reachable:
             # (suspended there too: what its members accepted there is known there, and only there)
             raise errors.LinkRedirect(
@@ -1354,8 +1367,8 @@ class DeliveryCore:
         if grp is not None:
             if grp.notify and rt.credit > 0:
                 self._notify_members(rt, grp)
-            if grp.awaiting:
-                return  # (members of its previous home awaited: `_await_former`)
+            if grp.awaiting or not self.lease_held(self._now):
+                return  # (members of its previous home awaited: `_await_former`; or cut off: the lease)
         while q and rt.credit > 0:
             gid = q.popleft()
             rec = rt.owed.get(gid)
@@ -1604,10 +1617,24 @@ class DeliveryCore:
         """The live graph changed: `reachable` maps every router we can reach to its incarnation.
         Pending copies are sent again (some may have been lost with a link or a router)."""
         self._now = now
+        self._note_reach(now, reachable)
         if reachable == self.reachable:
             return
         self.reachable = dict(reachable)
         self.meshside.reroute(force=True)
+
+    def _note_reach(self, now: float, reachable: Mapping[str, str]) -> None:
+        if self._born is None:
+            self._born = now
+        for r in reachable:
+            self.last_seen[r] = now
+        if 2 * len(reachable) > self.mesh_size:  # (a majority: one side of a partition at most)
+            self.last_whole = now
+
+    def lease_held(self, now: float) -> bool:
+        """May this router hand shared subscriptions' messages now? Only while it reached a majority
+        of the mesh within `shared_lease` (a router cut off longer may have been replaced as home)."""
+        return self.mesh_size <= 1 or now - self.last_whole <= self.cfg.shared_lease
 
     def subscription_changed(self, old: Subscription, now: float) -> None:
         """Another router's announcement changed the table entry of `old.sid` (now in the table)."""
@@ -1827,9 +1854,14 @@ class DeliveryCore:
         """Run the sweeps (router/sweeps.py). Expiry only when `may_expire` (in a mesh: while the
         whole mesh is reachable)."""
         self._now = now
+        self._note_reach(now, self.reachable)
         self.sweeps.sweep(now, may_expire)
         if self.groups:
             self._give_up_members(now)
+            if self.lease_held(now):
+                for rt in list(self.groups.values()):
+                    if rt.link is not None and rt.queue:
+                        self._pump(rt)
 
     def forget_older(self, now: float) -> None:
         """Forget what is older than `final_memory` (a sweep asks): who held a copy, the predecessors

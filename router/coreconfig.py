@@ -28,6 +28,10 @@ class CoreConfig:
     # had not settled (in doubt: it may have accepted it) before that goes to another member
     # (router/groups.py)
     shared_member_grace: float = 30.0
+    # a router hands shared subscriptions' messages only while it reached a majority of the mesh within
+    # this many seconds; another router takes one over from its home only once it has not reached that
+    # home for twice this long (router/groups.py: at most one side of a partition hands)
+    shared_lease: float = 3.0
     # topics in total order by the sequencer (the mesh layer numbers what SubmitOrder asks for and
     # reports numbers back through `DeliveryCore.ordered`); empty for a standalone router
     total_topics: frozenset[str] = frozenset()

@@ -27,10 +27,12 @@ final for the subscription) or given back:
 So a message is handed to one member at a time, and a second member gets it only once the first
 cannot have accepted it, or has been given up.
 
-Members attach at the subscription's home. A member attaching at another router while the group is
-attached at a home that router can reach is refused with amqp:link:redirect naming the home; a
-group with no member attached (suspended) moves to the router where a member attaches, like any
-subscription (router/subscriptions.py).
+Members attach at the subscription's home. A member attaching at another router that reaches the
+home is refused with amqp:link:redirect naming it; the subscription moves to another router only
+when its home has been out of reach there for twice `CoreConfig.shared_lease`, and a home hands its
+shared subscriptions' messages only while it has reached a majority of the mesh within
+`shared_lease` (`DeliveryCore.lease_held`): at most one side of a partition hands. The new home
+waits for the members the table lists (`DeliveryCore._await_former`).
 
 Pure: the state of one router's groups; `router/core.py` drives it.
 """
