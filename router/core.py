@@ -1007,6 +1007,12 @@ class DeliveryCore:
         if rt is None or sub is None or not sub.live or rt.link != link:
             return
         self._unbind(rt)
+        self._link_gone(sub, closed, now)
+
+    def _link_gone(self, sub: Subscription, closed: bool, now: float) -> None:
+        """The last link of live subscription `sub` homed here went: it ends (`closed`: unsubscribed;
+        not durable) or is suspended."""
+        sid = sub.sid
         if closed:
             self._end(sid, now, "unsubscribed")
         elif sub.expiry <= 0:
@@ -1204,18 +1210,9 @@ class DeliveryCore:
         rt.link = None
         rt.credit = 0
         rt.queue.clear()
-        sid = rt.sid
-        sub = self.table.get(sid)
-        if sub is None or not sub.live or sub.home != self.router_id:
-            return
-        if closed:
-            self._end(sid, now, "unsubscribed")
-        elif sub.expiry <= 0:
-            self._end(sid, now, "detached-not-durable")
-        else:
-            self.table.suspend(sid, now)
-            self.log.append(("suspended", None, sub.topic, sid, None))
-            self.out.append(Announce(sid))
+        sub = self.table.get(rt.sid)
+        if sub is not None and sub.live and sub.home == self.router_id:
+            self._link_gone(sub, closed, now)
 
     def _give_up_members(self, now: float) -> None:
         """Members that dropped and did not come back within `shared_member_grace`: what they held
@@ -1228,10 +1225,10 @@ class DeliveryCore:
             gone = grp.given_up(now, grace)
             for m in gone:
                 self._give_back(rt, m)
-            if grp.awaiting and now >= grp.hold_until:
-                gone.append(Member("", "", None))  # (awaited members given up alike)
+            hold_over = bool(grp.awaiting) and now >= grp.hold_until  # (awaited members given up alike)
+            if hold_over:
                 grp.awaiting.clear()
-            if gone:
+            if gone or hold_over:
                 self._members_changed(rt)
                 if rt.link is not None:
                     self._pump(rt)
@@ -1389,7 +1386,7 @@ class DeliveryCore:
                                        redelivery))
                     log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))
                 else:
-                    self._hand_member(grp, rec, redelivery)
+                    self._hand_member(rt, grp, rec, redelivery)
                 if handed is not None:
                     handed(rt, rec)
             elif verdict is PARK:
@@ -1423,11 +1420,10 @@ class DeliveryCore:
                     m.credit = 0
                     self.out.append(DrainCredit(m.mid))
 
-    def _hand_member(self, grp: Group, rec: Record, redelivery: bool) -> None:
-        """Hand `rec` (SENT already) to the next member of shared subscription `grp` with credit."""
+    def _hand_member(self, rt: SubRuntime, grp: Group, rec: Record, redelivery: bool) -> None:
+        """Hand `rec` (SENT already) to the next member of shared subscription `rt` with credit."""
         mid = grp.hand(rec.gid)
         m = grp.members[mid]
-        rt = self.subs[grp.sid]
         self.out.append(Deliver(mid, rec.gid, rec.payload if not rt.wild else with_to(rec.payload, rec.topic),
                                 redelivery))
         self.log.append(("delivered", rec.gid, rec.topic, grp.sid,
@@ -1443,7 +1439,7 @@ class DeliveryCore:
         if rt.resend:
             rt.resend.discard(gid)
         if rt.group is not None:
-            self._hand_member(rt.group, rec, redelivery)
+            self._hand_member(rt, rt.group, rec, redelivery)
             return
         self.out.append(Deliver(sid, gid, rec.payload if not rt.wild else with_to(rec.payload, rec.topic), redelivery))
         self.log.append(("delivered", gid, rec.topic, sid, "redelivery" if redelivery else None))

@@ -16,14 +16,11 @@ from tests.integration.test_single_router import run
 N = 90
 
 
-def _proton_member(url: str, name: str, take: int, attached: threading.Event, done: threading.Event,
-                   out: dict[str, Any]) -> None:
-    """A Proton receiver joining shared subscription "work" (capabilities shared + global, link name
-    `work|global<name>` as Qpid JMS names its members): it receives `take` messages, accepts none,
-    and detaches (an AMQP detach): what it held goes to the other members."""
+def _shared_option() -> Any:
+    """A Proton receiver option: the source capabilities `shared` and `global` (a member of a global
+    shared subscription, as Qpid JMS asks), and a durable source (unsettled-state)."""
     from proton import Data, symbol
     from proton.reactor import ReceiverOption
-    from proton.utils import BlockingConnection
 
     class Shared(ReceiverOption):
         def apply(self, receiver: Any) -> None:
@@ -33,11 +30,22 @@ def _proton_member(url: str, name: str, take: int, attached: threading.Event, do
             caps.put_symbol(symbol("shared"))
             caps.put_symbol(symbol("global"))
             caps.exit()
-            receiver.source.durability = 2  # (unsettled-state, as Qpid JMS asks for a durable one)
+            receiver.source.durability = 2
+
+    return Shared()
+
+
+def _proton_member(url: str, name: str, take: int, attached: threading.Event, done: threading.Event,
+                   out: dict[str, Any]) -> None:
+    """A Proton receiver joining shared subscription "work" (capabilities shared + global, link name
+    `work|global<name>` as Qpid JMS names its members): it receives `take` messages, accepts none,
+    and detaches (an AMQP detach): what it held goes to the other members."""
+    from proton.utils import BlockingConnection
+
 
     conn = BlockingConnection(url, timeout=30, container_id=f"proton-{name}")
     try:
-        rcv = conn.create_receiver("work/t", name=f"work|global{name}", credit=0, options=Shared())
+        rcv = conn.create_receiver("work/t", name=f"work|global{name}", credit=0, options=_shared_option())
         rcv.link.flow(take)  # (no prefetch: Proton's own tops the window up as messages come)
         remote = rcv.link.remote_source.capabilities
         remote.rewind()
@@ -107,25 +115,15 @@ def test_members_split_a_shared_subscription_and_each_message_is_accepted_once(r
 def test_a_member_at_another_router_is_redirected_to_where_the_members_are(mesh_of: Any, tmp_path: Path) -> None:
     """Members attach at one router at a time: a Proton member at C is refused with amqp:link:redirect
     whose info names A's address; our client (given both addresses) follows it and joins at A."""
-    from proton import Data, symbol
-    from proton.reactor import ReceiverOption
     from proton.utils import BlockingConnection, LinkDetached
 
     mesh = mesh_of("mesh4")
 
-    class Shared(ReceiverOption):
-        def apply(self, receiver: Any) -> None:
-            caps = receiver.source.capabilities
-            caps.put_array(False, Data.SYMBOL)
-            caps.enter()
-            caps.put_symbol(symbol("shared"))
-            caps.put_symbol(symbol("global"))
-            caps.exit()
 
     def proton_member() -> tuple[str, str, dict[Any, Any]]:
         conn = BlockingConnection(mesh.url("C"), timeout=30, container_id="proton-c")
         try:
-            conn.create_receiver("work/t", name="work|global7", options=Shared())
+            conn.create_receiver("work/t", name="work|global7", options=_shared_option())
             return "attached", "", {}
         except LinkDetached as exc:
             cond = exc.link.remote_condition
