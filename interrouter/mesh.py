@@ -97,6 +97,7 @@ class Mesh:
                                    self._peer_down, verify_identity=tls is not None,
                                    credit_window=router.cfg.mesh_link_credit)
         self.peers: dict[str, Peer] = {}
+        self.client_urls: dict[str, str] = {}  # router id -> where its clients connect, as it last said
         self.engine: Engine | None = None
         self.server: asyncio.Server | None = None
         self.bound: tuple[str, int] | None = None
@@ -153,11 +154,12 @@ class Mesh:
         return info
 
     def client_url(self, router_id: str) -> str | None:
-        """Where the clients of router `router_id` connect: what it said (a neighbour), else the
-        topology's fixed address; None unknown."""
-        peer = self.peers.get(router_id)
-        if peer is not None and peer.client_url:
-            return str(peer.client_url)
+        """Where the clients of router `router_id` connect: what it last said (a neighbour, its
+        link up now or before: a redirect to a home this router cannot reach at the moment still
+        names it), else the topology's fixed address; None unknown."""
+        said = self.client_urls.get(router_id)
+        if said:
+            return said
         spec = self.topo.routers.get(router_id)
         if spec is None:
             return None
@@ -168,10 +170,8 @@ class Mesh:
         """Live neighbours and where their clients connect (what they said, else the topology's
         fixed address), the cheapest link first."""
         out = []
-        for pid, peer in self.peers.items():
-            spec = self.topo.routers.get(pid)
-            url = peer.client_url or (client_url_of(spec.host, spec.port, bool(self.topo.router_settings(pid).get(
-                "tls_cert")), str(self.topo.router_settings(pid).get("client_url", ""))) if spec else None)
+        for pid in self.peers:
+            url = self.client_url(pid)
             if url:
                 out.append((self.node.hello.costs.get(pid, 1.0), pid, url))
         return [(pid, url) for _, pid, url in sorted(out)]
@@ -228,6 +228,8 @@ class Mesh:
         if old is not None and old is not peer:
             old.conn.close(errors.ConnectionForced.condition, "replaced by a newer connection")
         self.peers[peer.id] = peer
+        if peer.client_url:
+            self.client_urls[peer.id] = str(peer.client_url)
         self.node.peer_up(peer.id, peer.inc, time.time(), peer.version)
         log.info("mesh.peer_up peer=%s incarnation=%s", peer.id, peer.inc)
         self._after_input()

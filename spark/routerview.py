@@ -99,7 +99,7 @@ def pair_evidence(events: DataFrame) -> DataFrame:
     t_acc (the first acceptance: a disposition, or presented on resume), t_rej, t_end (the first
     rejection, end), dl (every `delivered` time; dls with the node and incarnation that delivered),
     acc_at (the node and incarnation of the first acceptance), delivered_by (the first router that delivered),
-    echoes (the origins' `remote` echoes of a resolution), echo_acc (of an acceptance)."""
+    echoes (the origins' `remote` echoes of a resolution), echo_ts (their times)."""
     ev = _c("ev")
     own = _not_echo()
     lines = _router(events).where(_c("gid").isNotNull() & _c("sub").isNotNull()
@@ -117,6 +117,7 @@ def pair_evidence(events: DataFrame) -> DataFrame:
                           F.when((ev == "accepted") & own, _c("ts"))).alias("acc_at"),
                  F.min_by(F.when(is_dl, _c("node")), F.when(is_dl, _c("ts"))).alias("delivered_by"),
                  F.sum((ev.isin(*RESOLVING) & ~own).cast("long")).alias("echoes"),
+                 F.collect_list(F.when(ev.isin(*RESOLVING) & ~own, _c("ts"))).alias("echo_ts"),
                  F.first(F.when(ev.isin(*RESOLVING) & own, _c("node")), ignorenulls=True).alias("resolved_at"))
             .withColumn("dl", F.transform("dls", lambda d: d["ts"])))
 
@@ -220,9 +221,12 @@ def router_pairs(events: DataFrame, router_lives: DataFrame, skew: float = 0.0,
     later = F.filter("dls", lambda d: d["ts"] > t_acc + F.lit(skew))
     elsewhere = F.forall(later, lambda d: (d["node"] != _c("acc_at.node")) | (d["inc"] != _c("acc_at.inc")))
     first_later = F.array_min(F.transform(later, lambda d: d["ts"]))
+    # an origin's echo before the hand-over again: some router was told of the first acceptance (an
+    # echo after it is of the acceptance that followed the hand-over again)
+    told_before = F.filter(F.coalesce(_c("echo_ts"), F.array()), lambda t: t <= first_later + F.lit(skew))
     p = p.withColumn("in_doubt_again", F.coalesce(
         (_c("delivered_after") > 0) & elsewhere & (_c("life_stopped") == 0)
-        & (_c("life_end") <= first_later + F.lit(skew)) & (F.coalesce(_c("echoes"), F.lit(0)) == 0)
+        & (_c("life_end") <= first_later + F.lit(skew)) & (F.size(told_before) == 0)
         & (F.coalesce(_c("dispositions"), F.lit(0)) <= 1 + _c("delivered_after")), F.lit(False)))
     cls = classify(skew)
     return p.select(

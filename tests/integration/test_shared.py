@@ -146,5 +146,5 @@ def test_a_member_at_another_router_is_redirected_to_where_the_members_are(mesh_
 
     (cond, desc, info), where = run(main(), timeout=90)
     assert cond == "amqp:link:redirect" and "router A" in desc, (cond, desc)
-    assert info.get("port") == int(mesh.url("A").rsplit(":", 1)[1]), info  # (A is C's neighbour in mesh4)
+    assert info.get("port") == int(mesh.url("A").rsplit(":", 1)[1]), (info, desc)  # (A is C's neighbour in mesh4)
     assert where == "A"

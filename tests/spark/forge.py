@@ -29,6 +29,8 @@ Mutations (`MUTATIONS`) and what the router view must say:
 | shared_given_back | a shared subscription's message: handed to member m1, given back when it left (`released`), handed to m2 and accepted: `ok` |
 | shared_two_members | handed to members m1 and m2 both, each accepting it: `duplicated` |
 | shared_none_accepted | handed to member m1, given back, and no member accepted it (a pair homed at its origin): `lost` |
+| crash_redelivered | the home is SIGKILLed right after a remote pair's acceptance, before its origin heard of it; its next life hands the message again and it is accepted, the origin's echo after that: `redelivered` |
+| crash_told_duplicated | the same, but the origin heard of the first acceptance before the crash: `duplicated` |
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from oncemesh.common.settlement_log import AcceptedBy, Owed, Peer, Segments, Set
 
 MUTATIONS = ("none", "drop_accept_local", "drop_accept_remote", "drop_accept_and_echo", "duplicate_delivery",
              "duplicate_accept", "outcome_early", "drop_received", "unexpected_delivery", "truncate",
-             "drop_segment", "shared_given_back", "shared_two_members", "shared_none_accepted")
+             "drop_segment", "shared_given_back", "shared_two_members", "shared_none_accepted",
+             "crash_redelivered", "crash_told_duplicated")
 BASE = 1_900_000_000.0  # event times (after any real segment header's t0: lines keep their times)
 SEGMENT_BYTES = 400
 
@@ -54,6 +57,7 @@ class Event:
     router: str
     ts: float
     entry: tuple[Any, ...]  # (ev, gid, topic, sid, info) as the delivery core logs it
+    life: int = 1  # the router's incarnation (2: after a crash)
 
 
 @dataclass(slots=True)
@@ -204,6 +208,25 @@ def mutate(h: History, mutation: str, rng: random.Random) -> bool:
             else:
                 h.events.remove(acc)
                 h.expected[(g, s)] = "lost"
+    elif mutation.startswith("crash_"):
+        if not remote:
+            return False
+        g, s = rng.choice(remote)
+        home = h.subs[s]
+        acc = _find(h, "accepted", g, s, home, None)
+        echo = _find(h, "accepted", g, s, h.messages[g], "remote")
+        for e in h.events:  # the home dies with this acceptance its last line; a new life goes on
+            if e.router == home and e.ts > acc.ts:
+                e.life = 2
+        h.events.append(Event(home, acc.ts + 0.001, ("router_started", None, None, None, {"info": "forged"}), 2))
+        h.events.append(Event(home, acc.ts + 0.5, ("delivered", g, h.topic, s, "redelivery"), 2))
+        h.events.append(Event(home, acc.ts + 0.6, ("accepted", g, h.topic, s, None), 2))
+        if mutation == "crash_redelivered":
+            echo.ts = acc.ts + 0.7  # the echo of the second acceptance
+            h.expected[(g, s)] = "redelivered"
+        else:
+            echo.ts = acc.ts  # told, then killed
+            h.expected[(g, s)] = "duplicated"
     else:
         raise ValueError(f"unknown mutation {mutation!r}")
     return True
@@ -213,13 +236,18 @@ def write(h: History, directory: Path, rng: random.Random | None = None) -> list
     """Write every router's log with the real writer (one flush pass per event, small segments),
     then the file mutations. Returns the files."""
     directory.mkdir(parents=True, exist_ok=True)
-    for r in h.routers:
-        log = SettlementLog(directory / f"{r}.settlement.jsonl", src="router", node=r, inc=f"{r}-1",
+    for r, life in sorted({(e.router, e.life) for e in h.events}):
+        log = SettlementLog(directory / f"{r}.settlement.jsonl", src="router", node=r, inc=f"{r}-{life}",
                             segments=Segments(max_bytes=SEGMENT_BYTES, max_seconds=0, compress=False))
-        for e in sorted((e for e in h.events if e.router == r), key=lambda e: e.ts):
+        for e in sorted((e for e in h.events if e.router == r and e.life == life), key=lambda e: e.ts):
             log.write_core_events(e.ts, [e.entry])
             log.flush()
         log.close()
+        if life == 1 and any(e.router == r and e.life == 2 for e in h.events):  # killed: no trailer
+            last = max(f for f in log_files(directory) if f.name.startswith(f"{r}.settlement.{r}-1."))
+            lines = last.read_text().splitlines(keepends=True)
+            assert '"segment_closed"' in lines[-1], lines[-1]
+            last.write_text("".join(lines[:-1]))
     if h.partial_routers:
         [target] = h.partial_routers
         segs = sorted(f for f in log_files(directory) if f.name.startswith(target + ".settlement."))
