@@ -565,6 +565,7 @@ class Case:
     tls: bool = False  # router: clients connect over TLS
     insecure_mesh: bool = False  # mesh: inter-router connections without TLS (--insecure-mesh)
     wan: Wan | None = None  # mesh: every inter-router link behaves like this WAN link (--wan)
+    shared: bool = False  # the subscribers of a topic are the members of one shared subscription
 
     @classmethod
     def fan(cls, name: str, kind: str, pubs: int, subs: int, rate: float = 0.0, *, at: str = "A",
@@ -580,7 +581,8 @@ class Case:
         where = ""
         if self.kind == "mesh":
             where = f" (pubs at {','.join(self.pub_at)}; subs at {','.join(self.sub_at)})"
-        return f"{len(self.pub_at)} pub -> {mid} -> {len(self.sub_at)} sub{where}"
+        subs = f"shared subscription of {len(self.sub_at)} members" if self.shared else f"{len(self.sub_at)} sub"
+        return f"{len(self.pub_at)} pub -> {mid} -> {subs}{where}"
 
 
 @dataclass(slots=True)
@@ -672,6 +674,7 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
                                 server.address(f"{topic}-{uniq}"), "--ready", str(ready), "--result",
                                 str(result), "--index", str(j), "--publishers", str(npubs), "--credit",
                                 str(cfg.credit), *common,
+                                *(["--shared", f"bench-{topic}"] if case.shared else []),
                                 *(["--trace", str(wd / f"sub{j}.trace")] if cfg.trace else [])), wd / f"sub{j}.out")
             procs.append(p)
             subs.append((p, ready, result))
@@ -699,6 +702,11 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
         spy = _start_profiler(spids[0], profile, wd) if profile and spids else None
         limit = (cfg.duration if not cfg.count else 0) + cfg.timeout + 30
         try:
+            if case.shared:  # every outcome in: each message accepted by a member; the members end
+                wait_for(lambda: not any(p.alive() for p, _, _ in pubs), limit, f"{case.name}: publishers to finish",
+                         POLL)
+                for p, _, _ in subs:
+                    p.signal(signal.SIGUSR2)
             wait_for(lambda: not any(p.alive() for p in procs), limit, f"{case.name}: clients to finish", POLL)
         except TimeoutError as exc:
             raise BenchError(f"{exc}\n" + "\n".join(p.tail(5) for p in procs)) from None
@@ -765,6 +773,8 @@ def _summarise(case: Case, pres: list[dict[str, Any]], sres: list[dict[str, Any]
     errors += [f"sub {r.get('index')}: incomplete ({r.get('received')}/{r.get('expected')})"
                for r in sres if not r.get("complete")]
     errors += [f"sub {r.get('index')}: {r['out_of_order']} out of order" for r in sres if r.get("out_of_order")]
+    if case.shared and delivered != outcomes:  # each message to one member, once
+        errors.append(f"shared subscription: its members got {delivered} messages for {outcomes} outcomes")
     per_sub = [float(r.get("msg_s", 0.0)) for r in sres]
     lats = [r.get("latency_ms") or {} for r in sres]
     worst = {k: max((lat.get(k) or 0.0) for lat in lats) if lats else None
@@ -793,6 +803,8 @@ def _summarise(case: Case, pres: list[dict[str, Any]], sres: list[dict[str, Any]
     if case.kind == "mesh":  # per subscriber: the path from the publisher's router to its router
         out["latency_by_sub"] = [{"at": at, **{k: (lat or {}).get(k) for k in ("p50", "p99", "p999", "max")}}
                                  for at, lat in zip(case.sub_at, lats, strict=False)]
+    if case.shared:  # what each member got
+        out["shares"] = [int(r.get("received", 0)) for r in sres]
     if prof is not None:
         out["profile"] = prof
     return out
@@ -966,8 +978,11 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
         cases.append(Case.fan("router", "router", args.publishers, args.subscribers, args.rate))
         if args.latency_rate:
             lat.append(Case.fan("router@rate", "router", args.publishers, args.subscribers, args.latency_rate))
+    if getattr(args, "shared", False):
+        for c in cases + lat:
+            c.shared = True
     one_to_one = args.topology is None and (args.publishers, args.subscribers) == (1, 1)
-    if not presettled and not one_to_one and (base or args.tls):  # the targets and the baselines are 1:1
+    if not presettled and not one_to_one and (base or args.tls or getattr(args, "shared", False)):  # the targets and the baselines are 1:1
         cases.append(Case.fan("router-1:1", "router", 1, 1, args.rate))
     if args.tls and not presettled:  # the 1:1 case again with client TLS, side by side
         cases.append(Case.fan("router-1:1-tls", "router", 1, 1, args.rate))
@@ -1613,6 +1628,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--publishers", type=int, default=1, help="publisher processes (default 1)")
     p.add_argument("--subscribers", type=int, default=2, help="subscriber processes (default 2)")
     p.add_argument("--topology", type=Path, default=None, help="run the scenario on this topology (TOML)")
+    p.add_argument("--shared", action="store_true",
+                   help="the subscribers are the members of one shared subscription (each message to one of "
+                        "them, work split by credit) instead of each having its own; the 1:1 case runs beside "
+                        "it; the members must together get each message once")
     p.add_argument("--pub-at", default=None, help="router ids of the publishers, comma-separated "
                                                    "(default: --publishers at the first router)")
     p.add_argument("--sub-at", default=None, help="router ids of the subscribers (default: one per router)")

@@ -343,15 +343,20 @@ class BenchSubscriber(_Base):
         self.used_credit = 0
         self.credit = args.credit
         self.listen_port: int | None = None
+        self.told_to_end = False  # a shared subscription's member: the coordinator said every outcome is in
 
     # -- client side: attach a receiver from the address (router, relay, broker)
     def on_connection_open(self, conn: AmqpConnection) -> None:
         if conn.server:
             return
         ssn = conn.open_session()
-        link = conn.receiver(ssn, f"bench-sub-{self.args.index}")
-        if self.args.expiry:
-            link.set_source(self.args.address, int(self.args.expiry), F.EXPIRE_NEVER)
+        shared = self.args.shared
+        # a member of a shared subscription: the Qpid JMS form of a global shared one (docs/clients.md)
+        link = conn.receiver(ssn, f"{shared}|global" if shared else f"bench-sub-{self.args.index}")
+        if shared:
+            link.set_source_capabilities(("shared", "global"))
+        if self.args.expiry or shared:
+            link.set_source(self.args.address, int(self.args.expiry or 60), F.EXPIRE_NEVER)
         else:
             link.set_source(self.args.address, 0, F.EXPIRE_WITH_LINK)
         link.set_target(None)
@@ -402,7 +407,7 @@ class BenchSubscriber(_Base):
                 self.measured += 1
                 self.lat.append(now - t_send)
                 self.sent_at.append(t_send)
-            if seq != self.next_seq.get(pub, 0):
+            if seq != self.next_seq.get(pub, 0) and not self.args.shared:  # (a member gets a share)
                 self.out_of_order += 1
             self.next_seq[pub] = seq + 1
             if flags & FLAG_LAST:
@@ -427,7 +432,17 @@ class BenchSubscriber(_Base):
             self.unsettled -= 1
             self._check_done()
 
+    def end_member(self) -> None:
+        """A member of a shared subscription cannot tell the end from its share: the coordinator
+        tells it once the publishers have every outcome (each message accepted by some member)."""
+        self.told_to_end = True
+        self._check_done()
+
     def _check_done(self) -> None:
+        if self.args.shared:
+            if self.told_to_end and self.unsettled <= 0:
+                self.finish()
+            return
         if (len(self.totals) >= self.args.publishers and self.unsettled <= 0
                 and self.received >= sum(self.totals.values())):
             self.finish()
@@ -436,8 +451,10 @@ class BenchSubscriber(_Base):
         span = max(1, self.t_last - self.t_first) / 1e9
         cpu = (cpu_now() - self.cpu_first) if self.cpu_first is not None else 0.0
         expected = sum(self.totals.values())
+        complete = self.told_to_end if self.args.shared else (len(self.totals) >= self.args.publishers
+                                                                and self.received >= expected)
         return {"kind": "sub", "index": self.args.index, "received": self.received, "expected": expected,
-                "complete": len(self.totals) >= self.args.publishers and self.received >= expected,
+                "complete": complete, "shared": bool(self.args.shared),
                 "unsettled": self.unsettled, "measured": self.measured, "seconds": round(span, 4),
                 "msg_s": round(max(0, self.measured - 1) / span, 1) if self.measured > 1 else 0.0,
                 "cpu_s": round(cpu, 4), "latency_ms": percentiles(self.lat), "out_of_order": self.out_of_order,
@@ -507,6 +524,8 @@ async def run_sub(args: argparse.Namespace) -> int:
             sub.conn.abort()
             return 0
         write_json(args.ready, {"pid": os.getpid(), "remote_rcv_settle_mode": sub.remote_rcv_mode})
+    if args.shared:
+        sub.loop.add_signal_handler(signal.SIGUSR2, sub.end_member)
     try:
         await asyncio.wait_for(asyncio.shield(sub.done), args.timeout)
     except TimeoutError:
@@ -598,6 +617,9 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--credit", type=int, default=1000)
     sp.add_argument("--expiry", type=float, default=0.0, help="durable subscription timeout (seconds)")
     sp.add_argument("--suspend", action="store_true", help="drop the connection once attached")
+    sp.add_argument("--shared", default=None, metavar="NAME",
+                    help="attach as a member of the shared subscription NAME (durable, global); the run "
+                         "ends for it at SIGUSR2 (every outcome is in) once its deliveries are settled")
     sp.add_argument("--trace", type=Path, default=None,
                     help="write each measured message's send time and latency (ns, CLOCK_MONOTONIC) here")
     hp = sub.choices["hold"]

@@ -107,6 +107,21 @@ def test_bench_on_a_topology_counts_every_router_a_message_crosses() -> None:
     assert run["server_cpu_us_per_msg_hop"] == pytest.approx(run["server_cpu_us_per_delivery"] / 3, rel=0.02)
 
 
+def test_bench_shared_case_splits_the_messages_between_the_members_beside_the_one_to_one_case() -> None:
+    """--shared: the subscribers are the members of one shared subscription; together they get each
+    message once (the run fails otherwise), each a share; the 1:1 case runs beside it."""
+    rep = bench("--subscribers", "3", "--shared", "--count", "600", "--warmup", "0", "--repeat", "1",
+                "--baselines", "", "--latency-rate", "0")
+    assert set(rep["throughput"]) == {"router", "router-1:1"}
+    case = rep["throughput"]["router"]
+    assert "shared subscription of 3 members" in case["label"]
+    run = case["runs"][0]
+    assert run["ok"], run
+    assert run["published"] == run["delivered"] == 600
+    assert len(run["shares"]) == 3 and min(run["shares"]) > 0, run["shares"]
+    assert rep["throughput"]["router-1:1"]["runs"][0]["ok"]
+
+
 def test_bench_wan_scenario_runs_beside_its_lan_twin_and_reports_links_and_each_subscriber() -> None:
     """--wan: every inter-router link through a proxy with delay, jitter and loss; the same mesh on
     plain links beside it; traffic per link and latency per subscriber (the path to its router)."""

@@ -267,7 +267,10 @@ def test_other_clients_see_redirects_and_a_drain_that_times_out_says_what_was_le
             drainer.join(60)
             pub.close()
         [result] = results
-        assert result.outcome == "timed out" and result.remaining == {"driving": 1}, result
+        # (a frame to a neighbour may be queued at the instant of the timeout: the mesh's own traffic;
+        # the CI machine under load saw frames_queued 1 once)
+        assert result.outcome == "timed out" and result.remaining.get("driving") == 1, result
+        assert set(result.remaining) <= {"driving", "frames_queued"}, result
         assert result.dependents.get("publisher_left") == 1 and result.dependents.get("suspended_here") == 1
         assert 5.0 <= result.seconds < 15.0
         a_log = mesh.log_dir / "A.router.log"
