@@ -16,12 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .router.config import RouterConfig, parse_hostport
-from .router.meshport import MeshPort
-from .topology.model import Topology
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the router's modules load only for `oncemesh router`: every other command starts sooner)
     from .interrouter.mesh import MeshTls
+    from .router.config import RouterConfig
+    from .router.meshport import MeshPort
+    from .topology.model import Topology
 
 DESCRIPTION = """\
 oncemesh: a federated network of AMQP 1.0 routers with exactly-once publish/subscribe.
@@ -86,6 +85,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def cmd_router(args: argparse.Namespace) -> int:
     import faulthandler
 
+    from .router.config import RouterConfig, parse_hostport
     from .router.server import configure_logging
 
     faulthandler.enable()  # a crash in C code (SIGSEGV) leaves every thread's stack on stderr
