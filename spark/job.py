@@ -905,18 +905,19 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             summary, outputs = run(spark, readable, out=out, since=since, skew=args.skew,
                                    chart=not args.no_chart, n_files=len(files),
                                    accept_partial=args.accept_partial)
+        # the verdict before the session's stop (the JVM's end is no part of the judging)
+        if args.json:
+            print(json.dumps(summary.to_dict(), separators=(",", ":")), flush=True)
+        else:
+            print(format_summary(summary), file=human)
+        if outputs is not None:
+            print(f"results: {outputs.out}" + (f" (chart {Path(outputs.chart).name})" if outputs.chart else ""),
+                  file=human, flush=True)
     finally:
         if created:
             from . import classarchive as CA
 
             CA.stop(spark)
-    if args.json:
-        print(json.dumps(summary.to_dict(), separators=(",", ":")))
-    else:
-        print(format_summary(summary), file=human)
-    if outputs is not None:
-        print(f"results: {outputs.out}" + (f" (chart {Path(outputs.chart).name})" if outputs.chart else ""),
-              file=human)
     return summary.exit_status
 
 
