@@ -1,0 +1,523 @@
+"""Members of a shared subscription that attach at a router other than its home: relayed members.
+
+Theory of operation
+-------------------
+A shared subscription (router/groups.py) has one home, where its group lives: the queue, which
+member holds which message, the grace of a member that dropped. A member whose client connected to
+another router C is *relayed* by C: C keeps the member's AMQP link and speaks for it to the home A,
+and A's delivery core treats it as one more member, whose link token is a `RemoteLink` naming C.
+Every rule that decides what a member is handed, and when a message it held goes to another member,
+stays in A's core; C only carries what happens on the link.
+
+    relay C -> home A   Join (the attach; what the member presents as accepted), Credit,
+                        Disposition, Left (the link detached, or its connection dropped)
+    home A -> relay C   Joined, Refused (the attach refused, or the link detached by the core),
+                        Hand (a message, the payload with it), Settle (final: settle on the link),
+                        Notify (ids accepted before, final since), Drained (use up the credit)
+
+These travel in a reliable session between the two routers (`interrouter.channel`: numbered,
+acknowledged, sent again, in order), so a hop that drops what it carried loses nothing, and the
+dispositions of a member reach the home before its Left, as an AMQP detach follows them. When the
+session breaks (the other router is unreachable, restarted, or opened a new session, which may have
+lost messages):
+
+- the home takes it as the connection of each member relayed by C dropping: what they held waits,
+  in doubt, for them to come back or for `shared_member_grace` (router/groups.py);
+- the relay sends Join again for each of its members, presenting what the member accepted and the
+  relay has not seen settled: the relay knows it exactly, since every disposition passed through it.
+  The same happens when the subscription's home changes (it moved because its home went down): the
+  relay joins the new home. When the new home is the relay itself, the member's link is attached to
+  the local core instead (`Rehome`).
+
+Pure: time is a parameter; the outputs are lists the adapter drains: `Relay.out` (actions for links
+here, the delivery core's own action classes, addressed by member id), `Relay.rehome`, and the
+session frames of `MemberSessions.out` (routed to their destination as `MemberFrame` controls).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Protocol, final
+
+from ..common.errors import OncemeshError
+from ..common.vocab import Outcome
+from ..router.actions import Deliver, DetachLink, DrainCredit, NotifyFinal, SettleDelivery
+from .channel import Sessions
+from .strict import FrameError
+
+__all__ = ["Credit", "Disposition", "Drained", "Hand", "Join", "Joined", "Left", "MemberHome", "MemberMsg",
+           "Notify", "Refused", "Relay", "RemoteLink", "Settle", "msg_from_list", "msg_to_list"]
+
+# a Join the home has not answered in this long is given up: the member is refused with a redirect
+# to the home (a home or a router on the way that does not speak relayed members drops the Join)
+JOIN_TIMEOUT = 10.0
+
+
+# ---------------------------------------------------------------------- the messages
+@final
+@dataclass(frozen=True, slots=True)
+class Join:
+    sid: str
+    mid: str
+    name: str  # the member's link name
+    topic: str
+    container: str  # the subscription's scope
+    link_name: str  # the subscription's name
+    expiry: float
+    capable: bool
+    selector: str
+    owner: str
+    presented: tuple[str, ...]
+    epoch: int | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Credit:
+    mid: str
+    credit: int
+    drain: bool
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Disposition:
+    mid: str
+    gid: str
+    outcome: int
+    settled: bool
+    error: tuple[str, str] | None
+    undeliverable: bool
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Left:
+    mid: str
+    closed: bool  # the client closed the link (unsubscribe for a plain subscription)
+    clean: bool  # an AMQP detach (every disposition came before it); False: its connection dropped
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Joined:
+    mid: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Refused:
+    mid: str
+    condition: str
+    description: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Hand:
+    mid: str
+    gid: str
+    payload: bytes
+    redelivery: bool
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Settle:
+    mid: str
+    gid: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Notify:
+    mid: str
+    gids: tuple[str, ...]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Drained:
+    mid: str
+
+
+MemberMsg = Join | Credit | Disposition | Left | Joined | Refused | Hand | Settle | Notify | Drained
+MemberSessions = Sessions[MemberMsg]
+
+
+def msg_to_list(m: MemberMsg) -> list[Any]:
+    if type(m) is Hand:
+        return ["H", m.mid, m.gid, base64.b64encode(m.payload).decode(), m.redelivery]
+    if type(m) is Disposition:
+        return ["D", m.mid, m.gid, m.outcome, m.settled, list(m.error) if m.error else None, m.undeliverable]
+    if type(m) is Settle:
+        return ["S", m.mid, m.gid]
+    if type(m) is Credit:
+        return ["C", m.mid, m.credit, m.drain]
+    if type(m) is Notify:
+        return ["N", m.mid, list(m.gids)]
+    if type(m) is Drained:
+        return ["DR", m.mid]
+    if type(m) is Join:
+        return ["J", m.sid, m.mid, m.name, m.topic, m.container, m.link_name,
+                None if m.expiry == float("inf") else m.expiry, m.capable, m.selector, m.owner,
+                list(m.presented), m.epoch]
+    if type(m) is Joined:
+        return ["OK", m.mid]
+    if type(m) is Refused:
+        return ["R", m.mid, m.condition, m.description]
+    if type(m) is Left:
+        return ["L", m.mid, m.closed, m.clean]
+    raise TypeError(f"not a member message: {m!r}")
+
+
+def _s(v: object, what: str) -> str:
+    if type(v) is not str:
+        raise FrameError(f"malformed member message: {what}: expected a string, got {type(v).__name__}")
+    return v
+
+
+def _b(v: object, what: str) -> bool:
+    if type(v) is not bool:
+        raise FrameError(f"malformed member message: {what}: expected true or false, got {type(v).__name__}")
+    return v
+
+
+def _n(v: object, what: str) -> int:
+    if type(v) is not int or v < 0:
+        raise FrameError(f"malformed member message: {what}: expected a count, got {v!r}")
+    return v
+
+
+def _strs(v: object, what: str) -> tuple[str, ...]:
+    if type(v) is not list:
+        raise FrameError(f"malformed member message: {what}: expected a list, got {type(v).__name__}")
+    return tuple(_s(x, what) for x in v)
+
+
+_ARITY = {"H": 5, "D": 7, "S": 3, "C": 4, "N": 3, "DR": 2, "J": 13, "OK": 2, "R": 4, "L": 4}
+
+
+def msg_from_list(x: object) -> MemberMsg:
+    """Strict: exactly the fields of its kind, nothing coerced (`FrameError` otherwise)."""
+    if type(x) is not list or not x or type(x[0]) is not str or _ARITY.get(x[0]) != len(x):
+        raise FrameError(f"malformed member message: {str(x)[:80]}")
+    k = x[0]
+    mid = _s(x[1], "mid") if k != "J" else ""
+    if k == "H":
+        try:
+            payload = base64.b64decode(_s(x[3], "payload"), validate=True)
+        except ValueError:
+            raise FrameError("malformed member message: payload: not base64") from None
+        return Hand(mid, _s(x[2], "gid"), payload, _b(x[4], "redelivery"))
+    if k == "D":
+        err = x[5]
+        if err is not None:
+            cond, desc = _strs(err, "error") if type(err) is list and len(err) == 2 else ("", "")
+            if not cond:
+                raise FrameError("malformed member message: error: expected [condition, description]")
+            err = (cond, desc)
+        outcome = _n(x[3], "outcome")
+        if outcome not in (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RELEASED, Outcome.MODIFIED):
+            raise FrameError(f"malformed member message: outcome {outcome}")
+        return Disposition(mid, _s(x[2], "gid"), outcome, _b(x[4], "settled"), err, _b(x[6], "undeliverable"))
+    if k == "S":
+        return Settle(mid, _s(x[2], "gid"))
+    if k == "C":
+        return Credit(mid, _n(x[2], "credit"), _b(x[3], "drain"))
+    if k == "N":
+        return Notify(mid, _strs(x[2], "gids"))
+    if k == "DR":
+        return Drained(mid)
+    if k == "OK":
+        return Joined(mid)
+    if k == "R":
+        return Refused(mid, _s(x[2], "condition"), _s(x[3], "description"))
+    if k == "L":
+        return Left(mid, _b(x[2], "closed"), _b(x[3], "clean"))
+    # k == "J"
+    expiry = x[7]
+    if expiry is not None and (type(expiry) not in (int, float) or expiry < 0):
+        raise FrameError(f"malformed member message: expiry {expiry!r}")
+    epoch = x[12]
+    if epoch is not None:
+        epoch = _n(epoch, "epoch")
+    return Join(_s(x[1], "sid"), _s(x[2], "mid"), _s(x[3], "name"), _s(x[4], "topic"), _s(x[5], "container"),
+                _s(x[6], "link_name"), float("inf") if expiry is None else float(expiry), _b(x[8], "capable"),
+                _s(x[9], "selector"), _s(x[10], "owner"), _strs(x[11], "presented"), epoch)
+
+
+# ---------------------------------------------------------------------- at the relay
+@dataclass(slots=True)
+class _Relayed:
+    join: Join
+    home: str
+    link: Any
+    credit: int = 0
+    drain: bool = False
+    joined: bool = False
+    asked_at: float = 0.0  # when the pending Join went
+    accepted: set[str] = field(default_factory=set)  # accepted on the link, not settled yet
+    held: set[str] = field(default_factory=set)  # handed on the link, not settled yet
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Rehome:
+    """The subscription's home is this router now: attach `link` to the local core as member
+    `join.mid`, presenting `join.presented` (what it accepted and did not see settled)."""
+
+    link: Any
+    join: Join
+    credit: int
+    drain: bool
+
+
+class Relay:
+    """The members this router relays to their subscriptions' homes. Inputs from the adapter:
+    `attach`, `credit`, `disposition`, `detach`; from the mesh: `receive` (a home's messages),
+    `home_changed`, `session_broken`; time: `tick`. Outputs: `out` (Deliver / SettleDelivery /
+    NotifyFinal / DrainCredit / DetachLink, with the member id as their `sid`), `answered` (member ids
+    whose ATTACH may be answered now), `rehome`; frames in `sessions.out`."""
+
+    def __init__(self, me: str, sessions: MemberSessions) -> None:
+        self.me = me
+        self.sessions = sessions
+        self.members: dict[str, _Relayed] = {}  # mid -> relayed member
+        self.out: list[Deliver | SettleDelivery | NotifyFinal | DrainCredit | DetachLink] = []
+        self.answered: list[str] = []
+        self.rehome: list[Rehome] = []
+
+    def relays(self, mid: str) -> bool:
+        return mid in self.members
+
+    def attach(self, link: Any, join: Join, home: str, now: float) -> None:
+        old = self.members.get(join.mid)
+        if old is not None and old.link is not link:  # a newer attach of the same member takes its place
+            self.out.append(DetachLink(join.mid, old.link, "amqp:link:stolen", "a newer link of this member"))
+            join = _with_presented(join, tuple(sorted(set(join.presented) | old.accepted)))
+        self.members[join.mid] = r = _Relayed(join, home, link, asked_at=now)
+        self.sessions.send(home, join, now)
+        r.joined = False
+
+    def credit(self, mid: str, credit: int, drain: bool, now: float) -> None:
+        r = self.members.get(mid)
+        if r is None:
+            return
+        r.credit, r.drain = credit, drain
+        if r.joined:
+            self.sessions.send(r.home, Credit(mid, credit, drain), now)
+
+    def disposition(self, mid: str, gid: str, outcome: Outcome, settled: bool, error: tuple[str, str] | None,
+                    undeliverable: bool, now: float) -> None:
+        r = self.members.get(mid)
+        if r is None or gid not in r.held:
+            return
+        if outcome is Outcome.ACCEPTED:
+            r.accepted.add(gid)
+        elif outcome is not Outcome.REJECTED:
+            r.held.discard(gid)  # given back (released, modified): no longer the member's
+        self.sessions.send(r.home, Disposition(mid, gid, int(outcome), settled, error, undeliverable), now)
+
+    def detach(self, link: Any, mid: str, closed: bool, clean: bool, now: float) -> None:
+        r = self.members.get(mid)
+        if r is None or r.link is not link:
+            return
+        del self.members[mid]
+        self.sessions.send(r.home, Left(mid, closed, clean), now)
+
+    def receive(self, src: str, msg: MemberMsg, now: float) -> None:
+        mid = msg.mid  # type: ignore[union-attr]  # (every message a home sends names its member)
+        r = self.members.get(mid)
+        if r is None or r.home != src:
+            return  # (a member that left, or moved to another home: its old home's leftovers)
+        t = type(msg)
+        if t is Hand:
+            assert isinstance(msg, Hand)
+            r.held.add(msg.gid)
+            self.out.append(Deliver(mid, msg.gid, msg.payload, msg.redelivery))
+        elif t is Settle:
+            assert isinstance(msg, Settle)
+            r.held.discard(msg.gid)
+            r.accepted.discard(msg.gid)
+            self.out.append(SettleDelivery(mid, msg.gid))
+        elif t is Notify:
+            assert isinstance(msg, Notify)
+            r.accepted.difference_update(msg.gids)
+            self.out.append(NotifyFinal(mid, msg.gids))
+        elif t is Drained:
+            self.out.append(DrainCredit(mid))
+        elif t is Joined:
+            if not r.joined:
+                r.joined = True
+                self.answered.append(mid)
+                if r.credit or r.drain:
+                    self.sessions.send(src, Credit(mid, r.credit, r.drain), now)
+        elif t is Refused:
+            assert isinstance(msg, Refused)
+            del self.members[mid]
+            self.out.append(DetachLink(mid, r.link, msg.condition, msg.description))
+
+    def home_changed(self, sid: str, home: str | None, now: float) -> None:
+        """Subscription `sid` has a new home (None: it ended): its members join it (or are attached
+        here, or detached)."""
+        for mid, r in list(self.members.items()):
+            if r.join.sid != sid or r.home == home:
+                continue
+            if home is None:
+                del self.members[mid]
+                self.out.append(DetachLink(mid, r.link, "amqp:resource-deleted",
+                                           f"shared subscription {sid} ended"))
+            elif home == self.me:
+                del self.members[mid]
+                self.rehome.append(Rehome(r.link, _with_presented(r.join, tuple(sorted(r.accepted))),
+                                          r.credit, r.drain))
+            else:
+                self._join_again(r, home, now)
+
+    def session_broken(self, home: str, now: float) -> None:
+        """Our session with `home` broke (it is unreachable, restarted, or opened a new session that
+        may have lost messages): our members there join again (once it is reachable, the session
+        delivers it)."""
+        self.sessions.reset(home)
+        for r in self.members.values():
+            if r.home == home:
+                self._join_again(r, home, now)
+
+    def _join_again(self, r: _Relayed, home: str, now: float) -> None:
+        r.home = home
+        r.joined = False
+        r.asked_at = now
+        # what it held and did not accept goes back to the home's queue there; what it accepted is
+        # presented (counted accepted); the home's Hand of anything else comes anew
+        r.held &= r.accepted
+        r.join = _with_presented(r.join, tuple(sorted(r.accepted)))
+        self.sessions.send(home, r.join, now)
+
+    def tick(self, now: float) -> None:
+        for mid, r in list(self.members.items()):
+            if not r.joined and now - r.asked_at >= JOIN_TIMEOUT:
+                del self.members[mid]
+                self.out.append(DetachLink(mid, r.link, "amqp:link:redirect",
+                                           f"shared subscription {r.join.sid} has its home at router {r.home}, "
+                                           f"which did not answer for this member within {JOIN_TIMEOUT:g} s: "
+                                           f"attach there"))
+
+
+def _with_presented(join: Join, presented: tuple[str, ...]) -> Join:
+    return Join(join.sid, join.mid, join.name, join.topic, join.container, join.link_name, join.expiry,
+                join.capable, join.selector, join.owner, presented, join.epoch)
+
+
+# ---------------------------------------------------------------------- at the home
+@final
+@dataclass(frozen=True, slots=True)
+class RemoteLink:
+    """The link token of a relayed member in the home's core: the relay and the member."""
+
+    relay: str
+    mid: str
+
+
+class MemberCore(Protocol):
+    """What of the delivery core (router/core.py) the home side drives."""
+
+    def attach_subscriber(self, link: Any, sid: str, topic: str, container: str, link_name: str,
+                          expiry: float, capable: bool, presented: Any, now: float, epoch: int | None = None,
+                          handed_last: Any = (), owner: str = "", selector: str = "", member: str = "",
+                          member_name: str = "") -> bool: ...
+
+    def subscriber_credit(self, sid: str, credit: int, drain: bool = False) -> None: ...
+
+    def subscriber_outcome(self, sid: str, gid: str, outcome: Outcome, settled: bool,
+                           error: tuple[str, str] | None, undeliverable: bool, now: float) -> None: ...
+
+    def detach_subscriber(self, link: Any, sid: str, closed: bool, now: float, clean: bool = False) -> None: ...
+
+
+class MemberHome:
+    """The members other routers relay to shared subscriptions homed here. Inputs: `receive`
+    (a relay's messages), `relay_lost`; `perform` for the core's actions addressed to a relayed
+    member (`remote` holds their ids); frames in `sessions.out`."""
+
+    def __init__(self, core: MemberCore, sessions: MemberSessions) -> None:
+        self.core = core
+        self.sessions = sessions
+        self.remote: dict[str, RemoteLink] = {}  # mid -> its link token in the core
+
+    def receive(self, src: str, msg: MemberMsg, now: float) -> None:
+        t = type(msg)
+        core = self.core
+        if t is Disposition:
+            assert isinstance(msg, Disposition)
+            if self._from(src, msg.mid):
+                core.subscriber_outcome(msg.mid, msg.gid, Outcome(msg.outcome), msg.settled, msg.error,
+                                        msg.undeliverable, now)
+        elif t is Credit:
+            assert isinstance(msg, Credit)
+            if self._from(src, msg.mid):
+                core.subscriber_credit(msg.mid, msg.credit, msg.drain)
+        elif t is Join:
+            assert isinstance(msg, Join)
+            self._join(src, msg, now)
+        elif t is Left:
+            assert isinstance(msg, Left)
+            link = self.remote.get(msg.mid)
+            if link is not None and link.relay == src:
+                del self.remote[msg.mid]
+                core.detach_subscriber(link, msg.mid, msg.closed, now, clean=msg.clean)
+
+    def _from(self, src: str, mid: str) -> bool:
+        link = self.remote.get(mid)
+        return link is not None and link.relay == src
+
+    def _join(self, src: str, j: Join, now: float) -> None:
+        old = self.remote.get(j.mid)
+        link = RemoteLink(src, j.mid)
+        self.remote[j.mid] = link
+        try:
+            self.core.attach_subscriber(link, j.sid, j.topic, j.container, j.link_name, j.expiry, j.capable,
+                                        j.presented, now, j.epoch, (), j.owner, j.selector, member=j.mid,
+                                        member_name=j.name)
+        except OncemeshError as exc:
+            if old is not None:
+                self.remote[j.mid] = old
+            else:
+                del self.remote[j.mid]
+            self.sessions.send(src, Refused(j.mid, exc.condition, str(exc)), now)
+            return
+        self.sessions.send(src, Joined(j.mid), now)
+
+    def relay_lost(self, relay: str, now: float) -> None:
+        """Our session with `relay` broke: its members' connections count as dropped (what they
+        held waits, in doubt, for them to come back: they join again)."""
+        self.sessions.reset(relay)
+        for mid, link in list(self.remote.items()):
+            if link.relay == relay:
+                del self.remote[mid]
+                self.core.detach_subscriber(link, mid, False, now, clean=False)
+
+    def perform(self, act: Deliver | SettleDelivery | NotifyFinal | DrainCredit | DetachLink, now: float) -> None:
+        """One of the core's actions for a relayed member (`act.sid` in `remote`)."""
+        mid = act.sid
+        link = self.remote.get(mid)
+        if link is None:
+            return
+        t = type(act)
+        if t is Deliver:
+            assert isinstance(act, Deliver)
+            self.sessions.send(link.relay, Hand(mid, act.gid, act.payload, act.redelivery), now)
+        elif t is SettleDelivery:
+            assert isinstance(act, SettleDelivery)
+            self.sessions.send(link.relay, Settle(mid, act.gid), now)
+        elif t is NotifyFinal:
+            assert isinstance(act, NotifyFinal)
+            self.sessions.send(link.relay, Notify(mid, act.gids), now)
+        elif t is DrainCredit:
+            self.sessions.send(link.relay, Drained(mid), now)
+        elif t is DetachLink:
+            assert isinstance(act, DetachLink)
+            if act.link is link:
+                del self.remote[mid]
+                self.sessions.send(link.relay, Refused(mid, act.condition, act.description), now)
