@@ -117,6 +117,15 @@ class LinkRedirect(LocalError):
     condition = "amqp:link:redirect"
 
 
+class RelayMember(LinkRedirect):
+    """A member of a shared subscription attached here, whose home is router `home`, reachable: the
+    router relays it there (interrouter/members.py); an adapter that cannot takes it as a redirect."""
+
+    def __init__(self, home: str, description: str) -> None:
+        super().__init__(description)
+        self.home = home
+
+
 class ConnectionForced(LocalError):
     """We close the connection for a reason of our own (shutting down, replaced by a newer one, lost)."""
 

@@ -17,6 +17,7 @@ import struct
 from typing import Any, assert_never
 
 from .lamportcodec import lamport_from_list, lamport_to_list
+from .members import msg_from_list, msg_to_list
 from .messages import (
     Acks,
     Bye,
@@ -27,6 +28,7 @@ from .messages import (
     Holds,
     LamportOrder,
     LinkState,
+    MemberFrame,
     Order,
     Probes,
     PubDeclare,
@@ -90,6 +92,8 @@ def _to_list(m: Control) -> list[Any]:
     if type(m) is LamportOrder:
         return ["LO", m.src, m.dst, m.topic, m.epoch, m.seq, m.ack_epoch, m.ack,
                 None if m.msg is None else lamport_to_list(m.msg)]
+    if type(m) is MemberFrame:
+        return ["M", m.src, m.dst, m.epoch, m.seq, m.ack_epoch, m.ack, None if m.msg is None else msg_to_list(m.msg)]
     if type(m) is Order:
         return ["O", m.src, m.dst, m.topic, wire_to_list(m.wire)]
     if type(m) is Probes:
@@ -145,6 +149,8 @@ def _from_list(x: list[Any]) -> Control | None:
         return _order_from_list(x)
     if kind == "LO":
         return _lamport_from_list(x)
+    if kind == "M":
+        return _member_from_list(x)
     return None  # a kind from a newer version: skipped
 
 
@@ -199,6 +205,25 @@ def _lamport_from_list(x: list[Any]) -> LamportOrder:
     if (msg is None) != (seq == 0):
         raise FrameError(f"malformed lamport message: seq {seq} with{'out' if msg is None else ''} a message")
     return LamportOrder(dst, src, topic, epoch, seq, ack_epoch, ack, None if msg is None else lamport_from_list(msg))
+
+
+_MEMBER = Fields("member")
+_MNAT = _MEMBER.int_from(0)
+
+
+def _member_from_list(x: list[Any]) -> MemberFrame:
+    """Strict: exactly [kind, src, dst, epoch, seq, ack_epoch, ack, msg], a message exactly when
+    seq > 0 (interrouter/members.py, `msg_from_list`)."""
+    if not isinstance(x, list) or len(x) != 8:
+        raise FrameError("malformed member frame: expected [kind, src, dst, epoch, seq, ack_epoch, ack, msg]")
+    _, src, dst, epoch, seq, ack_epoch, ack, msg = x
+    for name, v in (("src", src), ("dst", dst)):
+        _MEMBER.string(v, name)
+    for name, v in (("epoch", epoch), ("seq", seq), ("ack_epoch", ack_epoch), ("ack", ack)):
+        _MNAT(v, name)
+    if (msg is None) != (seq == 0):
+        raise FrameError(f"malformed member frame: seq {seq} with{'out' if msg is None else ''} a message")
+    return MemberFrame(dst, src, epoch, seq, ack_epoch, ack, None if msg is None else msg_from_list(msg))
 
 
 def encode_control(msgs: list[Control]) -> bytes:

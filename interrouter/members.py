@@ -46,7 +46,7 @@ from ..router.actions import Deliver, DetachLink, DrainCredit, NotifyFinal, Sett
 from .channel import Sessions
 from .strict import FrameError
 
-__all__ = ["Credit", "Disposition", "Drained", "Hand", "Join", "Joined", "Left", "MemberHome", "MemberMsg",
+__all__ = ["TO_HOME", "Credit", "Disposition", "Drained", "Hand", "Join", "Joined", "Left", "MemberHome", "MemberMsg",
            "Notify", "Refused", "Relay", "RemoteLink", "Settle", "msg_from_list", "msg_to_list"]
 
 # a Join the home has not answered in this long is given up: the member is refused with a redirect
@@ -143,6 +143,7 @@ class Drained:
 
 
 MemberMsg = Join | Credit | Disposition | Left | Joined | Refused | Hand | Settle | Notify | Drained
+TO_HOME = (Join, Credit, Disposition, Left)  # the kinds a relay sends to a home (the rest go back)
 MemberSessions = Sessions[MemberMsg]
 
 
@@ -328,7 +329,7 @@ class Relay:
         self.sessions.send(r.home, Left(mid, closed, clean), now)
 
     def receive(self, src: str, msg: MemberMsg, now: float) -> None:
-        mid = msg.mid  # type: ignore[union-attr]  # (every message a home sends names its member)
+        mid = msg.mid  # (every message a home sends names its member)
         r = self.members.get(mid)
         if r is None or r.home != src:
             return  # (a member that left, or moved to another home: its old home's leftovers)

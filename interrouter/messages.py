@@ -3,7 +3,7 @@ routers of different versions talk (`negotiate_version`).
 
 Neighbour-only: Hello, Bye. Flooded: LinkState. Routed (src -> dst, hop by hop along the shortest
 paths): SubUpdate, SubAck, TableSync, Acks, Finals, Probes, Queries, PubDeclare, Holds, Order,
-LamportOrder. Data copies travel in their own frames (`codec.encode_copy`) so that transit routers can
+LamportOrder, MemberFrame. Data copies travel in their own frames (`codec.encode_copy`) so that transit routers can
 pass the payload on without decoding it.
 
 The classes are final: the codec and the node dispatch on `type(m) is C`, which mypy narrows (for a
@@ -18,17 +18,22 @@ from typing import Any, final
 from ..common.errors import IncompatibleVersion, RemoteProtocolError
 from ..router.order import lamport
 from ..router.order.sequencer import Wire
+from .members import MemberMsg
 
 # The inter-router protocol version this router speaks. 1: routers that announced no version (only
 # `oncemesh.mesh`); 2: the open frame carries `oncemesh.version` and `oncemesh.client-url`, the
 # frames are those of 1; 3: the total-order messages (O, LO) carry compaction (floors, checkpoints).
 # A router and a peer at most VERSION_SPAN apart interoperate: each speaks the lower of the two
 # versions to the other (a rolling upgrade runs one version apart).
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 # The first version whose O and LO messages this router's strict order codecs read: to and from a
 # neighbour speaking an older one, no order message is passed (the order streams treat the routers
 # behind it as cut off until it is upgraded; every other message flows as before).
 ORDER_VERSION = 3
+# The first version that carries relayed members of shared subscriptions (MemberFrame, kind "M":
+# interrouter/members.py). A router relays a member only to a home whose path speaks it all the way;
+# a Join that is never answered is given up with a redirect to the home (members.JOIN_TIMEOUT).
+MEMBERS_VERSION = 4
 VERSION_SPAN = 1
 UNVERSIONED = 1  # what a peer that sends no `oncemesh.version` speaks
 
@@ -221,6 +226,23 @@ class LamportOrder:
 
 @final
 @dataclass(frozen=True, slots=True)
+class MemberFrame:
+    """One frame of the reliable session (`interrouter.channel`) between `src` and `dst` that
+    carries relayed members of shared subscriptions (`interrouter.members`): session `epoch`, its
+    number `seq` (0: an acknowledgement only), the acknowledgement of `dst`'s session (`ack_epoch`,
+    `ack`), and the message."""
+
+    dst: str
+    src: str
+    epoch: int
+    seq: int
+    ack_epoch: int
+    ack: int
+    msg: MemberMsg | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class Copy:
     """A message copy: from `origin` (incarnation `inc`), to deliver at each router of `dests` to
     the listed subscriptions. `payload` is the publisher's message, never decoded."""
@@ -237,6 +259,6 @@ class Copy:
 
 
 Control = (Hello | Bye | LinkState | SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds
-           | Queries | Order | LamportOrder)
+           | Queries | Order | LamportOrder | MemberFrame)
 Routed = (SubUpdate | SubAck | TableSync | Acks | Finals | Probes | PubDeclare | Holds | Queries | Order
-          | LamportOrder)
+          | LamportOrder | MemberFrame)

@@ -22,13 +22,18 @@ from ..common.errors import RemoteProtocolError
 from ..router.actions import (
     Announce,
     DeclarePublisher,
+    Deliver,
+    DetachLink,
+    DrainCredit,
     Forward,
     MeshAction,
+    NotifyFinal,
     SendAck,
     SendFinal,
     SendHold,
     SendProbe,
     SendQuery,
+    SettleDelivery,
     SubmitOrder,
 )
 from ..router.core import DeliveryCore
@@ -42,7 +47,9 @@ from .channel import Sessions
 from .gossip import Gossip
 from .hello import HelloMonitor
 from .linkstate import LinkStateDb
+from .members import TO_HOME, MemberHome, MemberMsg, Relay
 from .messages import (
+    MEMBERS_VERSION,
     ORDER_VERSION,
     PROTOCOL_VERSION,
     Acks,
@@ -53,6 +60,7 @@ from .messages import (
     Holds,
     LamportOrder,
     LinkState,
+    MemberFrame,
     Order,
     Probes,
     PubDeclare,
@@ -182,6 +190,12 @@ class MeshNode:
         # subscriptions (homed here) of total-order topics whose ATTACH waits for their start's
         # number: in force only from there (a message published after the answer is numbered after it)
         self._await_start: set[str] = set()
+        # relayed members of shared subscriptions (interrouter/members.py): one reliable session per
+        # router, for the members we relay to their homes and those relayed to us
+        self.member_ses: Sessions[MemberMsg] = Sessions()
+        self.relay = Relay(me, self.member_ses)
+        self.member_home = MemberHome(core, self.member_ses)
+        self._member_alive: dict[str, str] = {}
 
     # ------------------------------------------------------------------ connections
     def peer_up(self, peer: str, inc: str, now: float, version: int = PROTOCOL_VERSION) -> None:
@@ -232,6 +246,7 @@ class MeshNode:
             self._drain_order(now)
         if self.lamports:
             self._lamport_members({r: i for r, i in reach.items() if r != self.me}, now)
+        self._member_peers({r: i for r, i in reach.items() if r != self.me}, now)
         self._pump_gossip()
         self._check_ready(now)
         self.view_changed = True
@@ -283,6 +298,8 @@ class MeshNode:
                                 msg.src, gid)
         elif type(msg) is LamportOrder:
             self._lamport_in(msg, now)
+        elif type(msg) is MemberFrame:
+            self._member_in(msg, now)
         elif type(msg) is Order:
             seq = self.seqs.get(msg.topic)
             if seq is None:
@@ -364,6 +381,9 @@ class MeshNode:
             # streams count the routers behind it as cut off (a rolling upgrade: until it is upgraded)
             self.stats["order_version_dropped"] += 1
             return
+        if type(msg) is MemberFrame and self.versions.get(hop, PROTOCOL_VERSION) < MEMBERS_VERSION:
+            self.stats["members_version_dropped"] = self.stats.get("members_version_dropped", 0) + 1
+            return  # (its relay gives the Join up after members.JOIN_TIMEOUT: a redirect to the home)
         self._control.setdefault(hop, []).append(msg)
 
     def flush(self) -> None:
@@ -372,6 +392,8 @@ class MeshNode:
         for topic, ses in self._lam_sessions.items():
             ses.flush_acks()
             self._lamport_frames(topic, ses)
+        self.member_ses.flush_acks()
+        self._member_frames()
         for dst, items in self._acks.items():
             for part in _runs(items):
                 self._route_control(Acks(self.me, dst, part))
@@ -400,7 +422,7 @@ class MeshNode:
     @property
     def has_pending(self) -> bool:
         return bool(self._control or self._acks or self._finals or self._probes or self._holds
-                    or self._queries)
+                    or self._queries or self.member_ses.out)
 
     # ------------------------------------------------------------------ core actions
     def perform(self, act: MeshAction, now: float) -> None:
@@ -576,6 +598,47 @@ class MeshNode:
             if inc is not None:
                 self._lamport_do(topic, lam.member_up(r, lamport_incarnation(inc), now), now)
 
+    # ------------------------------------------------------------------ relayed members
+    def _member_peers(self, alive: dict[str, str], now: float) -> None:
+        """A router that went, or came back as a new life: our member session with it is over
+        (messages may have been lost): the members it relayed here count as dropped, and ours
+        relayed there join again."""
+        old = self._member_alive
+        for r in sorted(set(old) | set(alive)):
+            if old.get(r) != alive.get(r) and r in old:
+                self._member_session_broken(r, now)
+        self._member_alive = dict(alive)
+
+    def _member_session_broken(self, peer: str, now: float) -> None:
+        self.member_home.relay_lost(peer, now)
+        self.relay.session_broken(peer, now)
+
+    def _member_in(self, m: MemberFrame, now: float) -> None:
+        ready, broken = self.member_ses.receive(m.src, m.epoch, m.seq, m.ack_epoch, m.ack, m.msg, now)
+        if broken:  # its earlier session may have lost messages
+            self.stats["member_sessions_broken"] = self.stats.get("member_sessions_broken", 0) + 1
+            self._member_session_broken(m.src, now)
+        for msg in ready:
+            if type(msg) in TO_HOME:
+                self.member_home.receive(m.src, msg, now)
+            else:
+                self.relay.receive(m.src, msg, now)
+
+    def _member_frames(self) -> None:
+        ses = self.member_ses
+        if ses.out:
+            out, ses.out = ses.out, []
+            for f in out:
+                self._route_control(MemberFrame(f.dst, self.me, f.epoch, f.seq, f.ack_epoch, f.ack, f.msg))
+
+    def perform_member(self, act: Deliver | SettleDelivery | NotifyFinal | DrainCredit | DetachLink,
+                       now: float) -> bool:
+        """One of the core's actions for a member relayed here by another router (False: not one)."""
+        if act.sid not in self.member_home.remote:
+            return False
+        self.member_home.perform(act, now)
+        return True
+
     def _persist_order(self) -> None:
         """The streams' durable parts that changed this pass go to disk before its frames leave."""
         if self._persist_seq is not None:
@@ -627,6 +690,9 @@ class MeshNode:
         theirs = (won.home, won.epoch, won.state.value) if won is not None else None
         reclaimed = self.core.subscriptions_reclaimed()
         self.core.subscription_changed(old, now)
+        if self.relay.members:
+            now_sub = self.table.get(old.sid)
+            self.relay.home_changed(old.sid, now_sub.home if now_sub is not None and now_sub.live else None, now)
         if self.core.subscriptions_reclaimed() != reclaimed:
             now_entry = self.table.get(old.sid)
             log.info("subscription.reclaimed sid=%s epoch=%s over=%s: its link is live here and that claim "
@@ -739,6 +805,8 @@ class MeshNode:
         if now >= self._floors_due:
             self._floors_due = now + FLOOR_INTERVAL
             self._order_floors(now)
+        self.member_ses.tick(now)
+        self.relay.tick(now)
         self.core.tick(now, may_expire=self.may_expire())
 
     # ------------------------------------------------------------------ status

@@ -1045,8 +1045,9 @@ class DeliveryCore:
                 f"{self._now - seen:.1f} s ago: attach there, or here again once it has been gone "
                 f"{2 * self.cfg.shared_lease:g} s (shared_lease)")
         if sub.home != self.router_id and sub.home in self.reachable:
-            # (suspended there too: what its members accepted there is known there, and only there)
-            raise errors.LinkRedirect(
+            # (suspended there too: what its members accepted there is known there, and only there):
+            # relayed there by this router (interrouter/members.py), or redirected
+            raise errors.RelayMember(sub.home,
                 f"shared subscription {sub.link!r} ({sid}) has its home at router {sub.home}: attach there (the "
                 f"members of a shared subscription attach at its home; it moves to another router only when "
                 f"that one is down or cut off)")

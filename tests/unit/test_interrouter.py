@@ -10,6 +10,7 @@ from oncemesh.interrouter import codec
 from oncemesh.interrouter.gossip import Gossip
 from oncemesh.interrouter.hello import HelloMonitor
 from oncemesh.interrouter.linkstate import LinkStateDb
+from oncemesh.interrouter.members import Settle
 from oncemesh.interrouter.messages import (
     Acks,
     Bye,
@@ -18,6 +19,7 @@ from oncemesh.interrouter.messages import (
     Hello,
     Holds,
     LinkState,
+    MemberFrame,
     Probes,
     PubDeclare,
     Queries,
@@ -222,7 +224,8 @@ def test_every_control_message_round_trips() -> None:
         SubAck("B", "A", "s", 7, False, "ended"), TableSync("A", "B", "1", [{"sid": "s"}], True),
         Acks("B", "A", [("g", "s", 2, None), ("h", "s", 3, ("app:bad", "no"))]), Finals("A", "B", ["g"]),
         Probes("B", "A", ["g"], "17"), Queries("B", "C", ["g"]), PubDeclare("A", "B", "plid", ["g"]),
-        Holds("B", "A", ["g"]),
+        Holds("B", "A", ["g"]), MemberFrame("A", "C", 17, 2, 5, 1, Settle("m", "g")),
+        MemberFrame("A", "C", 17, 0, 5, 3, None),
     ]
     assert codec.decode_control(codec.encode_control(msgs)) == msgs
 
