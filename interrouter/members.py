@@ -40,6 +40,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any, Protocol, final
 
+from ..common import errors
 from ..common.errors import OncemeshError
 from ..common.vocab import Outcome
 from ..router.actions import Deliver, DetachLink, DrainCredit, NotifyFinal, SettleDelivery
@@ -296,7 +297,7 @@ class Relay:
     def attach(self, link: Any, join: Join, home: str, now: float) -> None:
         old = self.members.get(join.mid)
         if old is not None and old.link is not link:  # a newer attach of the same member takes its place
-            self.out.append(DetachLink(join.mid, old.link, "amqp:link:stolen", "a newer link of this member"))
+            self.out.append(DetachLink(join.mid, old.link, errors.LinkStolen.condition, "a newer link of this member"))
             join = _with_presented(join, tuple(sorted(set(join.presented) | old.accepted)))
         self.members[join.mid] = r = _Relayed(join, home, link, asked_at=now)
         self.sessions.send(home, join, now)
@@ -368,7 +369,7 @@ class Relay:
                 continue
             if home is None:
                 del self.members[mid]
-                self.out.append(DetachLink(mid, r.link, "amqp:resource-deleted",
+                self.out.append(DetachLink(mid, r.link, errors.NotFound.condition,
                                            f"shared subscription {sid} ended"))
             elif home == self.me:
                 del self.members[mid]
@@ -400,7 +401,7 @@ class Relay:
         for mid, r in list(self.members.items()):
             if not r.joined and now - r.asked_at >= JOIN_TIMEOUT:
                 del self.members[mid]
-                self.out.append(DetachLink(mid, r.link, "amqp:link:redirect",
+                self.out.append(DetachLink(mid, r.link, errors.LinkRedirect.condition,
                                            f"shared subscription {r.join.sid} has its home at router {r.home}, "
                                            f"which did not answer for this member within {JOIN_TIMEOUT:g} s: "
                                            f"attach there"))

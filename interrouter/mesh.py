@@ -15,11 +15,14 @@ from typing import Any
 from ..common import errors
 from ..common.engine import AmqpConnection, Engine, listen
 from ..common.tls import TlsFiles, TlsProvider
+from ..common.vocab import Outcome
 from ..router.actions import MeshAction
 from ..router.config import client_url_of
+from ..router.core import SubscriberAttach
 from ..topology.model import Topology, TotalOrder
 from .codec import FrameError
 from .links import Peer, PeerHandler, dial
+from .members import Join
 from .node import MeshNode
 from .orderstate import OrderStore
 from .routerport import RouterPort
@@ -290,6 +293,11 @@ class Mesh:
                 if peer is not None:
                     peer.conn.close(errors.ResourceLimitExceeded.condition, "no HELLO within dead_after")
                     peer.conn.abort()
+        relay = node.relay
+        if relay.out or relay.answered or relay.rehome:
+            out, answered, rehome = relay.out, relay.answered, relay.rehome
+            relay.out, relay.answered, relay.rehome = [], [], []
+            self.router.relay_outputs(out, answered, rehome)
         if node.view_changed:
             node.view_changed = False
             self.router.write_ready_file()
@@ -306,6 +314,32 @@ class Mesh:
 
     def attach_pending(self, sid: str) -> bool:
         return self.node.attach_pending(sid)
+
+    # relayed members of shared subscriptions (interrouter/members.py)
+    def relay_attach(self, link: Any, att: SubscriberAttach, home: str, now: float) -> None:
+        join = Join(att.sid, att.member, att.member_name, att.topic, att.container, att.link_name, att.expiry,
+                    att.capable, att.selector, att.owner, tuple(att.presented or ()), att.epoch)
+        self.node.relay.attach(link, join, home, now)
+        self._drain_node()
+
+    def relay_credit(self, mid: str, credit: int, drain: bool, now: float) -> None:
+        self.node.relay.credit(mid, credit, drain, now)
+        self._drain_node()
+
+    def relay_disposition(self, mid: str, gid: str, outcome: Outcome, settled: bool, error: tuple[str, str] | None,
+                          undeliverable: bool, now: float) -> None:
+        self.node.relay.disposition(mid, gid, outcome, settled, error, undeliverable, now)
+        self._drain_node()
+
+    def relay_detach(self, link: Any, mid: str, closed: bool, clean: bool, now: float) -> None:
+        self.node.relay.detach(link, mid, closed, clean, now)
+        self._drain_node()
+
+    def perform_member(self, act: Any) -> bool:
+        done = self.node.perform_member(act, time.time())
+        if done:
+            self._drain_node()
+        return done
 
     def tick(self, now: float) -> None:
         self.node.tick(now)

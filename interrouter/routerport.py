@@ -8,7 +8,7 @@ tests/unit/test_mesh_seam.py checks that the mesh layer keeps to both.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..router.config import RouterConfig
@@ -54,6 +54,10 @@ class RouterPort(Protocol):
 
     def mesh_event(self, event: str, now: float, peer: str, info: str | None) -> None:
         """An event of the mesh layer for the settlement log."""
+
+    def relay_outputs(self, actions: list[Any], answered: list[str], rehome: list[Any]) -> None:
+        """What the relay of shared subscriptions' members decided (interrouter/members.py): actions
+        on relayed links (by member id), members whose ATTACH is answered now, links to attach here."""
 
     def write_ready_file(self) -> None:
         """Write the router's status file again (the mesh's view changed)."""

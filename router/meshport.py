@@ -31,6 +31,24 @@ class MeshPort(Protocol):
         """Does the ATTACH of subscription `sid` still wait for the other routers' acknowledgements?"""
         ...
 
+    def relay_attach(self, link: Any, att: Any, home: str, now: float) -> None:
+        """Relay member `att.member` of shared subscription `att.sid` (a `SubscriberAttach`) to its
+        home `home` (interrouter/members.py); its ATTACH is answered once the home took it."""
+
+    def relay_credit(self, mid: str, credit: int, drain: bool, now: float) -> None:
+        """A relayed member's link credit."""
+
+    def relay_disposition(self, mid: str, gid: str, outcome: Any, settled: bool, error: tuple[str, str] | None,
+                          undeliverable: bool, now: float) -> None:
+        """A relayed member's disposition."""
+
+    def relay_detach(self, link: Any, mid: str, closed: bool, clean: bool, now: float) -> None:
+        """A relayed member's link detached (`clean`) or its connection dropped."""
+
+    def perform_member(self, act: Any) -> bool:
+        """Carry out a core action for a member another router relays here (False: not one)."""
+        ...
+
     def ready_info(self) -> dict[str, Any]:
         """The mesh's part of the router's status file (peers, convergence, inter-router address)."""
         ...

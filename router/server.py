@@ -19,7 +19,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, assert_never
@@ -157,7 +157,8 @@ def source_selector(filters: Any) -> tuple[str, dict[Any, Any] | None]:
 
 
 class SubLinkCtx:
-    __slots__ = ("sid", "table_sid", "topic", "deliveries", "gid_of", "final_seq", "attach_args", "resumed")
+    __slots__ = ("sid", "table_sid", "topic", "deliveries", "gid_of", "final_seq", "attach_args", "resumed",
+                 "relayed")
 
     def __init__(self, sid: str, topic: str, table_sid: str = "") -> None:
         self.sid = sid  # the link's id with the core (a shared subscription's member: the member's)
@@ -168,6 +169,7 @@ class SubLinkCtx:
         self.deliveries: dict[str, Any] = {}  # gid -> unsettled delivery pointer
         self.gid_of: dict[Any, str] = {}  # delivery pointer -> gid
         self.final_seq = 0
+        self.relayed = False  # a member relayed to its shared subscription's home (interrouter/members.py)
 
 
 class PubLinkCtx:
@@ -947,6 +949,15 @@ class Router:
         link.ctx.attach_args = att
         try:
             link.ctx.resumed = self.core.attach(link, att, time.time())
+        except errors.RelayMember as exc:
+            if self.mesh is None:
+                self._forget_sub_link(link)
+                raise
+            # a member of a shared subscription homed at a reachable router: relayed there; its
+            # ATTACH is answered once the home took it (`relay_outputs`)
+            link.ctx.relayed = True
+            self.mesh.relay_attach(link, att, exc.home, time.time())
+            log.info("link.relayed sid=%s member=%s home=%s", sid, member, exc.home)
         except errors.OncemeshError:
             self._forget_sub_link(link)
             raise
@@ -960,7 +971,8 @@ class Router:
         link.set_settle_modes(F.SND_UNSETTLED, link.remote_rcv_settle_mode)
         # the attach is answered once the table holding the subscription is on disk (and, in a
         # mesh, once the other routers acknowledged it): see _answer_subscriber
-        self._pending_opens.append(link)
+        if not link.ctx.relayed:
+            self._pending_opens.append(link)
 
     def _lookup(self, link: Link, container: str) -> Subscription:
         """A receiver attach with no source looks up the subscription its container holds under the
@@ -1052,13 +1064,13 @@ class Router:
             log.warning("link.abusive_credit peer=%s link=%s credit=%d", link.conn.peer, link.name, credit)
             if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link:
                 self._forget_sub_link(link)
-                self.core.detach_subscriber(link, ctx.sid, False, time.time())
+                self._sub_detach(link, ctx, False, time.time(), clean=False)
             link.close(errors.RemoteProtocolError.condition, "link-credit beyond 2147483647 is not supported")
             self.drain()
             return
         if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link and not link.local_uninit:
             # (a drain is answered by the core whenever nothing more can be sent: `DrainCredit`)
-            self.core.subscriber_credit(ctx.sid, max(credit, 0), link.draining)
+            self._sub_credit(ctx, max(credit, 0), link.draining)
             self.drain()
 
     def on_message(self, link: Link, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None:
@@ -1168,7 +1180,10 @@ class Router:
                     amqp.settle(delivery)
                     settled = True
             if self.sub_links.get(ctx.sid) is link:
-                self.core.subscriber_outcome(ctx.sid, gid, outcome, settled, error, undeliverable, time.time())
+                if ctx.relayed and self.mesh is not None:
+                    self.mesh.relay_disposition(ctx.sid, gid, outcome, settled, error, undeliverable, time.time())
+                else:
+                    self.core.subscriber_outcome(ctx.sid, gid, outcome, settled, error, undeliverable, time.time())
                 if not self._drain_scheduled:  # (checked here: three times per message)
                     self._drain_later()
         elif isinstance(ctx, PubLinkCtx) and settled and delivery in self.pub_deliveries:
@@ -1184,7 +1199,7 @@ class Router:
                 log.info("link.detached sid=%s closed=%s condition=%s", ctx.sid, closed, condition)
             if self.sub_links.get(ctx.sid) is link:
                 self._forget_sub_link(link)
-                self.core.detach_subscriber(link, ctx.sid, closed, time.time(), clean=True)
+                self._sub_detach(link, ctx, closed, time.time(), clean=True)
         elif isinstance(ctx, PubLinkCtx):
             self._close_publisher(link, None, None)
         self.drain()
@@ -1205,7 +1220,7 @@ class Router:
             if isinstance(ctx, SubLinkCtx):
                 if self.sub_links.get(ctx.sid) is link:
                     self._forget_sub_link(link)
-                    self.core.detach_subscriber(link, ctx.sid, False, now)
+                    self._sub_detach(link, ctx, False, now, clean=False)
             elif isinstance(ctx, PubLinkCtx):
                 self._close_publisher(link, None, None)
         if condition and condition[0] != errors.ConnectionForced.condition:
@@ -1350,7 +1365,48 @@ class Router:
                         **({"info": SELECTIVE} if selective else {}))
         # (no flush here: this runs after the pass, and the engine's before_output hook writes the
         # log before the answer leaves; a flush per subscriber was a write per attach)
-        self.core.subscriber_credit(ctx.sid, link.credit, link.draining)
+        self._sub_credit(ctx, link.credit, link.draining)
+
+    def _sub_credit(self, ctx: SubLinkCtx, credit: int, drain: bool) -> None:
+        if ctx.relayed and self.mesh is not None:
+            self.mesh.relay_credit(ctx.sid, credit, drain, time.time())
+        else:
+            self.core.subscriber_credit(ctx.sid, credit, drain)
+
+    def _sub_detach(self, link: Link, ctx: SubLinkCtx, closed: bool, now: float, clean: bool) -> None:
+        if ctx.relayed and self.mesh is not None:
+            self.mesh.relay_detach(link, ctx.sid, closed, clean, now)
+        else:
+            self.core.detach_subscriber(link, ctx.sid, closed, now, clean=clean)
+
+    def relay_outputs(self, actions: list[Any], answered: list[str], rehome: list[Any]) -> None:
+        """What the relay of shared subscriptions' members decided (interrouter/members.py)."""
+        self._perform(actions)
+        now = time.time()
+        for mid in answered:
+            waiting = self.sub_links.get(mid)
+            if waiting is not None and waiting.local_uninit:
+                self._answer_subscriber(waiting)
+        for r in rehome:  # the subscription's home is here now: the member's link joins the core
+            link: Link = r.link
+            ctx = link.ctx
+            if not isinstance(ctx, SubLinkCtx) or self.sub_links.get(ctx.sid) is not link:
+                continue
+            ctx.relayed = False
+            assert ctx.attach_args is not None
+            ctx.attach_args = replace(ctx.attach_args, presented=list(r.join.presented))
+            try:
+                ctx.resumed = self.core.attach(link, ctx.attach_args, now)
+            except errors.OncemeshError as exc:
+                self._forget_sub_link(link)
+                link.close(exc.condition, str(exc), info=self._home_info(link)
+                           if isinstance(exc, errors.LinkRedirect) else None)
+                continue
+            if link.local_uninit:
+                self._pending_opens.append(link)
+            else:
+                self.core.subscriber_credit(ctx.sid, max(link.credit, 0), link.draining)
+        self.drain()
 
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:
         """The mesh acknowledged (or refused) the announcement of a subscriber's attach."""
@@ -1409,6 +1465,8 @@ class Router:
             if type(act) is Deliver:
                 link = sub_links.get(act.sid)
                 if link is None:
+                    if self.mesh is not None:
+                        self.mesh.perform_member(act)  # (a member relayed here by another router?)
                     continue
                 gid = act.gid
                 d = link.send(gid.encode("ascii"), act.payload)
@@ -1436,6 +1494,8 @@ class Router:
             elif type(act) is SettleDelivery:
                 link = sub_links.get(act.sid)
                 if link is None:
+                    if self.mesh is not None:
+                        self.mesh.perform_member(act)
                     continue
                 ctx = link.ctx
                 d = ctx.deliveries.pop(act.gid, None)
@@ -1463,9 +1523,13 @@ class Router:
                 link = self.sub_links.get(act.sid)
                 if link is not None:
                     link.drained()
+                elif self.mesh is not None:
+                    self.mesh.perform_member(act)
             elif type(act) is NotifyFinal:
                 link = self.sub_links.get(act.sid)
                 if link is None:
+                    if self.mesh is not None:
+                        self.mesh.perform_member(act)
                     continue
                 ctx = link.ctx
                 ctx.final_seq += 1
@@ -1473,13 +1537,18 @@ class Router:
                 link.send(f"{FINAL_TAG_PREFIX}{ctx.final_seq}".encode(), body, settled=True)
             elif type(act) is DetachLink:
                 dlink: Link = act.link
+                if not isinstance(dlink, Link):  # a member relayed here by another router
+                    if self.mesh is not None:
+                        self.mesh.perform_member(act)
+                    continue
                 if self.sub_links.get(act.sid) is dlink:
                     self._forget_sub_link(dlink)
                 if act.condition == errors.UnauthorizedAccess.condition:  # another identity's life holds it
                     self.stats_refusals["unauthorized_attaches"] += 1
                     log.warning("link.refused peer=%s container=%s link=%s condition=%s reason=%s", dlink.conn.peer,
                                 dlink.conn.ctx.container, dlink.name, act.condition, act.description)
-                dlink.close(act.condition, act.description)
+                dlink.close(act.condition, act.description,
+                            info=self._home_info(dlink) if act.condition == errors.LinkRedirect.condition else None)
             elif isinstance(act, Forward | SendAck | SendFinal | SendProbe | Announce | DeclarePublisher | SendHold
                             | SendQuery | SubmitOrder):
                 if self.mesh is not None:

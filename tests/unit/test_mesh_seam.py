@@ -26,6 +26,8 @@ CORE_CALLS = frozenset({
     "publisher_declared_elsewhere", "presented_elsewhere", "subscription_changed", "set_reachable",
     "set_ready", "set_mesh", "ordered", "pump_topic", "total_floor", "total_compact", "total_restore",
     "tick",
+    # ... and a subscriber link's, for a member another router relays here (interrouter/members.py)
+    "attach_subscriber", "subscriber_credit", "subscriber_outcome", "detach_subscriber",
     # queries (router/meshside.py, and the end of router/core.py: "for the mesh layer")
     "notes_on", "reachable_routers", "has_record", "has_final_notes", "subscriptions_reclaimed",
     "in_total_order", "total_base", "total_checkpoint", "total_start_of",
