@@ -1,6 +1,6 @@
 """Shared subscriptions with a real router (router/groups.py): several members, ours and Proton's
 with Qpid JMS's link form, split one subscription's messages; each is accepted by one member; what a
-member leaves without accepting goes to another; members at other routers are relayed to the home.""" 
+member leaves without accepting goes to another; members at other routers are relayed to the home."""
 
 from __future__ import annotations
 
