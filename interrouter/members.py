@@ -23,14 +23,15 @@ lost messages):
 
 - the home takes it as the connection of each member relayed by C dropping: what they held waits,
   in doubt, for them to come back or for `shared_member_grace` (router/groups.py);
-- the relay sends Join again for each of its members, presenting what the member accepted and the
-  relay has not seen settled: the relay knows it exactly, since every disposition passed through it.
-  The same happens when the subscription's home changes (it moved because its home went down): the
-  relay joins the new home. When the new home is the relay itself, the member's link is attached to
-  the local core instead (`Rehome`).
+- the relay detaches each of its members there with amqp:link:redirect (to the subscription's home
+  as it knows it): the member attaches again, presenting what it accepted, as after a dropped
+  connection. Its link cannot go on: deliveries it holds and has not accepted may be handed to
+  another member once the home counts it dropped, and it could still accept them there. The same
+  when the subscription's home changes (it moved because its home went down), the new home being
+  this router or another.
 
 Pure: time is a parameter; the outputs are lists the adapter drains: `Relay.out` (actions for links
-here, the delivery core's own action classes, addressed by member id), `Relay.rehome`, and the
+here, the delivery core's own action classes, addressed by member id), `Relay.answered`, and the
 session frames of `MemberSessions.out` (routed to their destination as `MemberFrame` controls).
 """
 
@@ -260,20 +261,7 @@ class _Relayed:
     drain: bool = False
     joined: bool = False
     asked_at: float = 0.0  # when the pending Join went
-    accepted: set[str] = field(default_factory=set)  # accepted on the link, not settled yet
     held: set[str] = field(default_factory=set)  # handed on the link, not settled yet
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class Rehome:
-    """The subscription's home is this router now: attach `link` to the local core as member
-    `join.mid`, presenting `join.presented` (what it accepted and did not see settled)."""
-
-    link: Any
-    join: Join
-    credit: int
-    drain: bool
 
 
 class Relay:
@@ -281,7 +269,7 @@ class Relay:
     `attach`, `credit`, `disposition`, `detach`; from the mesh: `receive` (a home's messages),
     `home_changed`, `session_broken`; time: `tick`. Outputs: `out` (Deliver / SettleDelivery /
     NotifyFinal / DrainCredit / DetachLink, with the member id as their `sid`), `answered` (member ids
-    whose ATTACH may be answered now), `rehome`; frames in `sessions.out`."""
+    whose ATTACH may be answered now); frames in `sessions.out`."""
 
     def __init__(self, me: str, sessions: MemberSessions) -> None:
         self.me = me
@@ -289,7 +277,6 @@ class Relay:
         self.members: dict[str, _Relayed] = {}  # mid -> relayed member
         self.out: list[Deliver | SettleDelivery | NotifyFinal | DrainCredit | DetachLink] = []
         self.answered: list[str] = []
-        self.rehome: list[Rehome] = []
 
     def relays(self, mid: str) -> bool:
         return mid in self.members
@@ -298,28 +285,24 @@ class Relay:
         old = self.members.get(join.mid)
         if old is not None and old.link is not link:  # a newer attach of the same member takes its place
             self.out.append(DetachLink(join.mid, old.link, errors.LinkStolen.condition, "a newer link of this member"))
-            join = _with_presented(join, tuple(sorted(set(join.presented) | old.accepted)))
-        self.members[join.mid] = r = _Relayed(join, home, link, asked_at=now)
+        self.members[join.mid] = _Relayed(join, home, link, asked_at=now)
         self.sessions.send(home, join, now)
-        r.joined = False
 
     def credit(self, mid: str, credit: int, drain: bool, now: float) -> None:
         r = self.members.get(mid)
         if r is None:
             return
-        r.credit, r.drain = credit, drain
+        r.credit, r.drain = max(credit, 0), drain
         if r.joined:
-            self.sessions.send(r.home, Credit(mid, credit, drain), now)
+            self.sessions.send(r.home, Credit(mid, r.credit, drain), now)
 
     def disposition(self, mid: str, gid: str, outcome: Outcome, settled: bool, error: tuple[str, str] | None,
                     undeliverable: bool, now: float) -> None:
         r = self.members.get(mid)
         if r is None or gid not in r.held:
             return
-        if outcome is Outcome.ACCEPTED:
-            r.accepted.add(gid)
-        elif outcome is not Outcome.REJECTED:
-            r.held.discard(gid)  # given back (released, modified): no longer the member's
+        if outcome is Outcome.RELEASED or outcome is Outcome.MODIFIED:
+            r.held.discard(gid)  # given back: no longer the member's
         self.sessions.send(r.home, Disposition(mid, gid, int(outcome), settled, error, undeliverable), now)
 
     def detach(self, link: Any, mid: str, closed: bool, clean: bool, now: float) -> None:
@@ -337,16 +320,16 @@ class Relay:
         t = type(msg)
         if t is Hand:
             assert isinstance(msg, Hand)
+            if msg.gid in r.held:  # (never twice on one link)
+                return
             r.held.add(msg.gid)
             self.out.append(Deliver(mid, msg.gid, msg.payload, msg.redelivery))
         elif t is Settle:
             assert isinstance(msg, Settle)
             r.held.discard(msg.gid)
-            r.accepted.discard(msg.gid)
             self.out.append(SettleDelivery(mid, msg.gid))
         elif t is Notify:
             assert isinstance(msg, Notify)
-            r.accepted.difference_update(msg.gids)
             self.out.append(NotifyFinal(mid, msg.gids))
         elif t is Drained:
             self.out.append(DrainCredit(mid))
@@ -362,40 +345,25 @@ class Relay:
             self.out.append(DetachLink(mid, r.link, msg.condition, msg.description))
 
     def home_changed(self, sid: str, home: str | None, now: float) -> None:
-        """Subscription `sid` has a new home (None: it ended): its members join it (or are attached
-        here, or detached)."""
+        """Subscription `sid` has a new home (None: it ended): its members here attach again (at
+        the new home, through us or not: their client says what it accepted, as after a drop)."""
         for mid, r in list(self.members.items()):
-            if r.join.sid != sid or r.home == home:
-                continue
-            if home is None:
-                del self.members[mid]
-                self.out.append(DetachLink(mid, r.link, errors.NotFound.condition,
-                                           f"shared subscription {sid} ended"))
-            elif home == self.me:
-                del self.members[mid]
-                self.rehome.append(Rehome(r.link, _with_presented(r.join, tuple(sorted(r.accepted))),
-                                          r.credit, r.drain))
-            else:
-                self._join_again(r, home, now)
+            if r.join.sid == sid and r.home != home:
+                self._let_go(mid, r, f"shared subscription {sid} moved to router {home}: attach again"
+                             if home is not None else f"shared subscription {sid} ended")
 
     def session_broken(self, home: str, now: float) -> None:
         """Our session with `home` broke (it is unreachable, restarted, or opened a new session that
-        may have lost messages): our members there join again (once it is reachable, the session
-        delivers it)."""
+        may have lost messages): our members there attach again (`home` counts them dropped)."""
         self.sessions.reset(home)
-        for r in self.members.values():
+        for mid, r in list(self.members.items()):
             if r.home == home:
-                self._join_again(r, home, now)
+                self._let_go(mid, r, f"router {home}, the home of shared subscription {r.join.sid}, was out of "
+                                     f"reach or restarted: attach again")
 
-    def _join_again(self, r: _Relayed, home: str, now: float) -> None:
-        r.home = home
-        r.joined = False
-        r.asked_at = now
-        # what it held and did not accept goes back to the home's queue there; what it accepted is
-        # presented (counted accepted); the home's Hand of anything else comes anew
-        r.held &= r.accepted
-        r.join = _with_presented(r.join, tuple(sorted(r.accepted)))
-        self.sessions.send(home, r.join, now)
+    def _let_go(self, mid: str, r: _Relayed, why: str) -> None:
+        del self.members[mid]
+        self.out.append(DetachLink(mid, r.link, errors.LinkRedirect.condition, why))
 
     def tick(self, now: float) -> None:
         for mid, r in list(self.members.items()):
@@ -405,11 +373,6 @@ class Relay:
                                            f"shared subscription {r.join.sid} has its home at router {r.home}, "
                                            f"which did not answer for this member within {JOIN_TIMEOUT:g} s: "
                                            f"attach there"))
-
-
-def _with_presented(join: Join, presented: tuple[str, ...]) -> Join:
-    return Join(join.sid, join.mid, join.name, join.topic, join.container, join.link_name, join.expiry,
-                join.capable, join.selector, join.owner, presented, join.epoch)
 
 
 # ---------------------------------------------------------------------- at the home

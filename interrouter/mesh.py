@@ -294,10 +294,10 @@ class Mesh:
                     peer.conn.close(errors.ResourceLimitExceeded.condition, "no HELLO within dead_after")
                     peer.conn.abort()
         relay = node.relay
-        if relay.out or relay.answered or relay.rehome:
-            out, answered, rehome = relay.out, relay.answered, relay.rehome
-            relay.out, relay.answered, relay.rehome = [], [], []
-            self.router.relay_outputs(out, answered, rehome)
+        if relay.out or relay.answered:
+            out, answered = relay.out, relay.answered
+            relay.out, relay.answered = [], []
+            self.router.relay_outputs(out, answered)
         if node.view_changed:
             node.view_changed = False
             self.router.write_ready_file()

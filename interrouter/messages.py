@@ -1,4 +1,4 @@
-"""Messages between routers (wire protocol version 3, docs/wire-protocol.md), and the rule by which
+"""Messages between routers (wire protocol version 4, docs/wire-protocol.md), and the rule by which
 routers of different versions talk (`negotiate_version`).
 
 Neighbour-only: Hello, Bye. Flooded: LinkState. Routed (src -> dst, hop by hop along the shortest

@@ -55,9 +55,9 @@ class RouterPort(Protocol):
     def mesh_event(self, event: str, now: float, peer: str, info: str | None) -> None:
         """An event of the mesh layer for the settlement log."""
 
-    def relay_outputs(self, actions: list[Any], answered: list[str], rehome: list[Any]) -> None:
+    def relay_outputs(self, actions: list[Any], answered: list[str]) -> None:
         """What the relay of shared subscriptions' members decided (interrouter/members.py): actions
-        on relayed links (by member id), members whose ATTACH is answered now, links to attach here."""
+        on relayed links (by member id), and members whose ATTACH is answered now."""
 
     def write_ready_file(self) -> None:
         """Write the router's status file again (the mesh's view changed)."""

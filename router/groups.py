@@ -27,8 +27,9 @@ final for the subscription) or given back:
 So a message is handed to one member at a time, and a second member gets it only once the first
 cannot have accepted it, or has been given up.
 
-Members attach at the subscription's home. A member attaching at another router that reaches the
-home is refused with amqp:link:redirect naming it; the subscription moves to another router only
+Members attach anywhere. A member attaching at another router that reaches the home is relayed
+there by that router (interrouter/members.py: its link token here is a `RemoteLink`, and the rules
+below apply to it as to any member); the subscription moves to another router only
 when its home has been out of reach there for twice `CoreConfig.shared_lease`, and a home hands its
 shared subscriptions' messages only while it has reached a majority of the mesh within
 `shared_lease` (`DeliveryCore.lease_held`): at most one side of a partition hands. The new home

@@ -19,7 +19,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, assert_never
@@ -1379,33 +1379,13 @@ class Router:
         else:
             self.core.detach_subscriber(link, ctx.sid, closed, now, clean=clean)
 
-    def relay_outputs(self, actions: list[Any], answered: list[str], rehome: list[Any]) -> None:
+    def relay_outputs(self, actions: list[Any], answered: list[str]) -> None:
         """What the relay of shared subscriptions' members decided (interrouter/members.py)."""
         self._perform(actions)
-        now = time.time()
         for mid in answered:
             waiting = self.sub_links.get(mid)
             if waiting is not None and waiting.local_uninit:
                 self._answer_subscriber(waiting)
-        for r in rehome:  # the subscription's home is here now: the member's link joins the core
-            link: Link = r.link
-            ctx = link.ctx
-            if not isinstance(ctx, SubLinkCtx) or self.sub_links.get(ctx.sid) is not link:
-                continue
-            ctx.relayed = False
-            assert ctx.attach_args is not None
-            ctx.attach_args = replace(ctx.attach_args, presented=list(r.join.presented))
-            try:
-                ctx.resumed = self.core.attach(link, ctx.attach_args, now)
-            except errors.OncemeshError as exc:
-                self._forget_sub_link(link)
-                link.close(exc.condition, str(exc), info=self._home_info(link)
-                           if isinstance(exc, errors.LinkRedirect) else None)
-                continue
-            if link.local_uninit:
-                self._pending_opens.append(link)
-            else:
-                self.core.subscriber_credit(ctx.sid, max(link.credit, 0), link.draining)
         self.drain()
 
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:

@@ -44,7 +44,7 @@ from typing import Any
 
 import networkx as nx
 
-from oncemesh.common.errors import LinkRedirect
+from oncemesh.common.errors import LinkRedirect, RelayMember
 from oncemesh.common.ids import (
     PLID_LEN,
     counter_seq,
@@ -59,6 +59,7 @@ from oncemesh.common.ids import (
 from oncemesh.common.topics import matches
 from oncemesh.common.vocab import Outcome
 from oncemesh.interrouter.codec import FrameError
+from oncemesh.interrouter.members import Join, RemoteLink
 from oncemesh.interrouter.node import MeshNode
 from oncemesh.router.actions import (
     Deliver,
@@ -211,6 +212,7 @@ class SimRouter:
         self.pub_tokens: dict[Token, SimPublisher] = {}
         self.pub_links: dict[Token, SimPublisher] = {}
         self.awaiting: dict[str, tuple[Token, SimSubscriber, SubscriberAttach]] = {}
+        self.relayed: set[str] = set()  # members relayed to their shared subscription's home elsewhere
         self.late: list[Callable[[], None]] = []  # client disconnects it will notice when it thaws
         self.started_before = False  # a restart recovers its part of the sequencer group
         self.drain: Drain | None = None  # draining: it takes no new clients and leaves when done
@@ -236,6 +238,7 @@ class SimRouter:
         self.pub_tokens.clear()
         self.pub_links.clear()
         self.awaiting.clear()
+        self.relayed.clear()
         self.late.clear()
         self.drain = None
         self.drain_waits.clear()
@@ -288,6 +291,7 @@ class SimRouter:
                 done, self.node.attach_done = self.node.attach_done, []
                 for sid, refused in done:
                     self.attach_done(sid, refused)
+            self._relay_outputs()
             if not self.core.out and not self.node.attach_done:
                 break
         self.persist()
@@ -300,19 +304,25 @@ class SimRouter:
         self.node.close.clear()
         self.node.events.clear()
 
-    def perform(self, a: Any) -> None:
+    def perform(self, a: Any, relayed: bool = False) -> None:
+        """One action of the core (`relayed`: of the relay, for a member whose home is elsewhere)."""
         sim = self.sim
         t = type(a)
         if t is Deliver:
-            sim.check_handover(self, self.core.member_sid.get(a.sid, a.sid), a.gid)
+            if not relayed:
+                sim.check_handover(self, self.core.member_sid.get(a.sid, a.sid), a.gid)
             entry = self.sub_links.get(a.sid)
             if sim.causal:
                 sim.delivered_by[(a.sid, a.gid)] = (self.id, self.incarnation)
             if entry is not None:
                 link, sub = entry
                 sim.client_event(lambda: sim.sub_receive(sub, link, a.gid, self.id), link)
+            elif not relayed:
+                self.node.perform_member(a, sim.now)  # (a member another router relays here?)
         elif t is SettleDelivery:
             entry = self.sub_links.get(a.sid)
+            if entry is None and not relayed:
+                self.node.perform_member(a, sim.now)
             if entry is not None:
                 link, sub = entry
                 sim.client_event(lambda: sim.sub_final(sub, link, [a.gid], settle=True), link)
@@ -320,6 +330,8 @@ class SimRouter:
             pass  # (simulated subscribers never drain)
         elif t is NotifyFinal:
             entry = self.sub_links.get(a.sid)
+            if entry is None and not relayed:
+                self.node.perform_member(a, sim.now)
             if entry is not None:
                 link, sub = entry
                 sim.client_event(lambda: sim.sub_final(sub, link, list(a.gids), settle=False), link)
@@ -336,12 +348,52 @@ class SimRouter:
             if pub is not None:
                 sim.client_event(lambda: sim.pub_credit(pub, a.link, a.credit))
         elif t is DetachLink:
+            if type(a.link) is RemoteLink:
+                self.node.perform_member(a, sim.now)
+                return
             entry = self.sub_links.get(a.sid)
             if entry is not None and entry[0] is a.link:
                 del self.sub_links[a.sid]
+                if relayed:
+                    self.relayed.discard(a.sid)
                 sim.client_event(lambda: sim.sub_lost(entry[1], entry[0]))
         else:
             self.node.perform(a, sim.now)
+
+    def _relay_outputs(self) -> None:
+        """What the relay decided for the members it relays (interrouter/members.py)."""
+        relay = self.node.relay
+        sim = self.sim
+        while relay.out or relay.answered:
+            out, answered = relay.out, relay.answered
+            relay.out, relay.answered = [], []
+            for a in out:
+                self.perform(a, relayed=True)
+            for mid in answered:
+                entry = self.sub_links.get(mid)
+                if entry is not None and mid in self.relayed:
+                    link, sub = entry
+                    sim.client_event(lambda sub=sub, link=link: sim.sub_opened(sub, link, self.id, None), link)
+
+    def sub_credit(self, sid: str, credit: int) -> None:
+        if sid in self.relayed:
+            self.node.relay.credit(sid, credit, False, self.sim.now)
+        else:
+            self.core.subscriber_credit(sid, credit)
+
+    def sub_outcome(self, sid: str, gid: str) -> None:
+        if sid in self.relayed:
+            self.node.relay.disposition(sid, gid, Outcome.ACCEPTED, False, None, False, self.sim.now)
+        else:
+            self.core.subscriber_outcome(sid, gid, Outcome.ACCEPTED, False, None, False, self.sim.now)
+
+    def sub_detach(self, link: Token, sid: str, clean: bool = False) -> None:
+        if sid in self.relayed:
+            self.node.relay.detach(link, sid, False, clean, self.sim.now)
+            if not self.node.relay.relays(sid):
+                self.relayed.discard(sid)
+        else:
+            self.core.detach_subscriber(link, sid, False, self.sim.now, clean=clean)
 
     def attach_done(self, sid: str, refused: str | None) -> None:
         """The mesh acknowledged (or refused) subscription `sid`'s announcement: the ATTACHes that
@@ -381,6 +433,13 @@ class SimRouter:
             return  # (gone before it was read)
         try:
             self.core.attach(link, att, self.sim.now)
+        except RelayMember as exc:  # a member whose shared subscription's home is elsewhere: relayed
+            self.relayed.add(s.sid)
+            self.node.relay.attach(link, Join(att.sid, att.member, att.member_name, att.topic, att.container,
+                                              att.link_name, att.expiry, att.capable, att.selector, att.owner,
+                                              tuple(att.presented or ()), att.epoch), exc.home, self.sim.now)
+            self.process()
+            return
         except LinkRedirect:  # a member, and its shared subscription has its members elsewhere
             del self.sub_links[s.sid]
             home = self.core.table.get(att.sid)
@@ -395,6 +454,9 @@ class SimRouter:
 
     def on_link(self, sid: str, link: Token) -> bool:
         """Is `link` the subscription's link here (what a connection says is about its own link)?"""
+        if sid in self.relayed:
+            rec = self.node.relay.members.get(sid)
+            return rec is not None and rec.link is link
         rt = self.core.subs.get(sid)
         if rt is None and sid in self.core.member_sid:  # a member of a shared subscription
             m, _ = self.core._member(sid)
@@ -824,7 +886,7 @@ class Simulation:
             sid, sub = next((sid, sub) for sid, (lk, sub) in r.sub_links.items() if lk is link)
             del r.sub_links[sid]
             r.awaiting.pop(sid, None)
-            r.core.detach_subscriber(link, sid, False, self.now)
+            r.sub_detach(link, sid)
             self.client_event(lambda sub=sub, link=link: self.sub_lost(sub, link), link)
         r.process()
         if not step.done:
@@ -890,7 +952,7 @@ class Simulation:
         for sid, (link, sub) in list(r.sub_links.items()):
             del r.sub_links[sid]
             r.awaiting.pop(sid, None)
-            r.take(link, lambda link=link, sid=sid: r.core.detach_subscriber(link, sid, False, self.now), eof=True)
+            r.take(link, lambda link=link, sid=sid: r.sub_detach(link, sid), eof=True)
             self.client_event(lambda sub=sub, link=link: self.sub_lost(sub, link))
         for tok, pub in list(r.pub_links.items()):
             r.take(tok, lambda tok=tok: self._pub_detach_now(r, tok), eof=True)
@@ -926,7 +988,7 @@ class Simulation:
 
     def _late_detach(self, r: SimRouter, link: Token, sid: str) -> None:
         if r.alive and not r.frozen:
-            r.core.detach_subscriber(link, sid, False, self.now)
+            r.sub_detach(link, sid)
             r.process()
         elif r.alive:
             r.late.append(lambda: self._late_detach(r, link, sid))
@@ -1043,7 +1105,7 @@ class Simulation:
 
         def grant() -> None:
             if r.sub_links.get(s.sid, (None,))[0] is link:
-                r.core.subscriber_credit(s.sid, s.credit)
+                r.sub_credit(s.sid, s.credit)
                 r.process()
 
         if r.frozen:
@@ -1109,13 +1171,12 @@ class Simulation:
                 self.sub_disconnect(s)
                 self.schedule(rng.uniform(0.01, 0.3), lambda: self.sub_connect(s))
                 return
-            if not r.take(link, lambda gid=gid: r.on_link(s.sid, link) and r.core.subscriber_outcome(
-                    s.sid, gid, Outcome.ACCEPTED, False, None, False, self.now)):
-                r.core.subscriber_outcome(s.sid, gid, Outcome.ACCEPTED, False, None, False, self.now)
+            if not r.take(link, lambda gid=gid: r.on_link(s.sid, link) and r.sub_outcome(s.sid, gid)):
+                r.sub_outcome(s.sid, gid)
         more = rng.randint(0, 10)
         s.credit += more
-        if not r.take(link, lambda c=s.credit: r.on_link(s.sid, link) and r.core.subscriber_credit(s.sid, c)):
-            r.core.subscriber_credit(s.sid, s.credit)
+        if not r.take(link, lambda c=s.credit: r.on_link(s.sid, link) and r.sub_credit(s.sid, c)):
+            r.sub_credit(s.sid, s.credit)
             r.process()
         self.schedule(rng.uniform(0.001, 0.08), lambda: self.sub_work(s, link))
 
@@ -1144,9 +1205,8 @@ class Simulation:
             r.awaiting.pop(s.sid, None)
             if r.frozen:
                 self.schedule(0.0, lambda: self._late_detach(r, link, s.sid))
-            elif not r.take(link, lambda: r.core.detach_subscriber(link, s.sid, False, self.now, clean=clean),
-                            eof=True):
-                r.core.detach_subscriber(link, s.sid, False, self.now, clean=clean)
+            elif not r.take(link, lambda: r.sub_detach(link, s.sid, clean=clean), eof=True):
+                r.sub_detach(link, s.sid, clean=clean)
                 r.process()
 
     def sub_lost(self, s: SimSubscriber, link: Token) -> None:

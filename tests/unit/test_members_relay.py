@@ -23,7 +23,6 @@ from oncemesh.interrouter.members import (
     MemberMsg,
     Notify,
     Refused,
-    Rehome,
     Relay,
     Settle,
     msg_from_list,
@@ -128,7 +127,7 @@ def test_a_relayed_member_and_a_local_one_split_the_messages_and_each_is_accepte
         p.h.core.publisher_settled(tok, p.now)
     p.pump()
     assert {(a.sid, a.gid) for a in p.relay_out() if isinstance(a, SettleDelivery)} == set(at_relay)
-    assert not p.relay.members[mid].accepted and not p.relay.members[mid].held
+    assert not p.relay.members[mid].held
 
 
 def test_frames_lost_on_the_way_are_sent_again_and_nothing_is_lost() -> None:
@@ -150,21 +149,26 @@ def test_frames_lost_on_the_way_are_sent_again_and_nothing_is_lost() -> None:
     assert [a.outcome for a in p.local if isinstance(a, SendOutcome)] == [Outcome.ACCEPTED] * 3
 
 
-def test_a_broken_session_presents_what_the_member_accepted_and_the_rest_goes_again() -> None:
+def test_a_broken_session_lets_the_link_go_and_the_member_attaches_again_presenting_what_it_accepted() -> None:
     p = Pair(shared_member_grace=30.0)
     local = p.h.member("ca", credit=0)
-    mid, _ = p.relayed(credit=5)
+    mid, link = p.relayed(credit=5)
     g1, g2 = p.h.publish(2)
     p.pump()
     assert [a.gid for a in p.relay_out() if isinstance(a, Deliver)] == [g1, g2]
     p.relay.disposition(mid, g1, Outcome.ACCEPTED, False, None, False, p.now)  # ... and the session breaks
     p.relay_ses.out.clear()  # (the disposition is lost with it)
     p.home.relay_lost("C", p.now)  # the home: the member's connection dropped: g1, g2 in doubt
-    p.relay.session_broken("R", p.now)  # the relay joins again, presenting g1
+    p.relay.session_broken("R", p.now)
+    # the relay lets the link go (it holds g2, unaccepted: the home may give it to another member)
+    [d] = p.relay_out()
+    assert isinstance(d, DetachLink) and (d.link, d.condition) == (link, "amqp:link:redirect")
+    assert not p.relay.relays(mid)
+    mid2, _ = p.relayed(credit=5, presented=(g1,))  # its client attaches again, presenting g1
+    assert mid2 == mid
     p.h.core.subscriber_credit(local, 5)
     p.pump()
-    assert p.relay.answered == [mid, mid]
-    # g1 counted accepted (presented); g2 was not accepted: it is handed again, to one member only
+    # g1 counted accepted (presented); g2 was not accepted: handed again, to one member only
     assert p.h.core.records[g1].owed == {G: S.ACCEPTED}
     again = [a.gid for a in p.relay_out() if isinstance(a, Deliver)] + [g for _, g in handed(p.local)]
     assert again == [g2]
@@ -190,17 +194,24 @@ def test_a_join_nobody_answers_is_given_up_with_a_redirect_to_the_home() -> None
     assert isinstance(d, DetachLink) and d.condition == "amqp:link:redirect" and "router R" in d.description
 
 
-def test_when_the_home_moves_here_the_link_is_attached_here_presenting_what_it_accepted() -> None:
+def test_when_the_home_moves_the_link_is_let_go_with_a_redirect() -> None:
     p = Pair()
     mid, link = p.relayed()
-    [g] = p.h.publish(1)
-    p.pump()
-    p.relay_out()
-    p.relay.disposition(mid, g, Outcome.ACCEPTED, False, None, False, p.now)
-    p.relay.home_changed(G, "C", p.now)
-    assert p.relay.rehome == [Rehome(link, Join(G, mid, "work|global", "t", "", "work", 60.0, False, "", "", (g,),
-                                                None), 5, False)]
+    p.relay.home_changed(G, "R", p.now)  # (no change)
+    assert not p.relay_out() and p.relay.relays(mid)
+    p.relay.home_changed(G, "C", p.now)  # it moved here (or anywhere else): attach again
+    [d] = p.relay_out()
+    assert isinstance(d, DetachLink) and (d.sid, d.link, d.condition) == (mid, link, "amqp:link:redirect")
     assert not p.relay.relays(mid)
+
+
+def test_a_hand_over_that_comes_twice_is_delivered_once_on_the_link() -> None:
+    relay = Relay("C", Sessions())
+    relay.attach(object(), Join(G, "m1", "work|global", "t", "", "work", 60.0, False, "", "", (), None), "R", 0.0)
+    relay.receive("R", Joined("m1"), 0.0)
+    relay.receive("R", Hand("m1", "g", b"x", False), 0.0)
+    relay.receive("R", Hand("m1", "g", b"x", True), 0.0)
+    assert [a.gid for a in relay.out if isinstance(a, Deliver)] == ["g"]
 
 
 def test_a_member_that_leaves_cleanly_gives_back_what_it_did_not_accept() -> None:
