@@ -38,6 +38,7 @@ session frames of `MemberSessions.out` (routed to their destination as `MemberFr
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, final
 
@@ -410,6 +411,10 @@ class MemberHome:
         self.core = core
         self.sessions = sessions
         self.remote: dict[str, RemoteLink] = {}  # mid -> its link token in the core
+        # joins the core took this pass (answered at its end: `answer`), and those waiting for the
+        # mesh to acknowledge their subscription's announcement (as a local ATTACH does)
+        self.joined: list[tuple[str, str, str]] = []  # (relay, mid, sid)
+        self.waiting: dict[str, list[tuple[str, str]]] = {}  # sid -> [(relay, mid)]
 
     def receive(self, src: str, msg: MemberMsg, now: float) -> None:
         t = type(msg)
@@ -452,7 +457,34 @@ class MemberHome:
                 del self.remote[j.mid]
             self.sessions.send(src, Refused(j.mid, exc.condition, str(exc)), now)
             return
-        self.sessions.send(src, Joined(j.mid), now)
+        self.joined.append((src, j.mid, j.sid))
+
+    def answer(self, pending: Callable[[str], bool], now: float) -> None:
+        """End of a pass: answer the joins of this pass whose subscription the mesh need not
+        acknowledge (`pending(sid)` False); the others wait for `attach_done`."""
+        joined, self.joined = self.joined, []
+        for relay, mid, sid in joined:
+            if self.remote.get(mid) != RemoteLink(relay, mid):
+                continue  # (gone meanwhile)
+            if pending(sid):
+                self.waiting.setdefault(sid, []).append((relay, mid))
+            else:
+                self.sessions.send(relay, Joined(mid), now)
+
+    def attach_done(self, sid: str, refused: str | None, now: float) -> None:
+        """The mesh acknowledged (or refused) the announcement of subscription `sid`: the joins that
+        waited for it are answered (refused: the member attaches again, and its attach is judged anew)."""
+        for relay, mid in self.waiting.pop(sid, []):
+            link = self.remote.get(mid)
+            if link != RemoteLink(relay, mid):
+                continue
+            if refused is None:
+                self.sessions.send(relay, Joined(mid), now)
+            else:
+                del self.remote[mid]
+                self.core.detach_subscriber(link, mid, False, now, clean=True)
+                self.sessions.send(relay, Refused(mid, errors.LinkRedirect.condition,
+                                                  f"the mesh refused the attach ({refused}): attach again"), now)
 
     def relay_lost(self, relay: str, now: float) -> None:
         """Our session with `relay` broke: its members' connections count as dropped (what they

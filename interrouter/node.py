@@ -141,6 +141,7 @@ class MeshNode:
         self.connected: dict[str, str] = {}  # neighbour -> incarnation, while a connection is up
         self.versions: dict[str, int] = {}  # neighbour -> the protocol version spoken with it
         self.started = now
+        self._now = now  # the time of the latest input (for what is decided at a pass's end: `flush`)
         self.dead_after = dead_after
         self.ready = len(self.routers) == 1
         core.set_ready(self.ready)
@@ -201,6 +202,7 @@ class MeshNode:
     def peer_up(self, peer: str, inc: str, now: float, version: int = PROTOCOL_VERSION) -> None:
         """`version`: the protocol version agreed with it (below ORDER_VERSION, no order message
         passes either way: its order codecs have the older layout)."""
+        self._now = now
         self.connected[peer] = inc
         self.versions[peer] = version
         self.hello.heard(peer, inc, now)
@@ -210,6 +212,7 @@ class MeshNode:
         self._neighbours_changed(now)
 
     def peer_down(self, peer: str, now: float) -> None:
+        self._now = now
         if self.connected.pop(peer, None) is None:
             return
         self.hello.lost(peer)
@@ -254,6 +257,7 @@ class MeshNode:
     # ------------------------------------------------------------------ frames in
     def frame(self, peer: str, data: bytes, now: float) -> None:
         """A frame from neighbour `peer`. Raises codec.FrameError for garbage."""
+        self._now = now
         self.hello.touch(peer, now)
         kind = data[:1]
         if kind == b"D":
@@ -392,6 +396,7 @@ class MeshNode:
         for topic, ses in self._lam_sessions.items():
             ses.flush_acks()
             self._lamport_frames(topic, ses)
+        self.member_home.answer(self.attach_pending, self._now)
         self.member_ses.flush_acks()
         self._member_frames()
         for dst, items in self._acks.items():
@@ -430,6 +435,7 @@ class MeshNode:
         # an origin's two or three actions per message (Forward, SendFinal per holder; SendAck at a
         # destination) missed up to twice each (router/server.py, `_perform`, measured there).
         # The classes are final: mypy narrows `type(act) is C` and assert_never checks the cases.
+        self._now = now
         if type(act) is Forward:
             self._route_copy(self.me, self.inc, act.gid, act.topic, act.dests, act.payload, now, act.preds,
                              act.deps, act.by_arrival)
@@ -476,6 +482,7 @@ class MeshNode:
         self._await_start.discard(sid)
         if sid not in self.awaiting.values():
             self.attach_done.append((sid, None))
+            self.member_home.attach_done(sid, None, self._now)
 
     def _restored(self, topic: str, cp: Checkpoint, now: float) -> None:
         """The stream of `topic` goes on from `cp` here (this router restarted): the delivery core
@@ -716,6 +723,7 @@ class MeshNode:
             if sid is not None and (p.refused is not None or sid not in self._await_start):
                 self._await_start.discard(sid)
                 self.attach_done.append((sid, p.refused))
+                self.member_home.attach_done(sid, p.refused, self._now)
 
     def _check_ready(self, now: float) -> None:
         if self.ready:
@@ -779,6 +787,7 @@ class MeshNode:
 
     # ------------------------------------------------------------------ time
     def tick(self, now: float) -> None:
+        self._now = now
         if self.hello.hello_due(now):
             for peer in self.connected:
                 self._control.setdefault(peer, []).append(Hello(self.me, self.inc))

@@ -46,6 +46,7 @@ class Pair:
         self.relay = Relay("C", self.relay_ses)
         self.local: list[object] = []  # the core's actions for its own links
         self.drop = 0  # frames to drop, next ones first
+        self.pending = False  # the mesh has not acknowledged the subscription's announcement yet
 
     @property
     def now(self) -> float:
@@ -60,6 +61,7 @@ class Pair:
                     self.home.perform(a, self.now)  # type: ignore[arg-type]
                 else:
                     self.local.append(a)
+            self.home.answer(lambda sid: self.pending, self.now)  # (the end of the home's pass)
             for ses, other, src, side in ((self.home_ses, self.relay_ses, "R", "relay"),
                                           (self.relay_ses, self.home_ses, "C", "home")):
                 ses.flush_acks()
@@ -128,6 +130,19 @@ def test_a_relayed_member_and_a_local_one_split_the_messages_and_each_is_accepte
     p.pump()
     assert {(a.sid, a.gid) for a in p.relay_out() if isinstance(a, SettleDelivery)} == set(at_relay)
     assert not p.relay.members[mid].held
+
+
+def test_a_join_is_answered_only_once_the_mesh_acknowledged_its_subscription() -> None:
+    """As a local ATTACH: the subscription is in force from the answer, and origins owe it messages
+    only once they know of it (the simulator found a false ACCEPTED without this)."""
+    p = Pair()
+    p.pending = True
+    mid, _ = p.relayed()
+    assert p.relay.answered == [] and p.home.waiting == {G: [("C", mid)]}
+    p.pending = False
+    p.home.attach_done(G, None, p.now)
+    p.pump()
+    assert p.relay.answered == [mid]
 
 
 def test_frames_lost_on_the_way_are_sent_again_and_nothing_is_lost() -> None:
