@@ -978,11 +978,11 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
         cases.append(Case.fan("router", "router", args.publishers, args.subscribers, args.rate))
         if args.latency_rate:
             lat.append(Case.fan("router@rate", "router", args.publishers, args.subscribers, args.latency_rate))
-    if getattr(args, "shared", False):
-        for c in cases + lat:
-            c.shared = True
+    shared = bool(getattr(args, "shared", False))
+    for c in cases + lat:
+        c.shared = shared
     one_to_one = args.topology is None and (args.publishers, args.subscribers) == (1, 1)
-    if not presettled and not one_to_one and (base or args.tls or getattr(args, "shared", False)):  # the targets and the baselines are 1:1
+    if not presettled and not one_to_one and (base or args.tls or shared):  # the targets and the baselines are 1:1
         cases.append(Case.fan("router-1:1", "router", 1, 1, args.rate))
     if args.tls and not presettled:  # the 1:1 case again with client TLS, side by side
         cases.append(Case.fan("router-1:1-tls", "router", 1, 1, args.rate))

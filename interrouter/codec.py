@@ -187,42 +187,36 @@ def _order_from_list(x: list[Any]) -> Order:
 
 
 _LAMPORT = Fields("lamport")
-_NAT = _LAMPORT.int_from(0)
+_MEMBER = Fields("member")
+
+
+def _session_frame(fields: Fields, x: object, names: tuple[str, ...]) -> tuple[list[str], int, int, int, int, Any]:
+    """A frame of a reliable session (interrouter/channel.py), strict: exactly [kind, *names (strings),
+    epoch, seq, ack_epoch, ack, msg], nothing coerced; a message exactly when seq > 0. Returns the
+    strings, the four numbers and the message as it came."""
+    if not isinstance(x, list) or len(x) != len(names) + 6:
+        got = f"{len(x)} fields" if isinstance(x, list) else type(x).__name__
+        fields.bad(f"expected [kind, {', '.join(names)}, epoch, seq, ack_epoch, ack, msg], got {got}")
+    strings = [fields.string(v, name) for name, v in zip(names, x[1:], strict=False)]
+    nat = fields.int_from(0)
+    epoch, seq, ack_epoch, ack = (nat(v, name) for name, v in zip(("epoch", "seq", "ack_epoch", "ack"),
+                                                                   x[len(names) + 1:], strict=False))
+    msg = x[-1]
+    if (msg is None) != (seq == 0):
+        fields.bad(f"seq {seq} with{'out' if msg is None else ''} a message")
+    return strings, epoch, seq, ack_epoch, ack, msg
 
 
 def _lamport_from_list(x: list[Any]) -> LamportOrder:
-    """Strict like `_order_from_list`: exactly [kind, src, dst, topic, epoch, seq, ack_epoch, ack,
-    msg], nothing coerced; a message exactly when seq > 0."""
-    if not isinstance(x, list) or len(x) != 9:
-        got = f"{len(x)} fields" if isinstance(x, list) else type(x).__name__
-        raise FrameError("malformed lamport message: expected [kind, src, dst, topic, epoch, seq, ack_epoch, ack, "
-                         f"msg], got {got}")
-    _, src, dst, topic, epoch, seq, ack_epoch, ack, msg = x
-    for name, v in (("src", src), ("dst", dst), ("topic", topic)):
-        _LAMPORT.string(v, name)
-    for name, v in (("epoch", epoch), ("seq", seq), ("ack_epoch", ack_epoch), ("ack", ack)):
-        _NAT(v, name)
-    if (msg is None) != (seq == 0):
-        raise FrameError(f"malformed lamport message: seq {seq} with{'out' if msg is None else ''} a message")
+    """Strict like `_order_from_list`: exactly [kind, src, dst, topic, epoch, seq, ack_epoch, ack, msg]."""
+    (src, dst, topic), epoch, seq, ack_epoch, ack, msg = _session_frame(_LAMPORT, x, ("src", "dst", "topic"))
     return LamportOrder(dst, src, topic, epoch, seq, ack_epoch, ack, None if msg is None else lamport_from_list(msg))
 
 
-_MEMBER = Fields("member")
-_MNAT = _MEMBER.int_from(0)
-
-
 def _member_from_list(x: list[Any]) -> MemberFrame:
-    """Strict: exactly [kind, src, dst, epoch, seq, ack_epoch, ack, msg], a message exactly when
-    seq > 0 (interrouter/members.py, `msg_from_list`)."""
-    if not isinstance(x, list) or len(x) != 8:
-        raise FrameError("malformed member frame: expected [kind, src, dst, epoch, seq, ack_epoch, ack, msg]")
-    _, src, dst, epoch, seq, ack_epoch, ack, msg = x
-    for name, v in (("src", src), ("dst", dst)):
-        _MEMBER.string(v, name)
-    for name, v in (("epoch", epoch), ("seq", seq), ("ack_epoch", ack_epoch), ("ack", ack)):
-        _MNAT(v, name)
-    if (msg is None) != (seq == 0):
-        raise FrameError(f"malformed member frame: seq {seq} with{'out' if msg is None else ''} a message")
+    """Strict: exactly [kind, src, dst, epoch, seq, ack_epoch, ack, msg] (interrouter/members.py,
+    `msg_from_list`)."""
+    (src, dst), epoch, seq, ack_epoch, ack, msg = _session_frame(_MEMBER, x, ("src", "dst"))
     return MemberFrame(dst, src, epoch, seq, ack_epoch, ack, None if msg is None else msg_from_list(msg))
 
 

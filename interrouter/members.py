@@ -46,11 +46,12 @@ from ..common import errors
 from ..common.errors import OncemeshError
 from ..common.vocab import Outcome
 from ..router.actions import Deliver, DetachLink, DrainCredit, NotifyFinal, SettleDelivery
+from ..router.core import SubscriberAttach
 from .channel import Sessions
-from .strict import FrameError
+from .strict import Fields, show
 
 __all__ = ["TO_HOME", "Credit", "Disposition", "Drained", "Hand", "Join", "Joined", "Left", "MemberHome", "MemberMsg",
-           "Notify", "Refused", "Relay", "RemoteLink", "Settle", "msg_from_list", "msg_to_list"]
+           "Notify", "Refused", "Relay", "RemoteLink", "Settle", "join_of", "msg_from_list", "msg_to_list"]
 
 # a Join the home has not answered in this long is given up: the member is refused with a redirect
 # to the home (a home or a router on the way that does not speak relayed members drops the Join)
@@ -145,6 +146,12 @@ class Drained:
     mid: str
 
 
+def join_of(att: SubscriberAttach) -> Join:
+    """The Join of a member's attach (`att.member` set: the core raised `RelayMember` for it)."""
+    return Join(att.sid, att.member, att.member_name, att.topic, att.container, att.link_name, att.expiry,
+                att.capable, att.selector, att.owner, tuple(att.presented or ()), att.epoch)
+
+
 MemberMsg = Join | Credit | Disposition | Left | Joined | Refused | Hand | Settle | Notify | Drained
 TO_HOME = (Join, Credit, Disposition, Left)  # the kinds a relay sends to a home (the rest go back)
 MemberSessions = Sessions[MemberMsg]
@@ -176,28 +183,13 @@ def msg_to_list(m: MemberMsg) -> list[Any]:
     raise TypeError(f"not a member message: {m!r}")
 
 
-def _s(v: object, what: str) -> str:
-    if type(v) is not str:
-        raise FrameError(f"malformed member message: {what}: expected a string, got {type(v).__name__}")
-    return v
-
-
-def _b(v: object, what: str) -> bool:
-    if type(v) is not bool:
-        raise FrameError(f"malformed member message: {what}: expected true or false, got {type(v).__name__}")
-    return v
-
-
-def _n(v: object, what: str) -> int:
-    if type(v) is not int or v < 0:
-        raise FrameError(f"malformed member message: {what}: expected a count, got {v!r}")
-    return v
+_F = Fields("member")
+_nat = _F.int_from(0)
+_s, _b = _F.string, _F.boolean
 
 
 def _strs(v: object, what: str) -> tuple[str, ...]:
-    if type(v) is not list:
-        raise FrameError(f"malformed member message: {what}: expected a list, got {type(v).__name__}")
-    return tuple(_s(x, what) for x in v)
+    return tuple(_s(x, what) for x in _F.seq(v, what))
 
 
 _ARITY = {"H": 5, "D": 7, "S": 3, "C": 4, "N": 3, "DR": 2, "J": 13, "OK": 2, "R": 4, "L": 4}
@@ -206,30 +198,30 @@ _ARITY = {"H": 5, "D": 7, "S": 3, "C": 4, "N": 3, "DR": 2, "J": 13, "OK": 2, "R"
 def msg_from_list(x: object) -> MemberMsg:
     """Strict: exactly the fields of its kind, nothing coerced (`FrameError` otherwise)."""
     if type(x) is not list or not x or type(x[0]) is not str or _ARITY.get(x[0]) != len(x):
-        raise FrameError(f"malformed member message: {str(x)[:80]}")
+        _F.bad(f"expected one of {sorted(_ARITY)} with its fields, got {show(x)}")
     k = x[0]
     mid = _s(x[1], "mid") if k != "J" else ""
     if k == "H":
         try:
             payload = base64.b64decode(_s(x[3], "payload"), validate=True)
         except ValueError:
-            raise FrameError("malformed member message: payload: not base64") from None
+            _F.bad("payload: not base64")
         return Hand(mid, _s(x[2], "gid"), payload, _b(x[4], "redelivery"))
     if k == "D":
         err = x[5]
         if err is not None:
-            cond, desc = _strs(err, "error") if type(err) is list and len(err) == 2 else ("", "")
+            cond, desc = _F.seq(err, "error", 2)
+            err = (_s(cond, "error"), _s(desc, "error"))
             if not cond:
-                raise FrameError("malformed member message: error: expected [condition, description]")
-            err = (cond, desc)
-        outcome = _n(x[3], "outcome")
+                _F.bad("error: an empty condition")
+        outcome = _nat(x[3], "outcome")
         if outcome not in (Outcome.ACCEPTED, Outcome.REJECTED, Outcome.RELEASED, Outcome.MODIFIED):
-            raise FrameError(f"malformed member message: outcome {outcome}")
+            _F.bad(f"outcome: expected 1 to 4, got {outcome}")
         return Disposition(mid, _s(x[2], "gid"), outcome, _b(x[4], "settled"), err, _b(x[6], "undeliverable"))
     if k == "S":
         return Settle(mid, _s(x[2], "gid"))
     if k == "C":
-        return Credit(mid, _n(x[2], "credit"), _b(x[3], "drain"))
+        return Credit(mid, _nat(x[2], "credit"), _b(x[3], "drain"))
     if k == "N":
         return Notify(mid, _strs(x[2], "gids"))
     if k == "DR":
@@ -243,10 +235,10 @@ def msg_from_list(x: object) -> MemberMsg:
     # k == "J"
     expiry = x[7]
     if expiry is not None and (type(expiry) not in (int, float) or expiry < 0):
-        raise FrameError(f"malformed member message: expiry {expiry!r}")
+        _F.bad(f"expiry: expected a number >= 0 or null, got {show(expiry)}")
     epoch = x[12]
     if epoch is not None:
-        epoch = _n(epoch, "epoch")
+        epoch = _nat(epoch, "epoch")
     return Join(_s(x[1], "sid"), _s(x[2], "mid"), _s(x[3], "name"), _s(x[4], "topic"), _s(x[5], "container"),
                 _s(x[6], "link_name"), float("inf") if expiry is None else float(expiry), _b(x[8], "capable"),
                 _s(x[9], "selector"), _s(x[10], "owner"), _strs(x[11], "presented"), epoch)
@@ -318,30 +310,25 @@ class Relay:
         r = self.members.get(mid)
         if r is None or r.home != src:
             return  # (a member that left, or moved to another home: its old home's leftovers)
-        t = type(msg)
-        if t is Hand:
-            assert isinstance(msg, Hand)
+        if type(msg) is Hand:
             if msg.gid in r.held:  # (never twice on one link)
                 return
             r.held.add(msg.gid)
             self.out.append(Deliver(mid, msg.gid, msg.payload, msg.redelivery))
-        elif t is Settle:
-            assert isinstance(msg, Settle)
+        elif type(msg) is Settle:
             r.held.discard(msg.gid)
             self.out.append(SettleDelivery(mid, msg.gid))
-        elif t is Notify:
-            assert isinstance(msg, Notify)
+        elif type(msg) is Notify:
             self.out.append(NotifyFinal(mid, msg.gids))
-        elif t is Drained:
+        elif type(msg) is Drained:
             self.out.append(DrainCredit(mid))
-        elif t is Joined:
+        elif type(msg) is Joined:
             if not r.joined:
                 r.joined = True
                 self.answered.append(mid)
                 if r.credit or r.drain:
                     self.sessions.send(src, Credit(mid, r.credit, r.drain), now)
-        elif t is Refused:
-            assert isinstance(msg, Refused)
+        elif type(msg) is Refused:
             del self.members[mid]
             self.out.append(DetachLink(mid, r.link, msg.condition, msg.description))
 
@@ -369,11 +356,8 @@ class Relay:
     def tick(self, now: float) -> None:
         for mid, r in list(self.members.items()):
             if not r.joined and now - r.asked_at >= JOIN_TIMEOUT:
-                del self.members[mid]
-                self.out.append(DetachLink(mid, r.link, errors.LinkRedirect.condition,
-                                           f"shared subscription {r.join.sid} has its home at router {r.home}, "
-                                           f"which did not answer for this member within {JOIN_TIMEOUT:g} s: "
-                                           f"attach there"))
+                self._let_go(mid, r, f"shared subscription {r.join.sid} has its home at router {r.home}, which "
+                                     f"did not answer for this member within {JOIN_TIMEOUT:g} s: attach there")
 
 
 # ---------------------------------------------------------------------- at the home
@@ -417,22 +401,17 @@ class MemberHome:
         self.waiting: dict[str, list[tuple[str, str]]] = {}  # sid -> [(relay, mid)]
 
     def receive(self, src: str, msg: MemberMsg, now: float) -> None:
-        t = type(msg)
         core = self.core
-        if t is Disposition:
-            assert isinstance(msg, Disposition)
+        if type(msg) is Disposition:
             if self._from(src, msg.mid):
                 core.subscriber_outcome(msg.mid, msg.gid, Outcome(msg.outcome), msg.settled, msg.error,
                                         msg.undeliverable, now)
-        elif t is Credit:
-            assert isinstance(msg, Credit)
+        elif type(msg) is Credit:
             if self._from(src, msg.mid):
                 core.subscriber_credit(msg.mid, msg.credit, msg.drain)
-        elif t is Join:
-            assert isinstance(msg, Join)
+        elif type(msg) is Join:
             self._join(src, msg, now)
-        elif t is Left:
-            assert isinstance(msg, Left)
+        elif type(msg) is Left:
             link = self.remote.get(msg.mid)
             if link is not None and link.relay == src:
                 del self.remote[msg.mid]
@@ -501,20 +480,14 @@ class MemberHome:
         link = self.remote.get(mid)
         if link is None:
             return
-        t = type(act)
-        if t is Deliver:
-            assert isinstance(act, Deliver)
+        if type(act) is Deliver:
             self.sessions.send(link.relay, Hand(mid, act.gid, act.payload, act.redelivery), now)
-        elif t is SettleDelivery:
-            assert isinstance(act, SettleDelivery)
+        elif type(act) is SettleDelivery:
             self.sessions.send(link.relay, Settle(mid, act.gid), now)
-        elif t is NotifyFinal:
-            assert isinstance(act, NotifyFinal)
+        elif type(act) is NotifyFinal:
             self.sessions.send(link.relay, Notify(mid, act.gids), now)
-        elif t is DrainCredit:
+        elif type(act) is DrainCredit:
             self.sessions.send(link.relay, Drained(mid), now)
-        elif t is DetachLink:
-            assert isinstance(act, DetachLink)
-            if act.link is link:
-                del self.remote[mid]
-                self.sessions.send(link.relay, Refused(mid, act.condition, act.description), now)
+        elif type(act) is DetachLink and act.link is link:
+            del self.remote[mid]
+            self.sessions.send(link.relay, Refused(mid, act.condition, act.description), now)

@@ -22,7 +22,7 @@ from ..router.core import SubscriberAttach
 from ..topology.model import Topology, TotalOrder
 from .codec import FrameError
 from .links import Peer, PeerHandler, dial
-from .members import Join
+from .members import join_of
 from .node import MeshNode
 from .orderstate import OrderStore
 from .routerport import RouterPort
@@ -317,9 +317,7 @@ class Mesh:
 
     # relayed members of shared subscriptions (interrouter/members.py)
     def relay_attach(self, link: Any, att: SubscriberAttach, home: str, now: float) -> None:
-        join = Join(att.sid, att.member, att.member_name, att.topic, att.container, att.link_name, att.expiry,
-                    att.capable, att.selector, att.owner, tuple(att.presented or ()), att.epoch)
-        self.node.relay.attach(link, join, home, now)
+        self.node.relay.attach(link, join_of(att), home, now)
         self._drain_node()
 
     def relay_credit(self, mid: str, credit: int, drain: bool, now: float) -> None:

@@ -104,6 +104,12 @@ def control_frames(msgs: list[Any], limit: int = MAX_CONTROL_FRAME) -> list[byte
     return out
 
 
+def _changes(old: Mapping[str, str], alive: Mapping[str, str]) -> list[tuple[str, str | None, str | None]]:
+    """The routers that went, came, or came back as a new life, in id order: (router, its
+    incarnation before or None, its incarnation now or None)."""
+    return [(r, old.get(r), alive.get(r)) for r in sorted(set(old) | set(alive)) if old.get(r) != alive.get(r)]
+
+
 def lamport_incarnation(inc: str) -> int:
     """A router's incarnation as the Lamport stream counts it (an int; ours are microsecond times)."""
     return int(inc) if inc.isdigit() else int.from_bytes(inc.encode()[:8].ljust(8, b"\0"), "big")
@@ -247,9 +253,10 @@ class MeshNode:
                     seq.peer_down(r, now)
             self._seq_alive = alive
             self._drain_order(now)
+        others = {r: i for r, i in reach.items() if r != self.me}
         if self.lamports:
-            self._lamport_members({r: i for r, i in reach.items() if r != self.me}, now)
-        self._member_peers({r: i for r, i in reach.items() if r != self.me}, now)
+            self._lamport_members(others, now)
+        self._member_peers(others, now)
         self._pump_gossip()
         self._check_ready(now)
         self.view_changed = True
@@ -529,11 +536,7 @@ class MeshNode:
     def _lamport_members(self, alive: dict[str, str], now: float) -> None:
         """The streams' failure detector: who we can reach, and in which incarnation. A member that
         went or came back as a new life ends our sessions with it (messages may have been lost)."""
-        old = self._lam_alive
-        for r in sorted(set(old) | set(alive)):
-            was, inc = old.get(r), alive.get(r)
-            if was == inc:
-                continue
+        for r, was, inc in _changes(self._lam_alive, alive):
             for t, lam in self.lamports.items():
                 self._lam_sessions[t].reset(r)
                 if was is not None:
@@ -610,9 +613,8 @@ class MeshNode:
         """A router that went, or came back as a new life: our member session with it is over
         (messages may have been lost): the members it relayed here count as dropped, and ours
         relayed there join again."""
-        old = self._member_alive
-        for r in sorted(set(old) | set(alive)):
-            if old.get(r) != alive.get(r) and r in old:
+        for r, was, _ in _changes(self._member_alive, alive):
+            if was is not None:
                 self._member_session_broken(r, now)
         self._member_alive = dict(alive)
 

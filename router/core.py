@@ -1626,7 +1626,12 @@ class DeliveryCore:
         for r in reachable:
             self.last_seen[r] = now
         if 2 * len(reachable) > self.mesh_size:  # (a majority: one side of a partition at most)
+            regained = not self.lease_held(now)
             self.last_whole = now
+            if regained and self.groups:  # what waited for the lease goes on (`_pump` held it)
+                for rt in list(self.groups.values()):
+                    if rt.link is not None and rt.queue:
+                        self._pump(rt)
 
     def lease_held(self, now: float) -> bool:
         """May this router hand shared subscriptions' messages now? Only while it reached a majority
@@ -1855,10 +1860,6 @@ class DeliveryCore:
         self.sweeps.sweep(now, may_expire)
         if self.groups:
             self._give_up_members(now)
-            if self.lease_held(now):
-                for rt in list(self.groups.values()):
-                    if rt.link is not None and rt.queue:
-                        self._pump(rt)
 
     def forget_older(self, now: float) -> None:
         """Forget what is older than `final_memory` (a sweep asks): who held a copy, the predecessors

@@ -1379,6 +1379,12 @@ class Router:
         else:
             self.core.detach_subscriber(link, ctx.sid, closed, now, clean=clean)
 
+    def _elsewhere(self, act: Deliver | SettleDelivery | DrainCredit | NotifyFinal | DetachLink) -> None:
+        """A core action for a link that is not here: a member another router relays to this one
+        (interrouter/members.py) is handed to the mesh."""
+        if self.mesh is not None:
+            self.mesh.perform_member(act)
+
     def relay_outputs(self, actions: list[Any], answered: list[str]) -> None:
         """What the relay of shared subscriptions' members decided (interrouter/members.py)."""
         self._perform(actions)
@@ -1445,8 +1451,7 @@ class Router:
             if type(act) is Deliver:
                 link = sub_links.get(act.sid)
                 if link is None:
-                    if self.mesh is not None:
-                        self.mesh.perform_member(act)  # (a member relayed here by another router?)
+                    self._elsewhere(act)
                     continue
                 gid = act.gid
                 d = link.send(gid.encode("ascii"), act.payload)
@@ -1474,8 +1479,7 @@ class Router:
             elif type(act) is SettleDelivery:
                 link = sub_links.get(act.sid)
                 if link is None:
-                    if self.mesh is not None:
-                        self.mesh.perform_member(act)
+                    self._elsewhere(act)
                     continue
                 ctx = link.ctx
                 d = ctx.deliveries.pop(act.gid, None)
@@ -1503,13 +1507,12 @@ class Router:
                 link = self.sub_links.get(act.sid)
                 if link is not None:
                     link.drained()
-                elif self.mesh is not None:
-                    self.mesh.perform_member(act)
+                else:
+                    self._elsewhere(act)
             elif type(act) is NotifyFinal:
                 link = self.sub_links.get(act.sid)
                 if link is None:
-                    if self.mesh is not None:
-                        self.mesh.perform_member(act)
+                    self._elsewhere(act)
                     continue
                 ctx = link.ctx
                 ctx.final_seq += 1
@@ -1517,9 +1520,8 @@ class Router:
                 link.send(f"{FINAL_TAG_PREFIX}{ctx.final_seq}".encode(), body, settled=True)
             elif type(act) is DetachLink:
                 dlink: Link = act.link
-                if not isinstance(dlink, Link):  # a member relayed here by another router
-                    if self.mesh is not None:
-                        self.mesh.perform_member(act)
+                if not isinstance(dlink, Link):
+                    self._elsewhere(act)
                     continue
                 if self.sub_links.get(act.sid) is dlink:
                     self._forget_sub_link(dlink)

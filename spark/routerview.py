@@ -116,10 +116,10 @@ def pair_evidence(events: DataFrame) -> DataFrame:
                  F.min_by(F.when((ev == "accepted") & own, F.struct(_c("node").alias("node"), _c("inc").alias("inc"))),
                           F.when((ev == "accepted") & own, _c("ts"))).alias("acc_at"),
                  F.min_by(F.when(is_dl, _c("node")), F.when(is_dl, _c("ts"))).alias("delivered_by"),
-                 F.sum((ev.isin(*RESOLVING) & ~own).cast("long")).alias("echoes"),
                  F.collect_list(F.when(ev.isin(*RESOLVING) & ~own, _c("ts"))).alias("echo_ts"),
                  F.first(F.when(ev.isin(*RESOLVING) & own, _c("node")), ignorenulls=True).alias("resolved_at"))
-            .withColumn("dl", F.transform("dls", lambda d: d["ts"])))
+            .withColumn("dl", F.transform("dls", lambda d: d["ts"]))
+            .withColumn("echoes", F.size("echo_ts").cast("long")))
 
 
 def in_force(msgs: DataFrame, router_lives: DataFrame, skew: float = 0.0) -> DataFrame:

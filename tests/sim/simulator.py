@@ -59,7 +59,7 @@ from oncemesh.common.ids import (
 from oncemesh.common.topics import matches
 from oncemesh.common.vocab import Outcome
 from oncemesh.interrouter.codec import FrameError
-from oncemesh.interrouter.members import Join, RemoteLink
+from oncemesh.interrouter.members import RemoteLink, join_of
 from oncemesh.interrouter.node import MeshNode
 from oncemesh.router.actions import (
     Deliver,
@@ -435,9 +435,7 @@ class SimRouter:
             self.core.attach(link, att, self.sim.now)
         except RelayMember as exc:  # a member whose shared subscription's home is elsewhere: relayed
             self.relayed.add(s.sid)
-            self.node.relay.attach(link, Join(att.sid, att.member, att.member_name, att.topic, att.container,
-                                              att.link_name, att.expiry, att.capable, att.selector, att.owner,
-                                              tuple(att.presented or ()), att.epoch), exc.home, self.sim.now)
+            self.node.relay.attach(link, join_of(att), exc.home, self.sim.now)
             self.process()
             return
         except LinkRedirect:  # a member, and its shared subscription has its members elsewhere

@@ -194,7 +194,7 @@ def test_members_share_one_selector() -> None:
     assert len(handed(h.take())) == 2
 
 
-def test_a_member_at_another_router_is_redirected_to_the_home() -> None:
+def test_a_member_at_another_router_is_relayed_to_the_home() -> None:
     h = Shared()
     h.member("ca")
     entry = h.core.table.get(G)
@@ -202,9 +202,10 @@ def test_a_member_at_another_router_is_redirected_to_the_home() -> None:
     other.reachable = {"S": "", "R": ""}
     other.table.merge(entry)
     mid = subscription_id("cb", "work|global", "t")
-    with pytest.raises(errors.LinkRedirect, match="router R"):
+    with pytest.raises(errors.RelayMember, match="router R") as exc:
         other.attach_subscriber(object(), G, "t", "", "work", 60.0, False, None, 0.0, member=mid,
                                 member_name="work|global")
+    assert exc.value.home == "R"  # (relayed there: interrouter/members.py; an adapter without a mesh redirects)
     # once R is unreachable (down), the member takes the subscription where it is
     other.reachable = {"S": ""}
     other.attach_subscriber(object(), G, "t", "", "work", 60.0, False, None, 0.0, member=mid,
@@ -262,3 +263,20 @@ def test_a_new_home_hands_nothing_until_the_former_members_came_back_or_the_grac
     t.now += 6
     t.core.tick(t.now)
     assert [g for _, g in handed(t.take())] == [g2]
+
+
+def test_a_home_cut_off_from_the_majority_hands_nothing_and_goes_on_once_it_reaches_it_again() -> None:
+    """The lease (`DeliveryCore.lease_held`): a home that has not reached a majority of the mesh within
+    `shared_lease` hands nothing (another router may have taken the subscription over); when it
+    reaches a majority again, what waited is handed at once, not at some later tick."""
+    h = Shared(shared_lease=3.0)
+    h.core.set_mesh(3, "1")
+    h.core.set_reachable({"R": "1", "S": "1"}, 0.0)  # a majority of 3
+    a = h.member("ca")
+    h.take()
+    h.core.set_reachable({"R": "1"}, 0.5)  # cut off
+    h.now = 4.0  # past the lease
+    [g] = h.publish(1)
+    assert handed(h.take()) == []
+    h.core.set_reachable({"R": "1", "T": "1"}, 4.1)  # a majority again
+    assert handed(h.take()) == [(a, g)]
