@@ -1225,7 +1225,15 @@ def tune_gc(threshold: int = GC_THRESHOLD) -> None:
     gc.set_threshold(threshold, 10, 10)
 
 
-async def listen(engine: Engine, factory: Callable[[], AmqpConnection], host: str, port: int,
+class Accepted(asyncio.Protocol):
+    """What a listener makes for each accepted connection: an `AmqpConnection`, or another
+    protocol's connection on the same loop (the router's MQTT listener, router/mqtt/edge.py)."""
+
+    def abandon(self) -> None:
+        """The connection never came up (its TLS handshake failed or its peer left): free it."""
+
+
+async def listen(engine: Engine, factory: Callable[[], Accepted | AmqpConnection], host: str, port: int,
                  backlog: int = 1024, tls: TlsProvider | None = None) -> asyncio.Server:
     """A listener. With `tls`, each accepted connection is upgraded with the context current at
     that moment (so a reload applies to new connections only); a failed handshake is logged with
@@ -1242,7 +1250,7 @@ TLS_HANDSHAKE_TIMEOUT = 10.0
 class _TlsAccept(asyncio.Protocol):
     """An accepted TCP connection until its TLS handshake is done; then the AMQP connection's."""
 
-    def __init__(self, engine: Engine, factory: Callable[[], AmqpConnection], tls: TlsProvider) -> None:
+    def __init__(self, engine: Engine, factory: Callable[[], Accepted | AmqpConnection], tls: TlsProvider) -> None:
         self.engine = engine
         self.factory = factory
         self.tls = tls

@@ -112,6 +112,11 @@ class RouterConfig:
     # password logins (SCRAM) on a listener without TLS: "loopback" (only from a loopback address),
     # "allow" (from anywhere: a captured exchange can be attacked offline, docs/security.md) or "refuse"
     passwords_without_tls: str = "loopback"
+    # MQTT 3.1.1 and 5 clients (docs/mqtt.md), e.g. "127.0.0.1:1883"; off if empty. It speaks TLS when the
+    # client listener does (tls_cert: the same certificate, settings and users)
+    mqtt_listen: str = ""
+    # QoS 1/2 PUBLISHes an MQTT 5 client may have unanswered (CONNACK's Receive Maximum); more: disconnected
+    mqtt_receive_maximum: int = 100
     # HTTP listener for /metrics, /healthz, /readyz (docs/operations.md), e.g. "127.0.0.1:9090"; off if empty
     http_listen: str = ""
     # the read-only web console on the HTTP listener (/console): the mesh, rates, topics, subscriptions;

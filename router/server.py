@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 from proton import Message
 
@@ -101,6 +101,9 @@ from .snapshot import CoreSnapshot, Parts
 from .statusfile import StatusFile
 from .subscriptions import Subscription, SubscriptionStore, SubscriptionTable
 from .users import Users
+
+if TYPE_CHECKING:
+    from .mqtt.edge import MqttEdge
 
 log = logging.getLogger("oncemesh.router")
 
@@ -305,6 +308,10 @@ class Router:
         self._drain_told: set[AmqpConnection] = set()  # connections told to move
         self._drain_logged = 0.0
         self.mesh: MeshPort | None = mesh(self) if mesh is not None else None
+        self.mqtt: MqttEdge | None = None  # MQTT clients (router/mqtt/), loaded only with an MQTT listener
+        if cfg.mqtt_listen:
+            from .mqtt.edge import MqttEdge
+            self.mqtt = MqttEdge(self)
         # ONCEMESH_PASS_BUDGET=0: no per-pass budget of a client connection's work (measurements only)
         self._pass_budget = os.environ.get("ONCEMESH_PASS_BUDGET", "1") != "0"
         probe_every = interval_from_env()  # ONCEMESH_HEAP_PROBE (diagnosis only: router/heapprobe.py)
@@ -332,6 +339,8 @@ class Router:
         if self.cfg.http_listen:
             self.http = HttpEndpoint(self, *parse_hostport(self.cfg.http_listen))
             await self.http.start()
+        if self.mqtt is not None:
+            await self.mqtt.start(*parse_hostport(self.cfg.mqtt_listen))
         self._schedule_tick()
         gc.callbacks.append(self._on_gc)
         self.write_ready_file()
@@ -362,6 +371,9 @@ class Router:
             info.update(self.mesh.ready_info())
         if self.http is not None and self.http.bound is not None:
             info["http"] = f"{self.http.bound[0]}:{self.http.bound[1]}"
+        if self.mqtt is not None and self.mqtt.bound is not None:
+            info["mqtt"] = f"{self.mqtt.bound[0]}:{self.mqtt.bound[1]}"
+            info["stats"].update(self.mqtt.stats())
         if self._drain is not None:
             report = self._drain_report_path()
             info["draining"] = {**self._drain.status(time.time()), "report": str(report) if report else None}
@@ -434,6 +446,8 @@ class Router:
             await self.mesh.stop()
         if self.server is not None:
             self.server.close()
+        if self.mqtt is not None:
+            self.mqtt.close()
         if self.http is not None:
             await self.http.stop()
         for conn in list(self.connections):
@@ -669,6 +683,8 @@ class Router:
                 self.mesh.tick(now)  # ticks the core too (expiry only while the mesh is whole)
             else:
                 self.core.tick(now)
+            if self.mqtt is not None:
+                self.mqtt.tick(now)
             self.drain()
             self._expire_preauth(time.monotonic())
             if self.heap_probe is not None:
@@ -1380,8 +1396,10 @@ class Router:
             self.core.detach_subscriber(link, ctx.sid, closed, now, clean=clean)
 
     def _elsewhere(self, act: Deliver | SettleDelivery | DrainCredit | NotifyFinal | DetachLink) -> None:
-        """A core action for a link that is not here: a member another router relays to this one
-        (interrouter/members.py) is handed to the mesh."""
+        """A core action for a link that is not an AMQP one here: an MQTT session's (router/mqtt/), or
+        a member another router relays to this one (interrouter/members.py), handed to the mesh."""
+        if self.mqtt is not None and self.mqtt.perform(act):
+            return
         if self.mesh is not None:
             self.mesh.perform_member(act)
 
@@ -1396,6 +1414,8 @@ class Router:
 
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:
         """The mesh acknowledged (or refused) the announcement of a subscriber's attach."""
+        if self.mqtt is not None:
+            self.mqtt.attach_done(sid, refused)
         for link in self._awaiting_mesh.pop(sid, []):
             if self.sub_links.get(link.ctx.sid) is link and link.local_uninit:
                 self._mesh_attach_done(link, refused)
@@ -1428,6 +1448,10 @@ class Router:
             link.ctx.deliveries.discard(d)
         amqp.settle(d)
         link.conn.touch()
+
+    def save_table(self) -> None:
+        """Write the subscription table if it changed (before a subscription is answered as in force)."""
+        self._save_table()
 
     def _save_table(self, force: bool = False) -> None:
         if self.store is None or (self.table.version == self._saved_version and not force):
@@ -1462,6 +1486,8 @@ class Router:
                 d = act.pub
                 plink = pub_deliveries.get(d)
                 if plink is None:
+                    if self.mqtt is not None:
+                        self.mqtt.perform(act)  # (an MQTT client's PUBLISH?)
                     continue
                 if act.error is None:
                     set_state(d, _STATE_OF_OUTCOME[act.outcome])

@@ -1,0 +1,1 @@
+"""MQTT at the edges: the packet codec (codec.py, packets.py)."""

@@ -1,0 +1,361 @@
+"""MQTT clients on a real router process (paho-mqtt, MQTT 3.1.1 and 5): QoS 2 each message once,
+PUBREC only after the subscriptions owed it accepted it, one topic space with AMQP, persistent
+sessions, and bad input answered by the protocol with the router going on."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from proton import Message
+
+from oncemesh.clients.blocking import BlockingClient
+from oncemesh.common.settlement_log import read_events
+from oncemesh.harness.procs import RouterProcess
+from tests.conftest import EXAMPLES
+
+
+def mqtt_addr(r: RouterProcess) -> tuple[str, int]:
+    host, port = r.status()["mqtt"].rsplit(":", 1)
+    return host, int(port)
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        time.sleep(0.02)
+
+
+class Paho:
+    """A paho-mqtt client on its own network thread, recording what it gets."""
+
+    def __init__(self, r: RouterProcess, cid: str, v5: bool = True, persistent: bool = False) -> None:
+        self.v5 = v5
+        self.addr = mqtt_addr(r)
+        kw: dict[str, Any] = {} if v5 else {"clean_session": not persistent}
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cid,
+                             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311, **kw)
+        self.persistent = persistent
+        self.got: list[mqtt.MQTTMessage] = []
+        self.acked: list[int] = []
+        self.present: list[bool] = []
+        self.connack: list[Any] = []
+        self.subacks: list[list[Any]] = []
+        self.c.on_message = lambda c, u, m: self.got.append(m)
+        self.c.on_publish = lambda c, u, mid, rc, props: self.acked.append(mid)
+        self.c.on_connect = self._on_connect
+        self.c.on_subscribe = lambda c, u, mid, codes, props: self.subacks.append(list(codes))
+
+    def _on_connect(self, c: Any, u: Any, flags: Any, rc: Any, props: Any) -> None:
+        self.present.append(bool(flags.session_present))
+        self.connack.append(rc)
+
+    def connect(self) -> Paho:
+        n = len(self.connack)
+        if self.v5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 300 if self.persistent else 0
+            self.c.connect(*self.addr, clean_start=not self.persistent, properties=props)
+        else:
+            self.c.connect(*self.addr)
+        self.c.loop_start()
+        wait_until(lambda: len(self.connack) > n, what="CONNACK")
+        return self
+
+    def subscribe(self, topic: str, qos: int = 2) -> list[Any]:
+        n = len(self.subacks)
+        self.c.subscribe(topic, qos=qos)
+        wait_until(lambda: len(self.subacks) > n, what="SUBACK")
+        return self.subacks[-1]
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+@contextmanager
+def paho(r: RouterProcess, cid: str, **kw: Any) -> Iterator[Paho]:
+    p = Paho(r, cid, **kw).connect()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture
+def mq(make_router: Any) -> RouterProcess:
+    r: RouterProcess = make_router("Q", settings={"mqtt_listen": "127.0.0.1:0"})
+    return r
+
+
+@pytest.mark.parametrize("pub_v5,sub_v5", [(True, True), (False, True), (True, False)])
+def test_qos2_each_message_once_at_both_protocol_levels(mq: RouterProcess, pub_v5: bool, sub_v5: bool) -> None:
+    n = 150
+    with paho(mq, "s", v5=sub_v5) as s, paho(mq, "p", v5=pub_v5) as p:
+        assert [str(c) for c in s.subscribe("lv/#")] == ["Granted QoS 2"]
+        for i in range(n):
+            p.c.publish(f"lv/{i % 3}", f"m{i}".encode(), qos=2)
+        wait_until(lambda: len(s.got) >= n and len(p.acked) >= n, what="all delivered and acknowledged")
+        time.sleep(0.3)  # (nothing more may come)
+        assert sorted(m.payload for m in s.got) == sorted(f"m{i}".encode() for i in range(n))
+        assert {m.topic for m in s.got} == {"lv/0", "lv/1", "lv/2"} and all(m.qos == 2 for m in s.got)
+        assert len(p.acked) == n
+
+
+def test_pubrec_waits_for_a_persistent_session_that_is_away_and_it_gets_each_message_once(
+        mq: RouterProcess) -> None:
+    """A publisher hears PUBREC only when every subscription owed the message accepted it: a
+    persistent subscriber away holds it; once back it gets each message, once, and the publisher
+    its acknowledgements."""
+    sub = Paho(mq, "away", persistent=True).connect()
+    assert [str(c) for c in sub.subscribe("pw/x")] == ["Granted QoS 2"]
+    sub.close()
+    with paho(mq, "pw-pub") as p:
+        for i in range(20):
+            p.c.publish("pw/x", f"m{i}".encode(), qos=2)
+        time.sleep(1.0)
+        assert p.acked == []  # the mesh did not decide: the subscription owed them has not accepted them
+        back = Paho(mq, "away", persistent=True).connect()
+        try:
+            assert back.present == [True]
+            wait_until(lambda: len(back.got) >= 20 and len(p.acked) >= 20, what="delivered after the return")
+            time.sleep(0.3)
+            assert sorted(m.payload for m in back.got) == sorted(f"m{i}".encode() for i in range(20))
+        finally:
+            back.close()
+
+
+def test_a_3_1_1_session_without_clean_session_is_resumed_with_its_subscription(mq: RouterProcess) -> None:
+    sub = Paho(mq, "v4-away", v5=False, persistent=True).connect()
+    sub.subscribe("v4/x", qos=1)
+    sub.close()
+    with paho(mq, "v4-pub", v5=False) as p:
+        for i in range(10):
+            p.c.publish("v4/x", f"m{i}".encode(), qos=1)
+        back = Paho(mq, "v4-away", v5=False, persistent=True).connect()
+        try:
+            assert back.present == [True]
+            wait_until(lambda: len({m.payload for m in back.got}) >= 10 and len(p.acked) >= 10,
+                       what="delivered after the return")
+            assert {m.payload for m in back.got} == {f"m{i}".encode() for i in range(10)}
+        finally:
+            back.close()
+
+
+def test_amqp_and_mqtt_share_one_topic_space_both_ways(mq: RouterProcess) -> None:
+    with BlockingClient(mq.url) as amqp, paho(mq, "mix-s") as s, paho(mq, "mix-p") as p:
+        s.subscribe("mix/+")
+        asub = amqp.subscriber("mix/m", "amqp-sub", expiry=0)
+        asub.wait_attached(10)
+        # AMQP -> MQTT: body, content type, reply-to, correlation id, application properties
+        msg = Message(body=b"from-amqp", content_type="text/plain", reply_to="mix/reply",
+                      correlation_id=b"c-1", properties={"k": "v", "n": 3})
+        res = amqp.publisher("mix/a").put(msg.encode(), raw=True, timeout=20)
+        assert res.accepted
+        wait_until(lambda: len(s.got) >= 1, what="the AMQP message at the MQTT subscriber")
+        m = s.got[0]
+        assert (m.topic, m.payload) == ("mix/a", b"from-amqp")
+        props = m.properties
+        assert props.ContentType == "text/plain" and props.ResponseTopic == "mix/reply"
+        assert props.CorrelationData == b"c-1"
+        assert ("k", "v") in props.UserProperty and ("n", "3") in props.UserProperty
+        # MQTT -> AMQP
+        out = Properties(PacketTypes.PUBLISH)
+        out.ContentType = "application/json"
+        out.UserProperty = [("a", "1"), ("a", "2")]
+        out.CorrelationData = b"xyz"
+        p.c.publish("mix/m", b'{"v": 1}', qos=2, properties=out)
+        d = asub.get(timeout=20)
+        assert d is not None
+        got = Message()
+        got.decode(d.payload)
+        assert got.body == b'{"v": 1}' and got.content_type == "application/json"
+        assert got.address == "mix/m" and got.correlation_id == b"xyz"
+        assert got.properties["a"] == "1"  # (repeated names: the first; MQTT subscribers get the list)
+        wait_until(lambda: len(s.got) >= 2, what="the MQTT message at the MQTT subscriber too")
+        assert s.got[1].properties.UserProperty == [("a", "1"), ("a", "2")]
+
+
+def raw_connect(addr: tuple[str, int]) -> socket.socket:
+    sock = socket.create_connection(addr, timeout=10)
+    return sock
+
+
+def read_packet(sock: socket.socket) -> bytes:
+    first = sock.recv(1)
+    if not first:
+        return b""
+    mult, length, head = 1, 0, first
+    while True:
+        b = sock.recv(1)[0]
+        head += bytes([b])
+        length += (b & 0x7F) * mult
+        mult *= 128
+        if not b & 0x80:
+            break
+    body = b""
+    while len(body) < length:
+        chunk = sock.recv(length - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return head + body
+
+
+def connect_packet(level: int, cid: bytes = b"raw", name: bytes = b"MQTT") -> bytes:
+    var = struct.pack("!H", len(name)) + name + bytes([level, 0x02]) + struct.pack("!H", 30)
+    if level == 5:
+        var += b"\x00"
+    payload = struct.pack("!H", len(cid)) + cid
+    body = var + payload
+    return bytes([0x10, len(body)]) + body
+
+
+def test_bad_input_gets_the_protocols_answer_and_the_router_goes_on(mq: RouterProcess) -> None:
+    addr = mqtt_addr(mq)
+    # garbage: closed
+    with raw_connect(addr) as s:
+        s.sendall(b"\xff\x00garbage" * 10)
+        assert read_packet(s) == b"" or s.recv(100) == b""
+    # an unknown protocol level: 3.1.1's CONNACK 1 (unacceptable protocol version)
+    with raw_connect(addr) as s:
+        s.sendall(connect_packet(3, name=b"MQIsdp"))
+        assert read_packet(s) == b"\x20\x02\x00\x01"
+    # MQTT 5 with level 6: CONNACK 0x84
+    with raw_connect(addr) as s:
+        s.sendall(connect_packet(6))
+        ack = read_packet(s)
+        assert ack[:1] == b"\x20" and ack[3] == 0x84
+    # a second CONNECT: DISCONNECT protocol error (MQTT 5), then closed
+    with raw_connect(addr) as s:
+        s.sendall(connect_packet(5))
+        assert read_packet(s)[:1] == b"\x20"
+        s.sendall(connect_packet(5))
+        d = read_packet(s)
+        assert d[:1] == b"\xe0" and d[2] == 0x82
+    # oversize: a PUBLISH announcing more than the maximum packet size
+    with raw_connect(addr) as s:
+        s.sendall(connect_packet(5))
+        read_packet(s)
+        s.sendall(b"\x32\xff\xff\xff\x7f")
+        d = read_packet(s)
+        assert d == b"" or (d[:1] == b"\xe0" and d[2] == 0x95)
+    # the router is still there and serves
+    with paho(mq, "after") as c, paho(mq, "after-p") as p:
+        c.subscribe("ok")
+        p.c.publish("ok", b"fine", qos=1)
+        wait_until(lambda: len(c.got) == 1, what="a message after the bad input")
+    log = (mq.log_dir / "Q.router.log").read_text()
+    assert "mqtt.bad_packet" in log
+
+
+def test_the_settlement_log_records_mqtt_subscriptions_and_their_acceptances(mq: RouterProcess) -> None:
+    with paho(mq, "logged-s") as s, paho(mq, "logged-p") as p:
+        s.subscribe("lg/t")
+        for i in range(5):
+            p.c.publish("lg/t", f"{i}".encode(), qos=2)
+        wait_until(lambda: len(p.acked) == 5, what="acknowledgements")
+    events = [e for f in sorted(mq.log_dir.glob("Q.settlement.*")) for e in read_events(f)]
+    subscribed = [e for e in events if e.get("ev") == "subscribed" and e.get("container") == "logged-s"]
+    assert subscribed and subscribed[0]["link"] == "lg/t" and subscribed[0]["info"] == "mqtt"
+    sid = subscribed[0]["sub"]
+    accepted = {e["gid"] for e in events if e.get("ev") == "accepted" and e.get("sub") == sid}
+    outcomes = {e["gid"] for e in events if e.get("ev") == "outcome"}
+    assert len(accepted) == 5 and accepted <= outcomes
+
+
+def test_logins_against_the_users_file(make_router: Any, tmp_path: Any) -> None:
+    users = tmp_path / "users.json"
+    done = subprocess.run([sys.executable, "-m", "oncemesh", "user", "add", "alice", "--users-file", str(users),
+                           "--password-stdin", "--iterations", "4096"], input="wonderland\n", text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    r: RouterProcess = make_router("U", settings={"mqtt_listen": "127.0.0.1:0", "users_file": str(users)})
+    for v5 in (True, False):
+        anonymous = Paho(r, "nobody", v5=v5)
+        anonymous.c.connect(*anonymous.addr)
+        anonymous.c.loop_start()
+        wait_until(lambda a=anonymous: bool(a.connack), what="CONNACK")  # type: ignore[misc]
+        anonymous.c.loop_stop()
+        # (paho names a 3.1.1 return code by its MQTT 5 reason: 5 is "Not authorized", 4 "Bad user name or password")
+        assert str(anonymous.connack[0]) == "Not authorized"
+        wrong = Paho(r, "mallory", v5=v5)
+        wrong.c.username_pw_set("alice", "guess")
+        wrong.c.connect(*wrong.addr)
+        wrong.c.loop_start()
+        wait_until(lambda w=wrong: bool(w.connack), what="CONNACK")  # type: ignore[misc]
+        wrong.c.loop_stop()
+        assert str(wrong.connack[0]) == "Bad user name or password"
+    alice = Paho(r, "alice-1")
+    alice.c.username_pw_set("alice", "wonderland")
+    alice.connect()
+    try:
+        assert alice.connack[0].value == 0
+        assert [str(c) for c in alice.subscribe("u/t")] == ["Granted QoS 2"]
+    finally:
+        alice.close()
+    # the client id is alice's session now: another identity may not take it over
+    other = Paho(r, "alice-1")
+    other.c.connect(*other.addr)
+    other.c.loop_start()
+    wait_until(lambda: bool(other.connack), what="CONNACK")
+    other.c.loop_stop()
+    assert str(other.connack[0]) == "Not authorized"
+    assert "mqtt.login_failed" in (r.log_dir / "U.router.log").read_text()
+
+
+class _MeshRouter:
+    """What `Paho` reads of a router (its status' MQTT address), for a router of a launched mesh."""
+
+    def __init__(self, mesh: Any, rid: str) -> None:
+        self.mesh = mesh
+        self.rid = rid
+
+    def status(self) -> dict[str, Any]:
+        return json.loads(self.mesh.ready_file(self.rid).read_text())
+
+
+def test_mqtt_clients_across_a_mesh_each_message_once(mesh_of: Any, tmp_path: Any) -> None:
+    """line3 with an MQTT listener on every router: a QoS 2 publisher at A, a persistent QoS 2
+    subscriber at C and a wildcard one at B; C's goes away mid-stream (DISCONNECT) and comes back
+    at C: each message once at each subscriber, and every PUBCOMP at the publisher."""
+    topo = tmp_path / "line3-mqtt.toml"
+    topo.write_text('[defaults]\nmqtt_listen = "127.0.0.1:0"\n\n' + (EXAMPLES / "line3.toml").read_text())
+    m = mesh_of(topo)
+    a, b, c = (_MeshRouter(m, rid) for rid in "ABC")
+    n = 200
+    at_c = Paho(c, "mesh-c", persistent=True).connect()  # type: ignore[arg-type]
+    at_c.subscribe("mesh/t")
+    with paho(b, "mesh-b") as at_b, paho(a, "mesh-p") as p:  # type: ignore[arg-type]
+        at_b.subscribe("mesh/+")
+        for i in range(n):
+            p.c.publish("mesh/t", f"m{i}".encode(), qos=2)
+            if i == n // 2:
+                wait_until(lambda: len(at_c.got) > n // 4, what="C's subscriber under way")
+                at_c.close()
+        # the same client object comes back: an MQTT client keeps its session's state (the QoS 2
+        # packet ids it took and has not seen released) across its connections, as the protocol asks
+        at_c.connect()
+        try:
+            assert at_c.present == [False, True]
+            wait_until(lambda: len(p.acked) >= n and len(at_b.got) >= n and len(at_c.got) >= n, timeout=60,
+                       what="every message at B and C, every PUBCOMP at A")
+            time.sleep(0.3)
+            assert sorted(m.payload for m in at_c.got) == sorted(f"m{i}".encode() for i in range(n))
+            assert sorted(m.payload for m in at_b.got) == sorted(f"m{i}".encode() for i in range(n))
+        finally:
+            at_c.close()

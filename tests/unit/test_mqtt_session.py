@@ -1,0 +1,397 @@
+"""The MQTT session state machine (router/mqtt/session.py), with no socket and no core: packets in,
+packets and requests out. What it must never do: give one exchange two names (a resent PUBLISH is
+the same message), or one name to two messages; free a QoS 2 packet id the mesh may hand again."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oncemesh.router.mqtt.mapping import MqttContent
+from oncemesh.router.mqtt.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Properties,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Reason,
+    Suback,
+    SubOptions,
+    Subscribe,
+)
+from oncemesh.router.mqtt.session import (
+    Close,
+    Credit,
+    Limits,
+    Login,
+    MqttConnection,
+    PublishMsg,
+    Release,
+    SessionState,
+    Settled,
+    Stage,
+    SubscribeTo,
+    split_share,
+)
+
+
+def connected(level: int = 5, state: SessionState | None = None, present: bool = False,
+              limits: Limits | None = None, **connect: object) -> tuple[MqttConnection, SessionState]:
+    c = MqttConnection(limits or Limits(), 0.0)
+    c.received(Connect(level=level, client_id="c1", clean_start=state is None, **connect), 0.0)  # type: ignore[arg-type]
+    assert [type(a) for a in c.asks] == [Login]
+    c.asks.clear()
+    st = state or SessionState("c1", "", "n1", 60.0)
+    c.accepted(st, present)
+    assert type(c.out[0]) is Connack and c.out[0].session_present is present
+    del c.out[0]
+    c.asks = [a for a in c.asks if type(a) is not Credit]
+    return c, st
+
+
+def pub(pid: int, qos: int = 2, dup: bool = False, payload: bytes = b"x", topic: str = "t") -> Publish:
+    return Publish(topic=topic, payload=payload, qos=qos, dup=dup, packet_id=pid)
+
+
+def asks_of(c: MqttConnection, kind: type) -> list:
+    found = [a for a in c.asks if type(a) is kind]
+    c.asks.clear()
+    return found
+
+
+# ---------------------------------------------------------------- CONNECT
+
+def test_the_first_packet_must_be_connect():
+    c = MqttConnection(Limits(), 0.0)
+    c.received(Pingreq(), 0.0)
+    assert [type(a) for a in c.asks] == [Close] and c.asks[0].reason == Reason.PROTOCOL_ERROR
+
+
+def test_a_second_connect_closes_the_connection_with_a_protocol_error():
+    c, _ = connected()
+    c.received(Connect(level=5, client_id="c1"), 1.0)
+    closes = asks_of(c, Close)
+    assert closes and closes[0].reason == Reason.PROTOCOL_ERROR
+    assert type(c.out[-1]) is Disconnect and c.out[-1].reason_code == Reason.PROTOCOL_ERROR
+
+
+def test_an_empty_client_id_without_clean_session_is_refused_at_3_1_1():
+    c = MqttConnection(Limits(), 0.0)
+    c.received(Connect(level=4, client_id="", clean_start=False), 0.0)
+    assert type(c.out[0]) is Connack and c.out[0].reason_code == Reason.CLIENT_IDENTIFIER_NOT_VALID
+    assert [type(a) for a in c.asks] == [Close]
+
+
+def test_connack_of_mqtt5_says_retain_is_unavailable_and_the_receive_maximum():
+    c = MqttConnection(Limits(receive_maximum=7), 0.0)
+    c.received(Connect(level=5, client_id="c1"), 0.0)
+    c.accepted(SessionState("c1", "", "n", 0.0), False)
+    ack = c.out[0]
+    assert type(ack) is Connack and ack.properties.retain_available == 0 and ack.properties.receive_maximum == 7
+
+
+def test_pingreq_is_answered_and_silence_past_one_and_a_half_keep_alives_closes():
+    c, _ = connected(keep_alive=10)
+    c.received(Pingreq(), 5.0)
+    assert c.out == [Pingresp()]
+    c.tick(19.0)
+    assert not c.asks
+    c.tick(20.5)
+    closes = asks_of(c, Close)
+    assert closes and closes[0].reason == Reason.KEEP_ALIVE_TIMEOUT and closes[0].will
+
+
+# ---------------------------------------------------------------- the client publishes
+
+def test_qos2_publish_resent_before_its_outcome_is_the_same_message_and_pubrec_waits_for_the_outcome():
+    c, st = connected()
+    c.received(pub(5), 1.0)
+    first = asks_of(c, PublishMsg)
+    assert len(first) == 1 and first[0].qos == 2 and c.out == []  # no PUBREC before the mesh decided
+    c.received(pub(5, dup=True), 1.1)
+    assert asks_of(c, PublishMsg) == []  # in flight on this connection: its outcome answers both
+    c.outcome(5, 0)
+    assert c.out == [Pubrec(5)]
+    c.out.clear()
+    c.received(pub(5, dup=True), 1.2)  # PUBREC lost: the client sends it again
+    assert c.out == [Pubrec(5)] and asks_of(c, PublishMsg) == []
+    c.out.clear()
+    c.received(Pubrel(5), 1.3)
+    assert [a.tag for a in asks_of(c, Release)] == [first[0].tag] and c.out == [Pubcomp(5)]
+    c.out.clear()
+    c.received(pub(5), 2.0)  # the id used again: a new message, a new name
+    again = asks_of(c, PublishMsg)
+    assert len(again) == 1 and again[0].tag != first[0].tag
+    assert st.inbound[5].tag == again[0].tag
+
+
+def test_a_resend_after_a_reconnect_is_published_again_under_its_first_tag():
+    c, st = connected()
+    c.received(pub(9), 1.0)
+    tag = asks_of(c, PublishMsg)[0].tag
+    c.lost()
+    c2, _ = connected(state=st, present=True)
+    c2.received(pub(9, dup=True), 2.0)
+    again = asks_of(c2, PublishMsg)
+    assert [a.tag for a in again] == [tag]  # the core merges it, or answers it with its outcome
+
+
+def test_a_rejected_qos2_publish_ends_its_exchange_with_the_reason():
+    c, st = connected()
+    c.received(pub(3), 1.0)
+    c.outcome(3, Reason.NOT_AUTHORIZED)
+    assert c.out == [Pubrec(3, Reason.NOT_AUTHORIZED)] and 3 not in st.inbound
+
+
+def test_3_1_1_acks_carry_no_failure_reason():
+    c, _ = connected(level=4)
+    c.received(pub(3, qos=1), 1.0)
+    c.outcome(3, Reason.NOT_AUTHORIZED)
+    assert c.out == [Puback(3, 0)]
+
+
+def test_pubrel_before_pubrec_is_a_protocol_error():
+    c, _ = connected()
+    c.received(pub(4), 1.0)
+    c.asks.clear()
+    c.received(Pubrel(4), 1.1)
+    closes = asks_of(c, Close)
+    assert closes and closes[0].reason == Reason.PROTOCOL_ERROR
+
+
+def test_pubrel_of_an_unknown_id_is_answered_not_found():
+    c, _ = connected()
+    c.received(Pubrel(77), 1.0)
+    assert c.out == [Pubcomp(77, Reason.PACKET_IDENTIFIER_NOT_FOUND)]
+
+
+def test_more_unanswered_publishes_than_the_receive_maximum_disconnects():
+    c, _ = connected(limits=Limits(receive_maximum=2))
+    c.received(pub(1), 1.0)
+    c.received(pub(2, qos=1), 1.0)
+    c.received(pub(3), 1.0)
+    closes = asks_of(c, Close)
+    assert closes and closes[0].reason == Reason.RECEIVE_MAXIMUM_EXCEEDED
+
+
+def test_a_retained_publish_at_mqtt5_is_refused_with_its_reason():
+    c, _ = connected()
+    c.received(Publish(topic="t", payload=b"x", qos=1, retain=True, packet_id=1), 1.0)
+    closes = asks_of(c, Close)
+    assert closes and closes[0].reason == Reason.RETAIN_NOT_SUPPORTED
+
+
+def test_a_packet_id_in_use_by_the_other_qos_is_refused():
+    c, _ = connected()
+    c.received(pub(6, qos=2), 1.0)
+    c.received(pub(6, qos=1), 1.0)
+    closes = asks_of(c, Close)
+    assert closes and closes[0].reason == Reason.PACKET_IDENTIFIER_IN_USE
+
+
+def test_qos0_is_published_without_tracking():
+    c, st = connected()
+    c.received(Publish(topic="t", payload=b"x", qos=0), 1.0)
+    [a] = asks_of(c, PublishMsg)
+    assert a.qos == 0 and not st.inbound and c.out == []
+
+
+# ---------------------------------------------------------------- the client subscribes
+
+def subscribed(c: MqttConnection, *filters: tuple[str, int]) -> None:
+    c.received(Subscribe(packet_id=1, subscriptions=tuple((f, SubOptions(qos=q)) for f, q in filters)), 0.5)
+    [ask] = asks_of(c, SubscribeTo)
+    for i, s in enumerate(ask.subs):
+        s.sid = f"sid{i}"
+    c.subscribed(1, ask.subs, tuple(s.qos for s in ask.subs))
+    assert type(c.out[-1]) is Suback
+    c.out.clear()
+    c.asks.clear()
+
+
+def test_qos2_delivery_pubrec_is_acceptance_and_pubrel_waits_for_the_final():
+    c, st = connected()
+    subscribed(c, ("a/#", 2))
+    c.deliver("sid0", "g1", "a/b", MqttContent(b"p"), False)
+    [p] = c.out
+    assert type(p) is Publish and p.qos == 2 and not p.dup and p.topic == "a/b"
+    c.out.clear()
+    c.received(Pubrec(p.packet_id), 1.0)
+    assert asks_of(c, Settled) == [Settled("sid0", "g1", True, False)] and c.out == []
+    c.final("sid0", "g1")
+    assert c.out == [Pubrel(p.packet_id)]
+    c.out.clear()
+    c.received(Pubcomp(p.packet_id), 1.1)
+    assert not st.outbound
+
+
+def test_a_final_before_the_pubrec_sends_pubrel_right_after_it():
+    c, _ = connected()
+    subscribed(c, ("t", 2))
+    c.deliver("sid0", "g1", "t", MqttContent(b"p"), False)
+    pid = c.out[0].packet_id
+    c.out.clear()
+    c.final("sid0", "g1")
+    assert c.out == []
+    c.received(Pubrec(pid), 1.0)
+    assert c.out == [Pubrel(pid)]
+
+
+def test_a_redelivery_goes_under_its_packet_id_with_dup_and_pubrel_is_resent_on_resume():
+    c, st = connected()
+    subscribed(c, ("t", 2))
+    c.deliver("sid0", "g1", "t", MqttContent(b"1"), False)
+    c.deliver("sid0", "g2", "t", MqttContent(b"2"), False)
+    p1, p2 = c.out[0].packet_id, c.out[1].packet_id
+    assert p1 != p2
+    c.received(Pubrec(p2), 1.0)
+    c.final("sid0", "g2")
+    c.lost()
+    c2, _ = connected(state=st, present=True)
+    assert Pubrel(p2) in c2.out  # what was released is released again on resume
+    c2.out.clear()
+    c2.deliver("sid0", "g1", "t", MqttContent(b"1"), True)
+    assert c2.out == [Publish(topic="t", payload=b"1", qos=2, dup=True, packet_id=p1)]
+
+
+def test_deliveries_beyond_the_clients_receive_maximum_wait_for_its_acks():
+    c, _ = connected(properties=Properties(receive_maximum=1))
+    subscribed(c, ("t", 1))
+    c.deliver("sid0", "g1", "t", MqttContent(b"1"), False)
+    c.deliver("sid0", "g2", "t", MqttContent(b"2"), False)
+    assert len(c.out) == 1
+    pid = c.out[0].packet_id
+    c.out.clear()
+    c.received(Puback(pid), 1.0)
+    assert asks_of(c, Settled) == [Settled("sid0", "g1", True, True)]
+    assert len(c.out) == 1 and c.out[0].payload == b"2"
+
+
+def test_qos0_subscription_takes_the_message_as_accepted_when_sent():
+    c, _ = connected()
+    subscribed(c, ("t", 0))
+    c.deliver("sid0", "g1", "t", MqttContent(b"1"), False)
+    assert c.out[0].qos == 0 and c.out[0].packet_id is None
+    assert [a for a in c.asks if type(a) is Settled] == [Settled("sid0", "g1", True, True)]
+
+
+def test_disconnect_with_will_reason_asks_for_the_will_and_a_plain_one_does_not():
+    c, _ = connected()
+    c.received(Disconnect(0x04), 1.0)
+    assert asks_of(c, Close)[0].will
+    c2, _ = connected()
+    c2.received(Disconnect(0), 1.0)
+    assert not asks_of(c2, Close)[0].will
+
+
+def test_share_filters_split_and_a_malformed_one_is_no_filter():
+    assert split_share("$share/g/a/+") == ("g", "a/+")
+    assert split_share("a/b") == ("", "a/b")
+    c, _ = connected()
+    c.received(Subscribe(packet_id=2, subscriptions=(("$share/g", SubOptions(qos=1)),)), 1.0)
+    [ask] = asks_of(c, SubscribeTo)
+    assert ask.subs[0].match == ""  # the router refuses it: TOPIC_FILTER_INVALID
+
+
+# ---------------------------------------------------------------- the naming rule, by hypothesis
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("publish"), st.integers(1, 3), st.booleans()),
+    st.tuples(st.just("outcome"), st.integers(1, 3)),
+    st.tuples(st.just("pubrel"), st.integers(1, 3)),
+    st.tuples(st.just("reconnect"), st.just(0)),
+), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_one_exchange_one_name_and_never_a_name_twice(seq):
+    """Whatever the client resends and whenever the connection breaks: every PublishMsg of one
+    exchange (a packet id from its PUBLISH to its PUBREL) carries one tag, and no tag ever names two
+    exchanges."""
+    c, st_ = connected()
+    exchange_of_tag: dict[bytes, int] = {}
+    current: dict[int, int] = {}  # packet id -> exchange number
+    n = 0
+    for op in seq:
+        if op[0] == "publish":
+            pid = op[1]
+            if pid not in current:
+                n += 1
+                current[pid] = n
+            c.received(pub(pid, dup=op[2]), 1.0)
+        elif op[0] == "outcome":
+            c.outcome(op[1], 0)
+        elif op[0] == "pubrel":
+            inb = st_.inbound.get(op[1])
+            c.received(Pubrel(op[1]), 1.0)
+            if inb is not None and inb.answered:
+                current.pop(op[1], None)
+        else:
+            c.lost()
+            c, _ = connected(state=st_, present=True)
+        if c.state.value == "closed":  # (a PUBREL before its PUBREC: the client's error)
+            c, _ = connected(state=st_, present=True)
+        for a in [a for a in c.asks if type(a) is PublishMsg]:
+            ex = current[a.pid]
+            assert exchange_of_tag.setdefault(a.tag, ex) == ex
+        c.asks.clear()
+    tags_per_exchange: dict[int, set[bytes]] = {}
+    for tag, ex in exchange_of_tag.items():
+        tags_per_exchange.setdefault(ex, set()).add(tag)
+    assert all(len(t) == 1 for t in tags_per_exchange.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["deliver", "pubrec", "final", "pubcomp"]), st.integers(0, 5)),
+                max_size=60))
+def test_a_packet_id_is_free_again_only_after_pubcomp_of_a_final_message(seq):
+    c, st_ = connected()
+    subscribed(c, ("t", 2))
+    finals: set[str] = set()
+    for op, i in seq:
+        gid = f"g{i}"
+        if op == "deliver":
+            c.deliver("sid0", gid, "t", MqttContent(b""), False)
+        elif op == "final":
+            finals.add(gid)
+            c.final("sid0", gid)
+        else:
+            pids = sorted(st_.outbound)
+            if pids:
+                pid = pids[i % len(pids)]
+                c.received(Pubrec(pid) if op == "pubrec" else Pubcomp(pid), 1.0)
+        in_use = [ob.pid for ob in st_.outbound.values()]
+        assert len(in_use) == len(set(in_use))
+        for ob in st_.outbound.values():
+            if ob.stage is Stage.RELEASED:
+                assert ob.gid in finals  # PUBREL only for a final message
+        c.asks.clear()
+        c.out.clear()
+
+
+def test_a_topic_alias_is_refused_since_none_is_offered():
+    c, _ = connected()
+    c.received(Publish(topic="t", payload=b"x", qos=1, packet_id=1, properties=Properties(topic_alias=1)), 1.0)
+    closes = asks_of(c, Close)
+    assert closes and closes[0].reason == Reason.TOPIC_ALIAS_INVALID
+
+
+def test_enhanced_authentication_is_refused_with_its_reason():
+    c = MqttConnection(Limits(), 0.0)
+    c.received(Connect(level=5, client_id="c", properties=Properties(authentication_method="SCRAM-SHA-1")), 0.0)
+    assert type(c.out[0]) is Connack and c.out[0].reason_code == Reason.BAD_AUTHENTICATION_METHOD
+    assert [type(a) for a in c.asks] == [Close]
+
+
+def test_an_expired_message_is_not_sent_and_the_subscription_is_done_with_it():
+    c, _ = connected()
+    subscribed(c, ("t", 2))
+    c.deliver("sid0", "g1", "t", MqttContent(b"old", message_expiry=0), False)
+    assert c.out == [] and [a for a in c.asks if type(a) is Settled] == [Settled("sid0", "g1", True, True)]
