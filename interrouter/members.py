@@ -48,6 +48,7 @@ from ..common.vocab import Outcome
 from ..router.actions import Deliver, DetachLink, DrainCredit, NotifyFinal, SettleDelivery
 from ..router.core import SubscriberAttach
 from .channel import Sessions
+from .keeper import KeepMsg, is_keep_list, keep_from_list, keep_to_list
 from .strict import Fields, show
 
 __all__ = ["TO_HOME", "Credit", "Disposition", "Drained", "Hand", "Join", "Joined", "Left", "MemberHome", "MemberMsg",
@@ -152,7 +153,9 @@ def join_of(att: SubscriberAttach) -> Join:
                 att.capable, att.selector, att.owner, tuple(att.presented or ()), att.epoch)
 
 
-MemberMsg = Join | Credit | Disposition | Left | Joined | Refused | Hand | Settle | Notify | Drained
+# (the member sessions carry the MQTT sessions' keepers too: interrouter/keeper.py)
+RelayMsg = Join | Credit | Disposition | Left | Joined | Refused | Hand | Settle | Notify | Drained
+MemberMsg = RelayMsg | KeepMsg
 TO_HOME = (Join, Credit, Disposition, Left)  # the kinds a relay sends to a home (the rest go back)
 MemberSessions = Sessions[MemberMsg]
 
@@ -180,7 +183,7 @@ def msg_to_list(m: MemberMsg) -> list[Any]:
         return ["R", m.mid, m.condition, m.description]
     if type(m) is Left:
         return ["L", m.mid, m.closed, m.clean]
-    raise TypeError(f"not a member message: {m!r}")
+    return keep_to_list(m)
 
 
 _F = Fields("member")
@@ -197,6 +200,9 @@ _ARITY = {"H": 5, "D": 7, "S": 3, "C": 4, "N": 3, "DR": 2, "J": 13, "OK": 2, "R"
 
 def msg_from_list(x: object) -> MemberMsg:
     """Strict: exactly the fields of its kind, nothing coerced (`FrameError` otherwise)."""
+    if is_keep_list(x):
+        assert type(x) is list
+        return keep_from_list(x)
     if type(x) is not list or not x or type(x[0]) is not str or _ARITY.get(x[0]) != len(x):
         _F.bad(f"expected one of {sorted(_ARITY)} with its fields, got {show(x)}")
     k = x[0]
@@ -305,7 +311,7 @@ class Relay:
         del self.members[mid]
         self.sessions.send(r.home, Left(mid, closed, clean), now)
 
-    def receive(self, src: str, msg: MemberMsg, now: float) -> None:
+    def receive(self, src: str, msg: RelayMsg, now: float) -> None:
         mid = msg.mid  # (every message a home sends names its member)
         r = self.members.get(mid)
         if r is None or r.home != src:
@@ -400,7 +406,7 @@ class MemberHome:
         self.joined: list[tuple[str, str, str]] = []  # (relay, mid, sid)
         self.waiting: dict[str, list[tuple[str, str]]] = {}  # sid -> [(relay, mid)]
 
-    def receive(self, src: str, msg: MemberMsg, now: float) -> None:
+    def receive(self, src: str, msg: RelayMsg, now: float) -> None:
         core = self.core
         if type(msg) is Disposition:
             if self._from(src, msg.mid):

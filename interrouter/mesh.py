@@ -298,6 +298,11 @@ class Mesh:
             out, answered = relay.out, relay.answered
             relay.out, relay.answered = [], []
             self.router.relay_outputs(out, answered)
+        keeper = node.keeper
+        if keeper.kept or keeper.fetched or keeper.lonely:
+            kept, fetched, lonely = keeper.kept, keeper.fetched, keeper.lonely
+            keeper.kept, keeper.fetched, keeper.lonely = [], [], []
+            self.router.keeper_outputs(kept, fetched, lonely)
         if node.view_changed:
             node.view_changed = False
             self.router.write_ready_file()
@@ -331,6 +336,19 @@ class Mesh:
 
     def relay_detach(self, link: Any, mid: str, closed: bool, clean: bool, now: float) -> None:
         self.node.relay.detach(link, mid, closed, clean, now)
+        self._drain_node()
+
+    # MQTT sessions' keepers (interrouter/keeper.py)
+    def keep_session(self, cid: str, seq: int, image: dict[str, Any], now: float) -> None:
+        self.node.keeper.put(cid, seq, image, now)
+        self._drain_node()
+
+    def drop_session(self, cid: str, now: float) -> None:
+        self.node.keeper.drop(cid, now)
+        self._drain_node()
+
+    def fetch_session(self, cid: str, now: float) -> None:
+        self.node.keeper.fetch(cid, now)
         self._drain_node()
 
     def perform_member(self, act: Any) -> bool:

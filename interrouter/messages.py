@@ -25,7 +25,7 @@ from .members import MemberMsg
 # frames are those of 1; 3: the total-order messages (O, LO) carry compaction (floors, checkpoints).
 # A router and a peer at most VERSION_SPAN apart interoperate: each speaks the lower of the two
 # versions to the other (a rolling upgrade runs one version apart).
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 # The first version whose O and LO messages this router's strict order codecs read: to and from a
 # neighbour speaking an older one, no order message is passed (the order streams treat the routers
 # behind it as cut off until it is upgraded; every other message flows as before).
@@ -34,6 +34,10 @@ ORDER_VERSION = 3
 # interrouter/members.py). A router relays a member only to a home whose path speaks it all the way;
 # a Join that is never answered is given up with a redirect to the home (members.JOIN_TIMEOUT).
 MEMBERS_VERSION = 4
+# The first version whose member sessions carry the MQTT sessions' keepers (interrouter/keeper.py):
+# a router keeps its sessions at, and fetches them from, neighbours that speak it (never through an
+# older router, whose strict decoder would close the connection on the new kinds).
+KEEPER_VERSION = 5
 VERSION_SPAN = 1
 UNVERSIONED = 1  # what a peer that sends no `oncemesh.version` speaks
 

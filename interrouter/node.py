@@ -46,9 +46,11 @@ from . import codec
 from .channel import Sessions
 from .gossip import Gossip
 from .hello import HelloMonitor
+from .keeper import KEEP_KINDS, Keeper
 from .linkstate import LinkStateDb
 from .members import TO_HOME, MemberHome, MemberMsg, Relay
 from .messages import (
+    KEEPER_VERSION,
     MEMBERS_VERSION,
     ORDER_VERSION,
     PROTOCOL_VERSION,
@@ -202,6 +204,7 @@ class MeshNode:
         self.member_ses: Sessions[MemberMsg] = Sessions()
         self.relay = Relay(me, self.member_ses)
         self.member_home = MemberHome(core, self.member_ses)
+        self.keeper = Keeper(me, self.member_ses)  # MQTT sessions' copies (interrouter/keeper.py)
         self._member_alive: dict[str, str] = {}
 
     # ------------------------------------------------------------------ connections
@@ -230,6 +233,7 @@ class MeshNode:
         if ad is not None:
             self._flood(ad, exclude=None)
         self._routes_changed(now)
+        self._keepers_changed(now)  # (a neighbour may come or go with nobody's reachability changing)
 
     def _flood(self, ad: LinkState, exclude: str | None) -> None:
         for pid in self.connected:
@@ -257,6 +261,7 @@ class MeshNode:
         if self.lamports:
             self._lamport_members(others, now)
         self._member_peers(others, now)
+        self._keepers_changed(now)
         self._pump_gossip()
         self._check_ready(now)
         self.view_changed = True
@@ -618,9 +623,16 @@ class MeshNode:
                 self._member_session_broken(r, now)
         self._member_alive = dict(alive)
 
+    def _keepers_changed(self, now: float) -> None:
+        """The routers that may keep our MQTT sessions: reachable neighbours that speak KEEPER_VERSION."""
+        reach = self.core.reachable_routers()
+        self.keeper.set_reachable((p for p in self.connected if p in reach and p != self.me
+                                   and self.versions.get(p, PROTOCOL_VERSION) >= KEEPER_VERSION), now)
+
     def _member_session_broken(self, peer: str, now: float) -> None:
         self.member_home.relay_lost(peer, now)
         self.relay.session_broken(peer, now)
+        self.keeper.session_broken(peer, now)
 
     def _member_in(self, m: MemberFrame, now: float) -> None:
         ready, broken = self.member_ses.receive(m.src, m.epoch, m.seq, m.ack_epoch, m.ack, m.msg, now)
@@ -628,7 +640,9 @@ class MeshNode:
             self.stats["member_sessions_broken"] = self.stats.get("member_sessions_broken", 0) + 1
             self._member_session_broken(m.src, now)
         for msg in ready:
-            if type(msg) in TO_HOME:
+            if isinstance(msg, KEEP_KINDS):
+                self.keeper.receive(m.src, msg, now)
+            elif type(msg) in TO_HOME:
                 self.member_home.receive(m.src, msg, now)
             else:
                 self.relay.receive(m.src, msg, now)
@@ -818,6 +832,7 @@ class MeshNode:
             self._order_floors(now)
         self.member_ses.tick(now)
         self.relay.tick(now)
+        self.keeper.tick(now)
         self.core.tick(now, may_expire=self.may_expire())
 
     # ------------------------------------------------------------------ status

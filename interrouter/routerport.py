@@ -59,5 +59,10 @@ class RouterPort(Protocol):
         """What the relay of shared subscriptions' members decided (interrouter/members.py): actions
         on relayed links (by member id), and members whose ATTACH is answered now."""
 
+    def keeper_outputs(self, kept: list[tuple[str, int]], fetched: list[tuple[str, dict[str, Any] | None]],
+                       lonely: list[str]) -> None:
+        """What the MQTT sessions' keepers answered (interrouter/keeper.py): images kept up to a
+        seq, images fetched (None: none kept anywhere), sessions with no keeper to be had."""
+
     def write_ready_file(self) -> None:
         """Write the router's status file again (the mesh's view changed)."""

@@ -49,6 +49,16 @@ class MeshPort(Protocol):
         """Carry out a core action for a member another router relays here (False: not one)."""
         ...
 
+    # MQTT sessions' keepers (interrouter/keeper.py): answers come through the router's `keeper_outputs`
+    def keep_session(self, cid: str, seq: int, image: dict[str, Any], now: float) -> None:
+        """Have another router keep the image of MQTT session `cid` as of `seq`."""
+
+    def drop_session(self, cid: str, now: float) -> None:
+        """MQTT session `cid` ended here: its keeper forgets it."""
+
+    def fetch_session(self, cid: str, now: float) -> None:
+        """Ask every reachable router for the newest image of MQTT session `cid`."""
+
     def ready_info(self) -> dict[str, Any]:
         """The mesh's part of the router's status file (peers, convergence, inter-router address)."""
         ...

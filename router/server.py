@@ -1412,6 +1412,12 @@ class Router:
                 self._answer_subscriber(waiting)
         self.drain()
 
+    def keeper_outputs(self, kept: list[tuple[str, int]], fetched: list[tuple[str, dict[str, Any] | None]],
+                       lonely: list[str]) -> None:
+        """What the MQTT sessions' keepers answered (interrouter/keeper.py)."""
+        if self.mqtt is not None:
+            self.mqtt.keeper_outputs(kept, fetched, lonely)
+
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:
         """The mesh acknowledged (or refused) the announcement of a subscriber's attach."""
         if self.mqtt is not None:

@@ -147,7 +147,65 @@ class MqttEdge:
         self.server: asyncio.Server | None = None
         self.bound: tuple[str, int] | None = None
         self.connections: set[MqttPeer] = set()
-        self.counters = {"mqtt_connections": 0, "mqtt_refused": 0, "mqtt_protocol_errors": 0}
+        self.counters = {"mqtt_connections": 0, "mqtt_refused": 0, "mqtt_protocol_errors": 0,
+                         "mqtt_sessions_restored": 0, "mqtt_sessions_unkept": 0}
+        self.fetching: dict[str, list[MqttPeer]] = {}  # client id -> connections waiting for its session
+        self.to_put: set[MqttPeer] = set()  # sessions changed this pass: their image goes to the keeper
+        self._put_scheduled = False
+
+    # ------------------------------------------------------------ keepers (interrouter/keeper.py)
+    def want_put(self, peer: MqttPeer) -> None:
+        self.to_put.add(peer)
+        if not self._put_scheduled:
+            self._put_scheduled = True
+            engine = self.router.engine
+            assert engine is not None
+            engine.call_after_pass(self._put)
+
+    def _put(self) -> None:
+        """Once per pass: each session that changed goes to its keeper (one image, the newest)."""
+        self._put_scheduled = False
+        mesh = self.router.mesh
+        peers, self.to_put = self.to_put, set()
+        now = time.time()
+        for peer in sorted(peers, key=lambda p: p.client_id):
+            st = peer.conn.session
+            if st is None or mesh is None or not peer.conn.dirty:
+                continue
+            peer.conn.dirty = False
+            mesh.keep_session(st.client_id, st.seq, st.image(), now)
+
+    def keeper_outputs(self, kept: list[tuple[str, int]], fetched: list[tuple[str, dict[str, Any] | None]],
+                       lonely: list[str]) -> None:
+        for cid, seq in kept:
+            st = self.sessions.get(cid)
+            if st is not None and seq > st.kept:
+                st.kept = seq
+            peer = self.peers.get(cid)
+            if peer is not None and peer.conn.session is st:
+                if not peer.conn.replicate:
+                    peer.conn.replicate = True  # (a keeper again: changes wait for it again)
+                    peer.lonely = False
+                peer.conn.kept(seq)
+                peer.after()
+        for cid in lonely:
+            peer = self.peers.get(cid)
+            if peer is not None and peer.conn.replicate:
+                peer.conn.unreplicated()
+                if not peer.lonely:
+                    peer.lonely = True
+                    self.counters["mqtt_sessions_unkept"] += 1
+                    log.warning("mqtt.session_unkept client=%s: no other router can keep a copy of its session "
+                                "(none reachable that speaks it): it goes on, and a crash of this router now "
+                                "loses its QoS 2 state (docs/mqtt.md)", cid)
+                peer.after()
+        for cid, image in fetched:
+            if image is not None:
+                self.counters["mqtt_sessions_restored"] += 1
+            for peer in self.fetching.pop(cid, []):
+                peer.fetched(image)
+                peer.after()
+                image = None  # (a second connection waiting for it finds it held here now)
 
     async def start(self, host: str, port: int) -> None:
         from ...common import engine as amqp
@@ -220,7 +278,13 @@ class MqttEdge:
         for cid, st in list(self.sessions.items()):
             if st.ended_at is not None and now - st.ended_at > st.expiry:
                 del self.sessions[cid]
+                self.dropped(cid, now)
                 log.info("mqtt.session_expired client=%s", cid)
+
+    def dropped(self, cid: str, now: float) -> None:
+        """A session ended here: its keeper forgets it."""
+        if self.router.mesh is not None:
+            self.router.mesh.drop_session(cid, now)
 
     def stats(self) -> dict[str, int]:
         return {**self.counters, "mqtt_sessions": len(self.sessions), "mqtt_connected": len(self.peers)}
@@ -247,6 +311,8 @@ class MqttPeer(Accepted):
         self.mine: list[SubLink] = []
         self.pending: dict[int, _PendingSubscribe] = {}
         self.client_id = ""
+        self.fetch: tuple[str, str | None] | None = None  # (user, assigned id) while its session is fetched
+        self.lonely = False  # its session has no keeper (logged once)
 
     # ------------------------------------------------------------ asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -290,6 +356,8 @@ class MqttPeer(Accepted):
 
     # ------------------------------------------------------------ output
     def touch(self) -> None:
+        if self.conn.dirty and self.conn.replicate:
+            self.edge.want_put(self)
         if not self.dirty and self.conn.out:
             self.dirty = True
             engine = self.router.engine
@@ -403,6 +471,14 @@ class MqttPeer(Accepted):
             log.info("mqtt.session_taken_over client=%s old_peer=%s new_peer=%s", cid, old_peer.peer, self.peer)
             old_peer.taken_over()
             st = self.edge.sessions.get(cid)  # (gone if it ended with that connection)
+        if st is None and not c.clean_start and r.mesh is not None and self.fetch is None:
+            # a session this router does not hold: its keeper may (its router gone); CONNACK once the
+            # routers answered (interrouter/keeper.py, FETCH_TIMEOUT at most)
+            self.fetch = (user, assigned)
+            self.edge.fetching.setdefault(cid, []).append(self)
+            self.client_id = cid
+            r.mesh.fetch_session(cid, time.time())
+            return
         self.client_id = cid
         expiry = self.conn.session_expiry()
         present = st is not None and not c.clean_start
@@ -415,7 +491,12 @@ class MqttPeer(Accepted):
         else:
             st.expiry = expiry
         self.edge.peers[cid] = self
+        self.conn.replicate = r.mesh is not None
         self.conn.accepted(st, present, assigned)
+        if st.restored:
+            st.restored = False
+            log.info("mqtt.session_restored client=%s seq=%d in=%d out=%d subs=%d", cid, st.seq, len(st.inbound),
+                     len(st.outbound), len(st.subs))
         now = time.time()
         for qos in (1, 2):
             link = self.links[qos] = PubLink(self, qos)
@@ -429,6 +510,24 @@ class MqttPeer(Accepted):
         log.info("mqtt.connected peer=%s client=%s user=%s level=%d present=%s expiry=%s", self.peer, cid,
                  user or "-", c.level, present, "never" if math.isinf(st.expiry) else st.expiry)
 
+    def fetched(self, image: dict[str, Any] | None) -> None:
+        """The routers answered the fetch of this client's session: restore it, or begin a new one."""
+        if self.fetch is None or self.closing:
+            return
+        user, assigned = self.fetch
+        c = self.conn.connect
+        assert c is not None
+        if image is not None and self.client_id not in self.edge.sessions:
+            try:
+                st = SessionState.from_image(self.client_id, image)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("mqtt.session_image_unreadable client=%s error=%s", self.client_id, exc)
+            else:
+                self.edge.sessions[self.client_id] = st
+                st.kept = st.seq
+                st.ended_at = time.time()
+        self._admit(c, user)
+
     def _end_session(self, st: SessionState) -> None:
         """A session that ends (clean start over it): its subscriptions end."""
         now = time.time()
@@ -439,7 +538,8 @@ class MqttPeer(Accepted):
                 self.core.detach_subscriber(s, sub.sid, True, now, clean=True)
             else:
                 self._end_unattached(sub, st, now)
-        self.edge.sessions.pop(st.client_id, None)
+        if self.edge.sessions.pop(st.client_id, None) is not None:
+            self.edge.dropped(st.client_id, now)
 
     def _end_unattached(self, sub: SubState, st: SessionState, now: float) -> None:
         """End a subscription of a session that is not connected: attach it and detach it closed."""
@@ -576,8 +676,8 @@ class MqttPeer(Accepted):
             lid = att.member or att.sid
             sub.sid = lid
             old = self.edge.subs.get(lid)
-            if old is not None and old.peer is not self:
-                old.peer.conn.session = old.peer.conn.session  # (the other connection lost it: takeover)
+            if old is not None and old in old.peer.mine:
+                old.peer.mine.remove(old)  # (a SUBSCRIBE repeated: the new attach takes its place)
             tok = SubLink(self, sub, att, att.sid)
             try:
                 tok.resumed = self.core.attach(tok, att, now)
@@ -641,6 +741,7 @@ class MqttPeer(Accepted):
         r.slog.write("resumed" if tok.resumed else "subscribed", time.time(), None, tok.att.topic, tok.table_sid,
                      container=tok.att.container, link=tok.att.member_name or tok.att.link_name,
                      count=sub.epoch if sub is not None else 0, info="mqtt")
+        self.conn.in_force(tok.sub.sid)
         for p in self.pending.values():
             for i, s in enumerate(p.subs):
                 if s.sid == tok.sub.sid:
@@ -735,8 +836,12 @@ class MqttPeer(Accepted):
             if st.expiry == 0:
                 if self.edge.sessions.get(st.client_id) is st:
                     del self.edge.sessions[st.client_id]
+                    self.edge.dropped(st.client_id, now)
             else:
                 st.ended_at = now
+                if self.conn.dirty and self.router.mesh is not None:  # (its last changes, kept too)
+                    self.conn.dirty = False
+                    self.router.mesh.keep_session(st.client_id, st.seq, st.image(), now)
         if self.transport is not None:
             if self.conn.out:
                 self.touch()

@@ -115,6 +115,8 @@ class Inbound:
     answered: bool = False  # QoS 2: PUBREC sent (the outcome came)
     reason: int = 0  # the outcome as a reason code (PUBREC sent again with it)
     submitted: bool = False  # published on this connection's link (not only remembered)
+    nonce: str = ""  # the life of the session whose publisher link named it (its tag's link)
+    restored: bool = False  # from a keeper's image (the router that held it is gone): see `_publish`
 
 
 @final
@@ -131,10 +133,38 @@ class SessionState:
     outbound: dict[int, Outbound] = field(default_factory=dict)
     next_tag: int = 0
     ended_at: float | None = None  # when its last connection ended (None: connected)
+    seq: int = 0  # its version: every change that a keeper must hold counts one (router/mqtt/keeping.py)
+    restored: bool = False  # made from a keeper's image, its router gone: not yet attached here
+    kept: int = 0  # the newest `seq` its keeper holds (not in the image)
 
     def tag(self) -> bytes:
         self.next_tag += 1
         return counter_tag(self.next_tag)
+
+    def image(self) -> dict[str, Any]:
+        """What a keeper holds of it (JSON): every field that says which message a packet is."""
+        return {"owner": self.owner, "nonce": self.nonce, "expiry": None if self.expiry == float("inf") else self.expiry,
+                "next_tag": self.next_tag, "seq": self.seq,
+                "subs": [[x.topic_filter, x.match, x.qos, x.sid, x.group, x.no_local, x.sub_id]
+                         for x in self.subs.values()],
+                "in": [[i.pid, i.tag.decode("ascii"), i.qos, i.nonce or self.nonce, i.answered, i.reason]
+                       for i in self.inbound.values()],
+                "out": [[o.pid, o.sid, o.gid, o.qos, o.stage.value, o.final] for o in self.outbound.values()]}
+
+    @classmethod
+    def from_image(cls, client_id: str, d: dict[str, Any]) -> SessionState:
+        """The session a keeper held (`image`), restored at a router that never held it."""
+        st = cls(client_id, str(d["owner"]), str(d["nonce"]),
+                 float("inf") if d["expiry"] is None else float(d["expiry"]), next_tag=int(d["next_tag"]),
+                 seq=int(d["seq"]), restored=True)
+        for f, match, qos, sid, group, no_local, sub_id in d["subs"]:
+            st.subs[f] = SubState(f, match, int(qos), sid, group, bool(no_local), sub_id)
+        for pid, tag, qos, nonce, answered, reason in d["in"]:
+            st.inbound[int(pid)] = Inbound(int(pid), str(tag).encode("ascii"), int(qos), bool(answered), int(reason),
+                                           nonce=str(nonce), restored=True)
+        for pid, sid, gid, qos, stage, fin in d["out"]:
+            st.outbound[int(pid)] = Outbound(int(pid), str(sid), str(gid), int(qos), Stage(stage), bool(fin))
+        return st
 
     def sub_of_sid(self, sid: str) -> SubState | None:
         for s in self.subs.values():
@@ -157,7 +187,8 @@ class Login:
 @dataclass(slots=True)
 class PublishMsg:
     """Publish `content` to `topic`; `qos` 0 settles at once, 1 is settled by the outcome, 2 by the
-    client's PUBREL. Answer with `MqttConnection.outcome(pid, reason)` (not for QoS 0)."""
+    client's PUBREL. Answer with `MqttConnection.outcome(pid, reason)` (not for QoS 0). `nonce`: the
+    session life whose publisher link names it ("" this one's)."""
 
     pid: int  # 0 for QoS 0
     qos: int
@@ -165,6 +196,7 @@ class PublishMsg:
     topic: str
     content: MqttContent
     retain: bool
+    nonce: str = ""
 
 
 @final
@@ -264,6 +296,52 @@ class MqttConnection:
         self.client_max_packet = 0  # 0: no limit said
         self.waiting: deque[tuple[str, str, str, MqttContent, bool]] = deque()  # (sid, gid, topic, content, redelivery)
         self.granted: dict[str, int] = {}  # credit granted to each subscription and not used yet
+        # replication (router/mqtt/keeping.py): with a keeper, what depends on a change of the
+        # session waits until the keeper holds that change (`kept`); `dirty`: changed since the image
+        # last given to the keeper
+        self.replicate = False
+        self.held: deque[tuple[int, Any]] = deque()  # (the session's seq it waits for, an Ask or a packet)
+        self.dirty = False
+
+    # ------------------------------------------------------------ replication
+    def _changed(self) -> None:
+        """A change a keeper must hold before what depends on it goes out."""
+        s = self.session
+        assert s is not None
+        s.seq += 1
+        self.dirty = True
+
+    def _emit(self, item: Any) -> None:
+        """A packet or an ask that depends on the session's state as it is now: out at once, or, with
+        a keeper, once the keeper holds that state (in order with what waits already)."""
+        s = self.session
+        if not self.replicate or s is None or (not self.held and s.seq <= s.kept):
+            self._out(item)
+        else:
+            self.held.append((s.seq, item))
+
+    def _out(self, item: Any) -> None:
+        if isinstance(item, (Login, PublishMsg, Release, SubscribeTo, UnsubscribeFrom, Settled, Credit, Close)):
+            self.asks.append(item)
+        elif self.state is State.OPEN:
+            self.out.append(item)
+
+    def kept(self, seq: int) -> None:
+        """The keeper holds the session up to `seq`: what waited for it goes out."""
+        s = self.session
+        if s is None:
+            return
+        if seq > s.kept:
+            s.kept = seq
+        while self.held and self.held[0][0] <= s.kept:
+            self._out(self.held.popleft()[1])
+
+    def unreplicated(self) -> None:
+        """No keeper can be had (no other router reachable): what waits goes out; the session runs
+        without a copy elsewhere until one can be had."""
+        self.replicate = False
+        while self.held:
+            self._out(self.held.popleft()[1])
 
     # ------------------------------------------------------------ from the client
     def received(self, pkt: Any, now: float) -> None:
@@ -391,9 +469,12 @@ class MqttConnection:
                 self.out.append(Pubrel(pid))
         for inb in session.inbound.values():
             inb.submitted = False
-        for s in session.subs.values():
-            self.granted[s.sid] = self.limits.sub_credit if s.qos else self.limits.sub_credit
-            self.asks.append(Credit(s.sid, self.granted[s.sid]))
+
+    def in_force(self, sid: str) -> None:
+        """Subscription `sid` is attached (again: a SUBSCRIBE repeated, a session resumed) on this
+        connection: the core starts its link with no credit; it gets its whole window."""
+        self.granted[sid] = self.limits.sub_credit
+        self.asks.append(Credit(sid, self.limits.sub_credit))
 
     def refused(self, reason: int, why: str) -> None:
         """The router refused the CONNECT."""
@@ -430,28 +511,27 @@ class MqttConnection:
         pid = p.packet_id
         assert pid is not None
         inb = s.inbound.get(pid)
+        # (the same packet id before its exchange ended is the same message, DUP or not: MQTT 5 4.3.3;
+        # paho-mqtt resends without DUP after a reconnect. An exchange ends (PUBACK, PUBCOMP) only
+        # once the keeper knows it ended, so an entry restored from a keeper is never a stale one)
         if inb is not None and inb.qos == p.qos:
             if inb.answered:
                 self.out.append(Pubrec(pid, inb.reason) if inb.qos == 2 else Puback(pid, inb.reason))
             elif not inb.submitted:
                 inb.submitted = True
-                self.asks.append(PublishMsg(pid, p.qos, inb.tag, p.topic, content, p.retain))
+                self._emit(PublishMsg(pid, p.qos, inb.tag, p.topic, content, p.retain, inb.nonce))
             return  # (in flight on this connection: its outcome answers both)
         if inb is not None:
             self._close(Reason.PACKET_IDENTIFIER_IN_USE, f"packet id {pid} is in use by a QoS {inb.qos} PUBLISH",
                         will=True)
             return
-        if self.level == 5 and self._unanswered() >= self.limits.receive_maximum:
-            self._close(Reason.RECEIVE_MAXIMUM_EXCEEDED,
-                        f"more than {self.limits.receive_maximum} QoS 1/2 PUBLISHes unanswered", will=True)
-            return
-        inb = s.inbound[pid] = Inbound(pid, s.tag(), p.qos, submitted=True)
-        self.asks.append(PublishMsg(pid, p.qos, inb.tag, p.topic, content, p.retain))
-
-    def _unanswered(self) -> int:
-        s = self.session
-        assert s is not None
-        return sum(1 for i in s.inbound.values() if not i.answered)
+        # (more unanswered than the Receive Maximum of CONNACK: MQTT 5 would have us disconnect with
+        # 0x93, but paho-mqtt sends every message it queued at once after a reconnect, whatever the
+        # maximum, and would be disconnected again at each: such a client is read more slowly (the
+        # core's credit), not refused; the session's map is bounded by the 65,535 packet ids)
+        inb = s.inbound[pid] = Inbound(pid, s.tag(), p.qos, submitted=True, nonce=s.nonce)
+        self._changed()  # (its name must be kept elsewhere before the message exists)
+        self._emit(PublishMsg(pid, p.qos, inb.tag, p.topic, content, p.retain, inb.nonce))
 
     def outcome(self, pid: int, reason: int) -> None:
         """The mesh decided the outcome of the client's PUBLISH `pid` (`reason`: SUCCESS, or why
@@ -464,17 +544,19 @@ class MqttConnection:
             return
         if self.level == 4 and reason >= 0x80:
             reason = 0  # (3.1.1 acks carry no reason: the refusal is in the router's log)
+        self._changed()
         if inb.qos == 1:
             del s.inbound[pid]
-            if self.state is State.OPEN:
-                self.out.append(Puback(pid, reason))
+            self._emit(Puback(pid, reason))  # (ends the exchange: once the keeper knows, see _publish)
             return
         inb.answered = True
         inb.reason = reason
         if reason >= 0x80:
             del s.inbound[pid]  # (MQTT 5 4.3.3: a PUBREC with a failure reason ends the exchange)
-        if self.state is State.OPEN:
-            self.out.append(Pubrec(pid, reason))
+            self._emit(Pubrec(pid, reason))
+        elif self.state is State.OPEN:
+            self.out.append(Pubrec(pid, reason))  # (the keeper may learn of it later: the client's
+            # PUBREL after it ends the exchange wherever it comes, `_pubrel`)
 
     def _pubrel(self, p: Pubrel) -> None:
         s = self.session
@@ -483,12 +565,14 @@ class MqttConnection:
         if inb is None or inb.qos != 2:
             self.out.append(Pubcomp(p.packet_id, Reason.PACKET_IDENTIFIER_NOT_FOUND if self.level == 5 else 0))
             return
-        if not inb.answered:
+        if not inb.answered and not inb.restored:
             self._close(Reason.PROTOCOL_ERROR, f"PUBREL {p.packet_id} before its PUBREC", will=True)
             return
+        # (restored and not answered here: the router that is gone sent PUBREC, the outcome was decided)
         del s.inbound[p.packet_id]
+        self._changed()
         self.asks.append(Release(inb.tag))
-        self.out.append(Pubcomp(p.packet_id))
+        self._emit(Pubcomp(p.packet_id))  # (ends the exchange: once the keeper knows, see _publish)
 
     # ------------------------------------------------------------ SUBSCRIBE / UNSUBSCRIBE
     def _subscribe(self, p: Subscribe) -> None:
@@ -513,14 +597,11 @@ class MqttConnection:
             return
         for sub, code in zip(subs, codes, strict=True):
             if code < 0x80:
-                s.subs[sub.topic_filter] = sub
-                if sub.sid not in self.granted:
-                    self.granted[sub.sid] = self.limits.sub_credit
-                    self.asks.append(Credit(sub.sid, self.limits.sub_credit))
+                s.subs[sub.topic_filter] = sub  # (its credit came when the router attached it: `in_force`)
         if self.level == 4:
             codes = tuple(c if c < 0x80 else 0x80 for c in codes)
-        if self.state is State.OPEN:
-            self.out.append(Suback(pid, codes))
+        self._changed()
+        self._emit(Suback(pid, codes))
 
     def _unsubscribe(self, p: Unsubscribe) -> None:
         s = self.session
@@ -531,7 +612,8 @@ class MqttConnection:
                 self.granted.pop(sub.sid, None)
         self.asks.append(UnsubscribeFrom(p.packet_id, gone))
         codes = tuple(Reason.SUCCESS if g is not None else Reason.NO_SUBSCRIPTION_EXISTED for g in gone)
-        self.out.append(Unsuback(p.packet_id, codes if self.level == 5 else ()))
+        self._changed()
+        self._emit(Unsuback(p.packet_id, codes if self.level == 5 else ()))
 
     # ------------------------------------------------------------ messages to the client
     def deliver(self, sid: str, gid: str, topic: str, content: MqttContent, redelivery: bool) -> None:
@@ -565,6 +647,7 @@ class MqttConnection:
             return
         ob = Outbound(self._free_pid(), sid, gid, sub.qos, Stage.SENT)
         s.outbound[ob.pid] = ob
+        self._changed()  # (its packet id must be kept elsewhere before the client can hold it)
         self._send(ob, topic, content, dup=False)
 
     def _inflight(self) -> int:
@@ -597,7 +680,7 @@ class MqttConnection:
         s = self.session
         assert s is not None
         sub = s.sub_of_sid(ob.sid)
-        self.out.append(Publish(topic=topic, payload=c.payload, qos=ob.qos, retain=False, dup=dup, packet_id=ob.pid,
+        self._emit(Publish(topic=topic, payload=c.payload, qos=ob.qos, retain=False, dup=dup, packet_id=ob.pid,
                                 properties=self._props_out(sub, c)))
 
     def final(self, sid: str, gid: str) -> None:
@@ -610,7 +693,8 @@ class MqttConnection:
                 ob.final = True
                 if ob.stage is Stage.RECEIVED and self.state is State.OPEN:
                     ob.stage = Stage.RELEASED
-                    self.out.append(Pubrel(ob.pid))
+                    self._changed()
+                    self._emit(Pubrel(ob.pid))
                 return
 
     def _puback(self, p: Puback) -> None:
@@ -620,7 +704,8 @@ class MqttConnection:
         if ob is None or ob.qos != 1:
             return  # (MQTT: an unknown id is ignored; a late PUBACK after a resend)
         del s.outbound[p.packet_id]
-        self.asks.append(Settled(ob.sid, ob.gid, p.reason_code < 0x80, True))
+        self._changed()  # (the acceptance reaches the mesh only once the keeper knows it)
+        self._emit(Settled(ob.sid, ob.gid, p.reason_code < 0x80, True))
         self._regrant(ob.sid)
         self._next_waiting()
 
@@ -636,18 +721,20 @@ class MqttConnection:
             if ob.stage is Stage.RELEASED:
                 self.out.append(Pubrel(ob.pid))
             return
+        self._changed()  # (the acceptance reaches the mesh only once the keeper knows it: the new home
+        # presents what the keeper says was accepted, and a PUBREL follows its final)
         if p.reason_code >= 0x80:
             del s.outbound[p.packet_id]
-            self.asks.append(Settled(ob.sid, ob.gid, False, True))
+            self._emit(Settled(ob.sid, ob.gid, False, True))
             self._regrant(ob.sid)
             self._next_waiting()
             return
         ob.stage = Stage.RECEIVED
-        self.asks.append(Settled(ob.sid, ob.gid, True, False))
+        self._emit(Settled(ob.sid, ob.gid, True, False))
         self._regrant(ob.sid)
         if ob.final:
             ob.stage = Stage.RELEASED
-            self.out.append(Pubrel(ob.pid))
+            self._emit(Pubrel(ob.pid))
 
     def _pubcomp(self, p: Pubcomp) -> None:
         s = self.session
@@ -656,6 +743,7 @@ class MqttConnection:
         if ob is None or ob.qos != 2 or ob.stage is not Stage.RELEASED:
             return
         del s.outbound[p.packet_id]
+        self._changed()
         self._next_waiting()
 
     def _regrant(self, sid: str) -> None:

@@ -152,22 +152,27 @@ def _cpp_headers() -> bool:
     return Path("/usr/include/proton/messaging_handler.hpp").exists()
 
 
-def ensure_cpp_package() -> float:
-    """Qpid Proton C++ from Debian; `apt-get update` first only if the install fails. Returns the
-    seconds spent (0: it was there)."""
-    if _cpp_headers():
+def apt_install(package: str, present: Callable[[], bool], family: str) -> float:
+    """Debian's `package` unless `present()`; `apt-get update` first only if the install fails.
+    Returns the seconds spent (0: it was there)."""
+    if present():
         return 0.0
     t0 = time.monotonic()
     if os.geteuid() != 0:
-        raise InstallFailed(f"{CPP_PACKAGE} is not installed and this is not root: "
-                            f"run `apt-get install -y {CPP_PACKAGE}` (or set {SKIP_ENV}=cpp)")
+        raise InstallFailed(f"{package} is not installed and this is not root: "
+                            f"run `apt-get install -y {package}` (or set {SKIP_ENV}={family})")
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     try:
-        run(["apt-get", "install", "-y", CPP_PACKAGE], env=env)
+        run(["apt-get", "install", "-y", package], env=env)
     except InstallFailed:
         run(["apt-get", "update"], env=env)
-        run(["apt-get", "install", "-y", CPP_PACKAGE], env=env)
+        run(["apt-get", "install", "-y", package], env=env)
     return time.monotonic() - t0
+
+
+def ensure_cpp_package() -> float:
+    """Qpid Proton C++ from Debian (seconds spent installing it)."""
+    return apt_install(CPP_PACKAGE, _cpp_headers, "cpp")
 
 
 def cpp_version() -> str:

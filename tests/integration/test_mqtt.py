@@ -359,3 +359,46 @@ def test_mqtt_clients_across_a_mesh_each_message_once(mesh_of: Any, tmp_path: An
             assert sorted(m.payload for m in at_b.got) == sorted(f"m{i}".encode() for i in range(n))
         finally:
             at_c.close()
+
+
+def test_qos2_sessions_resume_at_another_router_after_a_crash_each_message_once(mesh_of: Any, tmp_path: Any) -> None:
+    """line3 with an MQTT listener on every router; a persistent QoS 2 publisher and subscriber, both
+    at A. A is SIGKILLed mid-stream; both clients come back at B, with their own session state (the
+    MQTT client keeps its side), and B takes the session's state from A's keeper (interrouter/keeper.py):
+    every message reaches the subscriber once, and every PUBLISH gets its PUBCOMP."""
+    topo = tmp_path / "line3-mqtt.toml"
+    topo.write_text('[defaults]\nmqtt_listen = "127.0.0.1:0"\n\n' + (EXAMPLES / "line3.toml").read_text())
+    m = mesh_of(topo)
+    a, b = _MeshRouter(m, "A"), _MeshRouter(m, "B")
+    n = 300
+    sub = Paho(a, "crash-s", persistent=True).connect()  # type: ignore[arg-type]
+    pub = Paho(a, "crash-p", persistent=True).connect()  # type: ignore[arg-type]
+    try:
+        sub.subscribe("crash/t")
+        for i in range(n):
+            pub.c.publish("crash/t", f"m{i}".encode(), qos=2)
+        wait_until(lambda: len(sub.got) >= n // 3, what="a third delivered")
+        m.kill_router("A")
+        for c in (sub, pub):
+            c.c.loop_stop()
+            c.addr = mqtt_addr(b)  # type: ignore[arg-type]
+            c.connect()
+        assert sub.present[-1] and pub.present[-1]  # (their sessions, restored at B from A's keeper)
+        try:
+            wait_until(lambda: len(pub.acked) >= n and len(sub.got) >= n, timeout=60,
+                       what="every message delivered and every PUBCOMP")
+        except AssertionError:
+            missing = sorted({f"m{i}".encode() for i in range(n)} - {x.payload for x in sub.got})
+            raise AssertionError(f"{len(pub.acked)} PUBCOMPs of {n}, {len(sub.got)} delivered; missing "
+                                 f"{missing[:10]}") from None
+        time.sleep(0.5)
+        got = [x.payload for x in sub.got]
+        twice = sorted(g for g in set(got) if got.count(g) > 1)
+        assert not twice, "delivered twice (payload, [(packet id, dup, index)]): " + str(
+            [(g, [(x.mid, x.dup, i) for i, x in enumerate(sub.got) if x.payload == g]) for g in twice[:5]])
+        assert set(got) == {f"m{i}".encode() for i in range(n)}
+    finally:
+        sub.close()
+        pub.close()
+    log = (m.log_dir / "B.router.log").read_text()
+    assert "mqtt.session_restored client=crash-s" in log and "mqtt.session_restored client=crash-p" in log

@@ -68,7 +68,7 @@ def test_publishers_on_two_routers_subscribers_on_three_get_one_order(mesh_of: C
     subs = [worker(tmp_path, logs, "consume", [mesh.url(r)], f"sub-{r}", 2 * n) for r in "ABC"]
     try:
         wait_for(lambda: count_events(logs, "subscribed") >= 3, 30, "subscriptions in force")
-        pubs = [worker(tmp_path, logs, "publish", [mesh.url(r)], f"pub-{r}", n, "--rate", "200") for r in "AC"]
+        pubs = [worker(tmp_path, logs, "publish", [mesh.url(r)], f"pub-{r}", n, "--rate", "60") for r in "AC"]
         run_all([*pubs, *subs], 120)
     finally:
         for p in subs:

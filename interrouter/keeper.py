@@ -1,0 +1,337 @@
+"""Keepers of MQTT sessions: another router holds a copy of each MQTT session's state, so that the
+client can resume it at any router when its own router dies.
+
+Theory of operation
+-------------------
+An MQTT client's session (router/mqtt/session.py) holds what says which message a packet is: the
+tag its router gave each PUBLISH still in flight, the packet id under which each delivery went
+out, what the client accepted. The router the client is connected to (its *home*) keeps it in
+memory; if that router dies, that state would die with it, and a QoS 2 client that resumes
+elsewhere could see a message again under another packet id, or have a resent PUBLISH taken for a
+new message. So each session has a *keeper*: one other router that holds the session's latest
+image. The session's own rules decide what may go out before the keeper holds the change it
+depends on (session.py, `MqttConnection._emit`: a new PUBLISH's name before the message exists, a
+delivery's packet id before it is sent, an acceptance before the mesh learns it); here is only the
+keeping:
+
+- **Put** (home -> keeper): the session's image, numbered (`seq`, which only grows, also across
+  homes: a restored session goes on from its image's number). The keeper keeps the newest and
+  answers **Ack** (`seq`). The image goes in the member sessions (interrouter/channel.py:
+  numbered, acknowledged, sent again, in order), one Put per session per pass at most (`put`
+  replaces what is waiting).
+- **The keeper**: of the routers reachable, the one with the highest hash of (client id, router
+  id): a fixed choice that moves only when that router is out of reach. When the session with the
+  keeper breaks (it is unreachable, restarted, or its session may have lost messages), or a Put is
+  not answered within `ACK_TIMEOUT` (an older router on the way drops these kinds), the home
+  chooses again among the others and sends the image there; what waited, waits for that one.
+  With no other router reachable the home says so (`lonely`): the session runs without a copy
+  until one can be had (logged by the edge).
+- **Fetch** (a new home -> its candidates): a client resumes a session this router does not hold:
+  each answers **Image** with what it keeps (or none); the newest (`seq`) wins, after every router
+  asked answered or `FETCH_TIMEOUT`.
+- **Candidates** (`reachable`, set by the node): the reachable neighbours that speak the keeper's
+  protocol version (interrouter/messages.py, KEEPER_VERSION): these messages never cross an older
+  router. So a session is found by a new home that is a neighbour of its keeper (or the keeper).
+- **Drop** (home -> keeper): the session ended.
+- A kept image not refreshed for the session's expiry and `KEEP_SLACK` is forgotten; a home puts
+  each of its sessions again every `REFRESH` seconds.
+
+Pure: time is a parameter; outputs are `kept` ((client id, seq) acknowledged), `fetched` ((client
+id, image or None)), `lonely` (client ids with no keeper) and the frames in `sessions.out`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, final
+
+from .channel import Sessions
+from .strict import Fields, show
+
+ACK_TIMEOUT = 5.0  # a Put unanswered this long: another keeper
+FETCH_TIMEOUT = 2.0  # a Fetch's answers waited for at most this long
+REFRESH = 60.0  # a home puts each session's image again this often
+KEEP_SLACK = 3 * REFRESH  # a kept image lives its session's expiry and this much since it was last put
+MAX_IMAGE = 4 * 1024 * 1024  # bytes of one image's JSON; larger: refused as malformed
+
+
+# ---------------------------------------------------------------------- the messages
+@final
+@dataclass(frozen=True, slots=True)
+class KeepPut:
+    cid: str
+    seq: int
+    image: str | None  # the session's image as JSON; None: the session ended (drop it)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class KeepAck:
+    cid: str
+    seq: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class KeepFetch:
+    cid: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class KeepImage:
+    cid: str
+    seq: int
+    image: str | None  # None: not kept here
+
+
+KeepMsg = KeepPut | KeepAck | KeepFetch | KeepImage
+KEEP_KINDS = (KeepPut, KeepAck, KeepFetch, KeepImage)
+
+_F = Fields("keeper")
+_nat = _F.int_from(0)
+
+
+def keep_to_list(m: KeepMsg) -> list[Any]:
+    if type(m) is KeepPut:
+        return ["KP", m.cid, m.seq, m.image]
+    if type(m) is KeepAck:
+        return ["KA", m.cid, m.seq]
+    if type(m) is KeepFetch:
+        return ["KF", m.cid]
+    if type(m) is KeepImage:
+        return ["KI", m.cid, m.seq, m.image]
+    raise TypeError(f"not a keeper message: {m!r}")
+
+
+_ARITY = {"KP": 4, "KA": 3, "KF": 2, "KI": 4}
+
+
+def is_keep_list(x: object) -> bool:
+    return type(x) is list and bool(x) and type(x[0]) is str and x[0] in _ARITY
+
+
+def keep_from_list(x: list[Any]) -> KeepMsg:
+    """Strict: exactly the fields of its kind (`FrameError` otherwise)."""
+    k = x[0]
+    if _ARITY.get(k) != len(x):
+        _F.bad(f"expected one of {sorted(_ARITY)} with its fields, got {show(x)}")
+    cid = _F.string(x[1], "cid")
+    if k == "KF":
+        return KeepFetch(cid)
+    seq = _nat(x[2], "seq")
+    if k == "KA":
+        return KeepAck(cid, seq)
+    image = x[3]
+    if image is not None and (type(image) is not str or len(image) > MAX_IMAGE):
+        _F.bad(f"image: expected a JSON string of at most {MAX_IMAGE} characters or null, got {show(image)}")
+    return KeepPut(cid, seq, image) if k == "KP" else KeepImage(cid, seq, image)
+
+
+def keeper_of(cid: str, candidates: Iterable[str]) -> str | None:
+    """The keeper of session `cid` among `candidates` (rendezvous hashing: the highest hash)."""
+    best: tuple[bytes, str] | None = None
+    for r in candidates:
+        h = hashlib.blake2b(f"{cid}\0{r}".encode(), digest_size=8).digest()
+        if best is None or (h, r) > best:
+            best = (h, r)
+    return None if best is None else best[1]
+
+
+# ---------------------------------------------------------------------- state
+@dataclass(slots=True)
+class _Ours:
+    """A session homed here: where its image is kept."""
+
+    keeper: str | None
+    seq: int  # the newest image's
+    image: str
+    acked: int = 0
+    waiting_since: float | None = None  # when the oldest Put its keeper has not answered went
+    put_at: float = 0.0  # when it was last put (for the refresh)
+    tried: set[str] = field(default_factory=set)  # keepers that failed it since it was last acknowledged
+
+
+@dataclass(slots=True)
+class _Kept:
+    """A session kept here for another router."""
+
+    home: str
+    seq: int
+    image: str
+    expiry: float  # seconds (inf: none)
+    at: float  # when it was last put
+
+
+@dataclass(slots=True)
+class _Fetch:
+    waiting: set[str]
+    best: tuple[int, str] | None
+    until: float
+
+
+class Keeper:
+    """One router's part: the sessions homed here (`put`, `drop`, `fetch`) and those it keeps for
+    others (`receive`). The adapter routes `sessions.out` and reads `kept`, `fetched`, `lonely`."""
+
+    def __init__(self, me: str, sessions: Sessions[Any]) -> None:
+        self.me = me
+        self.sessions = sessions
+        self.ours: dict[str, _Ours] = {}
+        self.kept_here: dict[str, _Kept] = {}
+        self.fetches: dict[str, _Fetch] = {}
+        self.kept: list[tuple[str, int]] = []
+        self.fetched: list[tuple[str, dict[str, Any] | None]] = []
+        self.lonely: list[str] = []
+        self.reachable: tuple[str, ...] = ()  # the other routers reachable now (the node says)
+
+    # ------------------------------------------------------------ at the home
+    def put(self, cid: str, seq: int, image: dict[str, Any], now: float) -> None:
+        """The session's image as of `seq`: to its keeper."""
+        text = json.dumps(image, separators=(",", ":"))
+        o = self.ours.get(cid)
+        if o is None:
+            o = self.ours[cid] = _Ours(None, seq, text)
+        o.seq, o.image, o.put_at = seq, text, now
+        if o.keeper is None or o.keeper not in self.reachable:
+            self._choose(cid, o, now)
+        else:
+            self._send(cid, o, now)
+
+    def drop(self, cid: str, now: float) -> None:
+        """The session ended here: its keeper forgets it."""
+        o = self.ours.pop(cid, None)
+        if o is not None and o.keeper is not None:
+            self.sessions.send(o.keeper, KeepPut(cid, o.seq + 1, None), now)
+
+    def _choose(self, cid: str, o: _Ours, now: float) -> None:
+        candidates = [r for r in self.reachable if r not in o.tried]
+        o.keeper = keeper_of(cid, candidates)
+        if o.keeper is None:
+            o.tried.clear()
+            self.lonely.append(cid)
+            return
+        self._send(cid, o, now)
+
+    def _send(self, cid: str, o: _Ours, now: float) -> None:
+        assert o.keeper is not None
+        if not self.sessions.send(o.keeper, KeepPut(cid, o.seq, o.image), now):
+            o.tried.add(o.keeper)  # (its session overflowed and ended: another)
+            self._choose(cid, o, now)
+            return
+        if o.waiting_since is None:  # (the timeout counts from the oldest Put not answered)
+            o.waiting_since = now
+
+    def fetch(self, cid: str, now: float) -> None:
+        """A client resumes session `cid`, not held here: ask every reachable router."""
+        if cid in self.fetches:
+            return
+        local = self.kept_here.get(cid)
+        best = (local.seq, local.image) if local is not None else None
+        waiting = set(self.reachable)
+        self.fetches[cid] = _Fetch(waiting, best, now + FETCH_TIMEOUT)
+        for r in sorted(waiting):
+            self.sessions.send(r, KeepFetch(cid), now)
+        if not waiting:
+            self._fetch_done(cid)
+
+    def _fetch_done(self, cid: str) -> None:
+        f = self.fetches.pop(cid)
+        image: dict[str, Any] | None = None
+        if f.best is not None:
+            try:
+                image = json.loads(f.best[1])
+            except ValueError:
+                image = None
+        self.fetched.append((cid, image if isinstance(image, dict) else None))
+
+    # ------------------------------------------------------------ from the mesh
+    def receive(self, src: str, msg: KeepMsg, now: float) -> None:
+        if type(msg) is KeepPut:
+            self._kept_put(src, msg, now)
+        elif type(msg) is KeepAck:
+            o = self.ours.get(msg.cid)
+            if o is not None and o.keeper == src and msg.seq > o.acked:
+                o.acked = msg.seq
+                o.tried.clear()
+                o.waiting_since = None if msg.seq >= o.seq else now
+                self.kept.append((msg.cid, msg.seq))
+        elif type(msg) is KeepFetch:
+            k = self.kept_here.get(msg.cid)
+            o = self.ours.get(msg.cid)  # (a home asked: its client moved away from us)
+            if o is not None and (k is None or o.seq >= k.seq):
+                self.sessions.send(src, KeepImage(msg.cid, o.seq, o.image), now)
+            else:
+                self.sessions.send(src, KeepImage(msg.cid, k.seq if k else 0, k.image if k else None), now)
+        elif type(msg) is KeepImage:
+            f = self.fetches.get(msg.cid)
+            if f is None or src not in f.waiting:
+                return
+            f.waiting.discard(src)
+            if msg.image is not None and (f.best is None or msg.seq > f.best[0]):
+                f.best = (msg.seq, msg.image)
+            if not f.waiting:
+                self._fetch_done(msg.cid)
+
+    def _kept_put(self, src: str, msg: KeepPut, now: float) -> None:
+        k = self.kept_here.get(msg.cid)
+        if msg.image is None:
+            if k is not None and k.seq < msg.seq:
+                del self.kept_here[msg.cid]
+            return
+        if k is None or msg.seq >= k.seq:
+            try:
+                expiry = json.loads(msg.image).get("expiry")
+            except (ValueError, AttributeError):
+                return  # (not an image: nothing kept, nothing acknowledged)
+            self.kept_here[msg.cid] = _Kept(src, msg.seq, msg.image,
+                                            float("inf") if expiry is None else float(expiry), now)
+        self.sessions.send(src, KeepAck(msg.cid, msg.seq), now)
+
+    def set_reachable(self, others: Iterable[str], now: float) -> None:
+        """The other routers reachable now; a session whose keeper is no longer among them chooses
+        another (and sends its image there)."""
+        self.reachable = tuple(sorted(others))
+        for cid, o in sorted(self.ours.items()):
+            if o.keeper is not None and o.keeper not in self.reachable:
+                self._rekeep(cid, o, now)
+            elif o.keeper is None and self.reachable:
+                self._choose(cid, o, now)
+        for cid, f in sorted(self.fetches.items()):
+            f.waiting &= set(self.reachable)
+            if not f.waiting:
+                self._fetch_done(cid)
+
+    def session_broken(self, peer: str, now: float) -> None:
+        """The member session with `peer` broke (messages may have been lost): what it kept for us
+        goes to it again or elsewhere; what we keep for it stays (it may be gone for good)."""
+        for cid, o in sorted(self.ours.items()):
+            if o.keeper == peer:
+                self._rekeep(cid, o, now)
+
+    def _rekeep(self, cid: str, o: _Ours, now: float) -> None:
+        o.acked = 0
+        o.keeper = None
+        o.waiting_since = None
+        self._choose(cid, o, now)
+
+    def tick(self, now: float) -> None:
+        for cid, o in sorted(self.ours.items()):
+            if o.keeper is not None and o.waiting_since is not None and now - o.waiting_since > ACK_TIMEOUT:
+                o.tried.add(o.keeper)  # (an older router on the way drops these: another keeper)
+                self._rekeep(cid, o, now)
+            elif o.keeper is not None and now - o.put_at > REFRESH:
+                o.put_at = now
+                self._send(cid, o, now)
+        for cid, f in sorted(self.fetches.items()):
+            if now >= f.until:
+                self._fetch_done(cid)
+        for cid, k in list(self.kept_here.items()):
+            if now - k.at > k.expiry + KEEP_SLACK:
+                del self.kept_here[cid]
+
+    def stats(self) -> dict[str, int]:
+        return {"mqtt_sessions_kept_here": len(self.kept_here), "mqtt_sessions_keeping": len(self.ours)}

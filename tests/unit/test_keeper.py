@@ -1,0 +1,157 @@
+"""The keepers of MQTT sessions (interrouter/keeper.py): which router keeps a session, the image and
+its acknowledgement over the member sessions, another keeper when one fails, the newest image
+found by a fetch, and the strict decoding of the messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from oncemesh.interrouter.channel import Sessions
+from oncemesh.interrouter.keeper import (
+    ACK_TIMEOUT,
+    FETCH_TIMEOUT,
+    Keeper,
+    KeepFetch,
+    KeepImage,
+    KeepPut,
+    keeper_of,
+)
+from oncemesh.interrouter.members import msg_from_list, msg_to_list
+from oncemesh.interrouter.strict import FrameError
+
+
+class Net:
+    """Routers' keepers joined by their member sessions; `run` carries frames until none is left
+    (`lost`: routers whose frames vanish)."""
+
+    def __init__(self, *ids: str) -> None:
+        self.k: dict[str, Keeper] = {r: Keeper(r, Sessions()) for r in ids}
+        self.lost: set[str] = set()
+        for r, k in self.k.items():
+            k.set_reachable([o for o in ids if o != r], 0.0)
+
+    def run(self, now: float = 0.0) -> None:
+        moved = True
+        while moved:
+            moved = False
+            for r, k in self.k.items():
+                out, k.sessions.out = k.sessions.out, []
+                for f in out:
+                    moved = True
+                    if f.dst in self.lost or r in self.lost:
+                        continue
+                    ready, _ = self.k[f.dst].sessions.receive(r, f.epoch, f.seq, f.ack_epoch, f.ack, f.msg, now)
+                    for msg in ready:
+                        self.k[f.dst].receive(r, msg, now)
+            for k in self.k.values():
+                k.sessions.flush_acks()
+
+
+IMAGE: dict[str, Any] = {"owner": "", "nonce": "n", "expiry": 60.0, "next_tag": 3, "seq": 5, "subs": [], "in": [],
+                         "out": []}
+
+
+def test_the_keeper_is_a_fixed_choice_among_the_candidates_that_moves_only_when_it_leaves():
+    routers = ["A", "B", "C", "D"]
+    chosen = keeper_of("client-1", routers)
+    assert chosen in routers and keeper_of("client-1", list(reversed(routers))) == chosen
+    others = [r for r in routers if r != chosen]
+    assert keeper_of("client-1", [r for r in routers if r != "Z"]) == chosen
+    assert keeper_of("client-1", others) != chosen
+    assert keeper_of("client-1", []) is None
+    assert len({keeper_of(f"c{i}", routers) for i in range(40)}) > 1  # (sessions spread over routers)
+
+
+def test_an_image_put_is_kept_and_acknowledged():
+    net = Net("A", "B", "C")
+    a = net.k["A"]
+    a.put("c1", 5, IMAGE, 0.0)
+    net.run()
+    keeper = a.ours["c1"].keeper
+    assert keeper in ("B", "C") and net.k[keeper].kept_here["c1"].seq == 5
+    assert a.kept == [("c1", 5)] and a.lonely == []
+
+
+def test_a_keeper_that_does_not_answer_is_replaced_and_the_image_goes_to_another():
+    net = Net("A", "B", "C")
+    a = net.k["A"]
+    first = keeper_of("c1", ["B", "C"])
+    assert first is not None
+    net.lost.add(first)
+    a.put("c1", 5, IMAGE, 0.0)
+    net.run(0.0)
+    assert a.kept == []
+    a.tick(ACK_TIMEOUT + 1)
+    net.run(ACK_TIMEOUT + 1)
+    other = "B" if first == "C" else "C"
+    assert a.ours["c1"].keeper == other and net.k[other].kept_here["c1"].seq == 5 and a.kept == [("c1", 5)]
+
+
+def test_with_no_other_router_the_session_is_lonely_until_one_comes():
+    k = Keeper("A", Sessions())
+    k.put("c1", 1, IMAGE, 0.0)
+    assert k.lonely == ["c1"] and k.sessions.out == []
+    k.lonely.clear()
+    k.set_reachable(["B"], 1.0)
+    assert [f.dst for f in k.sessions.out] == ["B"] and type(k.sessions.out[0].msg) is KeepPut
+
+
+def test_a_broken_session_with_the_keeper_sends_the_image_again():
+    net = Net("A", "B")
+    a = net.k["A"]
+    a.put("c1", 5, IMAGE, 0.0)
+    net.run()
+    a.kept.clear()
+    a.session_broken("B", 1.0)
+    net.run(1.0)
+    assert a.kept == [("c1", 5)]
+
+
+def test_a_fetch_takes_the_newest_image_and_ends_at_its_timeout_when_routers_are_silent():
+    net = Net("A", "B", "C")
+    net.k["B"].receive("X", KeepPut("c1", 4, '{"expiry": null, "seq": 4}'), 0.0)
+    net.k["C"].receive("Y", KeepPut("c1", 9, '{"expiry": null, "seq": 9}'), 0.0)
+    for k in net.k.values():
+        k.sessions.out.clear()
+    a = net.k["A"]
+    a.fetch("c1", 1.0)
+    net.run(1.0)
+    assert a.fetched == [("c1", {"expiry": None, "seq": 9})]
+    a.fetched.clear()
+    net.lost.add("B")
+    a.fetch("c2", 2.0)
+    net.run(2.0)
+    assert a.fetched == []
+    a.tick(2.0 + FETCH_TIMEOUT)
+    assert a.fetched == [("c2", None)]
+
+
+def test_a_dropped_session_is_forgotten_by_its_keeper_and_an_older_put_does_not_overwrite_a_newer():
+    net = Net("A", "B")
+    a, b = net.k["A"], net.k["B"]
+    a.put("c1", 5, IMAGE, 0.0)
+    net.run()
+    b.receive("A", KeepPut("c1", 3, '{"expiry": 1}'), 0.0)
+    assert b.kept_here["c1"].seq == 5
+    a.drop("c1", 1.0)
+    net.run(1.0)
+    assert "c1" not in b.kept_here
+
+
+@given(st.one_of(
+    st.builds(KeepPut, st.text(max_size=8), st.integers(0, 2**40), st.one_of(st.none(), st.text(max_size=20))),
+    st.builds(KeepImage, st.text(max_size=8), st.integers(0, 2**40), st.one_of(st.none(), st.text(max_size=20))),
+    st.builds(KeepFetch, st.text(max_size=8))))
+def test_keeper_messages_round_trip_through_the_member_codec(m):
+    assert msg_from_list(msg_to_list(m)) == m
+
+
+@pytest.mark.parametrize("bad", [["KP", "c", -1, None], ["KP", "c", 1], ["KA", 5, 1], ["KI", "c", 1, 7],
+                                 ["KF"], ["KP", "c", True, None]])
+def test_malformed_keeper_messages_are_refused(bad):
+    with pytest.raises(FrameError):
+        msg_from_list(bad)
