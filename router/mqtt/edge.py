@@ -32,9 +32,11 @@ from ...common import errors
 from ...common.amqpmsg import read_to
 from ...common.engine import MAX_PASSWORD_CHECKS, Accepted
 from ...common.ids import publisher_link_id, shared_subscription_id, subscription_id
+from ...common.tls import peer_common_name
 from ...common.topics import check_filter, check_name, is_wildcard
 from ...common.vocab import Outcome
 from ..actions import Deliver, DetachLink, DrainCredit, GrantCredit, NotifyFinal, SendOutcome, SettleDelivery
+from ..admission import passwords_in_clear
 from ..core import SubscriberAttach
 from .codec import Decoder, MqttError, encode
 from .mapping import NotAMessage, from_amqp, to_amqp
@@ -274,7 +276,8 @@ class MqttEdge:
     def tick(self, now: float) -> None:
         for peer in list(self.connections):
             peer.conn.tick(now)
-            peer.after()
+            if peer.conn.asks or peer.conn.out:
+                peer.after()
         for cid, st in list(self.sessions.items()):
             if st.ended_at is not None and now - st.ended_at > st.expiry:
                 del self.sessions[cid]
@@ -417,6 +420,14 @@ class MqttPeer(Accepted):
             engine = r.engine
             assert engine is not None
             source = self.peer.rsplit(":", 1)[0]
+            encrypted = self.transport is not None and self.transport.get_extra_info("ssl_object") is not None
+            if not encrypted and not passwords_in_clear(r.cfg.passwords_without_tls, source):
+                # (as for AMQP: a password in clear only where passwords_without_tls allows it)
+                self.edge.counters["mqtt_refused"] += 1
+                log.warning("mqtt.login_refused peer=%s user=%s reason=password_without_tls setting=%s", self.peer,
+                            c.username, r.cfg.passwords_without_tls)
+                self.conn.refused(Reason.NOT_AUTHORIZED, "a password in clear is refused here: connect over TLS")
+                return
             if len(engine.checks) >= MAX_PASSWORD_CHECKS or r.throttle.wait(source, c.username, time.monotonic()) > 0:
                 self.edge.counters["mqtt_refused"] += 1
                 log.warning("mqtt.login_refused peer=%s user=%s reason=busy_or_throttled", self.peer, c.username)
@@ -426,12 +437,30 @@ class MqttPeer(Accepted):
             engine.checks.add(task)
             task.add_done_callback(engine.checks.discard)
             return
+        certified = self._certificate_name()
+        if certified is not None:
+            # a client certificate the TLS listener verified (tls_verify_clients) names the client,
+            # as SASL EXTERNAL does for AMQP; a user name beside it must be the same
+            if c.username is not None and c.username != certified:
+                self.edge.counters["mqtt_refused"] += 1
+                log.warning("mqtt.login_refused peer=%s user=%s certificate=%s", self.peer, c.username, certified)
+                self.conn.refused(Reason.NOT_AUTHORIZED, "the user name is not the certificate's")
+                return
+            self._admit(c, certified)
+            return
         if r.client_auth and not r.cfg.allow_anonymous:
             self.edge.counters["mqtt_refused"] += 1
             log.warning("mqtt.login_refused peer=%s reason=no_credentials", self.peer)
             self.conn.refused(Reason.NOT_AUTHORIZED, "this router wants a user name and password")
             return
         self._admit(c, "")
+
+    def _certificate_name(self) -> str | None:
+        """The common name of the client certificate the TLS listener verified (None: none)."""
+        if self.transport is None or not self.router.cfg.tls_verify_clients:
+            return None
+        ssl_object = self.transport.get_extra_info("ssl_object")
+        return peer_common_name(ssl_object.getpeercert()) if ssl_object is not None else None
 
     async def _check_password(self, user: str, password: bytes, source: str) -> None:
         r = self.router
@@ -471,9 +500,11 @@ class MqttPeer(Accepted):
             log.info("mqtt.session_taken_over client=%s old_peer=%s new_peer=%s", cid, old_peer.peer, self.peer)
             old_peer.taken_over()
             st = self.edge.sessions.get(cid)  # (gone if it ended with that connection)
-        if st is None and not c.clean_start and r.mesh is not None and self.fetch is None:
-            # a session this router does not hold: its keeper may (its router gone); CONNACK once the
-            # routers answered (interrouter/keeper.py, FETCH_TIMEOUT at most)
+        if not c.clean_start and r.mesh is not None and self.fetch is None and (
+                st is None or self.edge.peers.get(cid) is None):
+            # a session this router does not hold, or holds from a connection that ended: its keeper
+            # may hold a newer one (its client went on at another router, which is gone now, or
+            # not); CONNACK once the routers answered (interrouter/keeper.py, FETCH_TIMEOUT at most)
             self.fetch = (user, assigned)
             self.edge.fetching.setdefault(cid, []).append(self)
             self.client_id = cid
@@ -517,12 +548,17 @@ class MqttPeer(Accepted):
         user, assigned = self.fetch
         c = self.conn.connect
         assert c is not None
-        if image is not None and self.client_id not in self.edge.sessions:
+        local = self.edge.sessions.get(self.client_id)
+        if image is not None and (local is None or (self.edge.peers.get(self.client_id) is None
+                                                    and int(image.get("seq", 0)) > local.seq)):
             try:
                 st = SessionState.from_image(self.client_id, image)
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("mqtt.session_image_unreadable client=%s error=%s", self.client_id, exc)
             else:
+                if local is not None:  # (what this router held is older: the client went on elsewhere)
+                    log.info("mqtt.session_newer_elsewhere client=%s here=%d there=%d", self.client_id, local.seq,
+                             st.seq)
                 self.edge.sessions[self.client_id] = st
                 st.kept = st.seq
                 st.ended_at = time.time()

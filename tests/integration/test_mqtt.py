@@ -22,6 +22,7 @@ from paho.mqtt.properties import Properties
 from proton import Message
 
 from oncemesh.clients.blocking import BlockingClient
+from oncemesh.common.pki import issue, make_ca
 from oncemesh.common.settlement_log import read_events
 from oncemesh.harness.procs import RouterProcess
 from tests.conftest import EXAMPLES
@@ -402,3 +403,54 @@ def test_qos2_sessions_resume_at_another_router_after_a_crash_each_message_once(
         pub.close()
     log = (m.log_dir / "B.router.log").read_text()
     assert "mqtt.session_restored client=crash-s" in log and "mqtt.session_restored client=crash-p" in log
+
+
+def test_the_mqtt_listener_speaks_tls_with_the_client_listeners_certificates(make_router: Any, tmp_path: Any) -> None:
+    """With tls_cert the MQTT listener is TLS too: a verified client certificate names the client (as
+    SASL EXTERNAL does for AMQP), a user name beside it must be the same, and a password goes over
+    TLS only where passwords_without_tls says (not at all here)."""
+    pki = tmp_path / "pki"
+    make_ca(pki)
+    cert, key = issue(pki, "server", ["127.0.0.1"])
+    ccert, ckey = issue(pki, "carol", ["carol"], common_name="carol")
+    r: RouterProcess = make_router("T", settings={"mqtt_listen": "127.0.0.1:0", "tls_cert": str(cert),
+                                                  "tls_key": str(key), "tls_ca": str(pki / "ca.pem"),
+                                                  "tls_verify_clients": True})
+
+    def tls_client(cid: str, user: str | None = None) -> Paho:
+        p = Paho(r, cid)
+        p.c.tls_set(ca_certs=str(pki / "ca.pem"), certfile=str(ccert), keyfile=str(ckey))
+        if user is not None:
+            p.c.username_pw_set(user, "x")
+        return p
+
+    carol = tls_client("carol-1").connect()
+    try:
+        assert str(carol.connack[0]) == "Success"
+        carol.subscribe("tls/t")
+        with _tls(tls_client("carol-p")) as p:
+            p.c.publish("tls/t", b"over tls", qos=2)
+            wait_until(lambda: len(carol.got) == 1, what="the message over TLS")
+        assert carol.got[0].payload == b"over tls"
+    finally:
+        carol.close()
+    mallory = tls_client("mallory-1", user="mallory")
+    n = len(mallory.connack)
+    mallory.c.connect(*mallory.addr)
+    mallory.c.loop_start()
+    wait_until(lambda: len(mallory.connack) > n, what="CONNACK")
+    mallory.c.loop_stop()
+    assert str(mallory.connack[-1]) == "Not authorized"  # (the certificate says carol)
+    # plain TCP does not reach the TLS listener
+    with socket.create_connection(mqtt_addr(r), timeout=10) as s:
+        s.sendall(connect_packet(5))
+        assert read_packet(s) == b""
+
+
+@contextmanager
+def _tls(p: Paho) -> Iterator[Paho]:
+    p.connect()
+    try:
+        yield p
+    finally:
+        p.close()
