@@ -315,6 +315,7 @@ class MqttPeer(Accepted):
         self.pending: dict[int, _PendingSubscribe] = {}
         self.client_id = ""
         self.fetch: tuple[str, str | None] | None = None  # (user, assigned id) while its session is fetched
+        self.counted: tuple[str, str] | None = None  # (user, host) counted against the connection limits
         self.lonely = False  # its session has no keeper (logged once)
 
     # ------------------------------------------------------------ asyncio
@@ -325,6 +326,14 @@ class MqttPeer(Accepted):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.edge.connections.add(self)
         self.edge.counters["mqtt_connections"] += 1
+        r = self.router
+        if len(self.edge.connections) + len(r.connections) > r.cfg.max_connections:
+            # (the router's connections, AMQP and MQTT: max_connections)
+            log.warning("mqtt.connection_refused peer=%s reason=max_connections limit=%d", self.peer,
+                        r.cfg.max_connections)
+            self.edge.counters["mqtt_refused"] += 1
+            self.closing = True
+            transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -455,6 +464,36 @@ class MqttPeer(Accepted):
             return
         self._admit(c, "")
 
+    def _within_connection_limits(self) -> bool:
+        """The policy's max_connections (per user) and max_connections_per_host, counted with the
+        user's AMQP connections (the router's own counts); False: refused (CONNACK 0x97)."""
+        r = self.router
+        grants = self._grants()
+        user, host = self.user or "anonymous", self.peer.rsplit(":", 1)[0]
+        if grants is not None:
+            for what, count, limit in (
+                    ("user", r._conns_by_user.get(user, 0), grants.limit("max_connections")),
+                    ("host", r._conns_by_host.get((user, host), 0), grants.limit("max_connections_per_host"))):
+                if limit is not None and count >= limit:
+                    self.edge.counters["mqtt_refused"] += 1
+                    log.warning("mqtt.connection_refused reason=max_connections_per_%s user=%s host=%s limit=%d",
+                                what, user, host, limit)
+                    self.conn.refused(Reason.QUOTA_EXCEEDED, f"user {user!r} holds its maximum of {limit} "
+                                                             f"connections" + (f" from {host}" if what == "host" else ""))
+                    return False
+        self.counted = (user, host)
+        r._conns_by_user[user] = r._conns_by_user.get(user, 0) + 1
+        r._conns_by_host[(user, host)] = r._conns_by_host.get((user, host), 0) + 1
+        return True
+
+    def _uncount(self) -> None:
+        if self.counted is not None:
+            r = self.router
+            user, host = self.counted
+            self.counted = None
+            r._conns_by_user[user] -= 1
+            r._conns_by_host[(user, host)] -= 1
+
     def _certificate_name(self) -> str | None:
         """The common name of the client certificate the TLS listener verified (None: none)."""
         if self.transport is None or not self.router.cfg.tls_verify_clients:
@@ -485,6 +524,8 @@ class MqttPeer(Accepted):
         """The client is `user` ("" anonymous): find or make its session."""
         r = self.router
         self.user = user
+        if self.counted is None and not self._within_connection_limits():
+            return
         assigned = None
         cid = c.client_id
         if not cid:
@@ -602,8 +643,11 @@ class MqttPeer(Accepted):
             why, reason = "topics starting with $ or _ are the routers'", Reason.TOPIC_NAME_INVALID
         else:
             grants = self._grants()
+            limit = grants.limit("max_message_size") if grants is not None else None
             if grants is not None and not grants.may_publish(a.topic):
                 why, reason = f"user {self.user!r} may not publish to {a.topic!r}", Reason.NOT_AUTHORIZED
+            elif limit is not None and len(a.content.payload) > limit:
+                why, reason = f"{len(a.content.payload)} bytes > max_message_size {limit}", Reason.QUOTA_EXCEEDED
         if why is not None:
             log.warning("mqtt.publish_refused client=%s topic=%r reason=%s", self.client_id, a.topic[:80], why)
             if a.qos:
@@ -683,6 +727,19 @@ class MqttPeer(Accepted):
         return SubscriberAttach(sid, sub.match, self.client_id, sub.topic_filter, expiry, True, list(presented),
                                 None, (), self.user)
 
+    def _subscriptions_full(self, grants: Any, sub: SubState) -> bool:
+        """The policy's max_subscriptions (per user, AMQP ones counted): a new one would pass it."""
+        limit = grants.limit("max_subscriptions")
+        if limit is None:
+            return False
+        st = self.conn.session
+        assert st is not None
+        known = self.router.table.get(self._attach_args(sub, (), st).sid)
+        if known is not None and known.live:
+            return False  # (attached again: no new subscription)
+        owner = self.user or "anonymous"
+        return sum(1 for s in self.router.table.live() if (s.owner or "anonymous") == owner) >= limit
+
     def _subscribe(self, a: SubscribeTo) -> None:
         self._attach(a.pid, a.subs, a.fresh)
 
@@ -701,6 +758,9 @@ class MqttPeer(Accepted):
                 code = Reason.TOPIC_FILTER_INVALID
             elif grants is not None and not grants.may_subscribe(sub.match):
                 why, code = f"user {self.user!r} may not subscribe to {sub.match!r}", Reason.NOT_AUTHORIZED
+            elif grants is not None and self._subscriptions_full(grants, sub):
+                why, code = (f"user {self.user or 'anonymous'!r} holds its maximum of "
+                             f"{grants.limit('max_subscriptions')} subscriptions"), Reason.QUOTA_EXCEEDED
             if code:
                 log.warning("mqtt.subscribe_refused client=%s filter=%r reason=%s", self.client_id,
                             sub.topic_filter[:80], why)
@@ -848,6 +908,7 @@ class MqttPeer(Accepted):
         if self.closing:
             return
         self.closing = True
+        self._uncount()
         now = time.time()
         st = self.conn.session
         if a.reason >= 0x80 or a.will:

@@ -454,3 +454,40 @@ def _tls(p: Paho) -> Iterator[Paho]:
         yield p
     finally:
         p.close()
+
+
+def test_the_policys_limits_apply_to_mqtt_clients(make_router: Any, tmp_path: Any) -> None:
+    users = tmp_path / "users.json"
+    done = subprocess.run([sys.executable, "-m", "oncemesh", "user", "add", "alice", "--users-file", str(users),
+                           "--password-stdin", "--iterations", "4096"], input="wonderland\n", text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[users.alice]\npublish = ["lim/#"]\nsubscribe = ["lim/#"]\nmax_connections = 1\n'
+                      'max_subscriptions = 1\nmax_message_size = 10\n')
+    r: RouterProcess = make_router("L", settings={"mqtt_listen": "127.0.0.1:0", "users_file": str(users),
+                                                  "policy_file": str(policy)})
+    alice = Paho(r, "alice-a")
+    alice.c.username_pw_set("alice", "wonderland")
+    alice.connect()
+    try:
+        assert [str(c) for c in alice.subscribe("lim/a")] == ["Granted QoS 2"]
+        assert [str(c) for c in alice.subscribe("lim/b")] == ["Quota exceeded"]  # max_subscriptions 1
+        assert [str(c) for c in alice.subscribe("other")] == ["Not authorized"]  # not in her patterns
+        rcs: list[Any] = []
+        alice.c.on_publish = lambda c, u, mid, rc, props: rcs.append(str(rc))
+        alice.c.publish("lim/a", b"x" * 11, qos=1)  # max_message_size 10
+        alice.c.publish("lim/a", b"fine", qos=1)
+        wait_until(lambda: len(rcs) == 2, what="both PUBACKs")
+        assert sorted(rcs) == ["Quota exceeded", "Success"]
+        second = Paho(r, "alice-b")
+        second.c.username_pw_set("alice", "wonderland")
+        second.c.connect(*second.addr)
+        second.c.loop_start()
+        wait_until(lambda: bool(second.connack), what="CONNACK")
+        second.c.loop_stop()
+        assert str(second.connack[0]) == "Quota exceeded"  # max_connections 1
+    finally:
+        alice.close()
+    log = (r.log_dir / "L.router.log").read_text()
+    assert "mqtt.connection_refused reason=max_connections_per_user user=alice" in log
