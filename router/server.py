@@ -1406,6 +1406,8 @@ class Router:
     def relay_outputs(self, actions: list[Any], answered: list[str]) -> None:
         """What the relay of shared subscriptions' members decided (interrouter/members.py)."""
         self._perform(actions)
+        if self.mqtt is not None and answered:
+            self.mqtt.relay_answered(answered)
         for mid in answered:
             waiting = self.sub_links.get(mid)
             if waiting is not None and waiting.local_uninit:

@@ -109,7 +109,7 @@ class Pub:
 class SubLink:
     """One filter of a connected session with the core (its link token)."""
 
-    __slots__ = ("peer", "sub", "att", "table_sid", "resumed", "answered")
+    __slots__ = ("peer", "sub", "att", "table_sid", "resumed", "answered", "relayed")
 
     def __init__(self, peer: MqttPeer, sub: SubState, att: SubscriberAttach, table_sid: str) -> None:
         self.peer = peer
@@ -118,6 +118,7 @@ class SubLink:
         self.table_sid = table_sid
         self.resumed = False
         self.answered = False
+        self.relayed = False  # a member of a shared subscription homed at another router, relayed there
 
 
 @final
@@ -267,6 +268,14 @@ class MqttEdge:
             return type(act.link) is PubLink
         return False
 
+    def relay_answered(self, mids: list[str]) -> None:
+        """Relayed members whose home took them (interrouter/members.py): their SUBACK may go."""
+        for mid in mids:
+            tok = self.subs.get(mid)
+            if tok is not None and tok.relayed and not tok.answered:
+                tok.peer._answer(tok)
+                tok.peer._suback_ready()
+
     def attach_done(self, table_sid: str, refused: str | None) -> None:
         """The mesh acknowledged (or refused) the announcement of a subscription's attach."""
         for s in self.awaiting.pop(table_sid, []):
@@ -404,10 +413,13 @@ class MqttPeer(Accepted):
             if type(a) is PublishMsg:
                 self._publish(a)
             elif type(a) is Settled:
-                self.core.subscriber_outcome(a.sid, a.gid, Outcome.ACCEPTED if a.accepted else Outcome.REJECTED,
-                                             a.settled, None, False, time.time())
+                self._sub_outcome(a.sid, a.gid, Outcome.ACCEPTED if a.accepted else Outcome.REJECTED, a.settled, None)
             elif type(a) is Credit:
-                self.core.subscriber_credit(a.sid, a.n)
+                tok = self.edge.subs.get(a.sid)
+                if tok is not None and tok.relayed and self.router.mesh is not None:
+                    self.router.mesh.relay_credit(a.sid, a.n, False, time.time())
+                else:
+                    self.core.subscriber_credit(a.sid, a.n)
             elif type(a) is Release:
                 self._release(a.tag)
             elif type(a) is SubscribeTo:
@@ -612,7 +624,7 @@ class MqttPeer(Accepted):
             s = self.edge.subs.get(sub.sid)
             if s is not None:
                 del self.edge.subs[sub.sid]
-                self.core.detach_subscriber(s, sub.sid, True, now, clean=True)
+                s.peer._sub_detach(s, True, True, now)
             else:
                 self._end_unattached(sub, st, now)
         if self.edge.sessions.pop(st.client_id, None) is not None:
@@ -727,6 +739,21 @@ class MqttPeer(Accepted):
         return SubscriberAttach(sid, sub.match, self.client_id, sub.topic_filter, expiry, True, list(presented),
                                 None, (), self.user)
 
+    def _sub_outcome(self, sid: str, gid: str, outcome: Outcome, settled: bool, error: tuple[str, str] | None) -> None:
+        """The client's disposition of a delivery: to the core, or to the relayed member's home."""
+        tok = self.edge.subs.get(sid)
+        if tok is not None and tok.relayed and self.router.mesh is not None:
+            self.router.mesh.relay_disposition(sid, gid, outcome, settled, error, False, time.time())
+        else:
+            self.core.subscriber_outcome(sid, gid, outcome, settled, error, False, time.time())
+
+    def _sub_detach(self, tok: SubLink, closed: bool, clean: bool, now: float) -> None:
+        """A filter's link goes: the core's, or the relayed member's home's."""
+        if tok.relayed and self.router.mesh is not None:
+            self.router.mesh.relay_detach(tok, tok.sub.sid, closed, clean, now)
+        else:
+            self.core.detach_subscriber(tok, tok.sub.sid, closed, now, clean=clean)
+
     def _subscriptions_full(self, grants: Any, sub: SubState) -> bool:
         """The policy's max_subscriptions (per user, AMQP ones counted): a new one would pass it."""
         limit = grants.limit("max_subscriptions")
@@ -778,8 +805,21 @@ class MqttPeer(Accepted):
             try:
                 tok.resumed = self.core.attach(tok, att, now)
             except errors.RelayMember as exc:
-                why, code = (f"shared subscription {sub.group!r} is homed at router {exc.home}; MQTT members attach "
-                             f"at its home in this version"), Reason.IMPLEMENTATION_SPECIFIC_ERROR
+                mesh = self.router.mesh
+                if mesh is None:
+                    why, code = f"shared subscription {sub.group!r} is homed at router {exc.home}", Reason.USE_ANOTHER_SERVER
+                else:
+                    # a member whose group lives at another router: relayed there (interrouter/members.py),
+                    # answered once the home took it (`MqttEdge.relay_answered`)
+                    tok.relayed = True
+                    self.edge.subs[lid] = tok
+                    self.mine.append(tok)
+                    pending.codes[i] = sub.qos
+                    pending.waiting.add(i)
+                    mesh.relay_attach(tok, att, exc.home, now)
+                    log.info("mqtt.relayed client=%s filter=%r home=%s", self.client_id, sub.topic_filter[:80],
+                             exc.home)
+                    continue
             except errors.OncemeshError as exc:
                 why = str(exc)
                 code = _REASON_OF_CONDITION.get(exc.condition, Reason.UNSPECIFIED_ERROR)
@@ -804,8 +844,8 @@ class MqttPeer(Accepted):
         for i in sorted(pending.waiting):
             sub = pending.subs[i]
             tok = self.edge.subs.get(sub.sid)
-            if tok is None or tok.peer is not self:
-                continue
+            if tok is None or tok.peer is not self or tok.relayed:
+                continue  # (a relayed member is answered when its home took it: `MqttEdge.relay_answered`)
             if mesh is not None and mesh.attach_pending(tok.table_sid):
                 self.edge.awaiting.setdefault(tok.table_sid, []).append(tok)
                 continue
@@ -869,7 +909,7 @@ class MqttPeer(Accepted):
             if tok is not None:
                 if tok in self.mine:
                     self.mine.remove(tok)
-                self.core.detach_subscriber(tok, sub.sid, True, now, clean=True)
+                self._sub_detach(tok, True, True, now)
 
     def detached(self, tok: SubLink, condition: str, description: str) -> None:
         """The core let a subscription's link go (another identity, the subscription moved)."""
@@ -896,8 +936,7 @@ class MqttPeer(Accepted):
             content = from_amqp(payload, int(time.time() * 1000))
         except NotAMessage as exc:
             log.warning("mqtt.undeliverable client=%s gid=%s reason=%s", self.client_id, gid, exc)
-            self.core.subscriber_outcome(tok.sub.sid, gid, Outcome.REJECTED, True,
-                                         (errors.DecodeError.condition, str(exc)), False, time.time())
+            self._sub_outcome(tok.sub.sid, gid, Outcome.REJECTED, True, (errors.DecodeError.condition, str(exc)))
             return
         self.conn.deliver(tok.sub.sid, gid, topic, content, redelivery)
         self.touch()
@@ -920,7 +959,7 @@ class MqttPeer(Accepted):
             if self.edge.subs.get(tok.sub.sid) is tok:
                 del self.edge.subs[tok.sub.sid]
                 ended = st is None or st.expiry == 0
-                self.core.detach_subscriber(tok, tok.sub.sid, ended, now, clean=clean or ended)
+                self._sub_detach(tok, ended, clean or ended, now)
         self.mine.clear()
         for link in self.links.values():
             link.ctx = None

@@ -239,7 +239,8 @@ class Settled:
 @final
 @dataclass(slots=True)
 class Credit:
-    """Grant `n` more messages to subscription `sid`."""
+    """Subscription `sid` may be handed `n` messages now (its credit, absolute, as an AMQP link's:
+    the core counts it down as it hands)."""
 
     sid: str
     n: int
@@ -751,9 +752,8 @@ class MqttConnection:
         if left is None:
             return
         if left <= self.limits.sub_credit // 2:
-            n = self.limits.sub_credit - left
             self.granted[sid] = self.limits.sub_credit
-            self.asks.append(Credit(sid, n))
+            self.asks.append(Credit(sid, self.limits.sub_credit))
 
     def _next_waiting(self) -> None:
         while self.waiting and self._inflight() < self.client_receive_max:

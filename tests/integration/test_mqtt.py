@@ -491,3 +491,26 @@ def test_the_policys_limits_apply_to_mqtt_clients(make_router: Any, tmp_path: An
         alice.close()
     log = (r.log_dir / "L.router.log").read_text()
     assert "mqtt.connection_refused reason=max_connections_per_user user=alice" in log
+
+
+def test_shared_subscription_members_at_different_routers_split_the_messages(mesh_of: Any, tmp_path: Any) -> None:
+    """$share/GROUP/FILTER members at A and at C of line3: the group lives at the router where it was
+    made (A); C relays its member there (interrouter/members.py). Each message reaches one member,
+    once, and both take a share."""
+    topo = tmp_path / "line3-mqtt.toml"
+    topo.write_text('[defaults]\nmqtt_listen = "127.0.0.1:0"\n\n' + (EXAMPLES / "line3.toml").read_text())
+    m = mesh_of(topo)
+    a, b, c = (_MeshRouter(m, rid) for rid in "ABC")
+    n = 200
+    with paho(a, "sh-a") as at_a, paho(c, "sh-c") as at_c, paho(b, "sh-p") as p:  # type: ignore[arg-type]
+        assert [str(x) for x in at_a.subscribe("$share/g/sh/t")] == ["Granted QoS 2"]
+        assert [str(x) for x in at_c.subscribe("$share/g/sh/t")] == ["Granted QoS 2"]
+        for i in range(n):
+            p.c.publish("sh/t", f"m{i}".encode(), qos=2)
+        wait_until(lambda: len(at_a.got) + len(at_c.got) >= n and len(p.acked) >= n, timeout=60,
+                   what="every message at one member, every PUBCOMP")
+        time.sleep(0.3)
+        every = [x.payload for x in at_a.got] + [x.payload for x in at_c.got]
+        assert sorted(every) == sorted(f"m{i}".encode() for i in range(n))
+        assert at_a.got and at_c.got, (len(at_a.got), len(at_c.got))
+    assert "mqtt.relayed client=sh-c" in (m.log_dir / "C.router.log").read_text()
