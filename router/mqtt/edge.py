@@ -153,6 +153,7 @@ class MqttEdge:
         self.counters = {"mqtt_connections": 0, "mqtt_refused": 0, "mqtt_protocol_errors": 0,
                          "mqtt_sessions_restored": 0, "mqtt_sessions_unkept": 0}
         self.fetching: dict[str, list[MqttPeer]] = {}  # client id -> connections waiting for its session
+        self.wills: dict[str, tuple[float, MqttPeer]] = {}  # client id -> (when, the ended connection): delayed wills
         self.to_put: set[MqttPeer] = set()  # sessions changed this pass: their image goes to the keeper
         self._put_scheduled = False
 
@@ -287,6 +288,10 @@ class MqttEdge:
             peer.conn.tick(now)
             if peer.conn.asks or peer.conn.out:
                 peer.after()
+        for cid, (due, gone) in sorted(self.wills.items()):
+            if now >= due:
+                del self.wills[cid]
+                gone._will(now)
         for cid, st in list(self.sessions.items()):
             if st.ended_at is not None and now - st.ended_at > st.expiry:
                 del self.sessions[cid]
@@ -543,6 +548,11 @@ class MqttPeer(Accepted):
         if not cid:
             cid = assigned = f"auto-{r.id}-{time.time_ns():x}"
         old_peer = self.edge.peers.get(cid)
+        pending_will = self.edge.wills.pop(cid, None)
+        if pending_will is not None and c.clean_start:
+            pending_will[1]._will(time.time())  # (its session ends now: the will goes now)
+        elif pending_will is not None:
+            log.info("mqtt.will_cancelled client=%s (back within its will delay)", cid)
         st = self.edge.sessions.get(cid)
         if st is not None and st.owner != user:
             self.edge.counters["mqtt_refused"] += 1
@@ -967,7 +977,13 @@ class MqttPeer(Accepted):
         self.pubs.clear()
         self.backlog.clear()
         if a.will and self.conn.connect is not None and self.conn.connect.will is not None:
-            self._will(now)
+            delay = float(self.conn.connect.will.properties.will_delay_interval or 0)
+            if st is not None and delay > 0:
+                # MQTT 5 3.1.3.2.2: published after the delay (or when the session ends, if sooner),
+                # unless the client is back first
+                self.edge.wills[st.client_id] = (now + min(delay, st.expiry), self)
+            else:
+                self._will(now)
         if st is not None:
             if st.expiry == 0:
                 if self.edge.sessions.get(st.client_id) is st:

@@ -514,3 +514,36 @@ def test_shared_subscription_members_at_different_routers_split_the_messages(mes
         assert sorted(every) == sorted(f"m{i}".encode() for i in range(n))
         assert at_a.got and at_c.got, (len(at_a.got), len(at_c.got))
     assert "mqtt.relayed client=sh-c" in (m.log_dir / "C.router.log").read_text()
+
+
+def test_a_will_is_published_after_its_delay_unless_the_client_is_back(mq: RouterProcess) -> None:
+    def dying(cid: str) -> Paho:
+        p = Paho(mq, cid, persistent=True)
+        props = Properties(PacketTypes.WILLMESSAGE)
+        props.WillDelayInterval = 2
+        p.c.will_set("will/t", f"{cid} is gone".encode(), qos=1, properties=props)
+        return p.connect()
+
+    def vanish(p: Paho) -> None:  # (the connection drops: no DISCONNECT)
+        p.c.loop_stop()
+        sock = p.c.socket()
+        assert sock is not None
+        sock.close()
+
+    with paho(mq, "will-watch") as watch:
+        watch.subscribe("will/t", qos=1)
+        gone = dying("will-a")
+        back = dying("will-b")
+        t0 = time.monotonic()
+        vanish(gone)
+        vanish(back)
+        again = Paho(mq, "will-b", persistent=True).connect()  # back within the delay: no will for it
+        try:
+            time.sleep(1.0)
+            assert watch.got == []  # not before the delay
+            wait_until(lambda: len(watch.got) >= 1, timeout=10, what="will-a's will")
+            assert time.monotonic() - t0 >= 1.9
+            time.sleep(2.0)
+            assert [m.payload for m in watch.got] == [b"will-a is gone"]
+        finally:
+            again.close()
