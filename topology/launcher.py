@@ -112,6 +112,7 @@ class RouterStatus:
     loop_lag_ms: tuple[float, float] | None = None  # event-loop lag, max and p99 of the last minute
     log_blocked: str | None = None  # why the settlement log cannot be written (no publisher credit)
     http: str | None = None  # HOST:PORT of /metrics, /healthz, /readyz (with http_listen)
+    mqtt: str | None = None  # HOST:PORT of its MQTT listener (with mqtt_listen; docs/mqtt.md)
 
     @property
     def alive(self) -> bool:
@@ -525,7 +526,7 @@ class Mesh:
             incarnation=ready.get("incarnation"), peers=tuple(sorted(ready.get("peers", ()))),
             converged=bool(ready.get("converged")), started=started, order=ready.get("order") or None,
             loop_lag_ms=_lag_of(ready.get("stats") or {}),
-            log_blocked=_log_blocked_of(ready.get("stats") or {}), http=ready.get("http"))
+            log_blocked=_log_blocked_of(ready.get("stats") or {}), http=ready.get("http"), mqtt=ready.get("mqtt"))
 
     def _ids(self, st: dict[str, Any]) -> list[str]:
         """The topology's routers, and any other this state dir started that still runs (e.g. one
@@ -1200,6 +1201,9 @@ def format_table(statuses: list[RouterStatus]) -> str:
                      s.incarnation or "-", f"http://{s.http}/metrics" if s.http else "-"))
     if all(r[-1] == "-" for r in rows[1:]):  # (no router serves HTTP: no column for it)
         rows = [r[:-1] for r in rows]
+    if any(s.mqtt for s in statuses):  # (MQTT listeners: a column of their addresses)
+        rows = [(*rows[0], "MQTT")] + [(*r, f"mqtt://{s.mqtt}" if s.mqtt else "-")
+                                       for r, s in zip(rows[1:], statuses, strict=True)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 

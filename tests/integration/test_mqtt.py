@@ -25,6 +25,7 @@ from oncemesh.clients.blocking import BlockingClient
 from oncemesh.common.pki import issue, make_ca
 from oncemesh.common.settlement_log import read_events
 from oncemesh.harness.procs import RouterProcess
+from oncemesh.topology.launcher import format_table
 from tests.conftest import EXAMPLES
 
 
@@ -338,6 +339,8 @@ def test_mqtt_clients_across_a_mesh_each_message_once(mesh_of: Any, tmp_path: An
     topo.write_text('[defaults]\nmqtt_listen = "127.0.0.1:0"\n\n' + (EXAMPLES / "line3.toml").read_text())
     m = mesh_of(topo)
     a, b, c = (_MeshRouter(m, rid) for rid in "ABC")
+    statuses = m.status()
+    assert all(s.mqtt for s in statuses) and format_table(statuses).count("mqtt://") == 3  # (oncemesh status)
     n = 200
     at_c = Paho(c, "mesh-c", persistent=True).connect()  # type: ignore[arg-type]
     at_c.subscribe("mesh/t")
