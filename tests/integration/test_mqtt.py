@@ -5,6 +5,7 @@ sessions, and bad input answered by the protocol with the router going on."""
 from __future__ import annotations
 
 import json
+import random
 import socket
 import struct
 import subprocess
@@ -256,6 +257,22 @@ def test_bad_input_gets_the_protocols_answer_and_the_router_goes_on(mq: RouterPr
         s.sendall(b"\x32\xff\xff\xff\x7f")
         d = read_packet(s)
         assert d == b"" or (d[:1] == b"\xe0" and d[2] == 0x95)
+    # fuzzed packets after a valid CONNECT (a fixed seed: the same bytes each run)
+    rng = random.Random(7)
+    for i in range(40):
+        with raw_connect(addr) as s:
+            s.sendall(connect_packet(5 if i % 2 else 4, cid=f"fz{i}".encode()))
+            assert read_packet(s)[:1] == b"\x20"
+            junk = bytes([rng.choice([0x30, 0x32, 0x34, 0x62, 0x82, 0xa2, 0xc0, 0xe0, 0xf0, 0x10, 0x20])]) + bytes(
+                rng.randrange(256) for _ in range(rng.randrange(1, 60)))
+            s.sendall(junk)
+            s.shutdown(socket.SHUT_WR)  # (no more bytes: a packet left half-way ends with the connection)
+            s.settimeout(5)
+            try:
+                while read_packet(s):  # (answers, a DISCONNECT, then the close; or a wait for more bytes)
+                    pass
+            except (TimeoutError, OSError, IndexError):
+                pass
     # the router is still there and serves
     with paho(mq, "after") as c, paho(mq, "after-p") as p:
         c.subscribe("ok")
