@@ -8,7 +8,10 @@ Why it is built this way
 - Clients are separate processes (`harness.benchclients`, lean clients on the router's own I/O layer)
   so that the router never shares a Python interpreter with them; the same clients talk to the
   router, to each other (the direct-link ceiling), to a naive `proton.reactor.Container` relay
-  (below) and to RabbitMQ, so that only the thing in the middle changes.
+  (below) and to RabbitMQ, so that only the thing in the middle changes. The MQTT cases (`--mqtt`,
+  and the `mosquitto` baseline) do the same with `harness.mqttload` (MQTT 5 on the router's own
+  codec): the router's MQTT listener and Mosquitto get the same clients; `--mqtt` is a flag, not a
+  baseline, because its cases measure the router itself (its other protocol), beside its AMQP case.
 - Router CPU comes from /proc/PID/stat of the router processes between the publishers' start
   signal and the end of the run; divided by the messages published times the routers each message
   crossed, it is CPU-µs per message per hop. Peak memory is VmHWM.
@@ -44,6 +47,7 @@ from typing import Any
 
 from ..topology.load import example_path
 from .benchclients import MIN_SIZE, MODES
+from .mqttload import DEFAULT_WINDOW as MQTT_WINDOW
 from .procs import Proc, RouterProcess, cpu_seconds, python_cmd, read_json, rss_kb, wait_for
 
 CLIENTS_NOTE = ("lean engine clients (harness.benchclients: common.engine driven directly, one "
@@ -52,6 +56,7 @@ CLIENTS_NOTE = ("lean engine clients (harness.benchclients: common.engine driven
 JSON_VERSION = 1
 RABBIT_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 RABBIT_LIB = Path("/usr/lib/rabbitmq/lib")
+MOSQUITTO = "mosquitto"  # Debian's broker: /usr/sbin/mosquitto (apt-get install -y mosquitto)
 POLL = 0.02
 
 
@@ -141,7 +146,7 @@ def machine_info() -> dict[str, Any]:
     rabbit = sorted(p.name for p in RABBIT_LIB.glob("rabbitmq_server-*")) if RABBIT_LIB.exists() else []
     return {"commit": _git_commit(), "cpu": model, "cores": os.cpu_count(), "python": platform.python_version(),
             "proton": ".".join(map(str, proton.VERSION)), "kernel": platform.release(),
-            "rabbitmq": rabbit[-1].split("-", 1)[1] if rabbit else None,
+            "rabbitmq": rabbit[-1].split("-", 1)[1] if rabbit else None, "mosquitto": Mosquitto.version(),
             "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
@@ -255,6 +260,10 @@ class Server:
     def url(self, at: str) -> str:
         raise NotImplementedError
 
+    def mqtt_url(self, at: str) -> str:
+        """HOST:PORT of the MQTT listener (the MQTT cases)."""
+        raise NotImplementedError(f"{self.kind} has no MQTT listener")
+
     def address(self, topic: str) -> str:
         return topic
 
@@ -292,6 +301,12 @@ class SingleRouter(Server):
 
     def url(self, at: str) -> str:
         return f"127.0.0.1:{self.router.port}"
+
+    def mqtt_url(self, at: str) -> str:
+        where = self.router.status().get("mqtt")
+        if not where:
+            raise BenchError("the router has no MQTT listener (mqtt_listen)")
+        return str(where)
 
     def pids(self) -> list[int]:
         return [self.router.pid]
@@ -540,6 +555,100 @@ class RabbitMQ(Server):
             self.epmd_port = 0
 
 
+class Mosquitto(Server):
+    """A private Mosquitto broker (one process) on loopback, with its own configuration file.
+
+    Nothing of the system installation is used but the binary: no system config, no persistence
+    file, its log to our file. Mosquitto cannot bind port 0, so the port is picked free just before
+    the start (a small race, retried once). What differs from its defaults, and why:
+    - `max_inflight_messages` = the router's `mqtt_receive_maximum` (100; Mosquitto's default is
+      20): the same window of unanswered QoS 1/2 PUBLISHes both ways as the router's;
+    - `max_queued_messages 0` (no limit; default 1,000): above the limit Mosquitto *drops* QoS 1/2
+      messages for a subscriber that is behind, which the exactly-once check would report as lost;
+    - `set_tcp_nodelay true`, `sys_interval 0` (no $SYS publications), `persistence false` (its
+      default: messages in memory only, as it acknowledges them).
+    """
+
+    kind = "mosquitto"
+
+    @staticmethod
+    def executable() -> str | None:
+        found = shutil.which(MOSQUITTO)
+        if found is None and Path("/usr/sbin/mosquitto").exists():  # (not on a non-root PATH)
+            found = "/usr/sbin/mosquitto"
+        return found
+
+    @staticmethod
+    def unavailable() -> str | None:
+        if Mosquitto.executable() is None:
+            return ("Mosquitto is not installed (Debian: apt-get install -y mosquitto; the bench runs its own "
+                    "broker process on loopback with its own configuration)")
+        return None
+
+    @staticmethod
+    def version() -> str | None:
+        exe = Mosquitto.executable()
+        if exe is None:
+            return None
+        try:
+            out = subprocess.run([exe, "-h"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        words = out.split()
+        return words[2] if len(words) > 2 and words[:2] == ["mosquitto", "version"] else None
+
+    def __init__(self, workdir: Path, receive_maximum: int = MQTT_WINDOW, timeout: float = 30.0) -> None:
+        exe = self.executable()
+        if exe is None:
+            raise BenchError(str(self.unavailable()))
+        self.dir = workdir
+        self.proc: Proc | None = None
+        last = ""
+        for _ in range(2):
+            try:
+                self._start(exe, receive_maximum, timeout)
+                return
+            except BenchError as exc:
+                last = str(exc)
+                self.stop()
+        raise BenchError(last)
+
+    def _start(self, exe: str, receive_maximum: int, timeout: float) -> None:
+        d = self.dir
+        d.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        conf = d / "mosquitto.conf"
+        conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+                        f"max_inflight_messages {receive_maximum}\nmax_queued_messages 0\nset_tcp_nodelay true\n"
+                        "sys_interval 0\nlog_dest stdout\nlog_type error\nlog_type warning\n")
+        self.proc = proc = Proc([exe, "-c", str(conf)], d / "mosquitto.out")
+
+        def listening() -> bool:
+            if not proc.alive():
+                raise BenchError(f"Mosquitto exited at start:\n{proc.tail(10)}")
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+        try:
+            wait_for(listening, timeout, "Mosquitto to listen", interval=0.02)
+        except TimeoutError as exc:
+            raise BenchError(str(exc)) from None
+
+    def url(self, at: str) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    mqtt_url = url
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc is not None else []
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop(5)
+            self.proc = None
+
+
 class Direct(Server):
     """No server: each publisher connects to its subscriber's own listener."""
 
@@ -553,7 +662,7 @@ class Case:
     subscriber j receives sub_topics[j] via sub_at[j]."""
 
     name: str
-    kind: str  # router | mesh | direct | container | rabbitmq
+    kind: str  # router | mesh | direct | container | rabbitmq | mosquitto
     pub_at: list[str]
     sub_at: list[str]
     pub_topics: list[str]
@@ -566,6 +675,8 @@ class Case:
     insecure_mesh: bool = False  # mesh: inter-router connections without TLS (--insecure-mesh)
     wan: Wan | None = None  # mesh: every inter-router link behaves like this WAN link (--wan)
     shared: bool = False  # the subscribers of a topic are the members of one shared subscription
+    protocol: str = "amqp"  # amqp | mqtt (harness/mqttload.py's clients, MQTT 5)
+    qos: int = 2  # mqtt: the publishers' and subscribers' QoS
 
     @classmethod
     def fan(cls, name: str, kind: str, pubs: int, subs: int, rate: float = 0.0, *, at: str = "A",
@@ -577,7 +688,7 @@ class Case:
 
     def shape(self) -> str:
         mid = {"router": "router", "mesh": "mesh", "direct": "direct link", "container": "Container relay",
-               "rabbitmq": "RabbitMQ"}[self.kind]
+               "rabbitmq": "RabbitMQ", "mosquitto": "Mosquitto"}[self.kind]
         where = ""
         if self.kind == "mesh":
             where = f" (pubs at {','.join(self.pub_at)}; subs at {','.join(self.sub_at)})"
@@ -599,12 +710,18 @@ class Settings:
     order: str = "fifo"  # the order of the run's topics on a topology: fifo | total (sequencer) | lamport
     trace: bool = False  # subscribers write every message's send time and latency (subJ.trace)
     idle_timeout: float = 2.0  # the clients' (a router under callgrind stalls for seconds)
+    mqtt_window: int = MQTT_WINDOW  # MQTT publishers: PUBLISHes unanswered (at most the CONNACK's Receive Maximum)
 
 
 def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | None,
                   topics: list[str] | None = None) -> Server:
     if case.kind == "router":
-        return SingleRouter(workdir / "router", cfg.router_settings, tls=case.tls)
+        settings = cfg.router_settings
+        if case.protocol == "mqtt":
+            settings = {**settings, "mqtt_listen": "127.0.0.1:0"}
+        return SingleRouter(workdir / "router", settings, tls=case.tls)
+    if case.kind == "mosquitto":
+        return Mosquitto(workdir / "mosquitto", int(cfg.router_settings.get("mqtt_receive_maximum", MQTT_WINDOW)))
     if case.kind == "mesh":
         assert case.topology is not None
         topo = case.topology
@@ -665,30 +782,41 @@ def run_once(case: Case, cfg: Settings, workdir: Path, tag: str, rabbit: RabbitM
         common = ["--mode", case.mode or cfg.mode, "--timeout", str(timeout), "--idle-timeout", str(cfg.idle_timeout)]
         if server.ca is not None:
             common += ["--ca", str(server.ca)]
+        mqtt = case.protocol == "mqtt"
+        if mqtt:  # (harness/mqttload.py: MQTT 5 at the case's QoS; its own window, no TLS, no --mode)
+            common = ["--qos", str(case.qos), "--timeout", str(timeout), "--window", str(cfg.mqtt_window)]
         subs: list[tuple[Proc, Path, Path]] = []
         for j, (at, topic) in enumerate(zip(case.sub_at, case.sub_topics, strict=True)):
             npubs = sum(1 for t in case.pub_topics if t == topic)
             ready, result = wd / f"sub{j}.ready.json", wd / f"sub{j}.result.json"
-            where = ["--listen", "127.0.0.1:0"] if case.kind == "direct" else ["--url", server.url(at)]
-            p = Proc(python_cmd("-m", "oncemesh.harness.benchclients", "sub", *where, "--address",
-                                server.address(f"{topic}-{uniq}"), "--ready", str(ready), "--result",
-                                str(result), "--index", str(j), "--publishers", str(npubs), "--credit",
-                                str(cfg.credit), *common,
-                                *(["--shared", f"bench-{topic}"] if case.shared else []),
-                                *(["--trace", str(wd / f"sub{j}.trace")] if cfg.trace else [])), wd / f"sub{j}.out")
+            files = ["--ready", str(ready), "--result", str(result), "--index", str(j), "--publishers", str(npubs)]
+            if mqtt:
+                cmd = python_cmd("-m", "oncemesh.harness.mqttload", "sub", "--url", server.mqtt_url(at), "--topic",
+                                 f"{topic}-{uniq}", "--client-id", f"bench-sub{j}-{uniq}", *files, *common)
+            else:
+                where = ["--listen", "127.0.0.1:0"] if case.kind == "direct" else ["--url", server.url(at)]
+                cmd = python_cmd("-m", "oncemesh.harness.benchclients", "sub", *where, "--address",
+                                 server.address(f"{topic}-{uniq}"), *files, "--credit", str(cfg.credit), *common,
+                                 *(["--shared", f"bench-{topic}"] if case.shared else []),
+                                 *(["--trace", str(wd / f"sub{j}.trace")] if cfg.trace else []))
+            p = Proc(cmd, wd / f"sub{j}.out")
             procs.append(p)
             subs.append((p, ready, result))
         sub_info = _wait_files([(p, r) for p, r, _ in subs], 60, "subscribers")
         pubs: list[tuple[Proc, Path, Path]] = []
         for i, (at, topic) in enumerate(zip(case.pub_at, case.pub_topics, strict=True)):
             ready, result = wd / f"pub{i}.ready.json", wd / f"pub{i}.result.json"
-            url = f"127.0.0.1:{sub_info[i]['port']}" if case.kind == "direct" else server.url(at)
             amount = ["--count", str(cfg.count)] if cfg.count else ["--duration", str(cfg.duration)]
-            p = Proc(python_cmd("-m", "oncemesh.harness.benchclients", "pub", "--url", url, "--address",
-                                server.address(f"{topic}-{uniq}"), "--ready", str(ready), "--result",
-                                str(result), "--index", str(i), "--size", str(cfg.size), "--rate",
-                                str(case.rate), "--window", str(cfg.window), "--warmup", str(cfg.warmup),
-                                *amount, *common), wd / f"pub{i}.out")
+            load = ["--ready", str(ready), "--result", str(result), "--index", str(i), "--size", str(cfg.size),
+                    "--rate", str(case.rate), "--warmup", str(cfg.warmup), *amount]
+            if mqtt:
+                cmd = python_cmd("-m", "oncemesh.harness.mqttload", "pub", "--url", server.mqtt_url(at), "--topic",
+                                 f"{topic}-{uniq}", "--client-id", f"bench-pub{i}-{uniq}", *load, *common)
+            else:
+                url = f"127.0.0.1:{sub_info[i]['port']}" if case.kind == "direct" else server.url(at)
+                cmd = python_cmd("-m", "oncemesh.harness.benchclients", "pub", "--url", url, "--address",
+                                 server.address(f"{topic}-{uniq}"), *load, "--window", str(cfg.window), *common)
+            p = Proc(cmd, wd / f"pub{i}.out")
             procs.append(p)
             pubs.append((p, ready, result))
         pub_info = _wait_files([(p, r) for p, r, _ in pubs], 60, "publishers")
@@ -775,6 +903,8 @@ def _summarise(case: Case, pres: list[dict[str, Any]], sres: list[dict[str, Any]
     errors += [f"sub {r.get('index')}: {r['out_of_order']} out of order" for r in sres if r.get("out_of_order")]
     if case.shared and delivered != outcomes:  # each message to one member, once
         errors.append(f"shared subscription: its members got {delivered} messages for {outcomes} outcomes")
+    if case.protocol == "mqtt":
+        errors[:0] = mqtt_violations(case.qos, sres)  # (first: the loudest)
     per_sub = [float(r.get("msg_s", 0.0)) for r in sres]
     lats = [r.get("latency_ms") or {} for r in sres]
     worst = {k: max((lat.get(k) or 0.0) for lat in lats) if lats else None
@@ -782,7 +912,8 @@ def _summarise(case: Case, pres: list[dict[str, Any]], sres: list[dict[str, Any]
     server_cpu = sum(cpu.values())
     pub_cpu = sum(float(r.get("cpu_s", 0.0)) for r in pres)
     sub_cpu = sum(float(r.get("cpu_s", 0.0)) for r in sres)
-    modes = Counter(str(i.get("remote_rcv_settle_mode")) for i in [*pub_info, *sub_info])
+    modes = Counter(str(i.get("remote_rcv_settle_mode")) for i in [*pub_info, *sub_info]) \
+        if case.protocol == "amqp" else Counter()
     out: dict[str, Any] = {
         "ok": not errors, "errors": errors[:5],
         "published": outcomes, "delivered": delivered,
@@ -805,8 +936,36 @@ def _summarise(case: Case, pres: list[dict[str, Any]], sres: list[dict[str, Any]
                                  for at, lat in zip(case.sub_at, lats, strict=False)]
     if case.shared:  # what each member got
         out["shares"] = [int(r.get("received", 0)) for r in sres]
+    if case.protocol == "mqtt":
+        out["mqtt"] = {"qos": case.qos, "duplicates": sum(int(r.get("duplicates", 0)) for r in sres),
+                       "missing": sum(int(r.get("missing", 0)) for r in sres),
+                       "window": [i.get("window") for i in pub_info],
+                       "receive_maximum": [i.get("receive_maximum") for i in pub_info]}
     if prof is not None:
         out["profile"] = prof
+    return out
+
+
+def mqtt_violations(qos: int, sres: list[dict[str, Any]]) -> list[str]:
+    """The exactly-once check of an MQTT case, from its subscribers' results (harness/mqttload.py's
+    `Tally`): each violation the subscriber found, and, not trusting that list alone, its counts: at
+    QoS 2 a duplicate or a missing message fails the run, at QoS 1 a missing one (duplicates are
+    QoS 1's at-least-once: counted, not a failure). A subscriber without a result (it crashed) has no
+    counts: its error says so and fails the run elsewhere."""
+    out = []
+    for r in sres:
+        if "distinct" not in r:
+            continue
+        who = f"sub {r.get('index')}"
+        said = [str(v) for v in r.get("violations") or []]
+        out += [f"{who}: {v}" for v in said]
+        if said:
+            continue
+        dups, missing = int(r.get("duplicates", 0)), int(r.get("missing", 0))
+        if qos == 2 and dups:
+            out.append(f"{who}: QoS 2: {dups} duplicate deliveries (not exactly once)")
+        if qos >= 1 and missing:
+            out.append(f"{who}: QoS {qos}: {missing} messages missing (lost)")
     return out
 
 
@@ -930,6 +1089,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 # ---------------------------------------------------------------------- suites
+BASELINES = ("direct", "container", "rabbitmq", "mosquitto")
+
+
 def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], list[str]]:
     """The scenario, its 1:1 twin (the targets are defined on 1:1) and the baselines; then the same
     at a fixed rate for latency. Returns (throughput cases, latency cases, notes)."""
@@ -939,11 +1101,15 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
     lat: list[Case] = []
     base = [b for b in args.baselines.split(",") if b] if args.baselines else []
     for b in base:
-        if b not in ("direct", "container", "rabbitmq"):
-            raise SystemExit(f"oncemesh bench: unknown baseline {b!r} (direct, container, rabbitmq)")
+        if b not in BASELINES:
+            raise SystemExit(f"oncemesh bench: unknown baseline {b!r} ({', '.join(BASELINES)})")
     if "rabbitmq" in base and (why := RabbitMQ.unavailable()):
         notes.append(f"RabbitMQ skipped: {why}")
         base.remove("rabbitmq")
+    if "mosquitto" in base and (why := Mosquitto.unavailable()):
+        notes.append(f"Mosquitto skipped: {why}")
+        base.remove("mosquitto")
+    mqtt = bool(getattr(args, "mqtt", False))
     if presettled:
         notes.append("router skipped: it refuses pre-settled links (at-most-once); baselines only")
     elif args.topology is not None:
@@ -982,8 +1148,19 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
     for c in cases + lat:
         c.shared = shared
     one_to_one = args.topology is None and (args.publishers, args.subscribers) == (1, 1)
-    if not presettled and not one_to_one and (base or args.tls or shared):  # the targets and the baselines are 1:1
+    if not presettled and not one_to_one and (base or args.tls or shared or mqtt):  # the targets and the baselines are 1:1
         cases.append(Case.fan("router-1:1", "router", 1, 1, args.rate))
+    if mqtt:  # the router's MQTT listener, 1:1, beside the AMQP 1:1 case (ratios: mqtt_section)
+        for qos in (2, 1):
+            cases.append(Case.fan(f"mqtt-qos{qos}-1:1", "router", 1, 1, args.rate))
+            cases[-1].protocol, cases[-1].qos = "mqtt", qos
+            if args.latency_rate:
+                lat.append(Case.fan(f"mqtt-qos{qos}@rate", "router", 1, 1, args.latency_rate))
+                lat[-1].protocol, lat[-1].qos = "mqtt", qos
+        notes.append("MQTT cases: MQTT 5 clients of harness/mqttload.py (our codec, one process each; payload of "
+                     f"--size bytes; window {getattr(args, 'mqtt_window', MQTT_WINDOW)} PUBLISHes, at most the "
+                     "CONNACK's Receive Maximum); the subscriber holds a persistent session; QoS 2 fails the run "
+                     "on a duplicate or a missing message, QoS 1 on a missing one")
     if args.tls and not presettled:  # the 1:1 case again with client TLS, side by side
         cases.append(Case.fan("router-1:1-tls", "router", 1, 1, args.rate))
         cases[-1].tls = True
@@ -1004,7 +1181,10 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
     for c in cases + lat:
         if c.kind == "rabbitmq":
             c.mode = rabbit_mode
+        if c.kind == "mosquitto":  # MQTT only: QoS 2, the MQTT load clients
+            c.protocol, c.qos = "mqtt", 2
         c.label = c.shape() + (f" @ {c.rate:g} msg/s" if c.rate else "") + (f" [{c.mode}]" if c.mode else "") \
+            + (f" [MQTT 5 QoS {c.qos}]" if c.protocol == "mqtt" else "") \
             + (" [client TLS]" if c.tls else "") + (" [inter-router TLS]" if c.kind == "mesh" and not c.insecure_mesh
                                                     else " [no inter-router TLS]" if c.kind == "mesh" else "") \
             + (f" [WAN links {c.wan.text()}]" if c.wan is not None else "")
@@ -1029,8 +1209,43 @@ def run_suite(cases: list[Case], cfg: Settings, workdir: Path, repeat: int, rabb
                 log(f"  {c.name}: {r['delivered_msg_s_per_sub']:.0f} msg/s/sub, server "
                     f"{r['server_cpu_us_per_msg_hop']} CPU-us/msg/hop")
             runs[c.name].append(r)
-    return {c.name: {"label": c.label, "kind": c.kind, "rate": c.rate, "median": median_of(runs[c.name]),
+    return {c.name: {"label": c.label, "kind": c.kind, "rate": c.rate, "protocol": c.protocol,
+                     **({"qos": c.qos} if c.protocol == "mqtt" else {}), "median": median_of(runs[c.name]),
                      "runs": runs[c.name]} for c in cases}
+
+
+def mqtt_section(t: dict[str, dict[str, Any]], reference: str | None) -> dict[str, Any] | None:
+    """The MQTT cases beside the AMQP 1:1 case (`reference`) of the same run: their medians, and
+    their ratios to it round by round (the median of the per-round ratios: the cases of a round are
+    run one after the other, so a ratio inside a round shares that round's noise)."""
+    names = [n for n, c in t.items() if c.get("protocol") == "mqtt"]
+    if not names:
+        return None
+    ref = t.get(reference) if reference else None
+    out: dict[str, Any] = {"reference": reference, "reference_label": ref["label"] if ref else None, "cases": {}}
+    for n in names:
+        c = t[n]
+        md = c["median"]
+        rounds = []
+        for i, run in enumerate(c["runs"]):
+            base = ref["runs"][i] if ref is not None and i < len(ref["runs"]) else None
+            ok = run.get("ok") and base is not None and base.get("ok")
+            rounds.append({"msg_s_ratio": ratio(run.get("delivered_msg_s_per_sub"), base.get("delivered_msg_s_per_sub"))
+                           if ok and base is not None else None,
+                           "cpu_ratio": ratio(run.get("server_cpu_us_per_msg_hop"), base.get("server_cpu_us_per_msg_hop"))
+                           if ok and base is not None else None})
+
+        def med(key: str, rows: list[dict[str, Any]] = rounds) -> float | None:
+            vals = [r[key] for r in rows if r[key] is not None]
+            return round(statistics.median(vals), 3) if vals else None
+
+        out["cases"][n] = {"label": c["label"], "kind": c["kind"], "qos": c.get("qos"),
+                           "delivered_msg_s_per_sub": md["delivered_msg_s_per_sub"],
+                           "server_cpu_us_per_msg": md["server_cpu_us_per_msg_hop"],
+                           "msg_s_ratio": med("msg_s_ratio"), "cpu_ratio": med("cpu_ratio"), "rounds": rounds,
+                           "duplicates": sum(int((r.get("mqtt") or {}).get("duplicates", 0)) for r in c["runs"]),
+                           "ok_runs": md["ok_runs"], "runs": md["runs"]}
+    return out
 
 
 def full_mesh_topology(n: int, path: Path) -> Path:
@@ -1463,6 +1678,25 @@ def _topology_ids(path: Path) -> list[str]:
     return sorted(load_topology(path).routers)
 
 
+def _mqtt_text(mq: dict[str, Any], t: dict[str, Any], title: str) -> list[str]:
+    """The MQTT cases beside the AMQP 1:1 case: rates, server CPU per message, ratios per round."""
+    ref = mq.get("reference")
+    rows = [["case", "delivered msg/s", "server CPU-us/msg", "msg/s / AMQP", "CPU / AMQP", "QoS 1 duplicates", "ok"]]
+    if ref in t:
+        md = t[ref]["median"]
+        rows.append([t[ref]["label"] + " [AMQP]", _fmt(md["delivered_msg_s_per_sub"]),
+                     _fmt(md["server_cpu_us_per_msg_hop"], 1), "1", "1", "", _ok_text(md)])
+    for c in mq["cases"].values():
+        rows.append([c["label"], _fmt(c["delivered_msg_s_per_sub"]), _fmt(c["server_cpu_us_per_msg"], 1),
+                     _fmt(c["msg_s_ratio"], 3), _fmt(c["cpu_ratio"], 3),
+                     _fmt(c["duplicates"]) if c.get("qos") == 1 else "", f"{c['ok_runs']}/{c['runs']}"
+                     + ("" if c["ok_runs"] else " FAILED")])
+    head = f"{title}; ratios to the AMQP case of the same round, median over the rounds)"
+    if ref is None:
+        head += ": no AMQP 1:1 case in this run, no ratios"
+    return [head, _table(rows), ""]
+
+
 def _ok_text(md: dict[str, Any]) -> str:
     """Runs that succeeded; a case with none is FAILED (and has no figures: see median_of)."""
     return f"{md['ok_runs']}/{md['runs']}" + ("" if md["ok_runs"] else " FAILED")
@@ -1491,6 +1725,7 @@ def format_report(rep: dict[str, Any]) -> str:
                                                     sc["order"] != "fifo" else ""),
              f"machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, Proton {m['proton']}, "
              f"Linux {m['kernel']}" + (f", RabbitMQ {m['rabbitmq']}" if m.get("rabbitmq") else "")
+             + (f", Mosquitto {m['mosquitto']}" if m.get("mosquitto") else "")
              + f"; load at start {m['loadavg_at_start']}" + (f"; code {m['commit']}" if m.get("commit") else ""),
              f"clients: {rep['clients']}", ""]
     for note in rep.get("notes", []):
@@ -1512,6 +1747,11 @@ def format_report(rep: dict[str, Any]) -> str:
 
     if rep["throughput"]:
         lines += ["throughput (unbounded rate unless stated)", _table(rows_of(rep["throughput"])), ""]
+    if rep.get("mqtt"):
+        lines += _mqtt_text(rep["mqtt"], rep["throughput"], "MQTT beside AMQP (1:1")
+    if rep.get("mqtt_at_rate"):
+        lines += _mqtt_text(rep["mqtt_at_rate"], rep["latency"],
+                            f"MQTT beside AMQP at {sc['latency_rate']:g} msg/s (the latency pass, 1:1")
     if rep.get("latency"):
         rows = [["case", "p50 ms", "p99 ms", "p999 ms", "max ms", "delivered msg/s/sub", "server CPU-us/msg/hop", "ok"]]
         for c in rep["latency"].values():
@@ -1614,7 +1854,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                "  oncemesh bench                                 # the default scenario and baselines\n"
                "  oncemesh bench --json > bench.json\n"
                "  oncemesh bench --topology topology/examples/line3.toml --pub-at A --sub-at C,C\n"
-               "  oncemesh bench --scale-out --memory --profile 3  # everything of docs/performance.md")
+               "  oncemesh bench --scale-out --memory --profile 3  # everything of docs/performance.md\n"
+               "  oncemesh bench --mqtt --subscribers 1 --baselines mosquitto  # MQTT beside AMQP, and Mosquitto")
     p.add_argument("--mode", choices=MODES, default="exactly-once",
                    help="the publishers' delivery guarantee (default exactly-once)")
     p.add_argument("--size", type=int, default=100, help=f"encoded message size in bytes (>= {MIN_SIZE})")
@@ -1636,7 +1877,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                                    "(default: --publishers at the first router)")
     p.add_argument("--sub-at", default=None, help="router ids of the subscribers (default: one per router)")
     p.add_argument("--baselines", default="direct,container,rabbitmq",
-                   help="comma-separated: direct, container, rabbitmq ('' for none)")
+                   help="comma-separated: direct, container, rabbitmq, mosquitto ('' for none; mosquitto: MQTT 5 "
+                        "QoS 2 1:1 through Mosquitto, with the MQTT load clients)")
+    p.add_argument("--mqtt", action="store_true",
+                   help="also: MQTT 5 QoS 2 and QoS 1, 1 pub -> router -> 1 sub through the router's MQTT listener "
+                        "(harness/mqttload.py clients), beside the AMQP 1:1 case, with their ratios to it; a QoS 2 "
+                        "duplicate or a missing message fails the run (add --baselines mosquitto to compare)")
+    p.add_argument("--mqtt-window", type=int, default=MQTT_WINDOW,
+                   help=f"MQTT publishers: PUBLISHes unanswered at most (default {MQTT_WINDOW}; never more than the "
+                        "CONNACK's Receive Maximum)")
     p.add_argument("--repeat", type=int, default=3, help="rounds; figures are medians (default 3)")
     p.add_argument("--warmup", type=float, default=0.5, help="seconds excluded from rates and latency")
     p.add_argument("--window", type=int, default=1000, help="publisher: max messages without outcome")
@@ -1720,7 +1969,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = dict(kv.split("=", 1) for kv in args.set)
     cfg = Settings(mode=args.mode, size=args.size, duration=0.0 if args.count else args.duration,
                    count=args.count, warmup=args.warmup, window=args.window, credit=args.credit,
-                   router_settings=settings, order=args.order, trace=args.trace)
+                   router_settings=settings, order=args.order, trace=args.trace, mqtt_window=args.mqtt_window)
     fd = raise_fd_limit()
     with _workdir(args.workdir) as workdir:
         cases, lat_cases, notes = throughput_cases(args) if not args.no_main else ([], [], [])
@@ -1732,7 +1981,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          "order": args.order,
                          "wan": dataclasses.asdict(wan) if wan else None,
                          "warmup": args.warmup, "window": args.window, "credit": args.credit,
-                         "router_settings": settings, "fd_limit": fd[0]},
+                         "router_settings": settings, "fd_limit": fd[0],
+                         "mqtt": args.mqtt, "mqtt_window": args.mqtt_window},
             "notes": notes, "throughput": {}, "latency": {}, "ratios": {}}
         rabbit: RabbitMQ | None = None
         try:
@@ -1764,6 +2014,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 report["ratios"][f"{main_name} / {base}"] = ratio(per_sub(main_name), per_sub(base))
                 if one and one != main_name:
                     report["ratios"][f"{one} / {base}"] = ratio(per_sub(one), per_sub(base))
+        mq = mqtt_section(t, one)
+        if mq is not None:
+            report["mqtt"] = mq  # (its ratios to the AMQP case are per round: they are not repeated in "ratios")
+            if "mosquitto" in t:
+                for name in ("mqtt-qos2-1:1", one):
+                    if name in t:
+                        report["ratios"][f"{name} / mosquitto"] = ratio(per_sub(name), per_sub("mosquitto"))
+        lat = report["latency"]
+        one_lat = "router@rate" if one == "router" and "router@rate" in lat else None  # (a 1:1 scenario)
+        mq_lat = mqtt_section(lat, one_lat) if lat else None
+        if mq_lat is not None:  # the same at the latency pass's fixed rate: CPU per message in one regime
+            report["mqtt_at_rate"] = mq_lat
         if args.scale_out:
             report["scale_out"] = scale_out(args, cfg, workdir)
         if args.memory:

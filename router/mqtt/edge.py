@@ -253,9 +253,9 @@ class MqttEdge:
             s = self.subs.get(act.sid)
             if s is None:
                 return False
-            for gid in act.gids:
-                s.peer.conn.final(act.sid, gid)
+            s.peer.conn.notified(act.sid, act.gids)
             s.peer.touch()
+            s.peer.carry_out()  # (inside the router's drain)
             return True
         if type(act) is DrainCredit:
             return act.sid in self.subs
@@ -364,9 +364,10 @@ class MqttPeer(Accepted):
             return
         for pkt in packets:
             self.conn.received(pkt, now)
+        # (what the packets of one read asked, carried out in order and drained once: a drain per
+        # packet cost ~4 drains per message, measured)
+        if packets:
             self.after()
-            if self.closing:
-                break
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn.lost()

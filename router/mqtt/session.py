@@ -67,6 +67,7 @@ from .packets import (
 )
 
 SHARE_PREFIX = "$share/"
+MAX_EARLY_PACKETS = 1000  # packets a client may send between its CONNECT and our CONNACK
 
 
 # ---------------------------------------------------------------- what a session keeps
@@ -136,6 +137,17 @@ class SessionState:
     seq: int = 0  # its version: every change that a keeper must hold counts one (router/mqtt/keeping.py)
     restored: bool = False  # made from a keeper's image, its router gone: not yet attached here
     kept: int = 0  # the newest `seq` its keeper holds (not in the image)
+    by_gid: dict[tuple[str, str], Outbound] = field(default_factory=dict)  # (sid, gid) -> outbound (an index)
+
+    def add_out(self, ob: Outbound) -> None:
+        self.outbound[ob.pid] = ob
+        self.by_gid[(ob.sid, ob.gid)] = ob
+
+    def pop_out(self, pid: int) -> Outbound | None:
+        ob = self.outbound.pop(pid, None)
+        if ob is not None and self.by_gid.get((ob.sid, ob.gid)) is ob:
+            del self.by_gid[(ob.sid, ob.gid)]
+        return ob
 
     def tag(self) -> bytes:
         self.next_tag += 1
@@ -163,7 +175,7 @@ class SessionState:
             st.inbound[int(pid)] = Inbound(int(pid), str(tag).encode("ascii"), int(qos), bool(answered), int(reason),
                                            nonce=str(nonce), restored=True)
         for pid, sid, gid, qos, stage, fin in d["out"]:
-            st.outbound[int(pid)] = Outbound(int(pid), str(sid), str(gid), int(qos), Stage(stage), bool(fin))
+            st.add_out(Outbound(int(pid), str(sid), str(gid), int(qos), Stage(stage), bool(fin)))
         return st
 
     def sub_of_sid(self, sid: str) -> SubState | None:
@@ -303,6 +315,7 @@ class MqttConnection:
         self.replicate = False
         self.held: deque[tuple[int, Any]] = deque()  # (the session's seq it waits for, an Ask or a packet)
         self.dirty = False
+        self.early: list[Any] = []  # packets that came after CONNECT, before the router took it
 
     # ------------------------------------------------------------ replication
     def _changed(self) -> None:
@@ -355,6 +368,14 @@ class MqttConnection:
                 self._close(Reason.PROTOCOL_ERROR, "the first packet must be CONNECT", will=False)
                 return
             self._connect(pkt)
+            return
+        if self.state is State.LOGGING_IN and type(pkt) is not Connect:
+            # a client may send packets right after CONNECT, without waiting for CONNACK (MQTT
+            # 3.1.4): kept until the router took the CONNECT (`accepted`), then handled in order
+            if len(self.early) >= MAX_EARLY_PACKETS:
+                self._close(Reason.QUOTA_EXCEEDED, f"more than {MAX_EARLY_PACKETS} packets before CONNACK", will=False)
+                return
+            self.early.append(pkt)
             return
         t = type(pkt)
         if t is Connect:
@@ -468,6 +489,9 @@ class MqttConnection:
             if ob.stage is Stage.RELEASED or (ob.stage is Stage.RECEIVED and ob.final):
                 ob.stage = Stage.RELEASED
                 self.out.append(Pubrel(pid))
+        early, self.early = self.early, []
+        for pkt in early:
+            self.received(pkt, self.last_heard)
         for inb in session.inbound.values():
             inb.submitted = False
 
@@ -625,11 +649,11 @@ class MqttConnection:
         left = self.granted.get(sid)
         if left is not None:
             self.granted[sid] = left - 1
-        for ob in s.outbound.values():  # (a redelivery: under the packet id it had, DUP)
-            if ob.gid == gid and ob.sid == sid:
-                if ob.stage is Stage.SENT:
-                    self._send(ob, topic, content, dup=True)
-                return
+        ob0 = s.by_gid.get((sid, gid))  # (a redelivery: under the packet id it had, DUP)
+        if ob0 is not None:
+            if ob0.stage is Stage.SENT:
+                self._send(ob0, topic, content, dup=True)
+            return
         sub = s.sub_of_sid(sid)
         if sub is None:
             return  # (unsubscribed meanwhile: the core ends the subscription)
@@ -647,7 +671,7 @@ class MqttConnection:
             self.waiting.append((sid, gid, topic, content, redelivery))
             return
         ob = Outbound(self._free_pid(), sid, gid, sub.qos, Stage.SENT)
-        s.outbound[ob.pid] = ob
+        s.add_out(ob)
         self._changed()  # (its packet id must be kept elsewhere before the client can hold it)
         self._send(ob, topic, content, dup=False)
 
@@ -689,14 +713,25 @@ class MqttConnection:
         s = self.session
         if s is None:
             return
-        for ob in s.outbound.values():
-            if ob.gid == gid and ob.sid == sid:
-                ob.final = True
-                if ob.stage is Stage.RECEIVED and self.state is State.OPEN:
-                    ob.stage = Stage.RELEASED
-                    self._changed()
-                    self._emit(Pubrel(ob.pid))
-                return
+        ob = s.by_gid.get((sid, gid))
+        if ob is not None:
+            ob.final = True
+            if ob.stage is Stage.RECEIVED and self.state is State.OPEN:
+                ob.stage = Stage.RELEASED
+                self._changed()
+                self._emit(Pubrel(ob.pid))
+
+    def notified(self, sid: str, gids: tuple[str, ...]) -> None:
+        """The core's FINAL notification (ids this subscription accepted, final since): QoS 2
+        PUBREL for those still here. The core counts the notification against the subscription's
+        credit, as a transfer on an AMQP link: so does the session (QoS 1 gets one per batch of
+        messages it took; without this count its credit ran out after ~100 messages)."""
+        for gid in gids:
+            self.final(sid, gid)
+        left = self.granted.get(sid)
+        if left is not None:
+            self.granted[sid] = left - 1
+            self._regrant(sid)
 
     def _puback(self, p: Puback) -> None:
         s = self.session
@@ -704,7 +739,7 @@ class MqttConnection:
         ob = s.outbound.get(p.packet_id)
         if ob is None or ob.qos != 1:
             return  # (MQTT: an unknown id is ignored; a late PUBACK after a resend)
-        del s.outbound[p.packet_id]
+        s.pop_out(p.packet_id)
         self._changed()  # (the acceptance reaches the mesh only once the keeper knows it)
         self._emit(Settled(ob.sid, ob.gid, p.reason_code < 0x80, True))
         self._regrant(ob.sid)
@@ -725,7 +760,7 @@ class MqttConnection:
         self._changed()  # (the acceptance reaches the mesh only once the keeper knows it: the new home
         # presents what the keeper says was accepted, and a PUBREL follows its final)
         if p.reason_code >= 0x80:
-            del s.outbound[p.packet_id]
+            s.pop_out(p.packet_id)
             self._emit(Settled(ob.sid, ob.gid, False, True))
             self._regrant(ob.sid)
             self._next_waiting()
@@ -743,7 +778,7 @@ class MqttConnection:
         ob = s.outbound.get(p.packet_id)
         if ob is None or ob.qos != 2 or ob.stage is not Stage.RELEASED:
             return
-        del s.outbound[p.packet_id]
+        s.pop_out(p.packet_id)
         self._changed()
         self._next_waiting()
 

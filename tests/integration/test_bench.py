@@ -6,17 +6,36 @@ of docs/performance.md, is marked `bench` and `slow` (excluded by default: `pyte
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from array import array
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from oncemesh.harness.bench import RabbitMQ, _callgrind_total, _ok_text, median_of, summarise_profile
-from oncemesh.harness.benchclients import HEADER, MAGIC, MIN_SIZE, message_template, percentiles
+from oncemesh.harness.bench import (
+    Case,
+    Mosquitto,
+    RabbitMQ,
+    _callgrind_total,
+    _ok_text,
+    _summarise,
+    format_report,
+    median_of,
+    mqtt_violations,
+    summarise_profile,
+)
+from oncemesh.harness.benchclients import FLAG_LAST, HEADER, MAGIC, MIN_SIZE, message_template, percentiles
+from oncemesh.harness.mqttload import Tally, run_sub
+from oncemesh.harness.procs import Proc, RouterProcess, python_cmd, read_json, wait_for
+from oncemesh.router.mqtt.codec import Decoder, encode
+from oncemesh.router.mqtt.packets import Connack, Connect, Publish, Pubrec, Pubrel, Suback, Subscribe
 from oncemesh.topology.load import example_path
 
 CASE_KEYS = {"published_msg_s", "delivered_msg_s_per_sub", "delivered_msg_s_min_sub", "delivered_msg_s_total",
@@ -204,6 +223,144 @@ def test_bench_against_rabbitmq_runs_it_at_least_once_and_cleans_up() -> None:
     assert rab["runs"][0]["delivered"] == 300
     assert "router-1:1-alo / rabbitmq" in rep["ratios"]
     assert any("refuses receiver-settle-mode second" in n for n in rep["notes"])
+
+
+def test_bench_mqtt_cases_run_beside_the_amqp_one_to_one_case_and_print_their_figures() -> None:
+    """--mqtt: MQTT 5 QoS 2 and QoS 1, 1:1 through the router's MQTT listener (harness/mqttload.py),
+    in the same rounds as the AMQP 1:1 case, and again at the latency pass's rate; the text report
+    has the "MQTT beside AMQP" tables.
+    (30 messages: twice that is within the subscription's first credit of 64, which the QoS 1 case
+    needs: see the QoS 1 test below.)"""
+    rep = bench("--mqtt", "--subscribers", "1", "--count", "30", "--warmup", "0", "--repeat", "1", "--baselines", "",
+                "--latency-rate", "500")
+    t = rep["throughput"]
+    assert set(t) == {"router", "mqtt-qos2-1:1", "mqtt-qos1-1:1"}
+    for name, qos in (("mqtt-qos2-1:1", 2), ("mqtt-qos1-1:1", 1)):
+        case = t[name]
+        assert case["protocol"] == "mqtt" and case["qos"] == qos and f"MQTT 5 QoS {qos}" in case["label"]
+        run = case["runs"][0]
+        assert run["ok"], run
+        assert run["published"] == 30 and run["delivered"] >= 30
+        assert run["mqtt"]["missing"] == 0 and run["mqtt"]["window"] == [100]
+        assert 0 < run["server_cpu_us_per_msg_hop"] < 100_000 and run["delivered_msg_s_per_sub"] > 0
+    assert t["mqtt-qos2-1:1"]["runs"][0]["mqtt"]["duplicates"] == 0
+    mq = rep["mqtt"]
+    assert mq["reference"] == "router"
+    for c in mq["cases"].values():
+        assert c["msg_s_ratio"] > 0 and c["cpu_ratio"] > 0 and len(c["rounds"]) == 1
+    at_rate = rep["mqtt_at_rate"]  # the same beside the AMQP case at the latency pass's rate
+    assert at_rate["reference"] == "router@rate" and set(at_rate["cases"]) == {"mqtt-qos2@rate", "mqtt-qos1@rate"}
+    assert all(c["ok_runs"] == 1 for c in at_rate["cases"].values()), at_rate
+    text = format_report(rep)  # (what the command prints without --json)
+    assert "MQTT beside AMQP (1:1" in text and "MQTT beside AMQP at 500 msg/s" in text
+    assert "[MQTT 5 QoS 2]" in text and "[MQTT 5 QoS 1]" in text
+
+
+def _payload(seq: int, last: bool = False) -> bytes:
+    return HEADER.pack(MAGIC, 0, seq, 0, FLAG_LAST if last else 0) + b"x" * 20
+
+
+def test_the_mqtt_exactly_once_check_fails_on_a_duplicate_or_a_missing_message() -> None:
+    t = Tally()
+    for seq in (0, 1, 1, 3):  # 1 twice, 2 missing, 3 the last
+        t.add(_payload(seq, last=seq == 3))
+    assert (t.distinct, t.duplicates, t.expected, t.missing()) == (3, 1, 4, 1)
+    v2 = t.violations(2, 1)
+    assert any("duplicate" in v for v in v2) and any("1 of 4 messages missing" in v for v in v2)
+    v1 = t.violations(1, 1)
+    assert len(v1) == 1 and "missing" in v1[0]  # QoS 1: a duplicate is its at-least-once, a loss is not
+    # the bench fails the run on it, even when a subscriber's own list is empty (counts are checked too)
+    sub = {"index": 0, "distinct": 3, "duplicates": 1, "missing": 0, "received": 4, "expected": 3, "complete": True,
+           "violations": [], "msg_s": 10.0}
+    assert mqtt_violations(2, [sub]) == ["sub 0: QoS 2: 1 duplicate deliveries (not exactly once)"]
+    assert mqtt_violations(1, [sub]) == []
+    case = Case("mqtt-qos2-1:1", "router", ["A"], ["A"], ["t"], ["t"], protocol="mqtt", qos=2)
+    run = _summarise(case, [{"outcomes": 3, "msg_s": 10.0}], [sub], [{}], [{}], {1: 0.01}, 0, 1.0, 3, None)
+    assert not run["ok"] and "duplicate" in run["errors"][0]
+    assert _ok_text(median_of([run])) == "0/1 FAILED"
+
+
+async def _broker_that_hands_a_message_twice(sends: list[tuple[int, bytes, bool]]) -> tuple[asyncio.Server, int]:
+    """A fake MQTT 5 server (our codec, server side): CONNACK, SUBACK QoS 2, then `sends` as QoS 2
+    PUBLISHes (packet id, payload, DUP); PUBREL for each PUBREC."""
+
+    class Peer(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.t = transport
+            self.d = Decoder()
+
+        def data_received(self, data: bytes) -> None:
+            for p in self.d.feed(data):
+                if isinstance(p, Connect):
+                    self.t.write(encode(Connack(), 5))
+                elif isinstance(p, Subscribe):
+                    self.t.write(encode(Suback(p.packet_id, (2,)), 5))
+                    for pid, payload, dup in sends:
+                        self.t.write(encode(Publish(topic="t", payload=payload, qos=2, dup=dup, packet_id=pid), 5))
+                elif isinstance(p, Pubrec):
+                    self.t.write(encode(Pubrel(p.packet_id), 5))
+
+    server = await asyncio.get_running_loop().create_server(Peer, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_the_mqtt_subscriber_counts_a_resend_once_and_a_second_handing_as_a_duplicate(tmp_path: Path) -> None:
+    """QoS 2 at the subscriber: a PUBLISH again under a packet id awaiting PUBREL (DUP) is the same
+    message; the same payload under another packet id is a duplicate, and fails the check."""
+    sends = [(1, _payload(0), False), (2, _payload(1), False), (2, _payload(1), True),  # a resend: the same
+             (3, _payload(1), False),  # handed again under a new packet id: a duplicate
+             (4, _payload(2, last=True), False)]
+    args = argparse.Namespace(kind="sub", topic="t", qos=2, client_id="c", window=100, expiry=300, stall=2.0,
+                              publishers=1, timeout=20.0, index=0, ready=tmp_path / "r.json",
+                              result=tmp_path / "res.json")
+
+    async def main() -> int:
+        server, port = await _broker_that_hands_a_message_twice(sends)
+        args.url = f"127.0.0.1:{port}"
+        try:
+            return await run_sub(args)
+        finally:
+            server.close()
+
+    assert asyncio.run(main()) == 1
+    res = json.loads(args.result.read_text())
+    assert (res["distinct"], res["duplicates"], res["resent_same_packet_id"], res["missing"]) == (3, 1, 1, 0)
+    assert res["complete"] and any("duplicate" in v for v in res["violations"]), res
+
+
+def test_mqtt_qos1_subscription_takes_more_than_its_credit(procs: Any, tmp_path: Path) -> None:
+    """The bench's MQTT QoS 1 case in small: 300 QoS 1 messages, 1:1 through the router."""
+    r: RouterProcess = procs.router("A", settings={"mqtt_listen": "127.0.0.1:0"})
+    url = r.status()["mqtt"]
+    files = {k: tmp_path / f"{k}.json" for k in ("sr", "sres", "pr", "pres")}
+    common = ["-m", "oncemesh.harness.mqttload"]
+    sub = procs.add(Proc(python_cmd(*common, "sub", "--url", url, "--topic", "q1", "--qos", "1", "--stall", "3",
+                                    "--ready", str(files["sr"]), "--result", str(files["sres"]), "--timeout", "60"),
+                         tmp_path / "sub.out"))
+    wait_for(lambda: read_json(files["sr"]), 30, "the subscriber")
+    pub = procs.add(Proc(python_cmd(*common, "pub", "--url", url, "--topic", "q1", "--qos", "1", "--count", "300",
+                                    "--warmup", "0", "--ready", str(files["pr"]), "--result", str(files["pres"]),
+                                    "--timeout", "60"), tmp_path / "pub.out"))
+    wait_for(lambda: read_json(files["pr"]), 30, "the publisher")
+    pub.signal(signal.SIGUSR1)
+    wait_for(lambda: not sub.alive() and not pub.alive(), 90, "the clients to end", 0.05)
+    res = read_json(files["sres"])
+    assert res is not None and res["complete"] and res["distinct"] == 300, res
+
+
+@pytest.mark.skipif(Mosquitto.unavailable() is not None, reason=str(Mosquitto.unavailable()))
+def test_bench_against_mosquitto_runs_mqtt_qos2_with_the_same_clients() -> None:
+    rep = bench("--count", "300", "--warmup", "0", "--repeat", "1", "--subscribers", "1", "--baselines",
+                "mosquitto", "--latency-rate", "0", timeout=300)
+    mos = rep["throughput"]["mosquitto"]
+    assert mos["median"]["ok_runs"] == 1, mos["runs"]
+    assert "Mosquitto" in mos["label"] and "MQTT 5 QoS 2" in mos["label"]
+    run = mos["runs"][0]
+    assert run["published"] == run["delivered"] == 300 and run["mqtt"]["duplicates"] == 0
+    assert run["server_cpu_us_per_msg_hop"] > 0
+    assert rep["machine"]["mosquitto"]
+    assert "router / mosquitto" in rep["ratios"] and rep["mqtt"]["cases"]["mosquitto"]["msg_s_ratio"] > 0
 
 
 @pytest.mark.bench
