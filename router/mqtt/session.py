@@ -137,16 +137,16 @@ class SessionState:
     seq: int = 0  # its version: every change that a keeper must hold counts one (router/mqtt/keeping.py)
     restored: bool = False  # made from a keeper's image, its router gone: not yet attached here
     kept: int = 0  # the newest `seq` its keeper holds (not in the image)
-    by_gid: dict[tuple[str, str], Outbound] = field(default_factory=dict)  # (sid, gid) -> outbound (an index)
+    out_index: dict[tuple[str, str], Outbound] = field(default_factory=dict)  # (sid, gid) -> outbound (an index)
 
     def add_out(self, ob: Outbound) -> None:
         self.outbound[ob.pid] = ob
-        self.by_gid[(ob.sid, ob.gid)] = ob
+        self.out_index[(ob.sid, ob.gid)] = ob
 
     def pop_out(self, pid: int) -> Outbound | None:
         ob = self.outbound.pop(pid, None)
-        if ob is not None and self.by_gid.get((ob.sid, ob.gid)) is ob:
-            del self.by_gid[(ob.sid, ob.gid)]
+        if ob is not None and self.out_index.get((ob.sid, ob.gid)) is ob:
+            del self.out_index[(ob.sid, ob.gid)]
         return ob
 
     def tag(self) -> bytes:
@@ -649,7 +649,7 @@ class MqttConnection:
         left = self.granted.get(sid)
         if left is not None:
             self.granted[sid] = left - 1
-        ob0 = s.by_gid.get((sid, gid))  # (a redelivery: under the packet id it had, DUP)
+        ob0 = s.out_index.get((sid, gid))  # (a redelivery: under the packet id it had, DUP)
         if ob0 is not None:
             if ob0.stage is Stage.SENT:
                 self._send(ob0, topic, content, dup=True)
@@ -713,7 +713,7 @@ class MqttConnection:
         s = self.session
         if s is None:
             return
-        ob = s.by_gid.get((sid, gid))
+        ob = s.out_index.get((sid, gid))
         if ob is not None:
             ob.final = True
             if ob.stage is Stage.RECEIVED and self.state is State.OPEN:
