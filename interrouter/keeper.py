@@ -332,6 +332,3 @@ class Keeper:
         for cid, k in list(self.kept_here.items()):
             if now - k.at > k.expiry + KEEP_SLACK:
                 del self.kept_here[cid]
-
-    def stats(self) -> dict[str, int]:
-        return {"mqtt_sessions_kept_here": len(self.kept_here), "mqtt_sessions_keeping": len(self.ours)}

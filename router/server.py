@@ -762,25 +762,37 @@ class Router:
         if self._drain is not None:
             self._redirect(conn, "new connection")
             return
-        grants = self.grants(conn)
-        if grants is None:
+        if self.policy is None:
             return
         user, host = self._user(conn), conn.peer.rsplit(":", 1)[0]
-        for what, count, limit in (
+        why = self.count_connection(user, host)
+        if why is not None:
+            conn.ctx.refused = True
+            conn.close(errors.ResourceLimitExceeded.condition, why)
+            return
+        conn.ctx.counted = (user, host)
+
+    def count_connection(self, user: str, host: str) -> str | None:
+        """Count a connection of `user` from `host` against the policy's max_connections and
+        max_connections_per_host (AMQP and MQTT alike); the refusal's text when one is full (then
+        nothing is counted, the refusal logged). `uncount_connection` when it ends."""
+        grants = self.grants_for(user)
+        for what, count, limit in (() if grants is None else (
                 ("user", self._conns_by_user.get(user, 0), grants.limit("max_connections")),
-                ("host", self._conns_by_host.get((user, host), 0), grants.limit("max_connections_per_host"))):
+                ("host", self._conns_by_host.get((user, host), 0), grants.limit("max_connections_per_host")))):
             if limit is not None and count >= limit:
                 self.stats_refusals["limited_connections"] += 1
                 log.warning("connection.refused reason=max_connections_per_%s user=%s host=%s limit=%d", what, user,
                             host, limit)
-                conn.ctx.refused = True
-                conn.close(errors.ResourceLimitExceeded.condition,
-                           f"user {user!r} holds its maximum of {limit} connections"
-                           + (f" from {host}" if what == "host" else ""))
-                return
-        conn.ctx.counted = (user, host)
+                return f"user {user!r} holds its maximum of {limit} connections" + (
+                    f" from {host}" if what == "host" else "")
         self._conns_by_user[user] = self._conns_by_user.get(user, 0) + 1
         self._conns_by_host[(user, host)] = self._conns_by_host.get((user, host), 0) + 1
+        return None
+
+    def uncount_connection(self, user: str, host: str) -> None:
+        self._conns_by_user[user] -= 1
+        self._conns_by_host[(user, host)] -= 1
 
     # ------------------------------------------------------------------ authorization
     def _user(self, conn: AmqpConnection) -> str:
@@ -788,9 +800,12 @@ class Router:
 
     def grants(self, conn: AmqpConnection) -> Grants | None:
         """What the connection's user may do (None: no policy, everything)."""
+        return self.grants_for(self._user(conn))
+
+    def grants_for(self, user: str) -> Grants | None:
+        """What `user` ("anonymous" without credentials) may do (None: no policy, everything)."""
         if self.policy is None:
             return None
-        user = self._user(conn)
         return self.policy.grants(user, self.users.groups(user) if self.users is not None else ())
 
     def _authorize_subscriber(self, conn: AmqpConnection, topic: str, sid: str, known: Subscription | None) -> None:
@@ -1228,8 +1243,7 @@ class Router:
         counted = conn.ctx.counted if isinstance(conn.ctx, ConnCtx) else None
         if counted is not None:
             conn.ctx.counted = None
-            self._conns_by_user[counted[0]] -= 1
-            self._conns_by_host[counted] -= 1
+            self.uncount_connection(*counted)
         now = time.time()
         for link in list(conn.links.values()):
             ctx = link.ctx

@@ -35,12 +35,12 @@ from ...common.ids import publisher_link_id, shared_subscription_id, subscriptio
 from ...common.tls import peer_common_name
 from ...common.topics import check_filter, check_name, is_wildcard
 from ...common.vocab import Outcome
-from ..actions import Deliver, DetachLink, DrainCredit, GrantCredit, NotifyFinal, SendOutcome, SettleDelivery
+from ..actions import Deliver, DetachLink, DrainCredit, NotifyFinal, SendOutcome, SettleDelivery
 from ..admission import passwords_in_clear
 from ..core import SubscriberAttach
 from .codec import Decoder, MqttError, encode
 from .mapping import NotAMessage, from_amqp, to_amqp
-from .packets import Connect, Reason
+from .packets import Connect, Publish, Reason
 from .session import (
     Close,
     Credit,
@@ -55,6 +55,7 @@ from .session import (
     SubscribeTo,
     SubState,
     UnsubscribeFrom,
+    content_of,
 )
 
 Router = Any  # router/server.py's Router (not imported: the server imports this module)
@@ -265,8 +266,6 @@ class MqttEdge:
                 return False
             s.peer.detached(s, act.condition, act.description)
             return True
-        if type(act) is GrantCredit:
-            return type(act.link) is PubLink
         return False
 
     def relay_answered(self, mids: list[str]) -> None:
@@ -483,34 +482,21 @@ class MqttPeer(Accepted):
         self._admit(c, "")
 
     def _within_connection_limits(self) -> bool:
-        """The policy's max_connections (per user) and max_connections_per_host, counted with the
-        user's AMQP connections (the router's own counts); False: refused (CONNACK 0x97)."""
-        r = self.router
-        grants = self._grants()
+        """The policy's connection limits, counted with the user's AMQP connections
+        (`Router.count_connection`); False: refused (CONNACK 0x97)."""
         user, host = self.user or "anonymous", self.peer.rsplit(":", 1)[0]
-        if grants is not None:
-            for what, count, limit in (
-                    ("user", r._conns_by_user.get(user, 0), grants.limit("max_connections")),
-                    ("host", r._conns_by_host.get((user, host), 0), grants.limit("max_connections_per_host"))):
-                if limit is not None and count >= limit:
-                    self.edge.counters["mqtt_refused"] += 1
-                    log.warning("mqtt.connection_refused reason=max_connections_per_%s user=%s host=%s limit=%d",
-                                what, user, host, limit)
-                    self.conn.refused(Reason.QUOTA_EXCEEDED, f"user {user!r} holds its maximum of {limit} "
-                                                             f"connections" + (f" from {host}" if what == "host" else ""))
-                    return False
+        why = self.router.count_connection(user, host)
+        if why is not None:
+            self.edge.counters["mqtt_refused"] += 1
+            self.conn.refused(Reason.QUOTA_EXCEEDED, why)
+            return False
         self.counted = (user, host)
-        r._conns_by_user[user] = r._conns_by_user.get(user, 0) + 1
-        r._conns_by_host[(user, host)] = r._conns_by_host.get((user, host), 0) + 1
         return True
 
     def _uncount(self) -> None:
         if self.counted is not None:
-            r = self.router
-            user, host = self.counted
+            self.router.uncount_connection(*self.counted)
             self.counted = None
-            r._conns_by_user[user] -= 1
-            r._conns_by_host[(user, host)] -= 1
 
     def _certificate_name(self) -> str | None:
         """The common name of the client certificate the TLS listener verified (None: none)."""
@@ -733,11 +719,7 @@ class MqttPeer(Accepted):
 
     # ------------------------------------------------------------ SUBSCRIBE
     def _grants(self) -> Any:
-        r = self.router
-        if r.policy is None:
-            return None
-        user = self.user or "anonymous"
-        return r.policy.grants(user, r.users.groups(user) if r.users is not None else ())
+        return self.router.grants_for(self.user or "anonymous")
 
     def _attach_args(self, sub: SubState, presented: tuple[str, ...], st: SessionState) -> SubscriberAttach:
         expiry = math.inf if math.isinf(st.expiry) else st.expiry
@@ -1006,8 +988,6 @@ class MqttPeer(Accepted):
         c = self.conn.connect
         assert c is not None and c.will is not None
         w = c.will
-        from .packets import Publish
-        from .session import content_of
         if check_name(w.topic) is not None or w.topic[0] in "$_":
             return
         grants = self._grants()
