@@ -35,9 +35,16 @@ keeping:
 - **Drop** (home -> keeper): the session ended.
 - A kept image not refreshed for the session's expiry and `KEEP_SLACK` is forgotten; a home puts
   each of its sessions again every `REFRESH` seconds.
+- **Orphaned**: when a kept session's home is out of reach, the keeper says what the session's
+  publisher links would declare if its client attached (`orphaned`, once per image): which of
+  its messages its client still holds in doubt, so that the rest is known settled (final) although
+  the router that held them is gone and the client may never come back (a subscriber that accepted
+  one of them presents it elsewhere, and its QoS 2 PUBREL waits for that; router/core.py,
+  `publisher_gone`).
 
 Pure: time is a parameter; outputs are `kept` ((client id, seq) acknowledged), `fetched` ((client
-id, image or None)), `lonely` (client ids with no keeper) and the frames in `sessions.out`.
+id, image or None)), `lonely` (client ids with no keeper), `orphaned` ((client id, image) of a
+kept session whose home is out of reach) and the frames in `sessions.out`.
 """
 
 from __future__ import annotations
@@ -164,6 +171,7 @@ class _Kept:
     image: str
     expiry: float  # seconds (inf: none)
     at: float  # when it was last put
+    orphaned: bool = False  # said once (`Keeper.orphaned`) since it was last put
 
 
 @dataclass(slots=True)
@@ -186,6 +194,7 @@ class Keeper:
         self.kept: list[tuple[str, int]] = []
         self.fetched: list[tuple[str, dict[str, Any] | None]] = []
         self.lonely: list[str] = []
+        self.orphaned: list[tuple[str, dict[str, Any]]] = []
         self.reachable: tuple[str, ...] = ()  # the other routers reachable now (the node says)
 
     # ------------------------------------------------------------ at the home
@@ -304,6 +313,15 @@ class Keeper:
             f.waiting &= set(self.reachable)
             if not f.waiting:
                 self._fetch_done(cid)
+        for cid, k in sorted(self.kept_here.items()):
+            if k.home not in self.reachable and not k.orphaned:
+                k.orphaned = True
+                try:
+                    image = json.loads(k.image)
+                except ValueError:
+                    continue
+                if isinstance(image, dict):
+                    self.orphaned.append((cid, image))
 
     def session_broken(self, peer: str, now: float) -> None:
         """The member session with `peer` broke (messages may have been lost): what it kept for us

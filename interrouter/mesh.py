@@ -299,10 +299,10 @@ class Mesh:
             relay.out, relay.answered = [], []
             self.router.relay_outputs(out, answered)
         keeper = node.keeper
-        if keeper.kept or keeper.fetched or keeper.lonely:
-            kept, fetched, lonely = keeper.kept, keeper.fetched, keeper.lonely
-            keeper.kept, keeper.fetched, keeper.lonely = [], [], []
-            self.router.keeper_outputs(kept, fetched, lonely)
+        if keeper.kept or keeper.fetched or keeper.lonely or keeper.orphaned:
+            kept, fetched, lonely, orphaned = keeper.kept, keeper.fetched, keeper.lonely, keeper.orphaned
+            keeper.kept, keeper.fetched, keeper.lonely, keeper.orphaned = [], [], [], []
+            self.router.keeper_outputs(kept, fetched, lonely, orphaned)
         if node.view_changed:
             node.view_changed = False
             self.router.write_ready_file()

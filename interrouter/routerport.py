@@ -60,9 +60,10 @@ class RouterPort(Protocol):
         on relayed links (by member id), and members whose ATTACH is answered now."""
 
     def keeper_outputs(self, kept: list[tuple[str, int]], fetched: list[tuple[str, dict[str, Any] | None]],
-                       lonely: list[str]) -> None:
+                       lonely: list[str], orphaned: list[tuple[str, dict[str, Any]]]) -> None:
         """What the MQTT sessions' keepers answered (interrouter/keeper.py): images kept up to a
-        seq, images fetched (None: none kept anywhere), sessions with no keeper to be had."""
+        seq, images fetched (None: none kept anywhere), sessions with no keeper to be had, and
+        images kept here whose home is out of reach."""
 
     def write_ready_file(self) -> None:
         """Write the router's status file again (the mesh's view changed)."""

@@ -308,13 +308,14 @@ class DeliveryCore:
     def attach_publisher(self, token: Any, plid: str, topic: str, second: bool,
                          in_doubt: Iterable[bytes] | None, now: float, mark: int | None = None,
                          client: str = "", past: Iterable[tuple[str, str]] = (), by_id: bool = False,
-                         user: str = "") -> None:
+                         user: str = "", ordered: bool = True) -> None:
         """`past`: causal order, what its client says it was handed and published (our clients
         present it: a router it moved to learns what the one before knew). `by_id`: the link asked
         to be identified by message-id (oncemesh.identity); so is every link of a topic in
         `msgid_topics` that declares nothing in doubt (ours declare, and keep their tags). Such a
         link stands for the scope of `user` on its topic (`ids.identity_scope`, router/identity.py).
-        `topic` "": an anonymous relay link, each message naming its own topic (`publish`)."""
+        `topic` "": an anonymous relay link, each message naming its own topic (`publish`).
+        `ordered` False: it declares, but its tags' counter is not its order (`PubLink.ordered`)."""
         self._now = now
         by_id = by_id or (in_doubt is None and topic in self.cfg.msgid_topics)
         if by_id and not topic:
@@ -326,6 +327,7 @@ class DeliveryCore:
             plid = identity_scope(topic, user)
         pl = PubLink(token, plid, topic, second, client)
         pl.by_id = by_id
+        pl.ordered = ordered
         group = self.causal.get(topic) if self.causal and client else None
         if group is not None:
             for g, t in past:
@@ -347,6 +349,28 @@ class DeliveryCore:
             if len(self.reachable) > 1:
                 self.out.append(DeclarePublisher(plid, tuple(sorted(gids)), mark))
         self._grant(pl)
+
+    def publisher_gone(self, plid: str, in_doubt: Iterable[bytes], mark: int, now: float) -> None:
+        """Publisher link `plid`'s declaration, made for it by this router as the keeper of its
+        client's session when the router it was attached to is gone (an MQTT session: its image
+        says which tags were in doubt, `SessionState.declarations`). As `attach_publisher` with that
+        declaration, without a link: what this router holds of it that the declaration says settled
+        is final, and so are the ids subscribers presented here; and it is evidence for the mesh's
+        questions later (`MeshSide.handle_query`, the placeholder sweep), until a link of it
+        attaches here. Not sent to the mesh: the others ask (a placeholder, a copy without its
+        origin), and only what is settled is answered; a resend of what is in doubt is the
+        client's, at the router it comes back to."""
+        self._now = now
+        gids = {global_id(plid, t) for t in in_doubt}
+        pl = self.newest_link.get(plid)
+        if pl is not None and pl.token is not None:
+            return  # (its client is back here: its own declaration is the newer evidence)
+        ghost = PubLink(None, plid, "", True)
+        ghost.declared = gids
+        ghost.mark = mark
+        ghost.ordered = False
+        self.newest_link[plid] = ghost
+        self._publisher_declared(plid, gids, mark, now)
 
     def detach_publisher(self, token: Any) -> None:
         pl = self.pub_links.pop(token, None)
@@ -464,7 +488,7 @@ class DeliveryCore:
         gid = rec.gid
         self.log.append(("received", gid, rec.topic, None, "merged"))
         if rec.origin is not None:
-            if pl.declared is None:
+            if pl.declared is None or not pl.ordered:
                 rec.seq = None  # (its order here is the one we receive it in: `_new_record`)
             self._adopt(rec, payload, now)
         elif rec.outcome is None and not rec.pubs:
@@ -513,10 +537,11 @@ class DeliveryCore:
         publisher left, which is withheld until the mesh was asked about it (every fresh message
         in a mesh was, until the next one came)."""
         rec = Record(gid, topic, payload, now)
-        if pl.declared is not None:
+        if pl.declared is not None and pl.ordered:
             # ours declared their sequence at attach: their tags' counter is their publish order.
             # Any other client's order is the one we receive its messages in (`_chain`): a tag it
-            # chose says nothing of it (random, or started again on a new connection)
+            # chose says nothing of it (random, or started again on a new connection), nor does one
+            # the MQTT edge gave (its client resends in its own order: `PubLink.ordered`)
             rec.seq = counter_seq(gid)
         rec.pubs.append(pub)
         pl.pubs[pub] = gid
@@ -1606,7 +1631,8 @@ class DeliveryCore:
 
     def _settled_by_local_publisher(self, gid: str) -> bool:
         """Its publisher is attached here and declared it no longer in doubt: it settled it. (The
-        newest attach of its link, and only if it declared what it held in doubt: our clients.)"""
+        newest attach of its link, and only if it declared what it held in doubt: our clients; or
+        the declaration made for it here, `publisher_gone`.)"""
         pl = self.newest_link.get(plid_of(gid))
         return pl is not None and pl.declared is not None and declared_settled(pl.declared, pl.mark, gid)
 

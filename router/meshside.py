@@ -275,7 +275,7 @@ class MeshSide:
             return
         if declared_settled(pl.declared, pl.mark, gid):
             core.out.append(SendFinal(frm, gid))  # its publisher is attached here and settled it
-        elif gid in pl.declared:
+        elif gid in pl.declared and pl.token is not None:  # (not a declaration made for it: `publisher_gone`)
             self.held_for.setdefault(gid, {}).setdefault(frm, now)  # resent here: the asker gets our FINAL
         # else: published after that attach, elsewhere (this link is stale): we know nothing
 

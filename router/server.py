@@ -1429,10 +1429,26 @@ class Router:
         self.drain()
 
     def keeper_outputs(self, kept: list[tuple[str, int]], fetched: list[tuple[str, dict[str, Any] | None]],
-                       lonely: list[str]) -> None:
-        """What the MQTT sessions' keepers answered (interrouter/keeper.py)."""
-        if self.mqtt is not None:
+                       lonely: list[str], orphaned: list[tuple[str, dict[str, Any]]]) -> None:
+        """What the MQTT sessions' keepers answered (interrouter/keeper.py). A session kept here
+        whose router is gone: this router declares for its publisher links what its client would
+        (whether or not this router has an MQTT listener itself)."""
+        if self.mqtt is not None and (kept or fetched or lonely):
             self.mqtt.keeper_outputs(kept, fetched, lonely)
+        if orphaned:
+            from .mqtt.session import SessionState  # (MQTT's modules load only where MQTT is used)
+            now = time.time()
+            for cid, image in orphaned:
+                try:
+                    decl = SessionState.from_image(cid, image).declarations()
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.error("mqtt.session_image_unreadable client=%s error=%s", cid, exc)
+                    continue
+                for _qos, plid, tags, mark in decl:
+                    self.core.publisher_gone(plid, tags, mark, now)
+                log.info("mqtt.session_orphaned client=%s: its router is out of reach; declared for its "
+                         "publisher links what its client holds in doubt", cid)
+            self.drain()
 
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:
         """The mesh acknowledged (or refused) the announcement of a subscriber's attach."""

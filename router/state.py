@@ -144,7 +144,7 @@ class SubRuntime:
 
 class PubLink:
     __slots__ = ("token", "plid", "topic", "second", "outstanding", "pubs", "blocked", "declared", "mark",
-                 "client", "fresh", "flen", "settled", "by_id")
+                 "client", "fresh", "flen", "settled", "by_id", "ordered")
 
     def __init__(self, token: Any, plid: str, topic: str, second: bool, client: str = "") -> None:
         self.token = token
@@ -167,6 +167,11 @@ class PubLink:
         self.settled: OrderedDict[str, None] | None = None
         # identified by message-id (router/identity.py): `plid` is then its scope (ids.identity_scope)
         self.by_id = False
+        # with a declaration: do its counter tags count its publish order, and does it resend what it
+        # holds in doubt before anything newer (our clients)? False for a link that declares but whose
+        # client may resend out of order (the MQTT edge's: a client's resends after a reconnect are
+        # its own): then its order is the one we receive its messages in, as for any AMQP client
+        self.ordered = True
 
 
 def tnum_key(rec: Record | None) -> float:

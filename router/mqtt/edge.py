@@ -579,11 +579,12 @@ class MqttPeer(Accepted):
             log.info("mqtt.session_restored client=%s seq=%d in=%d out=%d subs=%d", cid, st.seq, len(st.inbound),
                      len(st.outbound), len(st.subs))
         now = time.time()
-        for qos in (1, 2):
+        for qos, plid, tags, mark in st.declarations():
             link = self.links[qos] = PubLink(self, qos)
-            tags = [i.tag for i in st.inbound.values() if i.qos == qos and not i.answered]
-            self.core.attach_publisher(link, publisher_link_id(f"mqtt:{cid}", f"qos{qos}:{st.nonce}"), "",
-                                       qos == 2, tags, now, client=f"mqtt:{cid}", user=user)
+            # (ordered=False: an MQTT client resends what it holds in doubt in its own order, e.g.
+            # after a newer message; its messages are ordered as they come, never ended as late)
+            self.core.attach_publisher(link, plid, "", qos == 2, tags, now, mark=mark, client=f"mqtt:{cid}",
+                                       user=user, ordered=False)
         if present:
             resubs = tuple(st.subs.values())
             if resubs:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, final
 
-from ...common.ids import counter_tag
+from ...common.ids import counter_tag, publisher_link_id
 from .codec import MqttError, UnsupportedProtocolVersion
 from .mapping import MqttContent
 from .packets import (
@@ -177,6 +177,22 @@ class SessionState:
         for pid, sid, gid, qos, stage, fin in d["out"]:
             st.add_out(Outbound(int(pid), str(sid), str(gid), int(qos), Stage(stage), bool(fin)))
         return st
+
+    def declarations(self) -> list[tuple[int, str, list[bytes], int]]:
+        """What the session's two publisher links declare, as our clients do when they attach
+        (docs/clients.md): per QoS (1, 2) its link id, the tags it holds in doubt (a PUBLISH named
+        and not answered: the client may send it again), and the mark (the next tag's number: the
+        declaration says nothing of what it names later). Every other tag of this life below the
+        mark is settled on the client's side: its exchange ended (PUBACK, or PUBREL) or was answered
+        (PUBREC: the client sends PUBREL, never that PUBLISH again). Said when the client attaches,
+        and by a keeper for a session whose router is gone (`Keeper.orphaned`)."""
+        out: list[tuple[int, str, list[bytes], int]] = []
+        for qos in (1, 2):
+            tags = [i.tag for i in self.inbound.values()
+                    if i.qos == qos and not i.answered and (i.nonce or self.nonce) == self.nonce]
+            out.append((qos, publisher_link_id(f"mqtt:{self.client_id}", f"qos{qos}:{self.nonce}"), tags,
+                        self.next_tag + 1))
+        return out
 
     def sub_of_sid(self, sid: str) -> SubState | None:
         for s in self.subs.values():

@@ -876,3 +876,48 @@ def test_a_bad_selector_or_one_on_an_ordered_topic_is_refused_and_another_select
     assert second is not None and second.selector == "a = 2" and second.created > first.created
     assert ("unsubscribed", None, "t", sid, "selector changed") in h.core.log
     assert h.core.table.selective == 1
+
+
+def test_a_declaring_link_not_ordered_has_an_in_doubt_resend_that_comes_after_a_newer_message_handed():
+    """The MQTT edge's links declare what their client holds in doubt, but the client resends it
+    in its own order (paho-mqtt may send a newer message first after a reconnect): with
+    ordered=False the resend is handed as it comes. With the order of our clients (ordered) the
+    same arrival ends it for the subscription as late: the loss the MQTT crash tests found when the
+    edge's links were taken for ours."""
+    for ordered, expect in ((False, True), (True, False)):
+        h = Harness()
+        sid, _, _ = h.sub("a")
+        h.core.attach_publisher(h.pub_link, PL, "t", True, [counter_tag(2)], h.now, mark=3, ordered=ordered)
+        h.take()
+        _, g3, acts = h.publish(counter_tag(3))
+        assert delivered(acts) == [(sid, g3)]
+        _, g2, acts = h.publish(counter_tag(2))
+        assert (delivered(acts) == [(sid, g2)]) is expect, ordered
+        assert (h.core.records[g2].seq is None) is not ordered
+
+
+def test_a_declaration_made_for_a_publisher_that_is_gone_makes_what_it_settled_final_for_presenters() -> None:
+    """A keeper of an MQTT session whose router died declares for its publisher link
+    (`publisher_gone`): an id a subscriber presented, that no router holds any more and that the
+    declaration says settled, is final (a QoS 2 PUBREL may go); one still in doubt, or named after
+    the declaration's mark, is not. A later presenter learns it at once, and the mesh's questions
+    about it are answered (positively only)."""
+    h = _mesh_harness()
+    gs = {n: global_id(PL, counter_tag(n)) for n in (4, 5, 9)}
+    sid, _, acts = h.sub("a", presented=[gs[4], gs[5], gs[9]])
+    assert set(h.core.placeholders) == set(gs.values())
+    h.core.publisher_gone(PL, [counter_tag(5)], 8, h.now)
+    acts = h.take()
+    notified = [g for a in acts if isinstance(a, NotifyFinal) for g in a.gids]
+    assert notified == [gs[4]] and set(h.core.placeholders) == {gs[5], gs[9]}
+    sid2, _, acts = h.sub("b", presented=[gs[4]])
+    assert [g for a in acts if isinstance(a, NotifyFinal) for g in a.gids] == [gs[4]]
+    h.core.meshside.handle_query(global_id(PL, counter_tag(3)), "X", h.now)
+    h.core.meshside.handle_query(gs[5], "X", h.now)
+    assert [(a.to, a.gid) for a in h.take() if isinstance(a, SendFinal)] == [("X", global_id(PL, counter_tag(3)))]
+    assert h.core.meshside.held_for == {}
+    # a link of it attached here is newer evidence: a declaration made for it changes nothing
+    h.core.attach_publisher(object(), PL, "t", True, [counter_tag(5), counter_tag(9)], h.now, mark=10)
+    h.take()
+    h.core.publisher_gone(PL, [], 10, h.now)
+    assert set(h.core.placeholders) == {gs[5], gs[9]}

@@ -155,3 +155,25 @@ def test_keeper_messages_round_trip_through_the_member_codec(m):
 def test_malformed_keeper_messages_are_refused(bad):
     with pytest.raises(FrameError):
         msg_from_list(bad)
+
+
+def test_a_kept_session_whose_home_is_out_of_reach_is_said_orphaned_once_until_put_again():
+    """The keeper says what the session's publisher links would declare (router/core.py,
+    `publisher_gone`) once its home is gone: once per image, and again after a newer Put."""
+    net = Net("A", "B", "C")
+    a = net.k["A"]
+    a.put("c1", 5, IMAGE, 0.0)
+    net.run()
+    keeper = net.k[a.ours["c1"].keeper or ""]
+    other = "C" if keeper.me == "B" else "B"
+    keeper.set_reachable([other], 1.0)
+    assert keeper.orphaned == [("c1", IMAGE)]
+    keeper.orphaned.clear()
+    keeper.set_reachable([other], 2.0)  # (the same view again: said once)
+    assert keeper.orphaned == []
+    keeper.set_reachable(["A", other], 3.0)
+    a.put("c1", 6, {**IMAGE, "seq": 6}, 3.0)  # (the home is back and puts a newer image)
+    net.run(3.0)
+    keeper.set_reachable([other], 4.0)
+    assert keeper.orphaned == [("c1", {**IMAGE, "seq": 6})]
+    assert net.k[other].orphaned == []  # (only the keeper holds it)

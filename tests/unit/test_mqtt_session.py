@@ -576,3 +576,24 @@ def test_a_final_notification_counts_against_the_credit_as_the_core_counts_it():
     c.notified("sid0", ("g1", "g2"))
     c.notified("sid0", ("g3",))
     assert c.granted["sid0"] == 4 and [a.n for a in asks_of(c, Credit)] == [4]
+
+
+def test_the_declarations_name_what_the_client_may_still_send_again_and_the_mark_of_what_follows():
+    """What the session's publisher links declare (at attach, or said by a keeper when the router is
+    gone): in doubt, the PUBLISHes named and not answered; settled, every other tag below the mark
+    (answered: the client sends PUBREL, never that PUBLISH again; ended); the mark, the next tag's
+    number. The same from the keeper's image as from the session itself."""
+    c, st = connected()
+    for pid, qos in ((1, 2), (2, 2), (3, 1), (4, 2), (5, 1)):
+        c.received(pub(pid, qos=qos), 1.0)
+    tags = {a.pid: a.tag for a in asks_of(c, PublishMsg)}
+    c.outcome(2, 0)  # PUBREC: answered
+    c.outcome(3, 0)  # PUBACK: ended
+    c.received(pub(4, dup=True), 1.1)
+    c.outcome(4, 0)
+    c.received(Pubrel(4), 1.2)  # ended
+    decl = st.declarations()
+    assert [(q, sorted(t)) for q, _, t, _ in decl] == [(1, [tags[5]]), (2, [tags[1]])]
+    assert {m for *_, m in decl} == {st.next_tag + 1} and st.next_tag == 5
+    assert decl[0][1] != decl[1][1]  # (one link per QoS)
+    assert SessionState.from_image("c1", st.image()).declarations() == decl
