@@ -39,7 +39,7 @@ from ..actions import Deliver, DetachLink, DrainCredit, NotifyFinal, SendOutcome
 from ..admission import passwords_in_clear
 from ..core import SubscriberAttach
 from .codec import Decoder, MqttError, encode
-from .mapping import NotAMessage, from_amqp, to_amqp
+from .mapping import Decoded, NotAMessage, to_amqp
 from .packets import Connect, Publish, Reason
 from .session import (
     Close,
@@ -157,6 +157,7 @@ class MqttEdge:
         self.wills: dict[str, tuple[float, MqttPeer]] = {}  # client id -> (when, the ended connection): delayed wills
         self.to_put: set[MqttPeer] = set()  # sessions changed this pass: their image goes to the keeper
         self._put_scheduled = False
+        self.decoded = Decoded()  # (what an MQTT subscriber is sent, read once per message here)
 
     # ------------------------------------------------------------ keepers (interrouter/keeper.py)
     def want_put(self, peer: MqttPeer) -> None:
@@ -674,6 +675,7 @@ class MqttPeer(Accepted):
     def _submit(self, link: PubLink, a: PublishMsg) -> None:
         now = time.time()
         payload = to_amqp(a.topic, a.content, int(now * 1000))
+        self.edge.decoded.remember(payload, a.content)
         pub = Pub(self, a.pid, a.qos, a.tag)
         link.credit -= 1
         if a.qos == 2:
@@ -927,7 +929,7 @@ class MqttPeer(Accepted):
         if is_wildcard(topic):
             topic = read_to(payload) or topic
         try:
-            content = from_amqp(payload, int(time.time() * 1000))
+            content = self.edge.decoded.content(payload, int(time.time() * 1000))
         except NotAMessage as exc:
             log.warning("mqtt.undeliverable client=%s gid=%s reason=%s", self.client_id, gid, exc)
             self._sub_outcome(tok.sub.sid, gid, Outcome.REJECTED, True, (errors.DecodeError.condition, str(exc)))

@@ -516,6 +516,40 @@ def from_amqp(data: bytes, now_ms: int) -> MqttContent:
         raise NotAMessage(str(exc) or type(exc).__name__) from exc
 
 
+class Decoded:
+    """The MQTT content of AMQP messages a router made (`to_amqp`) or read once already, by the
+    payload object itself: a message published by an MQTT client and delivered to MQTT subscribers
+    at the same router, or one delivered to several, is read once. Only contents without an
+    expiry (theirs does not change with time; the round trip gives the content back exactly:
+    tests/unit/test_mqtt_mapping.py), only `bytes` (immutable), at most `MAX_ENTRIES` payloads of
+    at most `MAX_BYTES` each (then it starts again empty). An entry holds its payload, so the
+    payload's id is never another object's while it is here."""
+
+    MAX_ENTRIES = 1024
+    MAX_BYTES = 16384
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[bytes, MqttContent]] = {}
+
+    def remember(self, data: bytes, c: MqttContent) -> None:
+        if c.message_expiry is None and type(data) is bytes and len(data) <= self.MAX_BYTES:
+            by_id = self._by_id
+            if len(by_id) >= self.MAX_ENTRIES:
+                by_id.clear()
+            by_id[id(data)] = (data, c)
+
+    def content(self, data: bytes, now_ms: int) -> MqttContent:
+        """`from_amqp(data, now_ms)`, read once per payload object."""
+        e = self._by_id.get(id(data))
+        if e is not None and e[0] is data:
+            return e[1]
+        c = from_amqp(data, now_ms)
+        self.remember(data, c)
+        return c
+
+
 def _from_amqp(b: bytes, now_ms: int) -> MqttContent:
     n = len(b)
     if n == 0:

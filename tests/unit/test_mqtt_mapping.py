@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import math
 import uuid
+from typing import cast
 
 import pytest
 from hypothesis import given, settings
@@ -24,6 +25,7 @@ from oncemesh.router.mqtt.mapping import (
     MAX_EXPIRY,
     PAYLOAD_FORMAT_ANNOTATION,
     USER_PROPERTIES_ANNOTATION,
+    Decoded,
     MqttContent,
     NotAMessage,
     from_amqp,
@@ -498,3 +500,30 @@ def test_mutated_messages_read_or_raise_not_a_message(data: bytes) -> None:
         return
     assert type(c.payload) is bytes
     assert all(type(n) is str and type(v) is str for n, v in c.user_properties)
+
+
+def test_a_payload_is_read_once_and_only_what_time_does_not_change_is_kept() -> None:
+    """`Decoded`: the same payload object is read once (a message delivered to several MQTT
+    subscribers, or published by one here); a content with an expiry is read again each time (its
+    seconds left change), a bytearray is never kept (it may change), and the cache starts again
+    when full."""
+    d = Decoded()
+    c = MqttContent(payload=b"p", content_type="text/plain", user_properties=(("a", "1"),))
+    data = to_amqp("t", c, NOW)
+    d.remember(data, c)
+    assert d.content(data, NOW + 10_000) is c
+    other = to_amqp("t", MqttContent(payload=b"q"), NOW)
+    first = d.content(other, NOW)
+    assert first == MqttContent(payload=b"q") and d.content(other, NOW) is first
+    copy = bytes(bytearray(other))  # (equal bytes, another object: read again)
+    again = d.content(copy, NOW)
+    assert again == first and again is not first
+    ex = MqttContent(payload=b"e", message_expiry=60)
+    exdata = to_amqp("t", ex, NOW)
+    d.remember(exdata, ex)
+    assert d.content(exdata, NOW + 30_000).message_expiry == 30
+    mutable = cast(bytes, bytearray(other))
+    assert d.content(mutable, NOW) == first and d.content(mutable, NOW) is not d.content(mutable, NOW)
+    for i in range(Decoded.MAX_ENTRIES + 1):
+        d.remember(to_amqp("t", MqttContent(payload=b"%d" % i), NOW), MqttContent(payload=b"%d" % i))
+    assert d.content(data, NOW) is not c and d.content(data, NOW) == c
