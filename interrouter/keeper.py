@@ -35,6 +35,15 @@ keeping:
 - **Drop** (home -> keeper): the session ended.
 - A kept image not refreshed for the session's expiry and `KEEP_SLACK` is forgotten; a home puts
   each of its sessions again every `REFRESH` seconds.
+- **Stale copies**: a copy is the newest only while its home puts there. A home that chooses
+  another keeper tells the one before to drop its copy as soon as it can reach it (a Put of no
+  image); and a keeper whose home was out of reach and comes back *as the same life* drops what it
+  keeps for it (that home held its sessions all along and may have kept them elsewhere meanwhile;
+  it puts them again here if this is still their keeper). A home that comes back as a new life
+  lost its sessions: the copies here are what is left of them, and stay. Found by `oncemesh chaos
+  --mqtt` (line3, seed 77): a link A-B cut and restored, B's sessions kept at C since, B killed
+  later; A restored two sessions from its image of 25 s before, reused their old message names
+  and packet ids, and delivered messages twice.
 - **Orphaned**: when a kept session's home is out of reach, the keeper says what the session's
   publisher links would declare if its client attached (`orphaned`, once per image): which of
   its messages its client still holds in doubt, so that the rest is known settled (final) although
@@ -160,6 +169,7 @@ class _Ours:
     waiting_since: float | None = None  # when the oldest Put its keeper has not answered went
     put_at: float = 0.0  # when it was last put (for the refresh)
     tried: set[str] = field(default_factory=set)  # keepers that failed it since it was last acknowledged
+    former: set[str] = field(default_factory=set)  # keepers it had before: told to drop it once reachable
 
 
 @dataclass(slots=True)
@@ -172,6 +182,8 @@ class _Kept:
     expiry: float  # seconds (inf: none)
     at: float  # when it was last put
     orphaned: bool = False  # said once (`Keeper.orphaned`) since it was last put
+    home_inc: str = ""  # the life of its home that put it (the incarnation, "" unknown)
+    lost: bool = False  # its home was out of reach since it was last put
 
 
 @dataclass(slots=True)
@@ -196,6 +208,7 @@ class Keeper:
         self.lonely: list[str] = []
         self.orphaned: list[tuple[str, dict[str, Any]]] = []
         self.reachable: tuple[str, ...] = ()  # the other routers reachable now (the node says)
+        self.incarnations: dict[str, str] = {}  # their lives, as the node last said
 
     # ------------------------------------------------------------ at the home
     def put(self, cid: str, seq: int, image: dict[str, Any], now: float) -> None:
@@ -215,15 +228,27 @@ class Keeper:
         o = self.ours.pop(cid, None)
         if o is not None and o.keeper is not None:
             self.sessions.send(o.keeper, KeepPut(cid, o.seq + 1, None), now)
+        if o is not None:
+            self._drop_former(cid, o, now)  # (those out of reach: they drop it when this life is back)
 
     def _choose(self, cid: str, o: _Ours, now: float) -> None:
         candidates = [r for r in self.reachable if r not in o.tried]
-        o.keeper = keeper_of(cid, candidates)
+        old, o.keeper = o.keeper, keeper_of(cid, candidates)
+        if old is not None and old != o.keeper:
+            o.former.add(old)  # (its copy is older than what follows: dropped once we reach it)
+        o.former.discard(o.keeper or "")
+        self._drop_former(cid, o, now)
         if o.keeper is None:
             o.tried.clear()
             self.lonely.append(cid)
             return
         self._send(cid, o, now)
+
+    def _drop_former(self, cid: str, o: _Ours, now: float) -> None:
+        """Former keepers of `cid` that are reachable drop their (older) copy."""
+        for r in sorted(o.former & set(self.reachable)):
+            o.former.discard(r)
+            self.sessions.send(r, KeepPut(cid, o.seq + 1, None), now)
 
     def _send(self, cid: str, o: _Ours, now: float) -> None:
         assert o.keeper is not None
@@ -297,24 +322,35 @@ class Keeper:
             except (ValueError, AttributeError):
                 return  # (not an image: nothing kept, nothing acknowledged)
             self.kept_here[msg.cid] = _Kept(src, msg.seq, msg.image,
-                                            float("inf") if expiry is None else float(expiry), now)
+                                            float("inf") if expiry is None else float(expiry), now,
+                                            home_inc=self.incarnations.get(src, ""))
         self.sessions.send(src, KeepAck(msg.cid, msg.seq), now)
 
-    def set_reachable(self, others: Iterable[str], now: float) -> None:
-        """The other routers reachable now; a session whose keeper is no longer among them chooses
-        another (and sends its image there)."""
+    def set_reachable(self, others: Iterable[str], now: float, incarnations: dict[str, str] | None = None) -> None:
+        """The other routers reachable now (and their lives, when the node knows them); a session
+        whose keeper is no longer among them chooses another (and sends its image there)."""
         self.reachable = tuple(sorted(others))
+        if incarnations is not None:
+            self.incarnations = dict(incarnations)
         for cid, o in sorted(self.ours.items()):
             if o.keeper is not None and o.keeper not in self.reachable:
                 self._rekeep(cid, o, now)
             elif o.keeper is None and self.reachable:
                 self._choose(cid, o, now)
+            elif o.former:
+                self._drop_former(cid, o, now)
         for cid, f in sorted(self.fetches.items()):
             f.waiting &= set(self.reachable)
             if not f.waiting:
                 self._fetch_done(cid)
         for cid, k in sorted(self.kept_here.items()):
-            if k.home not in self.reachable and not k.orphaned:
+            if k.home in self.reachable:
+                inc = self.incarnations.get(k.home, "")
+                if k.lost and inc and inc == k.home_inc:
+                    del self.kept_here[cid]  # (the same life is back: it holds the session, see above)
+                continue
+            k.lost = True
+            if not k.orphaned:
                 k.orphaned = True
                 try:
                     image = json.loads(k.image)
@@ -332,6 +368,8 @@ class Keeper:
 
     def _rekeep(self, cid: str, o: _Ours, now: float) -> None:
         o.acked = 0
+        if o.keeper is not None:
+            o.former.add(o.keeper)  # (dropped there once reachable, unless it is chosen again)
         o.keeper = None
         o.waiting_since = None
         self._choose(cid, o, now)

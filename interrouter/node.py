@@ -627,7 +627,8 @@ class MeshNode:
         """The routers that may keep our MQTT sessions: reachable neighbours that speak KEEPER_VERSION."""
         reach = self.core.reachable_routers()
         self.keeper.set_reachable((p for p in self.connected if p in reach and p != self.me
-                                   and self.versions.get(p, PROTOCOL_VERSION) >= KEEPER_VERSION), now)
+                                   and self.versions.get(p, PROTOCOL_VERSION) >= KEEPER_VERSION), now,
+                                  {r: inc for r, inc in reach.items() if r != self.me})
 
     def _member_session_broken(self, peer: str, now: float) -> None:
         self.member_home.relay_lost(peer, now)

@@ -568,7 +568,12 @@ class MqttPeer(Accepted):
             self._end_session(st)
             st = None
         if st is None:
-            st = SessionState(cid, user, f"{time.time_ns():x}", expiry if expiry > 0 else 0.0)
+            born = time.time_ns()
+            # (its version starts at the time in microseconds, not 0: a keeper still holding an image
+            # of an older session of this client id (a clean start, or a session begun anew where
+            # none could be found) takes this one's images as the newer, and so does a fetch)
+            st = SessionState(cid, user, f"{born:x}", expiry if expiry > 0 else 0.0, seq=born // 1000)
+            st.kept = st.seq  # (nothing of it depends on a keeper yet)
             self.edge.sessions[cid] = st
         else:
             st.expiry = expiry

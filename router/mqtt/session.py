@@ -134,7 +134,9 @@ class SessionState:
     outbound: dict[int, Outbound] = field(default_factory=dict)
     next_tag: int = 0
     ended_at: float | None = None  # when its last connection ended (None: connected)
-    seq: int = 0  # its version: every change that a keeper must hold counts one (router/mqtt/keeping.py)
+    # its version: every change that a keeper must hold counts one (interrouter/keeper.py); a new
+    # session starts at the time in microseconds, so that a later session of the client id is newer
+    seq: int = 0
     restored: bool = False  # made from a keeper's image, its router gone: not yet attached here
     kept: int = 0  # the newest `seq` its keeper holds (not in the image)
     out_index: dict[tuple[str, str], Outbound] = field(default_factory=dict)  # (sid, gid) -> outbound (an index)

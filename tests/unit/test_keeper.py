@@ -177,3 +177,42 @@ def test_a_kept_session_whose_home_is_out_of_reach_is_said_orphaned_once_until_p
     keeper.set_reachable([other], 4.0)
     assert keeper.orphaned == [("c1", {**IMAGE, "seq": 6})]
     assert net.k[other].orphaned == []  # (only the keeper holds it)
+
+
+def test_a_keeper_left_behind_drops_its_older_copy_once_the_home_reaches_it_again():
+    """The home kept the session at K1, could not reach K1 for a while and kept it at K2: K1's copy
+    is older than K2's, and K1 is told to drop it when the home reaches it again, so that a client
+    resuming near K1 later is never restored from it (stale names and packet ids: duplicates)."""
+    net = Net("H", "X", "Y")
+    h = net.k["H"]
+    h.put("c1", 5, IMAGE, 0.0)
+    net.run()
+    k1 = h.ours["c1"].keeper or ""
+    k2 = "Y" if k1 == "X" else "X"
+    h.set_reachable([k2], 1.0)  # (K1 out of reach: the session goes to K2)
+    net.run(1.0)
+    assert h.ours["c1"].keeper == k2 and net.k[k2].kept_here["c1"].seq == 5
+    h.put("c1", 9, {**IMAGE, "seq": 9}, 2.0)
+    net.run(2.0)
+    assert net.k[k1].kept_here["c1"].seq == 5  # (not reachable: still there)
+    h.set_reachable([k1, k2], 3.0)
+    net.run(3.0)
+    assert "c1" not in net.k[k1].kept_here and net.k[k2].kept_here["c1"].seq == 9
+    assert h.ours["c1"].keeper == k2 and not h.ours["c1"].former
+
+
+def test_a_keeper_drops_its_copy_when_the_same_life_of_the_home_is_back_and_keeps_it_for_a_new_one():
+    """Out of reach, the home may have kept its sessions elsewhere: when the same life comes back it
+    holds them (and puts them again where they are kept), so this copy goes; a new life lost them,
+    and this copy is what is left (a client resuming fetches it)."""
+    for back_as, kept in (("h1", False), ("h2", True)):
+        net = Net("H", "K")
+        k = net.k["K"]
+        k.set_reachable(["H"], 0.0, {"H": "h1"})
+        net.k["H"].put("c1", 5, IMAGE, 0.0)
+        net.run()
+        assert k.kept_here["c1"].home_inc == "h1"
+        k.set_reachable([], 1.0, {})
+        assert "c1" in k.kept_here and k.orphaned == [("c1", IMAGE)]
+        k.set_reachable(["H"], 2.0, {"H": back_as})
+        assert ("c1" in k.kept_here) is kept, back_as
