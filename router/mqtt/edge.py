@@ -51,7 +51,6 @@ from .session import (
     Release,
     SessionState,
     Settled,
-    Stage,
     SubscribeTo,
     SubState,
     UnsubscribeFrom,
@@ -794,8 +793,7 @@ class MqttPeer(Accepted):
                             sub.topic_filter[:80], why)
                 pending.codes[i] = code
                 continue
-            presented = tuple(ob.gid for ob in st.outbound.values()
-                              if ob.stage is not Stage.SENT and ob.sid in ("", sub.sid))
+            presented = tuple(st.held_for(sub.sid))
             att = self._attach_args(sub, presented, st)
             lid = att.member or att.sid
             sub.sid = lid

@@ -22,14 +22,17 @@ ends) the session maps to those names:
 - **Outbound** (the client subscribed). Each filter of the session is a subscription of the mesh
   (`SubState.sid`; durable for as long as the session lives). A message for it goes out at the
   subscription's QoS under a free packet id; `outbound` keeps the exchange. QoS 2: PUBREC is the
-  subscription's acceptance (the client will not deliver that packet id's message again before
-  PUBREL), and PUBREL is sent only when the message is *final* (the mesh knows every acceptance
-  and the publisher's settlement), so a packet id is reused only for a message the mesh will never
-  hand again. QoS 1: PUBACK is acceptance and settlement (a resend after a lost PUBACK may reach
+  subscription's acceptance, and PUBREL follows at once (the client's Receive Maximum counts the
+  exchange until PUBCOMP: waiting for the message to be final, i.e. for the other subscriptions'
+  acceptances, let two subscribers' windows fill with messages each waited for the other to
+  take). Until the message is *final* (the mesh knows every acceptance and the publisher's
+  settlement) the session remembers it (`released`, kept by the keeper before the PUBREL goes):
+  presented when the subscription attaches again, and answered as taken, never sent, if the mesh
+  hands it again, so the packet id it had may name the next message. QoS 1: PUBACK is acceptance and settlement (a resend after a lost PUBACK may reach
   the client twice: at least once, as MQTT says). QoS 0: taken as accepted when sent.
 - **A session outlives its connection** (clean start 0 / a session expiry): on reconnect the edge
-  attaches the subscriptions again presenting what the client accepted (PUBREC'd, not yet
-  PUBREL'd), declares the QoS 2 tags in doubt, resends PUBREL for those already final and PUBLISH
+  attaches the subscriptions again presenting what the client accepted and the mesh has not
+  said final, declares the QoS 2 tags in doubt, resends PUBREL for those already final and PUBLISH
   (DUP, same packet id) for what the core hands again.
 
 The state machine here decides every packet's answer and every request to the router; the edge
@@ -140,6 +143,10 @@ class SessionState:
     restored: bool = False  # made from a keeper's image, its router gone: not yet attached here
     kept: int = 0  # the newest `seq` its keeper holds (not in the image)
     out_index: dict[tuple[str, str], Outbound] = field(default_factory=dict)  # (sid, gid) -> outbound (an index)
+    # QoS 2 messages the client accepted whose PUBREL went before they were final: (sid, gid). The
+    # client is done with them (PUBCOMP frees the packet id); the session remembers them until the
+    # mesh says they are final: presented when the subscription attaches again, and never sent again
+    released: dict[tuple[str, str], None] = field(default_factory=dict)
 
     def add_out(self, ob: Outbound) -> None:
         self.outbound[ob.pid] = ob
@@ -163,7 +170,8 @@ class SessionState:
                          for x in self.subs.values()],
                 "in": [[i.pid, i.tag.decode("ascii"), i.qos, i.nonce or self.nonce, i.answered, i.reason]
                        for i in self.inbound.values()],
-                "out": [[o.pid, o.sid, o.gid, o.qos, o.stage.value, o.final] for o in self.outbound.values()]}
+                "out": [[o.pid, o.sid, o.gid, o.qos, o.stage.value, o.final] for o in self.outbound.values()],
+                "rel": [[sid, gid] for sid, gid in self.released]}
 
     @classmethod
     def from_image(cls, client_id: str, d: dict[str, Any]) -> SessionState:
@@ -178,7 +186,15 @@ class SessionState:
                                            nonce=str(nonce), restored=True)
         for pid, sid, gid, qos, stage, fin in d["out"]:
             st.add_out(Outbound(int(pid), str(sid), str(gid), int(qos), Stage(stage), bool(fin)))
+        for sid, gid in d.get("rel", ()):  # (absent from the images of routers before it)
+            st.released[(str(sid), str(gid))] = None
         return st
+
+    def held_for(self, sid: str) -> list[str]:
+        """What the client holds of subscription `sid` (accepted, not seen final): what it presents."""
+        out = [ob.gid for ob in self.outbound.values() if ob.stage is not Stage.SENT and ob.sid in ("", sid)]
+        out.extend(gid for s, gid in self.released if s == sid)
+        return out
 
     def declarations(self) -> list[tuple[int, str, list[bytes], int]]:
         """What the session's two publisher links declare, as our clients do when they attach
@@ -673,6 +689,10 @@ class MqttConnection:
             if ob0.stage is Stage.SENT:
                 self._send(ob0, topic, content, dup=True)
             return
+        if (sid, gid) in s.released:  # the client took it (PUBREL went early): taken, never sent again
+            self._emit(Settled(sid, gid, True, False))
+            self._regrant(sid)
+            return
         sub = s.sub_of_sid(sid)
         if sub is None:
             return  # (unsubscribed meanwhile: the core ends the subscription)
@@ -739,6 +759,9 @@ class MqttConnection:
                 ob.stage = Stage.RELEASED
                 self._changed()
                 self._emit(Pubrel(ob.pid))
+        if s.released and (sid, gid) in s.released:
+            del s.released[(sid, gid)]
+            self._changed()  # (the keeper may learn it later: a copy that still has it presents a final id)
 
     def notified(self, sid: str, gids: tuple[str, ...]) -> None:
         """The core's FINAL notification (ids this subscription accepted, final since): QoS 2
@@ -774,7 +797,7 @@ class MqttConnection:
             return
         if ob.stage is not Stage.SENT:
             if ob.stage is Stage.RELEASED:
-                self.out.append(Pubrel(ob.pid))
+                self._emit(Pubrel(ob.pid))  # (behind the first, if that one still waits for the keeper)
             return
         self._changed()  # (the acceptance reaches the mesh only once the keeper knows it: the new home
         # presents what the keeper says was accepted, and a PUBREL follows its final)
@@ -787,9 +810,15 @@ class MqttConnection:
         ob.stage = Stage.RECEIVED
         self._emit(Settled(ob.sid, ob.gid, True, False))
         self._regrant(ob.sid)
-        if ob.final:
-            ob.stage = Stage.RELEASED
-            self._emit(Pubrel(ob.pid))
+        if not ob.final:
+            # PUBREL now, not once the message is final: the client's Receive Maximum counts an
+            # exchange until PUBCOMP, and holding it for the other subscriptions' acceptances let two
+            # subscribers' windows fill with messages each waited for the other to take (a chaos
+            # run's deadlock). The session remembers the message instead (`released`, kept before
+            # the PUBREL goes, as the stage is): presented on resume, never sent to the client again
+            s.released[(ob.sid, ob.gid)] = None
+        ob.stage = Stage.RELEASED
+        self._emit(Pubrel(ob.pid))
 
     def _pubcomp(self, p: Pubcomp) -> None:
         s = self.session

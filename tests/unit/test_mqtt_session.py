@@ -217,7 +217,10 @@ def subscribed(c: MqttConnection, *filters: tuple[str, int]) -> None:
     c.asks.clear()
 
 
-def test_qos2_delivery_pubrec_is_acceptance_and_pubrel_waits_for_the_final():
+def test_qos2_delivery_pubrec_is_acceptance_and_the_session_remembers_it_until_final():
+    """PUBREC is the subscription's acceptance; PUBREL follows at once (the client's Receive
+    Maximum counts the exchange until PUBCOMP: it must not wait for other subscriptions), and the
+    session remembers the message until it is final: presented on resume, never sent again."""
     c, st = connected()
     subscribed(c, ("a/#", 2))
     c.deliver("sid0", "g1", "a/b", MqttContent(b"p"), False)
@@ -225,12 +228,15 @@ def test_qos2_delivery_pubrec_is_acceptance_and_pubrel_waits_for_the_final():
     assert type(p) is Publish and p.qos == 2 and not p.dup and p.topic == "a/b"
     c.out.clear()
     c.received(Pubrec(p.packet_id), 1.0)
-    assert asks_of(c, Settled) == [Settled("sid0", "g1", True, False)] and c.out == []
-    c.final("sid0", "g1")
-    assert c.out == [Pubrel(p.packet_id)]
+    assert asks_of(c, Settled) == [Settled("sid0", "g1", True, False)] and c.out == [Pubrel(p.packet_id)]
     c.out.clear()
     c.received(Pubcomp(p.packet_id), 1.1)
-    assert not st.outbound
+    assert not st.outbound and st.held_for("sid0") == ["g1"]
+    c.deliver("sid0", "g1", "a/b", MqttContent(b"p"), True)  # handed again (a failover): taken, not sent
+    assert c.out == [] and asks_of(c, Settled) == [Settled("sid0", "g1", True, False)]
+    assert SessionState.from_image("c1", st.image()).held_for("sid0") == ["g1"]
+    c.final("sid0", "g1")
+    assert st.held_for("sid0") == [] and c.out == []
 
 
 def test_a_final_before_the_pubrec_sends_pubrel_right_after_it():
@@ -353,27 +359,38 @@ def test_one_exchange_one_name_and_never_a_name_twice(seq):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["deliver", "pubrec", "final", "pubcomp"]), st.integers(0, 5)),
                 max_size=60))
-def test_a_packet_id_is_free_again_only_after_pubcomp_of_a_final_message(seq):
+def test_a_message_the_client_accepted_is_never_sent_to_it_again_until_final(seq):
+    """Whatever the order of deliveries (first or again), PUBRECs, PUBCOMPs and finals: a packet id
+    names one exchange at a time, and a message accepted (PUBREC) and not final is never sent to the
+    client again (under any packet id) and is presented while the session holds it."""
     c, st_ = connected()
     subscribed(c, ("t", 2))
     finals: set[str] = set()
+    accepted: set[str] = set()
     for op, i in seq:
         gid = f"g{i}"
         if op == "deliver":
-            c.deliver("sid0", gid, "t", MqttContent(b""), False)
+            if gid in finals:
+                continue  # (the mesh never hands a final message again)
+            c.deliver("sid0", gid, "t", MqttContent(b""), gid in accepted)
+            sent = [p for p in c.out if type(p) is Publish]
+            assert not (sent and gid in accepted and not sent[-1].dup), f"{gid} accepted, sent again"
         elif op == "final":
-            finals.add(gid)
-            c.final("sid0", gid)
+            if gid in accepted:
+                finals.add(gid)
+                c.final("sid0", gid)
         else:
             pids = sorted(st_.outbound)
             if pids:
                 pid = pids[i % len(pids)]
+                ob = st_.outbound[pid]
+                if op == "pubrec" and ob.stage is Stage.SENT:
+                    accepted.add(ob.gid)
                 c.received(Pubrec(pid) if op == "pubrec" else Pubcomp(pid), 1.0)
         in_use = [ob.pid for ob in st_.outbound.values()]
         assert len(in_use) == len(set(in_use))
-        for ob in st_.outbound.values():
-            if ob.stage is Stage.RELEASED:
-                assert ob.gid in finals  # PUBREL only for a final message
+        for g in accepted - finals:
+            assert g in st_.held_for("sid0")  # presented if the subscription attaches again
         c.asks.clear()
         c.out.clear()
 
@@ -432,9 +449,10 @@ def test_with_a_keeper_a_delivery_waits_for_its_packet_id_and_an_acceptance_for_
     c.out.clear()
     c.received(Pubrec(p.packet_id), 1.0)
     assert asks_of(c, Settled) == []  # the mesh learns of the acceptance only once the keeper knows it
-    assert st.image()["out"][0][4] == "received"
+    assert c.out == []  # (nor the PUBREL: the keeper must hold that the session remembers g1)
+    assert st.image()["out"][0][4] == "released" and st.image()["rel"] == [["sid0", "g1"]]
     c.kept(st.seq)
-    assert asks_of(c, Settled) == [Settled("sid0", "g1", True, False)]
+    assert asks_of(c, Settled) == [Settled("sid0", "g1", True, False)] and c.out == [Pubrel(p.packet_id)]
 
 
 def test_with_a_keeper_an_exchange_ends_only_once_the_keeper_knows():
@@ -530,7 +548,8 @@ def test_what_goes_out_was_kept_first(seq):
                 assert kept_in.get(ask.pid) == ask.tag.decode()
                 submitted.add(ask.pid)
             if type(ask) is Settled and ask.accepted and not ask.settled:
-                assert (ask.gid, "received") in kept_out.values() or (ask.gid, "released") in kept_out.values()
+                assert (ask.gid, "received") in kept_out.values() or (ask.gid, "released") in kept_out.values() \
+                    or ["sid0", ask.gid] in acked.get("rel", [])
                 accepted.add(ask.gid)
         for p in c.out:
             if type(p) is Publish and p.qos:
@@ -540,6 +559,8 @@ def test_what_goes_out_was_kept_first(seq):
                 pass  # (a new exchange under the id, after the end)
             elif type(p) is Pubcomp:
                 assert p.packet_id not in kept_in or p.reason_code == Reason.PACKET_IDENTIFIER_NOT_FOUND
+            if type(p) is Pubrel:  # (the client may forget it after this: the keeper holds that it was taken)
+                assert kept_out.get(p.packet_id, ("", ""))[1] == "released"
         c.asks.clear()
         c.out.clear()
 
