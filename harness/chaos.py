@@ -22,6 +22,18 @@ that is tried as a whole. Theory of operation:
    (`spark.job.reconcile_paths`), not from the absence of errors. Router crashes (exits we did not
    cause) are findings too.
 
+MQTT clients (`--mqtt N`): every router gets an MQTT listener (127.0.0.1, port 0), and N of the
+publishers and N of the subscribers are MQTT 5 QoS 2 workers (`harness.mqttworker`: a persistent
+session, its client-side state in its state directory, so client kills apply to them too; a failover
+list of the home router, the session's keeper, then the others, rewritten when a restarted router's
+listener has a new port). The MQTT publishers publish on MQTT_TOPIC, which only the MQTT subscribers
+take (besides TOPIC): an MQTT client writes no settlement log, so the reconciliation's client view
+cannot judge an MQTT subscription (it counts it unobserved) and would class an MQTT publisher's
+message handed to an AMQP subscriber `unexpected` (no `published` line for its gid). Every pair with
+an MQTT end is judged by the router view (the routers' logs alone) and by the workers' reports
+(`_Run.mqtt_violations`: each message once at each MQTT subscriber, every PUBCOMP, no resume without
+its session); progress and quiescence read those reports too.
+
 Exit status: 0 the promises held and the run quiesced; 1 a promise was broken (lost, duplicated,
 unexpected, false ACCEPTED) or a process crashed; 3 no promise broken but the run did not quiesce
 in time (liveness); 2 the run could not be set up.
@@ -34,6 +46,7 @@ import contextlib
 import heapq
 import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -46,10 +59,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..interrouter.keeper import keeper_of
 from ..spark import pyspark_missing
 from ..topology.launcher import Mesh, MeshError, RouterState
 from ..topology.load import TopologyError, example_path, load_topology, with_topic_order
 from .faults import ALL_FAULTS, Fault, FaultKind, Limits, make_schedule, parse_faults
+from .mqttworker import ReportReader
 from .procs import Proc, python_cmd
 from .progress import ClientLogs
 
@@ -64,6 +79,9 @@ WILD_TOPIC = "chaos/p{}"
 WILD_FILTERS = ("chaos/#", "chaos/p0", "chaos/+", "chaos/p1/#")
 # with --shared: every subscriber is a member of this shared subscription
 SHARED_NAME = "chaos-shared"
+# with --mqtt: the MQTT publishers' topic (the MQTT subscribers take it and TOPIC; the AMQP ones only
+# TOPIC: see `_Run.mqtt_violations` for why)
+MQTT_TOPIC = "chaos-mqtt"
 TICK = 0.1  # seconds between looks at processes and logs while playing the schedule
 PROGRESS_EVERY = 10.0
 STALL = 20.0  # after every publisher finished: this long without a client log line means stuck
@@ -97,6 +115,8 @@ class ChaosConfig:
     # the subscribers are the members of one shared subscription (`SHARED_NAME`): each message is
     # owed to it once, and handed to one member
     shared: bool = False
+    # this many of the publishers and of the subscribers are MQTT 5 QoS 2 workers (harness/mqttworker.py)
+    mqtt: int = 0
 
     @property
     def settle_timeout(self) -> float:
@@ -131,6 +151,7 @@ class ChaosResult:
     order: str = "fifo"  # the chaos topic's order (what order_failures counts)
     shared: bool = False  # the subscribers were members of one shared subscription: no order promised
     router_evidence: list[str] = field(default_factory=list)  # the log lines of failing router-view pairs
+    mqtt: dict[str, dict[str, Any]] = field(default_factory=dict)  # MQTT worker name -> what its report says
 
     @property
     def safety_failures(self) -> int:
@@ -185,7 +206,7 @@ class ChaosResult:
             "total_order_disagreements": self.summary.total_order_disagreements if self.summary is not None else 0,
             "order": self.order,
             "subscriptions": self.subscriptions, "interrupted": self.interrupted, "error": self.error,
-            "router_evidence": self.router_evidence,
+            "router_evidence": self.router_evidence, "mqtt": self.mqtt,
             "reconciliation": self.summary.to_dict() if self.summary is not None else None,
         }
 
@@ -199,6 +220,8 @@ class _Client:
     home: str  # the router it is meant to use first
     args: list[str]  # the worker's arguments, without --url
     out: Path
+    protocol: str = "amqp"  # amqp (harness/worker.py) | mqtt (harness/mqttworker.py)
+    report: ReportReader | None = None  # an MQTT worker's report
     urls: str = ""  # every router's URL, its home first (known once the mesh is up)
     link: str = ""  # a subscriber's subscription name (its logs' `link`): its own, or the shared one
     proc: Proc | None = None
@@ -208,7 +231,8 @@ class _Client:
 
     @property
     def cmd(self) -> list[str]:
-        return [*python_cmd("-m", "oncemesh.harness.worker", self.kind), "--url", self.urls, *self.args]
+        module = "oncemesh.harness.mqttworker" if self.protocol == "mqtt" else "oncemesh.harness.worker"
+        return [*python_cmd("-m", module, self.kind), "--url", self.urls, *self.args]
 
     def start(self) -> None:
         self.proc = Proc(self.cmd, self.out)
@@ -261,6 +285,7 @@ class _Run:
         self.mesh: Mesh | None = None
         self.watch = ClientLogs(self.client_logs)
         self.expect: dict[str, str] = dict.fromkeys(self.routers, "up")  # up | killed | frozen
+        self.mqtt_addr: dict[str, str] = {}  # router -> its MQTT listener's HOST:PORT (the last known)
         self.down_links: set[tuple[str, str]] = set()
         self.t0 = 0.0
         self.t0_wall = 0.0  # (the wall clock at t0: log lines carry wall-clock times)
@@ -289,6 +314,10 @@ class _Run:
         count = max(1, int(cfg.rate * cfg.duration))
         for i in range(cfg.subscribers):
             home = self.routers[i % n]
+            if i < cfg.mqtt:  # (the first subscribers and publishers: their traffic crosses the mesh)
+                out.append(self._mqtt_client(f"sub-{i}", "consume", home, [
+                    "--topic", TOPIC, "--topic", MQTT_TOPIC, "--reconnect-timeout", reconnect]))
+                continue
             topic = WILD_FILTERS[i % len(WILD_FILTERS)] if cfg.wildcards else TOPIC
             sub = self._client(f"sub-{i}", "consume", home, [
                 "--topic", topic, "--name", SHARED_NAME if cfg.shared else f"sub-{i}", "--reconnect-timeout",
@@ -297,11 +326,33 @@ class _Run:
             out.append(sub)
         for j in range(cfg.publishers):
             home = self.routers[(n - 1 - j) % n]
+            if j < cfg.mqtt:
+                out.append(self._mqtt_client(f"pub-{j}", "publish", home, [
+                    "--topic", MQTT_TOPIC, "--count", str(count), "--rate", str(cfg.rate), "--size", str(cfg.size),
+                    "--reconnect-timeout", reconnect]))
+                continue
             topic = WILD_TOPIC.format(j) if cfg.wildcards else TOPIC
             out.append(self._client(f"pub-{j}", "publish", home, [
                 "--topic", topic, "--name", f"pub-{j}", "--count", str(count), "--rate", str(cfg.rate),
                 "--size", str(cfg.size), "--reconnect-timeout", reconnect]))
         return out
+
+    @property
+    def count(self) -> int:
+        """Messages each publisher sends."""
+        return max(1, int(self.cfg.rate * self.cfg.duration))
+
+    def _mqtt_client(self, name: str, kind: str, home: str, args: list[str]) -> _Client:
+        """An MQTT 5 QoS 2 worker (harness/mqttworker.py): client id = its name, its session's client-side
+        state in its state directory (so a SIGKILL and restart is safe), a report the run polls."""
+        report = self.state / "clients" / f"{name}.report"  # (JSON lines; not *.jsonl: no settlement log)
+        return _Client(name, kind, home, [*args, "--client-id", name, "--state-dir", str(self.state / "clients" / name),
+                                          "--report", str(report), "--url-file", str(self._url_file(name))],
+                       self.state / "clients" / f"{name}.out", protocol="mqtt", report=ReportReader(report))
+
+    @property
+    def mqtt_clients(self) -> list[_Client]:
+        return [c for c in self.clients if c.protocol == "mqtt"]
 
     def _client(self, name: str, kind: str, home: str, args: list[str]) -> _Client:
         return _Client(name, kind, home, [*args, "--state-dir", str(self.state / "clients" / name),
@@ -313,6 +364,42 @@ class _Run:
         i = self.routers.index(home)
         order = self.routers[i:] + self.routers[:i]
         return ",".join(self.mesh.url(r) for r in order)
+
+    def _url_file(self, name: str) -> Path:
+        return self.state / "clients" / f"{name}.urls"
+
+    def refresh_mqtt_urls(self) -> None:
+        """Every MQTT worker's failover list (`_mqtt_urls`) from the routers' MQTT addresses now: a
+        restarted router's listener (port 0) may have a new port. Written (atomically) when it changed;
+        the workers read theirs before each connection attempt."""
+        if not self.cfg.mqtt or self.mesh is None:
+            return
+        for s in self.mesh.status():
+            if s.mqtt and s.alive:
+                self.mqtt_addr[s.id] = s.mqtt
+        for c in self.mqtt_clients:
+            urls = self._mqtt_urls(c, self.mqtt_addr)
+            if urls != c.urls:
+                c.urls = urls
+                path = self._url_file(c.name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text(urls + "\n")
+                tmp.replace(path)
+
+    def _mqtt_urls(self, c: _Client, mqtt: dict[str, str]) -> str:
+        """An MQTT client's failover list: its home, then its session's keeper (the router that holds
+        the session's copy, interrouter/keeper.py: where a resume finds it when the home dies), then
+        the keeper's other neighbours, then the rest (docs/mqtt.md, "Sessions across routers")."""
+        keeper = keeper_of(c.name, self.topology.neighbours(c.home))
+        i = self.routers.index(c.home)
+        rest = [r for r in self.routers[i + 1:] + self.routers[:i] if r != keeper]
+        near = set(self.topology.neighbours(keeper)) if keeper is not None else set()
+        order = [c.home, *([keeper] if keeper is not None else []), *sorted(rest, key=lambda r: r not in near)]
+        missing = [r for r in order if not mqtt.get(r)]
+        if missing:
+            raise ChaosError(f"router(s) {', '.join(missing)} have no MQTT listener (their status has no 'mqtt')")
+        return ",".join(mqtt[r] for r in order)
 
     def event(self, what: str, **fields: Any) -> None:
         t = time.monotonic() - self.t0 if self.t0 else 0.0
@@ -328,7 +415,7 @@ class _Run:
             "seed": self.seed, "topology": str(cfg.topology.resolve()), "duration": cfg.duration,
             "faults": [k.value for k in cfg.faults], "publishers": cfg.publishers,
             "subscribers": cfg.subscribers, "rate": cfg.rate, "size": cfg.size, "code": _code_version(),
-            "wildcards": cfg.wildcards, "shared": cfg.shared,
+            "wildcards": cfg.wildcards, "shared": cfg.shared, "mqtt": cfg.mqtt,
             "schedule": [f.to_json() for f in self.schedule]}, indent=2) + "\n")
         self.say(f"oncemesh chaos: seed {self.seed}, topology {cfg.topology}, {cfg.duration:g}s of traffic, "
                  f"faults {','.join(k.value for k in cfg.faults) or 'none'}; state and logs in {self.state}; "
@@ -339,24 +426,34 @@ class _Run:
         topo = cfg.topology
         if cfg.order != "fifo":
             topo = with_topic_order(topo, [TOPIC], cfg.order, self.state / f"{Path(topo).stem}-{cfg.order}.toml")
+        if cfg.mqtt:
+            topo = with_mqtt_listeners(topo, self.state / f"{Path(topo).stem}-mqtt.toml")
         self.mesh = Mesh(topo, self.state, proxies=True)
         statuses = self.mesh.up(timeout=min(SETUP_TIMEOUT, self.remaining()))
-        self.say("mesh up: " + ", ".join(f"{s.id} {s.url}" for s in statuses))
+        self.say("mesh up: " + ", ".join(f"{s.id} {s.url}" + (f" mqtt://{s.mqtt}" if s.mqtt else "")
+                                         for s in statuses))
         for c in self.clients:
-            c.urls = self._urls(c.home)
+            if c.protocol == "amqp":
+                c.urls = self._urls(c.home)
+        self.refresh_mqtt_urls()
         for c in self.clients:
             if c.kind == "consume":
                 c.start()
-        subs = sorted({c.link for c in self.clients if c.kind == "consume"})
-        self._wait(lambda: all((s := self.watch.by_link(n)) is not None and s.started for n in subs),
+        subs = sorted({c.link for c in self.clients if c.kind == "consume" and c.protocol == "amqp"})
+        msubs = [c for c in self.mqtt_clients if c.kind == "consume"]
+        self._wait(lambda: all((s := self.watch.by_link(n)) is not None and s.started for n in subs)
+                   and all(c.report is not None and c.report.subscribed for c in msubs),
                    min(SETUP_TIMEOUT, self.remaining()), "every subscription in force")
-        self.say(f"{len(subs)} subscriptions in force; starting {cfg.publishers} publishers at "
-                 f"{cfg.rate:g} msg/s each")
+        self.say(f"{len(subs) + len(msubs)} subscriptions in force"
+                 + (f" ({len(msubs)} MQTT session(s), each on {TOPIC} and {MQTT_TOPIC})" if msubs else "")
+                 + f"; starting {cfg.publishers} publishers at {cfg.rate:g} msg/s each"
+                 + (f" ({cfg.mqtt} MQTT, on {MQTT_TOPIC})" if cfg.mqtt else ""))
 
     def _wait(self, pred: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while True:
             self.watch.poll()
+            self.poll_reports()
             self.check_processes()
             if pred():
                 return
@@ -467,15 +564,30 @@ class _Run:
         self.result.injected[f.kind.value] += 1
 
     # ------------------------------------------------------------------ watching
+    def poll_reports(self) -> int:
+        """Read what the MQTT workers reported since the last call; returns the number of lines."""
+        return sum(c.report.poll() for c in self.mqtt_clients if c.report is not None)
+
     def tick(self) -> int:
-        """Look at the logs and the processes; returns the number of new client log lines."""
-        n = self.watch.poll()
+        """Look at the logs and the processes; returns the number of new client log lines (and MQTT
+        report lines)."""
+        n = self.watch.poll() + self.poll_reports()
+        self.refresh_mqtt_urls()
         self.check_processes()
-        for d in self.watch.duplicates():
+        for d in self.watch.duplicates() + self.mqtt_duplicates():
             if d not in self._reported_dups:
                 self._reported_dups.add(d)
                 self.say(f"  VIOLATION seen in the client logs: {d}")
         return n
+
+    def mqtt_duplicates(self) -> list[str]:
+        out = []
+        for c in self.mqtt_clients:
+            dups = c.report.duplicates() if c.report is not None else {}
+            if dups:
+                out.append(f"MQTT subscriber {c.name}: {len(dups)} message(s) delivered more than once, "
+                           f"e.g. {[f'{p}:{n}' for p, n in sorted(dups)[:3]]}")
+        return out
 
     def check_processes(self) -> None:
         mesh = self.mesh
@@ -521,8 +633,15 @@ class _Run:
         handed = " ".join(f"{s.link}:{len(s.handed)}" for s in sorted(w.subs.values(), key=lambda s: s.link or ""))
         assert self.mesh is not None
         states = " ".join(f"{s.id}:{s.state.value}" for s in self.mesh.status())
+        mqtt = ""
+        for c in self.mqtt_clients:
+            r = c.report
+            assert r is not None
+            mqtt += (f" {c.name}:{len(r.published)}/{len(r.completed)}" if c.kind == "publish"
+                     else f" {c.name}:{len(r.delivered)}")
         self.say(f"[{now:7.2f}s] published {len(w.published)}, accepted {acc}, handed {handed}; "
-                 f"faults {sum(self.result.injected.values())}; routers {states}")
+                 + (f"MQTT (published/completed, delivered){mqtt}; " if mqtt else "")
+                 + f"faults {sum(self.result.injected.values())}; routers {states}")
 
     # ------------------------------------------------------------------ healing and quiescence
     def heal(self) -> None:
@@ -549,17 +668,35 @@ class _Run:
         messages not yet published (each brings an outcome and a hand-over per subscription),
         outcomes not yet told, hand-overs owed. Never below 0, so a run cannot make new lows
         for ever: `quiesce` waits while it does."""
-        owed_per_message = 1 + len({c.link for c in self.clients if c.kind == "consume"})
-        total = self.cfg.publishers * max(1, int(self.cfg.rate * self.cfg.duration))
+        owed_per_message = 1 + len({c.link for c in self.clients if c.kind == "consume" and c.protocol == "amqp"})
+        total = (self.cfg.publishers - self.cfg.mqtt) * self.count
         unpublished = max(0, total - len(self.watch.published))
-        return unpublished * owed_per_message + len(self.watch.in_doubt()) + sum(missing.values())
+        left = unpublished * owed_per_message + len(self.watch.in_doubt()) + sum(missing.values())
+        for c in self.mqtt_clients:  # MQTT: messages to send, exchanges to end, deliveries owed (their reports)
+            r = c.report
+            assert r is not None
+            if c.kind == "publish":
+                sent = r.published | r.completed  # (a SIGKILL may come between a commit and its `published` line)
+                left += max(0, self.count - len(sent)) + max(0, len(sent - r.completed) - len(r.refused))
+        return left + sum(self.mqtt_missing().values())
+
+    def mqtt_missing(self) -> dict[str, int]:
+        """MQTT subscriber -> messages not delivered yet (every publisher's every message is owed to it:
+        its subscription was in force before the first was sent)."""
+        pubs = [c.name for c in self.clients if c.kind == "publish"]
+        out = {}
+        for c in self.mqtt_clients:
+            if c.kind == "consume" and c.report is not None:
+                got = sum(len({n for n in c.report.distinct_of(p) if 0 <= n < self.count}) for p in pubs)
+                out[c.name] = len(pubs) * self.count - got
+        return out
 
     def quiesce(self) -> bool:
         """Wait until every publisher has finished and every subscription has had everything: as
         long as the work left makes new lows, and at most `settle_timeout` after the last one (not
         a deadline on the whole: how long catching up takes is the machine's speed times the
         backlog the faults left)."""
-        subs = sorted({c.link for c in self.clients if c.kind == "consume"})
+        subs = sorted({c.link for c in self.clients if c.kind == "consume" and c.protocol == "amqp"})
         pubs = [c for c in self.clients if c.kind == "publish"]
         last = quiet_since = low_since = time.monotonic()
         low: int | None = None
@@ -572,7 +709,8 @@ class _Run:
             left = self.work_left(missing)
             if low is None or left < low:
                 low, low_since = left, time.monotonic()
-            if done_pubs and len(missing) == len(subs) and not any(missing.values()):
+            mmissing = self.mqtt_missing()
+            if done_pubs and len(missing) == len(subs) and not any(missing.values()) and not any(mmissing.values()):
                 self.say(f"[{time.monotonic() - self.t0:7.2f}s] quiescent: every publisher finished, "
                          f"every subscription has every message")
                 return True
@@ -581,13 +719,15 @@ class _Run:
                 # every outcome told, nothing moving: what is missing will not come (a broken promise)
                 self.say(f"NOT QUIESCENT: every publisher finished with every outcome, nothing moved for "
                          f"{STALL:g}s, and messages are missing: "
-                         + "; ".join(f"{n}: {len(g)}, e.g. {sorted(g)[:3]}" for n, g in gaps.items() if g))
+                         + "; ".join([f"{n}: {len(g)}, e.g. {sorted(g)[:3]}" for n, g in gaps.items() if g]
+                                     + [f"{n} (MQTT): {k}" for n, k in mmissing.items() if k]))
                 return False
             if time.monotonic() - low_since >= self.cfg.settle_timeout:
                 self.say(f"NOT QUIESCENT: no progress for {self.cfg.settle_timeout:g}s (work left {left}); "
                          f"publishers still running: "
                          f"{', '.join(c.name for c in pubs if not c.finished) or 'none'}; messages missing "
-                         f"per subscription: {missing}; in doubt: {len(self.watch.in_doubt())}")
+                         f"per subscription: {missing | {f'{n} (MQTT)': k for n, k in mmissing.items()}}; in doubt: "
+                         f"{len(self.watch.in_doubt())}")
                 return False
             if time.monotonic() - last >= PROGRESS_EVERY:
                 last = time.monotonic()
@@ -611,6 +751,59 @@ class _Run:
         self._events.close()
 
     # ------------------------------------------------------------------ verdict
+    def mqtt_violations(self) -> list[str]:
+        """The MQTT workers' own verdict, from their reports (and `result.mqtt`, what each says).
+
+        Why the reports: an MQTT client writes no settlement log, so the reconciliation's client view
+        does not judge its pairs. Its subscriptions are known from router lines only (counted as
+        `unobserved_subscriptions`, not judged), and a message an MQTT client published has no
+        `published` line: had an AMQP subscriber been handed one, the client view would class it
+        `unexpected` (its gid is named by the router, never seen by the client). So the MQTT publishers
+        publish on MQTT_TOPIC, which only the MQTT subscribers take, and every pair with an MQTT end is
+        judged by the router view (the routers' logs alone) and here: each message once at each MQTT
+        subscriber (by its payload's publisher and number, whichever protocol published it), none
+        missing whose publisher was told it was taken (PUBCOMP; an AMQP publisher that finished was
+        told ACCEPTED for all), every PUBLISH ended with PUBCOMP (no refusal), and every resume finding
+        its session (a CONNACK without it means the client's state and the server's parted ways)."""
+        out: list[str] = []
+        pubs = {c.name: c for c in self.clients if c.kind == "publish"}
+        for c in self.mqtt_clients:
+            rep = c.report
+            assert rep is not None
+            if rep.session_lost:
+                out.append(f"MQTT {c.name}: {rep.session_lost} resume(s) without the session (CONNACK session "
+                           f"present 0): its in-flight QoS 2 state was gone at the router")
+            if c.kind == "publish":
+                self.result.mqtt[c.name] = {"published": len(rep.published), "completed": len(rep.completed),
+                                            "refused": len(rep.refused), "connections": rep.connections,
+                                            "session_lost": rep.session_lost}
+                if rep.refused:
+                    out.append(f"MQTT publisher {c.name}: {len(rep.refused)} PUBLISH(es) refused, e.g. "
+                               f"{sorted(rep.refused.items())[:3]} (number, reason)")
+                continue
+            dups = rep.duplicates()
+            unexpected = sorted(k for k in rep.delivered if k[0] not in pubs or not 0 <= k[1] < self.count)
+            lost = []
+            for name, p in pubs.items():
+                told = (p.report.completed if p.report is not None
+                        else set(range(self.count)) if p.finished else set())
+                lost += [(name, n) for n in sorted(told - rep.distinct_of(name))]
+            self.result.mqtt[c.name] = {"delivered": sum(len(x) for x in rep.delivered.values()),
+                                        "distinct": len(rep.delivered), "duplicates": sum(dups.values()),
+                                        "missing": self.mqtt_missing().get(c.name, 0), "lost": len(lost),
+                                        "unexpected": len(unexpected), "connections": rep.connections,
+                                        "session_lost": rep.session_lost}
+            if dups:
+                out.append(f"MQTT subscriber {c.name}: {len(dups)} message(s) delivered more than once, e.g. "
+                           f"{[f'{p}:{n}' for p, n in sorted(dups)[:3]]}")
+            if lost:
+                out.append(f"MQTT subscriber {c.name}: {len(lost)} message(s) never delivered that their publisher "
+                           f"was told were taken, e.g. {[f'{p}:{n}' for p, n in lost[:3]]}")
+            if unexpected:
+                out.append(f"MQTT subscriber {c.name}: {len(unexpected)} message(s) no publisher sent, e.g. "
+                           f"{[f'{p}:{n}' for p, n in unexpected[:3]]}")
+        return out
+
     def judge(self) -> None:
         r, w = self.result, self.watch
         w.poll()
@@ -620,6 +813,11 @@ class _Run:
         names = {s.sub: s.link or s.sub for s in w.subs.values()}
         r.handed = {names[s.sub]: len(s.handed) for s in w.subs.values()}
         r.client_violations = w.violations()  # the writers are stopped: no transient reports
+        self.poll_reports()
+        r.client_violations += self.mqtt_violations()
+        for c in self.mqtt_clients:
+            if c.kind == "consume":
+                r.handed[c.name] = r.mqtt[c.name]["distinct"]
         if not self.cfg.reconcile:
             return
         self.say("reconciling every settlement log of the run with Spark ...")
@@ -668,6 +866,11 @@ class _Run:
                      + ", ".join(f"{c} {n}" for c, n in rv.counts if n or c in ("ok", "lost", "duplicated")))
             for line in r.router_evidence:
                 self.say(f"    {line}")
+            if self.cfg.mqtt:
+                self.say(f"  MQTT sessions: {s.unobserved_subscriptions} subscription(s) without a subscriber log "
+                         f"(the client view does not judge them; the router view above does)")
+        for name, m in sorted(r.mqtt.items()):
+            self.say(f"  MQTT {name}: " + ", ".join(f"{k} {v}" for k, v in m.items()))
         for v in r.client_violations:
             self.say(f"  VIOLATION (client logs): {v}")
         for c in r.crashes:
@@ -679,8 +882,25 @@ class _Run:
                  + (f" --size {self.cfg.size}" if self.cfg.size != DEFAULT_SIZE else "")
                  + (f" --order {self.cfg.order}" if self.cfg.order != "fifo" else "")
                  + (" --wildcards" if self.cfg.wildcards else "") + (" --shared" if self.cfg.shared else "")
+                 + (f" --mqtt {self.cfg.mqtt}" if self.cfg.mqtt else "")
                  + (f" --mean-gap {self.cfg.limits.mean_gap:g}" if self.cfg.limits.mean_gap != Limits().mean_gap
                     else ""))
+
+
+def with_mqtt_listeners(path: str | Path, dest: Path) -> Path:
+    """A copy of topology file `path` at `dest` where every router has an MQTT listener on
+    127.0.0.1, port 0 (`mqtt_listen` in `[defaults]`; a router's own setting still wins)."""
+    text = Path(path).read_text()
+    line = 'mqtt_listen = "127.0.0.1:0"'
+    header = re.search(r"^\[defaults\][ \t]*(#.*)?$", text, re.MULTILINE)
+    if header is None:
+        text = f"[defaults]\n{line}\n\n{text}"
+    elif not re.search(r"^mqtt_listen\s*=", text[header.end():].split("\n[", 1)[0], re.MULTILINE):
+        text = f"{text[:header.end()]}\n{line}{text[header.end():]}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text)
+    load_topology(dest)  # (raises TopologyError for a file that is wrong)
+    return dest
 
 
 def failing_router_pairs(reconcile_dir: Path, n: int = 3) -> list[dict[str, Any]]:
@@ -817,7 +1037,7 @@ def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None 
               publishers: int = 2, subscribers: int = 3, rate: float = 30.0, size: int = DEFAULT_SIZE,
               settle: float | None = None, limits: Limits | None = None, reconcile: bool = True,
               say: Callable[[str], None] | None = None, order: str = "fifo", wildcards: bool = False,
-              shared: bool = False) -> ChaosResult:
+              shared: bool = False, mqtt: int = 0) -> ChaosResult:
     """One chaos run (see the module docstring); the result says what happened and the verdict.
 
     Raises ChaosError when the run cannot even be set up with these arguments; every other
@@ -830,9 +1050,13 @@ def run_chaos(topology: str | Path, *, duration: float = 60.0, seed: int | None 
         raise ChaosError("--wildcards needs --order fifo: a wildcard filter may only match FIFO topics")
     if shared and (order != "fifo" or wildcards):
         raise ChaosError("--shared needs --order fifo and no --wildcards")
+    if mqtt < 0 or mqtt > min(publishers, subscribers):
+        raise ChaosError(f"--mqtt {mqtt}: between 0 and the number of publishers and of subscribers")
+    if mqtt and (order != "fifo" or wildcards or shared):
+        raise ChaosError("--mqtt needs --order fifo and no --wildcards or --shared")
     cfg = ChaosConfig(resolve_topology(topology), duration, seed, tuple(faults),
                       Path(state_dir) if state_dir is not None else None, publishers, subscribers, rate,
-                      size, settle, limits or Limits(), reconcile, order, wildcards, shared)
+                      size, settle, limits or Limits(), reconcile, order, wildcards, shared, mqtt)
     try:
         run = _Run(cfg, say or (lambda text: print(text, flush=True)))
     except TopologyError as exc:
@@ -909,6 +1133,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--shared", action="store_true",
                    help="the subscribers are the members of one shared subscription: each message is owed to it "
                         "once and handed to one member, whichever member's router crashes (fifo order only)")
+    p.add_argument("--mqtt", type=int, default=0, metavar="N",
+                   help="N of the publishers and N of the subscribers are MQTT 5 QoS 2 clients (persistent sessions, "
+                        "failing over to the session's keeper; harness/mqttworker.py) on every router's MQTT "
+                        "listener; they publish on chaos-mqtt, which only MQTT subscribers take (they also take "
+                        "chaos). Their pairs are judged by the router view and their own reports (each message once "
+                        "at each MQTT subscriber, every PUBCOMP); client faults apply to them too (fifo order only)")
     p.add_argument("--no-reconcile", action="store_true", help="skip the Spark reconciliation (no verdict on "
                                                                 "safety beyond the client logs)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress on stderr)")
@@ -934,7 +1164,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                            state_dir=args.state_dir, publishers=args.publishers, subscribers=args.subscribers,
                            rate=args.rate, size=args.size, settle=args.settle,
                            limits=Limits(mean_gap=args.mean_gap), reconcile=not args.no_reconcile, say=say,
-                           order=args.order, wildcards=args.wildcards, shared=args.shared)
+                           order=args.order, wildcards=args.wildcards, shared=args.shared, mqtt=args.mqtt)
     except (ChaosError, ValueError) as exc:
         print(f"oncemesh chaos: {exc}", file=sys.stderr)
         return 2
