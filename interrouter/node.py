@@ -626,9 +626,12 @@ class MeshNode:
     def _keepers_changed(self, now: float) -> None:
         """The routers that may keep our MQTT sessions: reachable neighbours that speak KEEPER_VERSION."""
         reach = self.core.reachable_routers()
+        # (the lives of the neighbours as their connections' HELLOs said: the link-state database may
+        # still name a restarted neighbour's earlier life, which the keeper would take for the same
+        # life back and drop the copies that are all that is left of its sessions)
         self.keeper.set_reachable((p for p in self.connected if p in reach and p != self.me
                                    and self.versions.get(p, PROTOCOL_VERSION) >= KEEPER_VERSION), now,
-                                  {r: inc for r, inc in reach.items() if r != self.me})
+                                  {p: inc for p, inc in self.connected.items() if p != self.me})
 
     def _member_session_broken(self, peer: str, now: float) -> None:
         self.member_home.relay_lost(peer, now)

@@ -372,6 +372,22 @@ class DeliveryCore:
         self.newest_link[plid] = ghost
         self._publisher_declared(plid, gids, mark, now)
 
+    def publisher_released(self, token: Any, tag: bytes, now: float) -> None:
+        """The publisher on link `token` settled `tag`, a message it declared in doubt when it
+        attached and did not send again here: it was answered at a router that is gone (an MQTT
+        client's PUBREL after the PUBREC of a router that died: it never sends that PUBLISH again).
+        It is out of doubt: what this router holds of it, and the ids subscribers presented, are
+        final, and the mesh's questions about it are answered so."""
+        self._now = now
+        pl = self.pub_links.get(token)
+        if pl is None or pl.declared is None:
+            return
+        gid = global_id(pl.plid, tag)
+        if gid not in pl.declared:
+            return
+        pl.declared = pl.declared - {gid}
+        self._publisher_declared(pl.plid, pl.declared, pl.mark, now)
+
     def detach_publisher(self, token: Any) -> None:
         pl = self.pub_links.pop(token, None)
         if pl is None:

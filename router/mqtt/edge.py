@@ -723,6 +723,8 @@ class MqttPeer(Accepted):
         pub = self.pubs.pop(tag, None)
         if pub is not None:
             self.core.publisher_settled(pub, time.time())
+        else:  # (answered by a router that is gone, declared in doubt here: the client settled it)
+            self.core.publisher_released(self.links.get(2), tag, time.time())
 
     # ------------------------------------------------------------ SUBSCRIBE
     def _grants(self) -> Any:

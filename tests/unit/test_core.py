@@ -921,3 +921,26 @@ def test_a_declaration_made_for_a_publisher_that_is_gone_makes_what_it_settled_f
     h.take()
     h.core.publisher_gone(PL, [], 10, h.now)
     assert set(h.core.placeholders) == {gs[5], gs[9]}
+
+
+def test_a_publisher_that_settles_a_message_it_declared_in_doubt_without_sending_it_again_makes_it_final():
+    """An MQTT publisher whose router died after PUBREC sends PUBREL at the next router, never that
+    PUBLISH again; the edge declared it in doubt when the client attached (the keeper's image did
+    not know of the PUBREC yet). The PUBREL takes it out of doubt (`publisher_released`): an id a
+    subscriber presented is final, and so is the answer to the mesh's question about it. A tag not
+    declared changes nothing."""
+    h = _mesh_harness()
+    g5, g6 = global_id(PL, counter_tag(5)), global_id(PL, counter_tag(6))
+    sid, _, _ = h.sub("a", presented=[g5, g6])
+    h.core.attach_publisher(h.pub_link, PL, "t", True, [counter_tag(5), counter_tag(6)], h.now, mark=7,
+                            ordered=False)
+    h.take()
+    assert set(h.core.placeholders) == {g5, g6}
+    h.core.publisher_released(h.pub_link, counter_tag(9), h.now)
+    h.core.publisher_released(h.pub_link, counter_tag(5), h.now)
+    acts = h.take()
+    assert [g for a in acts if isinstance(a, NotifyFinal) for g in a.gids] == [g5]
+    assert set(h.core.placeholders) == {g6}
+    h.core.meshside.handle_query(g5, "X", h.now)
+    h.core.meshside.handle_query(g6, "X", h.now)
+    assert [(a.to, a.gid) for a in h.take() if isinstance(a, SendFinal)] == [("X", g5)]
