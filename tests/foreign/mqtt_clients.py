@@ -7,13 +7,28 @@ here). For each, a publisher and a subscriber of our own (tests/foreign/mqtt/<fa
 mosquitto a Python driver around the programs) with one command line and one JSON-lines report
 (tests/foreign/mqtt/common.py):
 
-    publisher  --url HOST:PORT --topic T --client-id C --count N --report F
-               [--qos 2] [--mqtt 5|3.1.1] [--rate MSG/S] [--size BYTES]
-    subscriber --url HOST:PORT --topic FILTER --client-id C --report F
+    publisher  --url HOST:PORT[,HOST:PORT...] --topic T --client-id C --count N --report F
+               [--qos 2] [--mqtt 5|3.1.1] [--rate MSG/S] [--size BYTES] [--persistent] [--expiry SECONDS]
+    subscriber --url HOST:PORT[,HOST:PORT...] --topic FILTER --client-id C --report F
                [--qos 2] [--mqtt 5|3.1.1] [--persistent] [--expiry SECONDS]
 
-Report lines: connected {present}, subscribed, sent {k}, acked {k}, msg {k, topic, dup, mid},
-stopping, stop_unclean {waiting}, disconnected, done, error. Each subscriber stops gracefully on
+--url with several addresses is a failover list: on a lost connection the client goes on at the
+next address of the list, with the same client id, clean start 0 / clean session 0 with
+--persistent (and the session expiry --expiry, MQTT 5), and its own session state (the QoS 2
+packet ids in flight) kept in the same process, as MQTT asks. Each family by its own means where
+it has them: MQTT.js `servers`, Paho Java's server URIs with its automatic reconnect; paho-mqtt
+has none, so its programs go through the list themselves (paho's own reconnect off: see
+paho_py/publisher.py for the paho-mqtt 2.2.0 fault this avoids); mosquitto_pub and mosquitto_sub
+take one address, so their drivers relay their connections to the list (mosquitto/relay.py says
+why not a new process per address). With one address each program behaves as it always did.
+
+Report lines: connected {present, url}, subscribed, sent {k}, acked {k, rc}, msg {k, topic, dup, mid},
+relayed {url} (mosquitto with a list), recovered {mid} (mosquitto_pub: a PUBCOMP 0x92 after a
+reconnect, see mosquitto/publisher.py), held_twice {mid} (mosquitto_sub: libmosquitto queued a
+resent QoS 2 PUBLISH as a second copy, see mosquitto/subscriber.py), conn_error (MQTT.js: the
+connection broke; it reconnects), stopping, stop_unclean {waiting}, disconnected, done, error.
+`present` is null where the client does not show it (mosquitto; Paho Java on its automatic
+reconnects). Each subscriber stops gracefully on
 SIGTERM (each file says how: every one of these libraries hands a QoS 2 message over on the PUBREL
 and keeps it in memory between PUBREC and PUBREL, except Paho Java with its file persistence), so
 that a test may stop it and start it again with the same client id on a persistent session.

@@ -10,8 +10,8 @@ must hear every acknowledgement (QoS 2: PUBCOMP). Judged from the clients' repor
 last test of the module from the routers' logs alone (`oncemesh reconcile`, the router-side verdict:
 an MQTT subscription is a subscription of container = client id, link = filter).
 
-Router crashes are not tested here: MQTT session state does not survive them yet (docs/mqtt.md,
-"Not yet").
+Router crashes: tests/foreign/test_mqtt_crash.py (the same families, sessions failing over to
+another router).
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ import pytest
 from oncemesh.harness.procs import Proc
 from tests.conftest import EXAMPLES
 from tests.foreign.clients import HERE, Family, read_report, wait_progress
-from tests.foreign.mqtt_clients import MqttFamily, mqtt_family
+from tests.foreign.mqtt_clients import MqttFamily
 from tests.foreign.verdict import ROUTER_FAILURES, ROUTER_VIEW, failure_evidence, reconcile
-from tests.workers import FOREIGN_SETUP
 
 pytestmark = pytest.mark.foreign
 
@@ -40,36 +39,9 @@ RATE = 60  # messages per second at most: ~5 s of stream, so that the restart la
 MIXED_N = 100
 RUNS: list[tuple[Path, int]] = []  # (the routers' log folder, pairs owed) of each run that passed
 
-# ---------------------------------------------------------------------- fixtures
-def _mqtt(name: str, request: pytest.FixtureRequest) -> MqttFamily:
-    fam = mqtt_family(name)
-    # the set-up time is part of the module's budget: the summary says what it was (tests/conftest.py)
-    request.config.stash.setdefault(FOREIGN_SETUP, {})[fam.name] = (fam.version, fam.setup_seconds)
-    return fam
-
-
-@pytest.fixture(scope="session")
-def paho_py(request: pytest.FixtureRequest) -> MqttFamily:
-    return _mqtt("paho_py", request)
-
-
-@pytest.fixture(scope="session")
-def mosquitto(request: pytest.FixtureRequest) -> MqttFamily:
-    return _mqtt("mosquitto", request)
-
-
-@pytest.fixture(scope="session")
-def mqttjs(request: pytest.FixtureRequest) -> MqttFamily:
-    return _mqtt("mqttjs", request)
-
-
-@pytest.fixture(scope="session")
-def paho_java(request: pytest.FixtureRequest) -> MqttFamily:
-    return _mqtt("paho_java", request)
-
-
-# python-qpid-proton (`proton_py`) and the Spark session of the routers' verdict (`spark`) are
-# tests/foreign/conftest.py's fixtures, shared with the AMQP foreign-client tests.
+# The MQTT families (`paho_py`, `mosquitto`, `mqttjs`, `paho_java`), python-qpid-proton
+# (`proton_py`) and the Spark session of the routers' verdict (`spark`) are tests/foreign/conftest.py's
+# fixtures, shared with the other foreign-client tests.
 
 
 # ---------------------------------------------------------------------- helpers

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from oncemesh.common.ids import global_id, publisher_link_id
+from oncemesh.common.settlement_log import GID_PREFIX, expand_gids
 
 
 @dataclass
@@ -124,18 +125,6 @@ ROUTER_VIEW = "router_view"
 ROUTER_FAILURES = ("lost", "duplicated", "false_accept", "unexpected")
 
 
-def _gid_in(entry: str, prefix: str, n: int) -> bool:
-    """Whether a settlement-log `g` entry ("prefix:n1 n2 a-b ...") names gid prefix:n."""
-    head, _, nums = entry.partition(":")
-    if head != prefix:
-        return False
-    for tok in nums.split():
-        lo, _, hi = tok.partition("-")
-        if lo.isdigit() and (int(lo) == n or (hi.isdigit() and int(lo) <= n <= int(hi))):
-            return True
-    return False
-
-
 def failure_evidence(out: Path, log_dirs: list[Path], limit: int = 3) -> str:
     """For a failed router verdict: the first failing pairs of `out`/router_anomalies.parquet (read
     with the test run's Spark session) and every settlement-log line of their messages, by file, so
@@ -152,14 +141,14 @@ def failure_evidence(out: Path, log_dirs: list[Path], limit: int = 3) -> str:
     lines = []
     for r in rows:
         lines.append(f"pair {r.asDict()}")
-        prefix, _, n = str(r["gid"]).rpartition(":")
+        gid = str(r["gid"])
         for d in log_dirs:
             for f in sorted(Path(d).glob("*.settlement.*.jsonl*")):
                 opener = gzip.open if f.suffix == ".gz" else open
                 try:
                     with opener(f, "rt") as fh:
                         hits = [ln.rstrip() for ln in fh
-                                if prefix in ln and any(_gid_in(g, prefix, int(n)) for g in json.loads(ln).get("g") or ())]
+                                if gid[:GID_PREFIX] in ln and gid in expand_gids(json.loads(ln).get("g") or ())]
                 except (OSError, EOFError, ValueError) as exc:  # a log cut short by a SIGKILL
                     hits = [f"(unreadable past some point: {exc!r})"]
                 lines += [f"  {d.parent.parent.name}/{f.name}: {h[:400]}" for h in hits]

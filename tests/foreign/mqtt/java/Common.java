@@ -42,7 +42,13 @@ final class Common {
 
         boolean flag(String k) { return kv.containsKey(k); }
 
-        String uri() { return "tcp://" + get("url"); }
+        // --url HOST:PORT, or a failover list HOST:PORT,HOST:PORT,... (Paho's server URIs)
+        String[] uris() {
+            String[] urls = get("url").split(",");
+            String[] out = new String[urls.length];
+            for (int i = 0; i < urls.length; i++) out[i] = "tcp://" + urls[i].trim();
+            return out;
+        }
     }
 
     static void usage(String why) {
@@ -64,6 +70,11 @@ final class Common {
             out.print("{\"ev\":\"" + ev + "\",\"ts\":" + ts + (fields.isEmpty() ? "" : "," + fields) + "}\n");
             out.flush();
         }
+    }
+
+    // "HOST:PORT" of a Paho server URI ("tcp://HOST:PORT")
+    static String url(String uri) {
+        return uri == null ? null : uri.replaceFirst("^tcp://", "");
     }
 
     static String str(String s) {

@@ -2,7 +2,12 @@
 // --topic at --qos, at most --rate a second, reporting each as `sent` when Paho takes it and `acked`
 // when Paho's deliveryComplete says the protocol's last acknowledgement came (QoS 2: PUBCOMP). At
 // most 20 in flight (Paho's max inflight; the publisher waits for a slot). Paho reconnects by
-// itself (automatic reconnect). Written for these tests; plain Eclipse Paho.
+// itself (automatic reconnect, at most 1 s apart); with a failover list (--url A,B) Paho's own
+// server URIs (MqttConnectOptions.setServerURIs: each connection, the reconnects included, tries them
+// in order, so a dead first router is passed over). --persistent: clean session 0, and the messages
+// in flight kept by Paho (MemoryPersistence, the process's life) and sent again on the reconnect
+// (PUBLISH with DUP, or PUBREL). While it is away Paho refuses new messages (not connected): the
+// publisher waits for the reconnect. Written for these tests; plain Eclipse Paho.
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.atomic.AtomicInteger;
 
@@ -11,6 +16,7 @@ import org.eclipse.paho.client.mqttv3.IMqttToken;
 import org.eclipse.paho.client.mqttv3.MqttAsyncClient;
 import org.eclipse.paho.client.mqttv3.MqttCallbackExtended;
 import org.eclipse.paho.client.mqttv3.MqttConnectOptions;
+import org.eclipse.paho.client.mqttv3.MqttException;
 import org.eclipse.paho.client.mqttv3.MqttMessage;
 import org.eclipse.paho.client.mqttv3.persist.MemoryPersistence;
 
@@ -28,10 +34,13 @@ public final class Publisher {
         Semaphore slots = new Semaphore(INFLIGHT);
         AtomicInteger acked = new AtomicInteger();
         Object finished = new Object();
-        MqttAsyncClient c = new MqttAsyncClient(a.uri(), cid, new MemoryPersistence());
+        String[] uris = a.uris();
+        MqttAsyncClient c = new MqttAsyncClient(uris[0], cid, new MemoryPersistence());
         c.setCallback(new MqttCallbackExtended() {
             @Override public void connectComplete(boolean reconnect, String uri) {
-                if (reconnect) rep.line("connected", "\"present\":null,\"reconnect\":true");
+                if (reconnect) {
+                    rep.line("connected", "\"present\":null,\"reconnect\":true,\"url\":" + Common.str(Common.url(uri)));
+                }
             }
 
             @Override public void connectionLost(Throwable cause) {
@@ -51,14 +60,17 @@ public final class Publisher {
         });
         MqttConnectOptions o = new MqttConnectOptions();
         o.setMqttVersion(MqttConnectOptions.MQTT_VERSION_3_1_1);
-        o.setCleanSession(true);
+        o.setCleanSession(!a.flag("persistent"));
         o.setKeepAliveInterval(10);
         o.setMaxInflight(INFLIGHT);
         o.setAutomaticReconnect(true);
+        o.setMaxReconnectDelay(1000);
+        if (uris.length > 1) o.setServerURIs(uris);
         try {
             IMqttToken t = c.connect(o);
             t.waitForCompletion(15000);
-            rep.line("connected", "\"present\":" + t.getSessionPresent());
+            rep.line("connected", "\"present\":" + t.getSessionPresent() + ",\"url\":"
+                     + Common.str(Common.url(c.getCurrentServerURI())));
         } catch (Exception e) {
             rep.line("error", "\"error\":" + Common.str(e.toString()));
             System.exit(1);
@@ -76,8 +88,12 @@ public final class Publisher {
                     c.publish(a.get("topic"), Common.payload(cid, k, size), qos, false, Long.valueOf(k), null);
                     break;
                 } catch (org.eclipse.paho.client.mqttv3.MqttException e) {
-                    rep.line("error", "\"k\":" + k + ",\"error\":" + Common.str(e.toString()));
-                    Thread.sleep(100);  // (not connected: Paho refuses; try again)
+                    int why = e.getReasonCode();
+                    if (why != MqttException.REASON_CODE_CLIENT_NOT_CONNECTED
+                            && why != MqttException.REASON_CODE_CONNECT_IN_PROGRESS) {
+                        rep.line("error", "\"k\":" + k + ",\"error\":" + Common.str(e.toString()));
+                    }
+                    Thread.sleep(why == MqttException.REASON_CODE_CLIENT_NOT_CONNECTED ? 20 : 100);  // (away: try again)
                 }
             }
             rep.line("sent", "\"k\":" + k);

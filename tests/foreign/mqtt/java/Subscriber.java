@@ -8,8 +8,10 @@
 // report's path + ".paho") that state outlives the process: a subscriber started again with the
 // same client id and folder gets, on the router's PUBREL, what the last one had accepted. SIGTERM
 // runs Paho's disconnect (quiesce: what is being handed over finishes, nothing new is taken,
-// then DISCONNECT). Paho reconnects by itself (automatic reconnect; session present is not known
-// then: null). Written for these tests; plain Eclipse Paho.
+// then DISCONNECT). Paho reconnects by itself (automatic reconnect, at most 1 s apart; session
+// present is not known then: null); with a failover list (--url A,B) Paho's own server URIs
+// (MqttConnectOptions.setServerURIs: each connection tries them in order, so a dead first router is
+// passed over). Written for these tests; plain Eclipse Paho.
 import org.eclipse.paho.client.mqttv3.IMqttDeliveryToken;
 import org.eclipse.paho.client.mqttv3.IMqttToken;
 import org.eclipse.paho.client.mqttv3.MqttAsyncClient;
@@ -26,11 +28,14 @@ public final class Subscriber {
         String topic = a.get("topic");
         int qos = (int) a.num("qos", 2);
         boolean persistent = a.flag("persistent");
-        MqttAsyncClient c = new MqttAsyncClient(a.uri(), cid,
+        String[] uris = a.uris();
+        MqttAsyncClient c = new MqttAsyncClient(uris[0], cid,
                 new MqttDefaultFilePersistence(a.get("state", a.get("report") + ".paho")));
         c.setCallback(new MqttCallbackExtended() {
             @Override public void connectComplete(boolean reconnect, String uri) {
-                if (reconnect) rep.line("connected", "\"present\":null,\"reconnect\":true");
+                if (reconnect) {
+                    rep.line("connected", "\"present\":null,\"reconnect\":true,\"url\":" + Common.str(Common.url(uri)));
+                }
             }
 
             @Override public void connectionLost(Throwable cause) {
@@ -50,6 +55,7 @@ public final class Subscriber {
         o.setKeepAliveInterval(10);
         o.setAutomaticReconnect(true);
         o.setMaxReconnectDelay(1000);
+        if (uris.length > 1) o.setServerURIs(uris);
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
             rep.line("stopping", "");
             try {
@@ -65,7 +71,7 @@ public final class Subscriber {
             IMqttToken t = c.connect(o);
             t.waitForCompletion(15000);
             boolean present = t.getSessionPresent();
-            rep.line("connected", "\"present\":" + present);
+            rep.line("connected", "\"present\":" + present + ",\"url\":" + Common.str(Common.url(c.getCurrentServerURI())));
             if (!(present && persistent)) {
                 IMqttToken s = c.subscribe(topic, qos);
                 s.waitForCompletion(15000);

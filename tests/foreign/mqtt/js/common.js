@@ -32,8 +32,30 @@ function report(path) {
     return (ev, fields) => fs.writeSync(fd, JSON.stringify(Object.assign({ ev, ts: Date.now() / 1000 }, fields || {})) + '\n');
 }
 
-function brokerUrl(args) {
-    return `mqtt://${args.url}`;
+// --url HOST:PORT, or a failover list HOST:PORT,HOST:PORT,...: MQTT.js's own `servers` option (each
+// new connection, the reconnects included, goes to the next server of the list, round)
+function connectTo(mqtt, args, options) {
+    const list = args.url.split(',').filter((u) => u);
+    if (list.length === 1) return mqtt.connect(`mqtt://${list[0]}`, options);
+    const servers = list.map((u) => {
+        const i = u.lastIndexOf(':');
+        return { host: u.slice(0, i) || '127.0.0.1', port: Number(u.slice(i + 1)), protocol: 'mqtt' };
+    });
+    return mqtt.connect(Object.assign({ servers, protocol: 'mqtt' }, options));
+}
+
+// the address of the client's current connection (the server of the list it went to)
+function peer(client) {
+    const s = client.stream;
+    return s && s.remotePort ? `${s.remoteAddress}:${s.remotePort}` : null;
+}
+
+// an error of the connection itself (the router went away): reported as `conn_error`, not `error`;
+// MQTT.js reconnects by itself after it
+const CONNECTION_ERRORS = new Set(['ECONNRESET', 'ECONNREFUSED', 'EPIPE', 'ETIMEDOUT', 'ECONNABORTED']);
+
+function errorEvent(e) {
+    return e && CONNECTION_ERRORS.has(e.code) ? 'conn_error' : 'error';
 }
 
 function payload(clientId, k, size) {
@@ -47,4 +69,4 @@ function msgFields(buf) {
     return out;
 }
 
-module.exports = { parseArgs, report, brokerUrl, payload, msgFields };
+module.exports = { parseArgs, report, connectTo, peer, errorEvent, payload, msgFields };

@@ -1,7 +1,9 @@
 // MQTT.js subscriber for the MQTT foreign-client tests: subscribes to --topic at --qos (with
 // --persistent: clean 0 and, MQTT 5, session expiry --expiry; subscribing only when the session is
 // not present: the subscription is the session's) and reports every message MQTT.js emits (`msg`:
-// key, topic, DUP flag of the PUBLISH, packet id). MQTT.js reconnects by itself.
+// key, topic, DUP flag of the PUBLISH, packet id). MQTT.js reconnects by itself, with a failover
+// list (--url A,B) to the next server of its `servers`, keeping its incoming QoS 2 state (PUBREC
+// sent, no PUBREL yet) when the session is present.
 //
 // MQTT.js emits a QoS 2 message on its PUBREL, having sent PUBREC on the PUBLISH and kept the
 // message in its incoming store (in memory here). A process that ends in between would lose
@@ -12,13 +14,13 @@
 // connection. After --drain seconds without such a moment the report says `stop_unclean`.
 'use strict';
 const mqtt = require('mqtt');
-const { parseArgs, report, brokerUrl, msgFields } = require('./common');
+const { parseArgs, report, connectTo, peer, errorEvent, msgFields } = require('./common');
 
 const a = parseArgs(process.argv);
 const rep = report(a.report);
 const qos = Number(a.qos);
 const v5 = a.mqtt === '5';
-const client = mqtt.connect(brokerUrl(a), {
+const client = connectTo(mqtt, a, {
     clientId: a['client-id'],
     protocolVersion: v5 ? 5 : 4,
     clean: !a.persistent,
@@ -34,7 +36,7 @@ let ended = false;
 
 client.on('connect', (connack) => {
     const present = !!connack.sessionPresent;
-    rep('connected', { present });
+    rep('connected', { present, url: peer(client) });
     if (!(present && a.persistent)) {
         client.subscribe(a.topic, { qos }, (err, granted) => {
             if (err) rep('error', { error: String(err.message || err) });
@@ -54,7 +56,7 @@ client.on('close', () => rep('disconnected', {}));
 client.on('error', (e) => {
     // once ended, a PUBLISH read before the stream closed fails to answer ('write after end'): never
     // acknowledged, it is the router's to hand again; not an error of the run
-    rep(ended ? 'after_end' : 'error', { error: String(e && e.message || e) });
+    rep(ended ? 'after_end' : errorEvent(e), { error: String(e && e.message || e) });
 });
 
 function maybeStop() {

@@ -17,7 +17,23 @@ packet id it logged a PUBREC for has been printed as a message does it send SIGT
 SIGCONT); otherwise it lets it run 20 ms and tries again, for at most --drain seconds (then
 SIGTERM anyway, and the report says `stop_unclean` with the packet ids waiting). A PUBLISH that
 libmosquitto read but had not answered when it disconnects was never acknowledged: the router hands
-it again to the session's next connection."""
+it again to the session's next connection.
+
+A failover list (--url A,B): mosquitto_sub takes one address, so it is given the loopback address
+of this driver's relay, which sends each of its connections to the next address of the list that
+accepts one (relay.py says why this and not a new mosquitto_sub per address: a new process has
+lost the messages the old one PUBREC'd and had no PUBREL for, which the router counts as
+accepted). libmosquitto reconnects by itself, 1 s after a lost connection, keeping those messages.
+`connected` says which address. In MQTT 5 it then asks for a Receive Maximum of 65535 (-D CONNECT
+receive-maximum; MQTT 5's value when none is given) instead of libmosquitto's 20: libmosquitto
+2.0.11 counts a QoS 2 PUBLISH sent again (DUP, after the reconnect) under a packet id it already
+holds as one more message unanswered, and queues a second copy of it (lib/handle_publish.c: no
+look-up of the packet id; the reconnect had counted the one it holds), so with 20 it drops the
+connection as a protocol error ("A network protocol error occurred") when the router, within the
+20 it was told, sends the 20th. With 65535 the miscount never reaches the limit; the second copy is
+delivered by the PUBREL, which takes the first; but a later PUBREL under that packet id, for a new
+message, would deliver the stale copy again: libmosquitto's own duplicate. So the report says
+`held_twice {mid}` whenever such a PUBLISH comes, and a test seeing a duplicate can tell whose it is."""
 
 from __future__ import annotations
 
@@ -33,7 +49,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import Report, host_port, msg_fields, parser  # noqa: E402
+from relay import Relay  # noqa: E402
+
+from common import Report, addresses, msg_fields, parser  # noqa: E402
 
 PUBLISH = re.compile(r"received PUBLISH \(d(\d), q(\d), r\d, m(\d+),")
 PUBREC = re.compile(r"sending PUBREC \(m(\d+),")
@@ -51,12 +69,20 @@ class Driver:
     def __init__(self, a: Any) -> None:
         self.a = a
         self.rep = Report(a.report)
-        host, port = host_port(a.url)
+        addrs = addresses(a.url)
+        self.relay = None
+        if len(addrs) > 1:
+            self.relay = Relay(addrs, lambda url: self.rep.line("relayed", url=url))
+            addrs = [("127.0.0.1", self.relay.port)]
+        host, port = addrs[0]
+        self.url = f"{host}:{port}"
         cmd = ["stdbuf", "-oL", "-eL", "mosquitto_sub", "-h", host, "-p", str(port), "-i", a.client_id,
                "-V", "mqttv5" if a.mqtt == "5" else "mqttv311", "-q", str(a.qos), "-t", a.topic,
                "-k", "10", "-d", "-F", "MSG %m %q %l %x %t"]
         if a.persistent:
             cmd += ["-c"] + (["-x", str(a.expiry)] if a.mqtt == "5" else [])
+        if self.relay is not None and a.mqtt == "5":
+            cmd += ["-D", "CONNECT", "receive-maximum", "65535"]
         self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         assert self.child.stdout is not None
         self.out = self.child.stdout
@@ -89,12 +115,16 @@ class Driver:
             self.rep.line("msg", topic=topic, dup=self.dup.pop(pid, None), mid=pid, qos=int(qos),
                           **msg_fields(bytes.fromhex(hexed)))
         elif m := PUBLISH.search(line):
-            self.dup[int(m.group(3))] = m.group(1) == "1"
+            pid = int(m.group(3))
+            self.dup[pid] = m.group(1) == "1"
+            if pid in self.waiting and int(m.group(2)) == 2:  # (libmosquitto queues a second copy: see above)
+                self.rep.line("held_twice", mid=pid)
         elif m := PUBREC.search(line):
             self.waiting.add(int(m.group(1)))
         elif "received CONNACK" in line:
             ok = line.rstrip().endswith("(0)")
-            self.rep.line("connected" if ok else "error", present=None, log=line)
+            self.rep.line("connected" if ok else "error", present=None, log=line,
+                          url=self.relay.current if self.relay else self.url)
         elif m := SUBACK.match(line):
             self.rep.line("subscribed", granted=[int(x) for x in m.group(1).split(",") if x.strip().isdigit()])
         elif ERROR.search(line):

@@ -11,7 +11,10 @@ SIGTERM it goes on reading until no received QoS 2 message waits for its PUBREL 
 What it has not read by then was never acknowledged: the router hands it again to the session's
 next connection. If that moment does not come within --drain seconds the report says
 `stop_unclean` with the packet ids still waiting. On a lost connection it reconnects by itself
-(0.1 s to 1 s apart). A session found present is not subscribed again (the subscription is the
+(0.1 s to 1 s apart); with a failover list (--url A,B) at the next address of the list that
+accepts a TCP connection (probed with a plain socket first, as the publisher does: one paho
+reconnect per failover), the same client object keeping the QoS 2 messages it has PUBREC'd and
+not yet had PUBREL for. A session found present is not subscribed again (the subscription is the
 session's) unless --resubscribe; --resubscribe-after N subscribes again on the live connection
 after N messages (both as some clients do). Plain paho-mqtt."""
 
@@ -29,7 +32,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import Report, host_port, msg_fields, parser  # noqa: E402
+from common import Report, accepts, addresses, msg_fields, parser  # noqa: E402
 
 
 def main() -> None:
@@ -52,7 +55,7 @@ def main() -> None:
             rep.line("error", error=f"CONNACK {rc}")
             return
         present = bool(flags.session_present)
-        rep.line("connected", present=present)
+        rep.line("connected", present=present, url=f"{client.host}:{client.port}")
         if a.resubscribe or not (present and a.persistent):
             client.subscribe(a.topic, qos=a.qos)
 
@@ -74,8 +77,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(time.monotonic()))
     props = Properties(PacketTypes.CONNECT)
     props.SessionExpiryInterval = a.expiry if a.persistent else 0
-    host, port = host_port(a.url)
-    up, delay = False, 0.1
+    addrs = addresses(a.url)
+    i, up, delay = 0, False, 0.1
     while True:
         if stopping:
             waiting = sorted(c._in_messages)  # received, PUBREC sent, no PUBREL yet
@@ -85,6 +88,15 @@ def main() -> None:
                 rep.line("stop_unclean", waiting=waiting)
                 break
         if not up:
+            if len(addrs) > 1:  # (a failover list: the next address that accepts a TCP connection)
+                live = next((j % len(addrs) for j in range(i, i + len(addrs)) if accepts(addrs[j % len(addrs)])),
+                            None)
+                if live is None:
+                    time.sleep(delay)
+                    delay = min(1.0, delay * 2)
+                    continue
+                i = live
+            host, port = addrs[i]
             try:
                 if v5:
                     c.connect(host, port, keepalive=10, clean_start=not a.persistent, properties=props)
@@ -93,13 +105,17 @@ def main() -> None:
                 up, delay = True, 0.1
             except OSError as e:
                 rep.line("error", error=repr(e))
+                i = (i + 1) % len(addrs)
                 time.sleep(delay)
                 delay = min(1.0, delay * 2)
                 continue
         rc = c.loop(timeout=0.05)
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             up = False
-            time.sleep(delay)
+            if len(addrs) > 1:
+                i = (i + 1) % len(addrs)  # (on at the next address)
+            else:
+                time.sleep(delay)
     rep.line("stopping")
     if up:
         c.disconnect()
