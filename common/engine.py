@@ -1197,6 +1197,8 @@ class AmqpConnection(asyncio.Protocol):
     def _release(self) -> None:
         if self.pn_conn == F.NULL:
             return
+        for link in self.links.values():
+            link.freed = True  # (Proton frees them with the connection: whoever holds one must not call it)
         self.links.clear()
         # the same sequence as Proton's own wrappers: release the endpoints, then drop our references
         lib.pn_transport_unbind(self.pn_transport)
