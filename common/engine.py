@@ -435,7 +435,10 @@ class Link:
     # -- traffic -------------------------------------------------------------------------------
     @property
     def credit(self) -> int:
-        return int(_lcredit(self.ptr))
+        # (0 once Proton freed it, with its connection (`AmqpConnection._release`): whoever still
+        # holds it sends nothing; a credit check before every send reads freed memory never more.
+        # Found by a router's segfault: a mesh peer sending on the link of a connection just lost)
+        return 0 if self.freed else int(_lcredit(self.ptr))
 
     @property
     def queued(self) -> int:
@@ -450,7 +453,7 @@ class Link:
         return {} if self.freed else {"unsettled": self.unsettled, "queued": self.queued}
 
     def flow(self, n: int) -> None:
-        if n > 0:
+        if n > 0 and not self.freed:  # (as `credit`: nothing for a link Proton freed)
             lib.pn_link_flow(self.ptr, n)
             self.conn.touch()
 

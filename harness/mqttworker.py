@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..common.durable import write_durably
 from ..router.mqtt.codec import Decoder, MqttError, encode
 from ..router.mqtt.packets import (
     Connack,
@@ -76,6 +77,7 @@ from ..router.mqtt.packets import (
     SubOptions,
     Subscribe,
 )
+from .progress import read_new_lines
 
 LEVEL = 5
 STATE_FILE = "mqtt-state.json"
@@ -86,18 +88,8 @@ Report = Callable[[dict[str, Any]], None]
 
 
 def save_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomically and durably: a temporary file, fsync, rename over `path`, fsync of the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, sort_keys=True))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Atomically and durably (`write_durably`)."""
+    write_durably(path, json.dumps(data, sort_keys=True))
 
 
 def load_json(path: Path) -> dict[str, Any] | None:
@@ -344,27 +336,11 @@ class ReportReader:
     malformed: int = 0
 
     def poll(self) -> int:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return 0
-        end = data.rfind(b"\n")
-        if end < 0:
-            return 0
-        self.offset += end + 1
-        n = 0
-        for raw in data[:end].split(b"\n"):
-            try:
-                e = json.loads(raw)
-            except ValueError:
-                self.malformed += 1
-                continue
-            if isinstance(e, dict):
-                self._event(e)
-                n += 1
-        return n
+        self.offset, events, malformed = read_new_lines(self.path, self.offset)
+        self.malformed += malformed
+        for e in events:
+            self._event(e)
+        return len(events)
 
     def _event(self, e: dict[str, Any]) -> None:
         ev = e.get("ev")

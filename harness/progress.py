@@ -21,6 +21,34 @@ from pathlib import Path
 from ..common.topics import matches
 
 
+def read_new_lines(path: Path, offset: int) -> tuple[int, list[dict[str, object]], int]:
+    """The JSON objects of the complete lines of `path` past byte `offset`: (the offset after
+    them, the objects, lines that did not parse). A line being written (no newline yet) is left
+    for the next call; a file that cannot be read gives nothing."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return offset, [], 0
+    end = data.rfind(b"\n")
+    if end < 0:
+        return offset, [], 0
+    events: list[dict[str, object]] = []
+    malformed = 0
+    for raw in data[:end].split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            e = json.loads(raw)
+        except ValueError:
+            malformed += 1
+            continue
+        if isinstance(e, dict):
+            events.append(e)
+    return offset + end + 1, events, malformed
+
+
 def _owes(topic_filter: str, topic: str) -> bool:
     """Does a subscription to `topic_filter` owe a message of `topic` (a name, or unknown: "")?"""
     return topic_filter == topic or (bool(topic_filter) and bool(topic) and matches(topic_filter, topic))
@@ -65,30 +93,11 @@ class ClientLogs:
         return n
 
     def _read(self, path: Path) -> int:
-        start = self._offsets.get(path, 0)
-        try:
-            with path.open("rb") as f:
-                f.seek(start)
-                data = f.read()
-        except OSError:
-            return 0
-        end = data.rfind(b"\n")
-        if end < 0:
-            return 0
-        self._offsets[path] = start + end + 1
-        n = 0
-        for raw in data[:end].split(b"\n"):
-            if not raw.strip():
-                continue
-            try:
-                e = json.loads(raw)
-            except ValueError:
-                self.malformed += 1
-                continue
-            if isinstance(e, dict):
-                self._event(e)
-                n += 1
-        return n
+        self._offsets[path], events, malformed = read_new_lines(path, self._offsets.get(path, 0))
+        self.malformed += malformed
+        for e in events:
+            self._event(e)
+        return len(events)
 
     def _event(self, e: dict[str, object]) -> None:
         ev, gid, ts = e.get("ev"), e.get("gid"), e.get("ts")

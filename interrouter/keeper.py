@@ -181,9 +181,8 @@ class _Kept:
     image: str
     expiry: float  # seconds (inf: none)
     at: float  # when it was last put
-    orphaned: bool = False  # said once (`Keeper.orphaned`) since it was last put
     home_inc: str = ""  # the life of its home that put it (the incarnation, "" unknown)
-    lost: bool = False  # its home was out of reach since it was last put
+    lost: bool = False  # its home was out of reach since it was last put (said once: `Keeper.orphaned`)
 
 
 @dataclass(slots=True)
@@ -349,15 +348,15 @@ class Keeper:
                 if k.lost and inc and inc == k.home_inc:
                     del self.kept_here[cid]  # (the same life is back: it holds the session, see above)
                 continue
+            if k.lost:
+                continue
             k.lost = True
-            if not k.orphaned:
-                k.orphaned = True
-                try:
-                    image = json.loads(k.image)
-                except ValueError:
-                    continue
-                if isinstance(image, dict):
-                    self.orphaned.append((cid, image))
+            try:
+                image = json.loads(k.image)
+            except ValueError:
+                continue
+            if isinstance(image, dict):
+                self.orphaned.append((cid, image))
 
     def session_broken(self, peer: str, now: float) -> None:
         """The member session with `peer` broke (messages may have been lost): what it kept for us

@@ -57,9 +57,7 @@ class Peer:
         self.open = False
 
     def send(self, frame: bytes) -> None:
-        # (a connection already lost: its Proton objects are released, and its link's pointer with
-        # them; a frame for it waits here with the peer, which the mesh drops, never reaching C)
-        if self.queue or self.sender is None or self.sender.freed or not self.open or self.sender.credit <= 0:
+        if self.queue or self.sender is None or self.sender.credit <= 0 or not self.open:
             self.queue.append(frame)
             return
         self._send_now(frame)
@@ -71,7 +69,7 @@ class Peer:
 
     def pump(self) -> None:
         s = self.sender
-        if s is None or s.freed or not self.open:
+        if s is None or not self.open:
             return
         while self.queue and s.credit > 0:
             self._send_now(self.queue.popleft())

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from ..common.durable import write_durably
 from ..common.errors import OncemeshError
 from ..router.order.lamport import Snapshot
 from ..router.order.sequencer import Journal, SeqState
@@ -152,17 +153,7 @@ class OrderStore:
     def _write(self, p: Path, data: bytes, topic: str, part: str) -> None:
         t0 = time.perf_counter()
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_durably(p, data)
         ms = self._measure(t0, len(data))
         # (once a second per ordered topic while it numbers: routine, not for the operational log at
         # INFO, which it filled by ~25 MB a day on its own; a slow write is worth a warning)

@@ -47,13 +47,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from ..common.durable import write_durably
 from ..common.topics import TopicIndex, is_wildcard
 
 SCHEMA = 1
@@ -465,17 +465,6 @@ class SubscriptionStore:
 
     def save(self, snap: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
         # (json.dumps, not json.dump: dump encodes in Python, chunk by chunk; dumps in C, ~3x faster.
         # The loop waits for this once per pass that changed the table)
-        text = json.dumps(snap, separators=(",", ":"))
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_durably(self.path, json.dumps(snap, separators=(",", ":")))

@@ -75,7 +75,7 @@ from oncemesh.harness.procs import Proc
 from tests.foreign.clients import Family, read_report, wait_progress
 from tests.foreign.mqtt_clients import MqttFamily
 from tests.foreign.test_mqtt_foreign import events, keys_of, mqtt_mesh
-from tests.foreign.verdict import ROUTER_FAILURES, ROUTER_VIEW, failure_evidence, reconcile
+from tests.foreign.verdict import assert_every_pair_ok, reconcile
 
 pytestmark = pytest.mark.foreign
 
@@ -371,13 +371,4 @@ def test_the_routers_logs_alone_judge_every_pair(request: pytest.FixtureRequest,
     request.getfixturevalue("spark")
     dirs = [d for d, _ in RUNS]
     pairs = sum(n for _, n in RUNS)
-    summary = reconcile(dirs, tmp_path / "reconcile")
-    view = summary[ROUTER_VIEW]
-    failures = {c: view.get(c) for c in ROUTER_FAILURES}
-    if failures != dict.fromkeys(ROUTER_FAILURES, 0):
-        raise AssertionError(f"router view failures {failures}: {view}\n"
-                             f"{failure_evidence(tmp_path / 'reconcile', dirs)}")
-    assert (view.get("pairs"), view.get("judged"), view.get("ok")) == (pairs, pairs, pairs), view
-    assert (view.get("unjudged"), view.get("unresolved"), view.get("ended")) == (0, 0, 0), view
-    assert not view.get("missing_routers"), view
-    assert summary.get("verdict") == "pass", summary
+    assert_every_pair_ok(reconcile(dirs, tmp_path / "reconcile"), pairs, tmp_path / "reconcile", dirs)

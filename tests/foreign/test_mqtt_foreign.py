@@ -30,7 +30,7 @@ from oncemesh.harness.procs import Proc
 from tests.conftest import EXAMPLES
 from tests.foreign.clients import HERE, Family, read_report, wait_progress
 from tests.foreign.mqtt_clients import MqttFamily
-from tests.foreign.verdict import ROUTER_FAILURES, ROUTER_VIEW, failure_evidence, reconcile
+from tests.foreign.verdict import assert_every_pair_ok, reconcile
 
 pytestmark = pytest.mark.foreign
 
@@ -226,14 +226,7 @@ def test_the_routers_logs_alone_judge_every_pair(request: pytest.FixtureRequest,
     pairs = sum(n for _, n in RUNS)
     summary = reconcile(dirs, tmp_path / "reconcile")
     print(f"Spark session {t1 - t0:.1f} s, reconcile of {len(dirs)} runs {time.monotonic() - t1:.1f} s")
-    view = summary[ROUTER_VIEW]
-    failures = {c: view.get(c) for c in ROUTER_FAILURES}
-    if failures != dict.fromkeys(ROUTER_FAILURES, 0):
-        raise AssertionError(f"router view failures {failures}: {view}\n"
-                             f"{failure_evidence(tmp_path / 'reconcile', dirs)}")
-    assert (view.get("pairs"), view.get("judged"), view.get("ok")) == (pairs, pairs, pairs), view
-    assert (view.get("unjudged"), view.get("unresolved"), view.get("ended")) == (0, 0, 0), view
+    view = assert_every_pair_ok(summary, pairs, tmp_path / "reconcile", dirs)
     roles = {r["node"]: (r["origin_pairs"], r["home_pairs"], r["judged_pairs"]) for r in view["per_router"]}
     assert roles == {"A": (pairs, 0, 0), "B": (0, 0, 0), "C": (0, pairs, pairs)}, view
-    assert not view.get("missing_routers") and not view.get("partial_incarnations"), view
-    assert summary.get("verdict") == "pass", summary
+    assert not view.get("partial_incarnations"), view

@@ -155,6 +155,22 @@ def failure_evidence(out: Path, log_dirs: list[Path], limit: int = 3) -> str:
     return "\n".join(lines)
 
 
+def assert_every_pair_ok(summary: dict[str, Any], pairs: int, out: Path, log_dirs: list[Path]) -> dict[str, Any]:
+    """Every one of `pairs` judged ok from the routers' logs alone (none redelivered either), nothing
+    unjudged, unresolved or ended, no router missing, the run's verdict pass; on a failure of the
+    router view, the evidence of `failure_evidence(out, log_dirs)` in the report. Returns the
+    router view, for checks of a caller's own (the roles per router)."""
+    view: dict[str, Any] = summary[ROUTER_VIEW]
+    failures = {c: view.get(c) for c in ROUTER_FAILURES}
+    if failures != dict.fromkeys(ROUTER_FAILURES, 0):
+        raise AssertionError(f"router view failures {failures}: {view}\n{failure_evidence(out, log_dirs)}")
+    assert (view.get("pairs"), view.get("judged"), view.get("ok")) == (pairs, pairs, pairs), view
+    assert (view.get("unjudged"), view.get("unresolved"), view.get("ended")) == (0, 0, 0), view
+    assert not view.get("missing_routers"), view
+    assert summary.get("verdict") == "pass", summary
+    return view
+
+
 def assert_router_verdict(summary: dict[str, Any], pairs: int, routers: list[str],
                           evidence: Callable[[], str] | None = None) -> None:
     """Every one of `pairs` (accepted messages x subscriptions) judged from the routers' logs, each
