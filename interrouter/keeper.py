@@ -26,12 +26,21 @@ keeping:
   chooses again among the others and sends the image there; what waited, waits for that one.
   With no other router reachable the home says so (`lonely`): the session runs without a copy
   until one can be had (logged by the edge).
-- **Fetch** (a new home -> its candidates): a client resumes a session this router does not hold:
-  each answers **Image** with what it keeps (or none); the newest (`seq`) wins, after every router
-  asked answered or `FETCH_TIMEOUT`.
+- **Fetch** (a new home -> every router it can ask): a client resumes a session this router does
+  not hold: each answers **Image** with what it keeps (or none); the newest (`seq`) wins, after
+  every router asked answered or `FETCH_TIMEOUT`. Asked are all the routers reachable now whose
+  path starts at a neighbour that speaks the keeper's version (`fetchable`, set by the node), not
+  only the neighbours: the session's keeper is a neighbour of its *old* home, which need not be one
+  of the new home's (line3: B's sessions kept at C, the client resumes at A). A router that
+  becomes reachable while a fetch is open is asked too. A fetch is not answered before the router
+  knows its peers (`ready`, the node's: every router of the topology heard from, or its grace
+  passed): a router just restarted would otherwise find nobody to ask and begin the session anew.
+  (In a mesh mid-upgrade, a router on the way one version behind cannot carry these messages: the
+  router before it drops them, the fetch ends at its timeout without that router's answer, and
+  the member session to that router resends them once the way is upgraded.)
 - **Candidates** (`reachable`, set by the node): the reachable neighbours that speak the keeper's
-  protocol version (interrouter/messages.py, KEEPER_VERSION): these messages never cross an older
-  router. So a session is found by a new home that is a neighbour of its keeper (or the keeper).
+  protocol version (interrouter/messages.py, KEEPER_VERSION): a session is kept next door, and
+  its Puts never cross an older router.
 - **Drop** (home -> keeper): the session ended.
 - A kept image not refreshed for the session's expiry and `KEEP_SLACK` is forgotten; a home puts
   each of its sessions again every `REFRESH` seconds.
@@ -190,6 +199,7 @@ class _Fetch:
     waiting: set[str]
     best: tuple[int, str] | None
     until: float
+    asked: set[str] = field(default_factory=set)  # every router asked (those that answered too)
 
 
 class Keeper:
@@ -206,7 +216,9 @@ class Keeper:
         self.fetched: list[tuple[str, dict[str, Any] | None]] = []
         self.lonely: list[str] = []
         self.orphaned: list[tuple[str, dict[str, Any]]] = []
-        self.reachable: tuple[str, ...] = ()  # the other routers reachable now (the node says)
+        self.reachable: tuple[str, ...] = ()  # the neighbours that may keep a session now (the node says)
+        self.fetchable: tuple[str, ...] = ()  # every other router a fetch may ask now (the node says)
+        self.ready = True  # the router knows its peers (the node says): fetches may end
         self.incarnations: dict[str, str] = {}  # their lives, as the node last said
 
     # ------------------------------------------------------------ at the home
@@ -264,12 +276,17 @@ class Keeper:
             return
         local = self.kept_here.get(cid)
         best = (local.seq, local.image) if local is not None else None
-        waiting = set(self.reachable)
-        self.fetches[cid] = _Fetch(waiting, best, now + FETCH_TIMEOUT)
-        for r in sorted(waiting):
-            self.sessions.send(r, KeepFetch(cid), now)
-        if not waiting:
+        f = self.fetches[cid] = _Fetch(set(), best, now + FETCH_TIMEOUT)
+        self._ask(cid, f, now)
+        if not f.waiting and self.ready:
             self._fetch_done(cid)
+
+    def _ask(self, cid: str, f: _Fetch, now: float) -> None:
+        """Ask the routers a fetch may ask now and has not asked yet."""
+        for r in sorted((set(self.reachable) | set(self.fetchable)) - f.asked):
+            f.asked.add(r)
+            f.waiting.add(r)
+            self.sessions.send(r, KeepFetch(cid), now)
 
     def _fetch_done(self, cid: str) -> None:
         f = self.fetches.pop(cid)
@@ -306,7 +323,7 @@ class Keeper:
             f.waiting.discard(src)
             if msg.image is not None and (f.best is None or msg.seq > f.best[0]):
                 f.best = (msg.seq, msg.image)
-            if not f.waiting:
+            if not f.waiting and self.ready:
                 self._fetch_done(msg.cid)
 
     def _kept_put(self, src: str, msg: KeepPut, now: float) -> None:
@@ -325,10 +342,13 @@ class Keeper:
                                             home_inc=self.incarnations.get(src, ""))
         self.sessions.send(src, KeepAck(msg.cid, msg.seq), now)
 
-    def set_reachable(self, others: Iterable[str], now: float, incarnations: dict[str, str] | None = None) -> None:
-        """The other routers reachable now (and their lives, when the node knows them); a session
-        whose keeper is no longer among them chooses another (and sends its image there)."""
+    def set_reachable(self, others: Iterable[str], now: float, incarnations: dict[str, str] | None = None,
+                      fetchable: Iterable[str] | None = None) -> None:
+        """The neighbours that may keep a session now (and their lives, when the node knows them),
+        and every router a fetch may ask (`fetchable`; None: the same as `others`); a session whose
+        keeper is no longer among them chooses another (and sends its image there)."""
         self.reachable = tuple(sorted(others))
+        self.fetchable = self.reachable if fetchable is None else tuple(sorted(fetchable))
         if incarnations is not None:
             self.incarnations = dict(incarnations)
         for cid, o in sorted(self.ours.items()):
@@ -338,9 +358,12 @@ class Keeper:
                 self._choose(cid, o, now)
             elif o.former:
                 self._drop_former(cid, o, now)
+        askable = set(self.reachable) | set(self.fetchable)
         for cid, f in sorted(self.fetches.items()):
-            f.waiting &= set(self.reachable)
-            if not f.waiting:
+            f.waiting &= askable
+            f.asked &= askable  # (one that went and comes back is asked again: it may have restarted)
+            self._ask(cid, f, now)
+            if not f.waiting and self.ready:
                 self._fetch_done(cid)
         for cid, k in sorted(self.kept_here.items()):
             if k.home in self.reachable:
@@ -357,6 +380,17 @@ class Keeper:
                 continue
             if isinstance(image, dict):
                 self.orphaned.append((cid, image))
+
+    def set_ready(self, now: float) -> None:
+        """The router knows its peers now: the fetches asked of them may end (and have their
+        `FETCH_TIMEOUT` from now at least: a router asked just before may answer still)."""
+        if self.ready:
+            return
+        self.ready = True
+        for cid, f in sorted(self.fetches.items()):
+            f.until = max(f.until, now + FETCH_TIMEOUT)
+            if not f.waiting:
+                self._fetch_done(cid)
 
     def session_broken(self, peer: str, now: float) -> None:
         """The member session with `peer` broke (messages may have been lost): what it kept for us
@@ -382,7 +416,7 @@ class Keeper:
                 o.put_at = now
                 self._send(cid, o, now)
         for cid, f in sorted(self.fetches.items()):
-            if now >= f.until:
+            if self.ready and (now >= f.until or not f.waiting):
                 self._fetch_done(cid)
         for cid, k in list(self.kept_here.items()):
             if now - k.at > k.expiry + KEEP_SLACK:

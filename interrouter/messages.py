@@ -35,8 +35,9 @@ ORDER_VERSION = 3
 # a Join that is never answered is given up with a redirect to the home (members.JOIN_TIMEOUT).
 MEMBERS_VERSION = 4
 # The first version whose member sessions carry the MQTT sessions' keepers (interrouter/keeper.py):
-# a router keeps its sessions at, and fetches them from, neighbours that speak it (never through an
-# older router, whose strict decoder would close the connection on the new kinds).
+# a router keeps its sessions at neighbours that speak it, and fetches them from any router it reaches
+# through one (never through an older router, whose strict decoder would close the connection on the
+# new kinds: the router before it drops them, `MeshNode._route_control`).
 KEEPER_VERSION = 5
 VERSION_SPAN = 1
 UNVERSIONED = 1  # what a peer that sends no `oncemesh.version` speaks

@@ -205,6 +205,7 @@ class MeshNode:
         self.relay = Relay(me, self.member_ses)
         self.member_home = MemberHome(core, self.member_ses)
         self.keeper = Keeper(me, self.member_ses)  # MQTT sessions' copies (interrouter/keeper.py)
+        self.keeper.ready = self.ready  # (a fetch ends only once the peers are known: `_check_ready`)
         self._member_alive: dict[str, str] = {}
 
     # ------------------------------------------------------------------ connections
@@ -400,6 +401,12 @@ class MeshNode:
         if type(msg) is MemberFrame and self.versions.get(hop, PROTOCOL_VERSION) < MEMBERS_VERSION:
             self.stats["members_version_dropped"] = self.stats.get("members_version_dropped", 0) + 1
             return  # (its relay gives the Join up after members.JOIN_TIMEOUT: a redirect to the home)
+        if (type(msg) is MemberFrame and isinstance(msg.msg, KEEP_KINDS)
+                and self.versions.get(hop, PROTOCOL_VERSION) < KEEPER_VERSION):
+            # (a fetch passing through on its way to a router behind an older one, whose strict
+            # decoder would close the connection: the fetch ends at its timeout without that answer)
+            self.stats["keeper_version_dropped"] = self.stats.get("keeper_version_dropped", 0) + 1
+            return
         self._control.setdefault(hop, []).append(msg)
 
     def flush(self) -> None:
@@ -624,14 +631,18 @@ class MeshNode:
         self._member_alive = dict(alive)
 
     def _keepers_changed(self, now: float) -> None:
-        """The routers that may keep our MQTT sessions: reachable neighbours that speak KEEPER_VERSION."""
+        """The routers that may keep our MQTT sessions: reachable neighbours that speak KEEPER_VERSION;
+        and those a fetch may ask: every reachable router whose next hop speaks it (a router
+        further on that does not drops what it cannot pass on: `_route_control`)."""
         reach = self.core.reachable_routers()
+        speaks = {p for p in self.connected if self.versions.get(p, PROTOCOL_VERSION) >= KEEPER_VERSION}
+        next_hop = self.lsdb.routes().next_hop
         # (the lives of the neighbours as their connections' HELLOs said: the link-state database may
         # still name a restarted neighbour's earlier life, which the keeper would take for the same
         # life back and drop the copies that are all that is left of its sessions)
-        self.keeper.set_reachable((p for p in self.connected if p in reach and p != self.me
-                                   and self.versions.get(p, PROTOCOL_VERSION) >= KEEPER_VERSION), now,
-                                  {p: inc for p, inc in self.connected.items() if p != self.me})
+        self.keeper.set_reachable((p for p in speaks if p in reach and p != self.me), now,
+                                  {p: inc for p, inc in self.connected.items() if p != self.me},
+                                  fetchable=(r for r in reach if r != self.me and next_hop.get(r) in speaks))
 
     def _member_session_broken(self, peer: str, now: float) -> None:
         self.member_home.relay_lost(peer, now)
@@ -752,6 +763,7 @@ class MeshNode:
         if self.gossip.synced_with_reachable() and (self.gossip.all_reachable() or grace):
             self.ready = True
             self.core.set_ready(True)
+            self.keeper.set_ready(now)
             self.view_changed = True
 
     def may_expire(self) -> bool:

@@ -433,6 +433,56 @@ def test_qos2_sessions_resume_at_another_router_after_a_crash_each_message_once(
     assert "mqtt.session_orphaned client=crash-p" in log
 
 
+SQUARE = """[mesh]
+name = "square"
+hello_interval = 1.0
+dead_after = 3.0
+
+[defaults]
+mqtt_listen = "127.0.0.1:0"
+""" + "".join(f'\n[routers.{r}]\nlisten = "127.0.0.1:0"\ninter_router = "127.0.0.1:0"\n' for r in "ABCD") + "".join(
+    f'\n[[links]]\nbetween = ["{x}", "{y}"]\n' for x, y in ("AB", "BC", "CD", "DA"))
+
+
+def test_a_session_resumes_at_a_router_that_is_not_a_neighbour_of_its_keeper(mesh_of: Any, tmp_path: Any) -> None:
+    """A square A - B - C - D - A; a persistent QoS 2 publisher and subscriber at B whose sessions B
+    keeps at C (its neighbours are A and C). B is SIGKILLed mid-stream and both clients resume at A,
+    which is not a neighbour of C: A asks every router it reaches (interrouter/keeper.py, "Fetch"),
+    finds the sessions at C through D, and each message arrives once with every PUBCOMP."""
+    from oncemesh.interrouter.keeper import keeper_of
+
+    topo = tmp_path / "square.toml"
+    topo.write_text(SQUARE)
+    m = mesh_of(topo)
+    a, b = _MeshRouter(m, "A"), _MeshRouter(m, "B")
+    sub_id, pub_id = (next(f"far-{role}-{i}" for i in range(200) if keeper_of(f"far-{role}-{i}", ["A", "C"]) == "C")
+                      for role in ("s", "p"))
+    n = 200
+    sub = Paho(b, sub_id, persistent=True, reconnect=False).connect()  # type: ignore[arg-type]
+    pub = Paho(b, pub_id, persistent=True, reconnect=False).connect()  # type: ignore[arg-type]
+    try:
+        sub.subscribe("far/t")
+        for i in range(n):
+            pub.c.publish("far/t", f"m{i}".encode(), qos=2)
+        wait_until(lambda: len(sub.got) >= n // 3, what="a third delivered")
+        m.kill_router("B")
+        for c in (sub, pub):
+            c.c.loop_stop()
+            c.addr = mqtt_addr(a)  # type: ignore[arg-type]
+            c.connect()
+        assert sub.present[-1] and pub.present[-1]  # (found at C, two hops from A)
+        wait_until(lambda: len(pub.acked) >= n and len(sub.got) >= n, timeout=60,
+                   what="every message delivered and every PUBCOMP")
+        time.sleep(0.5)
+        got = [x.payload for x in sub.got]
+        assert sorted(got) == sorted(f"m{i}".encode() for i in range(n)), "lost or delivered twice"
+    finally:
+        sub.close()
+        pub.close()
+    log = (m.log_dir / "A.router.log").read_text()
+    assert f"mqtt.session_restored client={sub_id}" in log and f"mqtt.session_restored client={pub_id}" in log
+
+
 def test_the_mqtt_listener_speaks_tls_with_the_client_listeners_certificates(make_router: Any, tmp_path: Any) -> None:
     """With tls_cert the MQTT listener is TLS too: a verified client certificate names the client (as
     SASL EXTERNAL does for AMQP), a user name beside it must be the same, and a password goes over

@@ -216,3 +216,71 @@ def test_a_keeper_drops_its_copy_when_the_same_life_of_the_home_is_back_and_keep
         assert "c1" in k.kept_here and k.orphaned == [("c1", IMAGE)]
         k.set_reachable(["H"], 2.0, {"H": back_as})
         assert ("c1" in k.kept_here) is kept, back_as
+
+
+def test_a_fetch_asks_routers_beyond_the_neighbours_so_a_session_kept_far_away_is_found():
+    # line3 A - B - C: B's session is kept at C (its neighbour); B dies and the client resumes at A,
+    # whose only neighbour is B: without asking C (two hops away) the session would begin anew
+    net = Net("A", "B", "C")
+    b, a = net.k["B"], net.k["A"]
+    b.set_reachable(["C"], 0.0)
+    b.put("c1", 7, {**IMAGE, "seq": 7}, 0.0)
+    net.run()
+    assert net.k["C"].kept_here["c1"].seq == 7
+    net.lost.add("B")
+    a.set_reachable([], 1.0, fetchable=[])  # (B gone: A has no neighbour left that keeps sessions)
+    a.set_reachable([], 1.0, fetchable=["C"])  # (C reachable over another path)
+    a.fetch("c1", 1.0)
+    net.run(1.0)
+    assert a.fetched == [("c1", {**IMAGE, "seq": 7})]
+    # only the neighbours would have missed it
+    a.fetched.clear()
+    a.set_reachable([], 2.0, fetchable=[])
+    a.fetch("c1", 2.0)
+    assert a.fetched == [("c1", None)]
+
+
+def test_a_router_that_does_not_know_its_peers_yet_answers_no_fetch_and_asks_those_that_come():
+    # a router just restarted: nobody reachable yet; a fetch must wait for its peers, not begin the
+    # session anew at once (and not at FETCH_TIMEOUT either while the peers are still unknown)
+    net = Net("A", "B")
+    net.k["B"].receive("X", KeepPut("c1", 4, '{"expiry": null, "seq": 4}'), 0.0)
+    net.k["B"].sessions.out.clear()
+    a = net.k["A"]
+    a.set_reachable([], 0.0)
+    a.ready = False
+    a.fetch("c1", 0.0)
+    a.tick(10 * FETCH_TIMEOUT)
+    assert a.fetched == [] and "c1" in a.fetches
+    a.set_reachable(["B"], 11 * FETCH_TIMEOUT)  # (B comes: asked now)
+    net.run(11 * FETCH_TIMEOUT)
+    assert a.fetched == []  # (answered, but the peers are not all known yet)
+    a.set_ready(11 * FETCH_TIMEOUT)
+    assert a.fetched == [("c1", {"expiry": None, "seq": 4})]
+
+
+def test_a_router_that_learns_its_peers_with_nobody_reachable_begins_the_session_anew_then():
+    net = Net("A")
+    a = net.k["A"]
+    a.set_reachable([], 0.0)
+    a.ready = False
+    a.fetch("c1", 0.0)
+    assert a.fetched == []
+    a.set_ready(5.0)
+    assert a.fetched == [("c1", None)]
+
+
+def test_a_router_that_becomes_reachable_during_a_fetch_is_asked_too():
+    net = Net("A", "B", "C")
+    net.k["C"].receive("X", KeepPut("c1", 9, '{"expiry": null, "seq": 9}'), 0.0)
+    net.k["C"].sessions.out.clear()
+    a = net.k["A"]
+    net.lost.add("B")  # (B is silent: the fetch stays open)
+    a.set_reachable(["B"], 1.0)
+    a.fetch("c1", 1.0)
+    net.run(1.0)
+    assert a.fetched == []
+    a.set_reachable(["B", "C"], 1.5)
+    net.run(1.5)
+    a.tick(1.0 + FETCH_TIMEOUT)
+    assert a.fetched == [("c1", {"expiry": None, "seq": 9})]
