@@ -1092,6 +1092,33 @@ def ratio(a: float | None, b: float | None) -> float | None:
 BASELINES = ("direct", "container", "rabbitmq", "mosquitto")
 
 
+# the Debian packages of the baselines that are servers of their own (`--install-baselines`)
+BASELINE_PACKAGES = {"rabbitmq": "rabbitmq-server", "mosquitto": "mosquitto"}
+
+
+def install_baselines(base: list[str]) -> list[str]:
+    """Install the Debian packages of the baselines in `base` that are not installed (apt-get, as
+    root): the bench's set-up on a fresh machine. Returns notes of what was done or why not; a
+    baseline still unavailable afterwards is skipped with its reason, as without the option."""
+    unavailable = {"rabbitmq": RabbitMQ.unavailable, "mosquitto": Mosquitto.unavailable}
+    wanted = [BASELINE_PACKAGES[b] for b in base if b in BASELINE_PACKAGES and unavailable[b]()]
+    if not wanted:
+        return []
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        return [f"--install-baselines: needs apt-get as root; install by hand: apt-get install -y {' '.join(wanted)}"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *wanted]
+    log(f"installing {' '.join(wanted)} (apt-get)")
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:  # (a stale package index: once more after an update)
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, env=env)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return [f"--install-baselines: apt-get install {' '.join(wanted)} failed: {tail[0]}"]
+    return [f"installed {' '.join(wanted)} (apt-get)"]
+
+
 def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], list[str]]:
     """The scenario, its 1:1 twin (the targets are defined on 1:1) and the baselines; then the same
     at a fixed rate for latency. Returns (throughput cases, latency cases, notes)."""
@@ -1103,6 +1130,8 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
     for b in base:
         if b not in BASELINES:
             raise SystemExit(f"oncemesh bench: unknown baseline {b!r} ({', '.join(BASELINES)})")
+    if getattr(args, "install_baselines", False):
+        notes.extend(install_baselines(base))
     if "rabbitmq" in base and (why := RabbitMQ.unavailable()):
         notes.append(f"RabbitMQ skipped: {why}")
         base.remove("rabbitmq")
@@ -1879,6 +1908,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--baselines", default="direct,container,rabbitmq",
                    help="comma-separated: direct, container, rabbitmq, mosquitto ('' for none; mosquitto: MQTT 5 "
                         "QoS 2 1:1 through Mosquitto, with the MQTT load clients)")
+    p.add_argument("--install-baselines", action="store_true",
+                   help="first install the Debian packages of the chosen baselines that are missing (rabbitmq: "
+                        "rabbitmq-server, mosquitto: mosquitto; apt-get, as root); the bench runs its own broker "
+                        "process either way and never touches a system service")
     p.add_argument("--mqtt", action="store_true",
                    help="also: MQTT 5 QoS 2 and QoS 1, 1 pub -> router -> 1 sub through the router's MQTT listener "
                         "(harness/mqttload.py clients), beside the AMQP 1:1 case, with their ratios to it; a QoS 2 "
