@@ -20,7 +20,14 @@ keeping:
   numbered, acknowledged, sent again, in order), one Put per session per pass at most (`put`
   replaces what is waiting).
 - **The keeper**: of the routers reachable, the one with the highest hash of (client id, router
-  id): a fixed choice that moves only when that router is out of reach. When the session with the
+  id): a function of the reachable set, so anyone who knows which routers are up knows where a
+  session is kept (a client's failover list may name it second). It moves when that set changes:
+  away from a router out of reach, and back to it when it returns (the image is put there, and
+  the keeper before drops its copy only once the new one acknowledged: a copy is never dropped
+  before another holds the session). Found by `oncemesh chaos --mqtt` (line3, seed 77): a keeper
+  that stayed where a partition had sent it was, after the partition healed, on the other side of
+  the home from where its clients resumed when the home died (sessions begun anew, duplicates).
+  When the session with the
   keeper breaks (it is unreachable, restarted, or its session may have lost messages), or a Put is
   not answered within `ACK_TIMEOUT` (an older router on the way drops these kinds), the home
   chooses again among the others and sends the image there; what waited, waits for that one.
@@ -240,7 +247,7 @@ class Keeper:
         if o is not None and o.keeper is not None:
             self.sessions.send(o.keeper, KeepPut(cid, o.seq + 1, None), now)
         if o is not None:
-            self._drop_former(cid, o, now)  # (those out of reach: they drop it when this life is back)
+            self._drop_former(cid, o, now, ended=True)  # (those out of reach: they drop it when this life is back)
 
     def _choose(self, cid: str, o: _Ours, now: float) -> None:
         candidates = [r for r in self.reachable if r not in o.tried]
@@ -255,8 +262,11 @@ class Keeper:
             return
         self._send(cid, o, now)
 
-    def _drop_former(self, cid: str, o: _Ours, now: float) -> None:
-        """Former keepers of `cid` that are reachable drop their (older) copy."""
+    def _drop_former(self, cid: str, o: _Ours, now: float, ended: bool = False) -> None:
+        """Former keepers of `cid` that are reachable drop their (older) copy: once the keeper now
+        acknowledged an image (until then a former copy may be the only one), or the session ended."""
+        if not ended and not o.acked:
+            return
         for r in sorted(o.former & set(self.reachable)):
             o.former.discard(r)
             self.sessions.send(r, KeepPut(cid, o.seq + 1, None), now)
@@ -309,6 +319,8 @@ class Keeper:
                 o.tried.clear()
                 o.waiting_since = None if msg.seq >= o.seq else now
                 self.kept.append((msg.cid, msg.seq))
+                if o.former:
+                    self._drop_former(msg.cid, o, now)  # (the new keeper holds it: the old copies may go)
         elif type(msg) is KeepFetch:
             k = self.kept_here.get(msg.cid)
             o = self.ours.get(msg.cid)  # (a home asked: its client moved away from us)
@@ -352,8 +364,8 @@ class Keeper:
         if incarnations is not None:
             self.incarnations = dict(incarnations)
         for cid, o in sorted(self.ours.items()):
-            if o.keeper is not None and o.keeper not in self.reachable:
-                self._rekeep(cid, o, now)
+            if o.keeper is not None and o.keeper != keeper_of(cid, (r for r in self.reachable if r not in o.tried)):
+                self._rekeep(cid, o, now)  # (out of reach, or the one it would be is back)
             elif o.keeper is None and self.reachable:
                 self._choose(cid, o, now)
             elif o.former:

@@ -179,10 +179,12 @@ def test_a_kept_session_whose_home_is_out_of_reach_is_said_orphaned_once_until_p
     assert net.k[other].orphaned == []  # (only the keeper holds it)
 
 
-def test_a_keeper_left_behind_drops_its_older_copy_once_the_home_reaches_it_again():
+def test_a_keeper_left_behind_is_the_keeper_again_when_the_home_reaches_it_and_holds_the_newest():
     """The home kept the session at K1, could not reach K1 for a while and kept it at K2: K1's copy
-    is older than K2's, and K1 is told to drop it when the home reaches it again, so that a client
-    resuming near K1 later is never restored from it (stale names and packet ids: duplicates)."""
+    is older than K2's. When the home reaches K1 again, K1 is its keeper again (the choice is a
+    function of the reachable set) and gets the newest image; K2 drops its copy only once K1
+    acknowledged it. A client resuming near K1 is never restored from the stale copy (old names
+    and packet ids: duplicates), and there is a current copy at every moment."""
     net = Net("H", "X", "Y")
     h = net.k["H"]
     h.put("c1", 5, IMAGE, 0.0)
@@ -195,10 +197,16 @@ def test_a_keeper_left_behind_drops_its_older_copy_once_the_home_reaches_it_agai
     h.put("c1", 9, {**IMAGE, "seq": 9}, 2.0)
     net.run(2.0)
     assert net.k[k1].kept_here["c1"].seq == 5  # (not reachable: still there)
+    net.lost.add(k1)  # (K1's acknowledgement is late: K2 keeps its copy meanwhile)
     h.set_reachable([k1, k2], 3.0)
     net.run(3.0)
-    assert "c1" not in net.k[k1].kept_here and net.k[k2].kept_here["c1"].seq == 9
-    assert h.ours["c1"].keeper == k2 and not h.ours["c1"].former
+    assert h.ours["c1"].keeper == k1 and net.k[k2].kept_here["c1"].seq == 9
+    net.lost.discard(k1)
+    h.tick(3.5)
+    h.sessions.tick(4.0)  # (the member session sends again what was not acknowledged)
+    net.run(4.0)
+    assert net.k[k1].kept_here["c1"].seq == 9 and "c1" not in net.k[k2].kept_here
+    assert h.ours["c1"].keeper == k1 and not h.ours["c1"].former
 
 
 def test_a_keeper_drops_its_copy_when_the_same_life_of_the_home_is_back_and_keeps_it_for_a_new_one():
