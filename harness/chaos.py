@@ -26,13 +26,25 @@ MQTT clients (`--mqtt N`): every router gets an MQTT listener (127.0.0.1, port 0
 publishers and N of the subscribers are MQTT 5 QoS 2 workers (`harness.mqttworker`: a persistent
 session, its client-side state in its state directory, so client kills apply to them too; a failover
 list of the home router, the session's keeper, then the others, rewritten when a restarted router's
-listener has a new port). The MQTT publishers publish on MQTT_TOPIC, which only the MQTT subscribers
-take (besides TOPIC): an MQTT client writes no settlement log, so the reconciliation's client view
-cannot judge an MQTT subscription (it counts it unobserved) and would class an MQTT publisher's
-message handed to an AMQP subscriber `unexpected` (no `published` line for its gid). Every pair with
-an MQTT end is judged by the router view (the routers' logs alone) and by the workers' reports
-(`_Run.mqtt_violations`: each message once at each MQTT subscriber, every PUBCOMP, no resume without
-its session); progress and quiescence read those reports too.
+listener has a new port). Every publisher, AMQP or MQTT, publishes on TOPIC and every subscriber takes
+it: every message is owed to every subscription. An MQTT client writes no settlement log, so:
+
+- An MQTT publisher's message at an AMQP subscriber: the router names its gid, which the MQTT client
+  never learns. The AMQP subscribers note, per message handed, its gid and what its payload names
+  (`NAME:N:`, `harness.worker` `--bodies`); `write_mqtt_publisher_logs` turns an MQTT publisher's report
+  (`published`, `completed` and their times) and those names into its settlement log, so the
+  reconciliation's client view knows its messages as it knows an AMQP publisher's and judges them at
+  every AMQP subscription (lost, duplicated, unexpected, false ACCEPTED: PUBCOMP plays ACCEPTED).
+  `mqtt_at_amqp` judges them there again by payload (the hand-overs from the subscribers' settlement
+  logs, only the names from the notes), which needs no gid: a message PUBCOMP'd that no AMQP
+  subscriber had (no gid to name), one number handed under two gids, a number its publisher never
+  sent, and FIFO order.
+- An MQTT subscription: the client view does not judge it (it counts it unobserved); the router view
+  does (the routers' logs alone), and so does `_Run.mqtt_violations` from the workers' reports: each
+  message once at each MQTT subscriber, none missing that its publisher was told was taken, FIFO
+  order per publisher, every PUBCOMP, no resume without its session.
+
+Progress and quiescence read the reports and the bodies too.
 
 Exit status: 0 the promises held and the run quiesced; 1 a promise was broken (lost, duplicated,
 unexpected, false ACCEPTED) or a process crashed; 3 no promise broken but the run did not quiesce
@@ -54,7 +66,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,9 +76,10 @@ from ..spark import pyspark_missing
 from ..topology.launcher import Mesh, MeshError, RouterState
 from ..topology.load import TopologyError, example_path, load_topology, with_topic_order
 from .faults import ALL_FAULTS, Fault, FaultKind, Limits, make_schedule, parse_faults
-from .mqttworker import ReportReader
+from .mqttworker import ReportReader, fifo_reversals
 from .procs import Proc, python_cmd
 from .progress import ClientLogs
+from .worker import BodyReader
 
 if TYPE_CHECKING:
     from ..spark.reconcile import Summary
@@ -79,9 +92,6 @@ WILD_TOPIC = "chaos/p{}"
 WILD_FILTERS = ("chaos/#", "chaos/p0", "chaos/+", "chaos/p1/#")
 # with --shared: every subscriber is a member of this shared subscription
 SHARED_NAME = "chaos-shared"
-# with --mqtt: the MQTT publishers' topic (the MQTT subscribers take it and TOPIC; the AMQP ones only
-# TOPIC: see `_Run.mqtt_violations` for why)
-MQTT_TOPIC = "chaos-mqtt"
 TICK = 0.1  # seconds between looks at processes and logs while playing the schedule
 PROGRESS_EVERY = 10.0
 STALL = 20.0  # after every publisher finished: this long without a client log line means stuck
@@ -152,6 +162,10 @@ class ChaosResult:
     shared: bool = False  # the subscribers were members of one shared subscription: no order promised
     router_evidence: list[str] = field(default_factory=list)  # the log lines of failing router-view pairs
     mqtt: dict[str, dict[str, Any]] = field(default_factory=dict)  # MQTT worker name -> what its report says
+    # AMQP subscriber -> what it was handed of the MQTT publishers' messages (`mqtt_at_amqp`)
+    mqtt_at_amqp: dict[str, dict[str, int]] = field(default_factory=dict)
+    mqtt_reversals: int = 0  # FIFO reversals of the workers' own views: MQTT subscribers, MQTT publishers'
+    #                          messages at AMQP subscribers (the reconciliation does not see these)
 
     @property
     def safety_failures(self) -> int:
@@ -166,9 +180,12 @@ class ChaosResult:
     def order_failures(self) -> int:
         """FIFO reversals (messages handed after a later one of the same publisher), or with
         `--order total` the pairs of subscriptions handed messages in opposite orders."""
-        if self.summary is None or self.shared:  # (a shared subscription promises no order: docs/promises.md)
+        if self.shared:  # (a shared subscription promises no order: docs/promises.md)
             return 0
-        return self.summary.total_order_disagreements if self.order in ("total", "lamport") else self.summary.fifo_reversals
+        if self.summary is None:
+            return self.mqtt_reversals
+        return self.mqtt_reversals + (self.summary.total_order_disagreements if self.order in ("total", "lamport")
+                                      else self.summary.fifo_reversals)
 
     @property
     def passed(self) -> bool:
@@ -206,7 +223,8 @@ class ChaosResult:
             "total_order_disagreements": self.summary.total_order_disagreements if self.summary is not None else 0,
             "order": self.order,
             "subscriptions": self.subscriptions, "interrupted": self.interrupted, "error": self.error,
-            "router_evidence": self.router_evidence, "mqtt": self.mqtt,
+            "router_evidence": self.router_evidence, "mqtt": self.mqtt, "mqtt_at_amqp": self.mqtt_at_amqp,
+            "mqtt_reversals": self.mqtt_reversals,
             "reconciliation": self.summary.to_dict() if self.summary is not None else None,
         }
 
@@ -222,6 +240,7 @@ class _Client:
     out: Path
     protocol: str = "amqp"  # amqp (harness/worker.py) | mqtt (harness/mqttworker.py)
     report: ReportReader | None = None  # an MQTT worker's report
+    bodies: BodyReader | None = None  # with --mqtt, an AMQP subscriber's gid -> payload names (`--bodies`)
     urls: str = ""  # every router's URL, its home first (known once the mesh is up)
     link: str = ""  # a subscriber's subscription name (its logs' `link`): its own, or the shared one
     proc: Proc | None = None
@@ -316,19 +335,22 @@ class _Run:
             home = self.routers[i % n]
             if i < cfg.mqtt:  # (the first subscribers and publishers: their traffic crosses the mesh)
                 out.append(self._mqtt_client(f"sub-{i}", "consume", home, [
-                    "--topic", TOPIC, "--topic", MQTT_TOPIC, "--reconnect-timeout", reconnect]))
+                    "--topic", TOPIC, "--reconnect-timeout", reconnect]))
                 continue
             topic = WILD_FILTERS[i % len(WILD_FILTERS)] if cfg.wildcards else TOPIC
+            bodies = self.state / "clients" / f"sub-{i}.bodies"  # (JSON lines; not *.jsonl: no settlement log)
             sub = self._client(f"sub-{i}", "consume", home, [
                 "--topic", topic, "--name", SHARED_NAME if cfg.shared else f"sub-{i}", "--reconnect-timeout",
-                reconnect, *(["--shared"] if cfg.shared else [])])
+                reconnect, *(["--shared"] if cfg.shared else []), *(["--bodies", str(bodies)] if cfg.mqtt else [])])
             sub.link = SHARED_NAME if cfg.shared else sub.name
+            if cfg.mqtt:
+                sub.bodies = BodyReader(bodies)
             out.append(sub)
         for j in range(cfg.publishers):
             home = self.routers[(n - 1 - j) % n]
             if j < cfg.mqtt:
                 out.append(self._mqtt_client(f"pub-{j}", "publish", home, [
-                    "--topic", MQTT_TOPIC, "--count", str(count), "--rate", str(cfg.rate), "--size", str(cfg.size),
+                    "--topic", TOPIC, "--count", str(count), "--rate", str(cfg.rate), "--size", str(cfg.size),
                     "--reconnect-timeout", reconnect]))
                 continue
             topic = WILD_TOPIC.format(j) if cfg.wildcards else TOPIC
@@ -445,9 +467,9 @@ class _Run:
                    and all(c.report is not None and c.report.subscribed for c in msubs),
                    min(SETUP_TIMEOUT, self.remaining()), "every subscription in force")
         self.say(f"{len(subs) + len(msubs)} subscriptions in force"
-                 + (f" ({len(msubs)} MQTT session(s), each on {TOPIC} and {MQTT_TOPIC})" if msubs else "")
+                 + (f" ({len(msubs)} MQTT session(s))" if msubs else "")
                  + f"; starting {cfg.publishers} publishers at {cfg.rate:g} msg/s each"
-                 + (f" ({cfg.mqtt} MQTT, on {MQTT_TOPIC})" if cfg.mqtt else ""))
+                 + (f" ({cfg.mqtt} MQTT)" if cfg.mqtt else "") + f", all on {TOPIC}")
 
     def _wait(self, pred: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -565,8 +587,10 @@ class _Run:
 
     # ------------------------------------------------------------------ watching
     def poll_reports(self) -> int:
-        """Read what the MQTT workers reported since the last call; returns the number of lines."""
-        return sum(c.report.poll() for c in self.mqtt_clients if c.report is not None)
+        """Read what the MQTT workers reported, and the AMQP subscribers noted of their messages'
+        payloads, since the last call; returns the number of lines."""
+        return (sum(c.report.poll() for c in self.mqtt_clients if c.report is not None)
+                + sum(c.bodies.poll() for c in self.clients if c.bodies is not None))
 
     def tick(self) -> int:
         """Look at the logs and the processes; returns the number of new client log lines (and MQTT
@@ -639,8 +663,12 @@ class _Run:
             assert r is not None
             mqtt += (f" {c.name}:{len(r.published)}/{len(r.completed)}" if c.kind == "publish"
                      else f" {c.name}:{len(r.delivered)}")
+        if mqtt:
+            owed = len([c for c in self.mqtt_clients if c.kind == "publish"]) * self.count
+            mqtt += "".join(f" {n}:{owed - k}" for n, k in self.mqtt_missing_at_amqp().items())
         self.say(f"[{now:7.2f}s] published {len(w.published)}, accepted {acc}, handed {handed}; "
-                 + (f"MQTT (published/completed, delivered){mqtt}; " if mqtt else "")
+                 + (f"MQTT (published/completed, delivered; AMQP subscribers: MQTT messages handed){mqtt}; "
+                    if mqtt else "")
                  + f"faults {sum(self.result.injected.values())}; routers {states}")
 
     # ------------------------------------------------------------------ healing and quiescence
@@ -678,7 +706,7 @@ class _Run:
             if c.kind == "publish":
                 sent = r.published | r.completed  # (a SIGKILL may come between a commit and its `published` line)
                 left += max(0, self.count - len(sent)) + max(0, len(sent - r.completed) - len(r.refused))
-        return left + sum(self.mqtt_missing().values())
+        return left + sum(self.mqtt_missing().values()) + sum(self.mqtt_missing_at_amqp().values())
 
     def mqtt_missing(self) -> dict[str, int]:
         """MQTT subscriber -> messages not delivered yet (every publisher's every message is owed to it:
@@ -689,6 +717,30 @@ class _Run:
             if c.kind == "consume" and c.report is not None:
                 got = sum(len({n for n in c.report.distinct_of(p) if 0 <= n < self.count}) for p in pubs)
                 out[c.name] = len(pubs) * self.count - got
+        return out
+
+    def amqp_handed(self) -> dict[str, list[str]]:
+        """AMQP subscriber (with `--bodies`) -> the gid of every hand-over its settlement log has, first
+        hand-overs in their order (by time; a batch's in its lines' order), then the repeats."""
+        out = {}
+        for c in self.clients:
+            if c.bodies is None:
+                continue
+            s = self.watch.by_link(c.link)
+            first = sorted(s.handed, key=s.handed.__getitem__) if s is not None else []
+            out[c.name] = first + ([g for g, k in s.repeats.items() for _ in range(k)] if s is not None else [])
+        return out
+
+    def mqtt_missing_at_amqp(self) -> dict[str, int]:
+        """AMQP subscriber -> the MQTT publishers' messages it was not handed yet (its settlement log,
+        the gids named by the subscribers' `--bodies`)."""
+        pubs = {c.name for c in self.mqtt_clients if c.kind == "publish"}
+        names = payload_names(c.bodies for c in self.clients if c.bodies is not None)
+        out = {}
+        for sub, gids in self.amqp_handed().items():
+            keys = {names.get(g, (None, None)) for g in gids}
+            out[sub] = len(pubs) * self.count - len({(p, n) for p, n in keys
+                                                     if p in pubs and n is not None and 0 <= n < self.count})
         return out
 
     def quiesce(self) -> bool:
@@ -709,7 +761,7 @@ class _Run:
             left = self.work_left(missing)
             if low is None or left < low:
                 low, low_since = left, time.monotonic()
-            mmissing = self.mqtt_missing()
+            mmissing = self.mqtt_missing() | {f"{n} (from MQTT)": k for n, k in self.mqtt_missing_at_amqp().items()}
             if done_pubs and len(missing) == len(subs) and not any(missing.values()) and not any(mmissing.values()):
                 self.say(f"[{time.monotonic() - self.t0:7.2f}s] quiescent: every publisher finished, "
                          f"every subscription has every message")
@@ -720,13 +772,13 @@ class _Run:
                 self.say(f"NOT QUIESCENT: every publisher finished with every outcome, nothing moved for "
                          f"{STALL:g}s, and messages are missing: "
                          + "; ".join([f"{n}: {len(g)}, e.g. {sorted(g)[:3]}" for n, g in gaps.items() if g]
-                                     + [f"{n} (MQTT): {k}" for n, k in mmissing.items() if k]))
+                                     + [f"{n}: {k}" for n, k in mmissing.items() if k]))
                 return False
             if time.monotonic() - low_since >= self.cfg.settle_timeout:
                 self.say(f"NOT QUIESCENT: no progress for {self.cfg.settle_timeout:g}s (work left {left}); "
                          f"publishers still running: "
                          f"{', '.join(c.name for c in pubs if not c.finished) or 'none'}; messages missing "
-                         f"per subscription: {missing | {f'{n} (MQTT)': k for n, k in mmissing.items()}}; in doubt: "
+                         f"per subscription: {missing | mmissing}; in doubt: "
                          f"{len(self.watch.in_doubt())}")
                 return False
             if time.monotonic() - last >= PROGRESS_EVERY:
@@ -752,21 +804,22 @@ class _Run:
 
     # ------------------------------------------------------------------ verdict
     def mqtt_violations(self) -> list[str]:
-        """The MQTT workers' own verdict, from their reports (and `result.mqtt`, what each says).
+        """The MQTT workers' own verdict, from their reports (and `result.mqtt`, what each says), and
+        the MQTT publishers' messages at the AMQP subscribers (`mqtt_at_amqp`, `result.mqtt_at_amqp`).
 
         Why the reports: an MQTT client writes no settlement log, so the reconciliation's client view
-        does not judge its pairs. Its subscriptions are known from router lines only (counted as
-        `unobserved_subscriptions`, not judged), and a message an MQTT client published has no
-        `published` line: had an AMQP subscriber been handed one, the client view would class it
-        `unexpected` (its gid is named by the router, never seen by the client). So the MQTT publishers
-        publish on MQTT_TOPIC, which only the MQTT subscribers take, and every pair with an MQTT end is
-        judged by the router view (the routers' logs alone) and here: each message once at each MQTT
+        does not judge an MQTT subscription (known from router lines only, it is counted as
+        `unobserved_subscriptions`, not judged). So every pair with an MQTT subscriber is judged by
+        the router view (the routers' logs alone) and here: each message once at each MQTT
         subscriber (by its payload's publisher and number, whichever protocol published it), none
         missing whose publisher was told it was taken (PUBCOMP; an AMQP publisher that finished was
-        told ACCEPTED for all), every PUBLISH ended with PUBCOMP (no refusal), and every resume finding
-        its session (a CONNACK without it means the client's state and the server's parted ways)."""
+        told ACCEPTED for all), per publisher in FIFO order (`ReportReader.reversals`: first
+        deliveries, as the reconciliation takes first hand-overs), every PUBLISH ended with PUBCOMP
+        (no refusal), and every resume finding its session (a CONNACK without it means the client's
+        state and the server's parted ways)."""
         out: list[str] = []
         pubs = {c.name: c for c in self.clients if c.kind == "publish"}
+        reversals = 0
         for c in self.mqtt_clients:
             rep = c.report
             assert rep is not None
@@ -788,11 +841,14 @@ class _Run:
                 told = (p.report.completed if p.report is not None
                         else set(range(self.count)) if p.finished else set())
                 lost += [(name, n) for n in sorted(told - rep.distinct_of(name))]
+            reversed_ = {name: r for name in pubs if (r := rep.reversals(name))}
+            reversals += sum(len(r) for r in reversed_.values())
             self.result.mqtt[c.name] = {"delivered": sum(len(x) for x in rep.delivered.values()),
                                         "distinct": len(rep.delivered), "duplicates": sum(dups.values()),
                                         "missing": self.mqtt_missing().get(c.name, 0), "lost": len(lost),
-                                        "unexpected": len(unexpected), "connections": rep.connections,
-                                        "session_lost": rep.session_lost}
+                                        "unexpected": len(unexpected),
+                                        "fifo_reversals": sum(len(r) for r in reversed_.values()),
+                                        "connections": rep.connections, "session_lost": rep.session_lost}
             if dups:
                 out.append(f"MQTT subscriber {c.name}: {len(dups)} message(s) delivered more than once, e.g. "
                            f"{[f'{p}:{n}' for p, n in sorted(dups)[:3]]}")
@@ -802,6 +858,17 @@ class _Run:
             if unexpected:
                 out.append(f"MQTT subscriber {c.name}: {len(unexpected)} message(s) no publisher sent, e.g. "
                            f"{[f'{p}:{n}' for p, n in unexpected[:3]]}")
+            for name, r in sorted(reversed_.items()):
+                out.append(f"MQTT subscriber {c.name}: {len(r)} message(s) of {name} delivered after a later one "
+                           f"of {name} (FIFO), e.g. {name}:{r[:3]}")
+        mpubs = {c.name: c.report for c in self.mqtt_clients if c.kind == "publish" and c.report is not None}
+        if mpubs and any(c.bodies is not None for c in self.clients):
+            names = payload_names(c.bodies for c in self.clients if c.bodies is not None)
+            found, self.result.mqtt_at_amqp, amqp_reversals = mqtt_at_amqp(self.amqp_handed(), names, mpubs,
+                                                                           self.watch.published, self.count)
+            out += found
+            reversals += amqp_reversals
+        self.result.mqtt_reversals = reversals
         return out
 
     def judge(self) -> None:
@@ -820,6 +887,11 @@ class _Run:
                 r.handed[c.name] = r.mqtt[c.name]["distinct"]
         if not self.cfg.reconcile:
             return
+        mpubs = {c.name: c.report for c in self.mqtt_clients if c.kind == "publish" and c.report is not None}
+        if mpubs:  # (before Spark reads the run's logs: the MQTT publishers' messages, named by their gids)
+            named = payload_names(c.bodies for c in self.clients if c.bodies is not None)
+            gids = name_mqtt_gids(named, mpubs, w.published)
+            write_mqtt_publisher_logs(self.state / "mqttlogs", mpubs, gids, TOPIC, self.cfg.size)
         self.say("reconciling every settlement log of the run with Spark ...")
         from pyspark.sql import SparkSession
 
@@ -868,9 +940,14 @@ class _Run:
                 self.say(f"    {line}")
             if self.cfg.mqtt:
                 self.say(f"  MQTT sessions: {s.unobserved_subscriptions} subscription(s) without a subscriber log "
-                         f"(the client view does not judge them; the router view above does)")
+                         f"(the client view does not judge them; the router view above and their reports do)")
         for name, m in sorted(r.mqtt.items()):
             self.say(f"  MQTT {name}: " + ", ".join(f"{k} {v}" for k, v in m.items()))
+        for name, m in sorted(r.mqtt_at_amqp.items()):
+            self.say(f"  MQTT publishers' messages at {name}: " + ", ".join(f"{k} {v}" for k, v in m.items()))
+        if self.cfg.mqtt:
+            self.say(f"  FIFO (the MQTT workers' views, not in the reconciliation): {r.mqtt_reversals} handed or "
+                     f"delivered after a later message of their publisher")
         for v in r.client_violations:
             self.say(f"  VIOLATION (client logs): {v}")
         for c in r.crashes:
@@ -901,6 +978,117 @@ def with_mqtt_listeners(path: str | Path, dest: Path) -> Path:
     dest.write_text(text)
     load_topology(dest)  # (raises TopologyError for a file that is wrong)
     return dest
+
+
+def mqtt_at_amqp(handed: Mapping[str, Sequence[str]], names: Mapping[str, tuple[str | None, int | None]],
+                 pubs: Mapping[str, ReportReader], amqp_published: Container[str],
+                 count: int) -> tuple[list[str], dict[str, dict[str, int]], int]:
+    """The MQTT publishers' (`pubs`: name -> report) messages at the AMQP subscribers, judged by payload:
+    (violations, per subscriber its counts, FIFO reversals). `handed`: AMQP subscriber -> the gid of
+    every hand-over, in hand-over order (its settlement log's `handed` lines: exact); `names`: gid ->
+    (publisher, number) its payload names (`payload_names`). Every message is owed to every subscriber
+    (each was in force before the first was sent), so at each: each number once (`duplicated`: handed
+    more than once, under one gid or several), none missing that its publisher was told was taken
+    (`lost`: PUBCOMP came), none its publisher never sent (`unexpected`: a number outside the run's,
+    or never `published` nor `completed`, a payload that names no publisher, a gid nothing names),
+    and per publisher in FIFO order (first hand-overs, `fifo_reversals` as the reconciliation counts
+    them). Messages whose gid an AMQP publisher logged (`amqp_published`) are the reconciliation's to
+    judge, and left out."""
+    out: list[str] = []
+    counts: dict[str, dict[str, int]] = {}
+    reversals = 0
+    sent = {p: rep.published | rep.completed for p, rep in pubs.items()}
+    for name, gids in sorted(handed.items()):
+        seen: dict[tuple[str, int], int] = {}  # (publisher, number) -> hand-overs, in first hand-over order
+        unexpected: list[str] = []
+        for g in gids:
+            if g in amqp_published:
+                continue
+            p, n = names.get(g, (None, None))
+            if p is None or n is None or p not in sent or not 0 <= n < count or n not in sent[p]:
+                unexpected.append(f"{p}:{n}" if p is not None else f"gid {g}")
+                continue
+            seen[(p, n)] = seen.get((p, n), 0) + 1
+        dups = sorted(k for k, k_n in seen.items() if k_n > 1)
+        lost = [(p, n) for p, rep in sorted(pubs.items()) for n in sorted(rep.completed) if (p, n) not in seen]
+        reversed_ = {p: r for p in sorted(pubs) if (r := fifo_reversals([n for q, n in seen if q == p]))}
+        n_rev = sum(len(r) for r in reversed_.values())
+        reversals += n_rev
+        counts[name] = {"distinct": len(seen), "duplicates": sum(seen[k] - 1 for k in dups), "lost": len(lost),
+                        "unexpected": len(unexpected), "fifo_reversals": n_rev}
+        if dups:
+            out.append(f"AMQP subscriber {name}: {len(dups)} MQTT-published message(s) handed more than once, "
+                       f"e.g. {[f'{p}:{n}' for p, n in dups[:3]]}")
+        if lost:
+            out.append(f"AMQP subscriber {name}: {len(lost)} MQTT-published message(s) never handed that their "
+                       f"publisher was told were taken (PUBCOMP), e.g. {[f'{p}:{n}' for p, n in lost[:3]]}")
+        if unexpected:
+            out.append(f"AMQP subscriber {name}: {len(unexpected)} message(s) handed that no publisher sent, "
+                       f"e.g. {unexpected[:3]}")
+        for p, r in reversed_.items():
+            out.append(f"AMQP subscriber {name}: {len(r)} message(s) of MQTT publisher {p} handed after a later "
+                       f"one of {p} (FIFO), e.g. {p}:{r[:3]}")
+    return out, counts, reversals
+
+
+def payload_names(notes: Iterable[BodyReader]) -> dict[str, tuple[str | None, int | None]]:
+    """gid -> (publisher, number) its payload names, from every AMQP subscriber's `--bodies` notes: a
+    subscriber SIGKILLed between a hand-over and its note leaves the name to the others."""
+    out: dict[str, tuple[str | None, int | None]] = {}
+    for b in notes:
+        for g, key in b.names.items():
+            out.setdefault(g, key)
+    return out
+
+
+def name_mqtt_gids(names: Mapping[str, tuple[str | None, int | None]], pubs: Container[str],
+                   amqp_published: Container[str]) -> dict[str, dict[str, int]]:
+    """MQTT publisher -> gid -> its message number: the gids the routers gave the messages of the MQTT
+    publishers `pubs`, as the payloads name them (`payload_names`)."""
+    out: dict[str, dict[str, int]] = {}
+    for g, (p, n) in names.items():
+        if p is not None and n is not None and p in pubs and g not in amqp_published:
+            out.setdefault(p, {})[g] = n
+    return out
+
+
+def write_mqtt_publisher_logs(dest: Path, pubs: Mapping[str, ReportReader], names: Mapping[str, Mapping[str, int]],
+                              topic: str, size: int) -> list[Path]:
+    """The settlement log an MQTT publisher would have written, had it known the gids of its messages
+    (`names`, `name_mqtt_gids`), as `dest/NAME.publisher.jsonl`: so the reconciliation's client view
+    judges its messages at every AMQP subscription as an AMQP publisher's (its `published` line,
+    from the report's `published` time, its `outcome`: ACCEPTED at the report's `completed` time,
+    PUBCOMP following PUBREC, which comes only once every subscription owed the message took it;
+    REJECTED for a refused PUBLISH; none while in doubt). No `seq`: their order is `mqtt_at_amqp`'s
+    to judge (FIFO by the payloads' numbers), not counted twice. A message no AMQP subscriber was
+    handed has no gid, and no line: `mqtt_at_amqp` finds it lost."""
+    from ..common.settlement_log import SettlementLog
+
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, rep in sorted(pubs.items()):
+        path = dest / f"{name}.publisher.jsonl"
+        log = SettlementLog(path, src="publisher", node=f"mqtt:{name}", inc="report")
+        plid = f"mqtt:{name}"
+        lines: list[tuple[float, str, str, int]] = []
+        for g, n in names.get(name, {}).items():
+            t_pub = min((t for t in (rep.published_at.get(n), rep.completed_at.get(n)) if t is not None), default=None)
+            if t_pub is None:  # (never reported sent: unexpected at the subscribers, both views)
+                continue
+            lines.append((t_pub, "published", g, n))
+            if n in rep.completed_at:
+                lines.append((rep.completed_at[n], "ACCEPTED", g, n))
+            elif n in rep.refused:
+                lines.append((t_pub, "REJECTED", g, n))
+        for ts, what, g, n in sorted(lines, key=lambda x: (x[0], x[1] != "published", x[3])):
+            if what == "published":
+                log.write("published", ts, g, topic, None, pub=plid, link=name, size=size)
+            else:
+                log.write("outcome", ts, g, topic, None, pub=plid, link=name, outcome=what,
+                          error=f"PUBREC reason {rep.refused[n]:#04x}" if what == "REJECTED" else None)
+        log.close()
+        out.append(path)
+    return out
 
 
 def failing_router_pairs(reconcile_dir: Path, n: int = 3) -> list[dict[str, Any]]:
@@ -1136,9 +1324,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--mqtt", type=int, default=0, metavar="N",
                    help="N of the publishers and N of the subscribers are MQTT 5 QoS 2 clients (persistent sessions, "
                         "failing over to the session's keeper; harness/mqttworker.py) on every router's MQTT "
-                        "listener; they publish on chaos-mqtt, which only MQTT subscribers take (they also take "
-                        "chaos). Their pairs are judged by the router view and their own reports (each message once "
-                        "at each MQTT subscriber, every PUBCOMP); client faults apply to them too (fifo order only)")
+                        "listener, all on the one topic. MQTT publishers' messages are judged at the AMQP "
+                        "subscribers by both views of the reconciliation (the gids named by the payloads) and "
+                        "by payload; MQTT subscribers by the router view and their reports (each message once, "
+                        "FIFO per publisher, every PUBCOMP); client faults apply to them too (fifo order only)")
     p.add_argument("--no-reconcile", action="store_true", help="skip the Spark reconciliation (no verdict on "
                                                                 "safety beyond the client logs)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout (progress on stderr)")

@@ -33,8 +33,9 @@ fsync of the directory) *before* the packet that depends on it goes out: before 
 new delivery. A delivery is the state's commit: it carries a delivery number (`xid`), and the
 report line naming it is written after; a worker restarted with the same state directory writes the
 lines of committed deliveries its report lacks, so a SIGKILL between the two neither loses nor
-repeats one. So a worker SIGKILLed at any point and restarted with the same state directory goes
-on exactly once.
+repeats one (a publisher, likewise, the `published` lines of the messages in flight its report
+lacks). So a worker SIGKILLed at any point and restarted with the same state directory goes on
+exactly once.
 
 Payloads are `NAME:N:` and padding (an AMQP chaos publisher's are the same shape): a subscriber
 keys each delivery by (publisher, number), whichever protocol published it, and counts the
@@ -194,6 +195,15 @@ class Publisher:
         self.report({"ev": "published", "n": n, "pid": pid})
         return self._publish(pid, n)
 
+    def recover(self, reported: set[int]) -> None:
+        """After a restart: report the messages in flight whose `published` line the report lacks
+        (`reported`: the numbers it has as published or completed): a SIGKILL between the commit of a
+        new PUBLISH and its line. A message that left the flight had its `completed` (or `refused`)
+        line written before the commit that ended it."""
+        for n, _ in sorted(self.inflight.values()):
+            if n not in reported:
+                self.report({"ev": "published", "n": n, "recovered": True})
+
     def pubrec(self, p: Pubrec) -> list[Packet]:
         st = self.inflight.get(p.packet_id)
         if st is None:
@@ -326,6 +336,8 @@ class ReportReader:
     offset: int = 0
     published: set[int] = field(default_factory=set)
     completed: set[int] = field(default_factory=set)
+    published_at: dict[int, float] = field(default_factory=dict)  # number -> its first `published` line's ts
+    completed_at: dict[int, float] = field(default_factory=dict)  # number -> its first `completed` line's ts
     refused: dict[int, int] = field(default_factory=dict)
     delivered: dict[tuple[str, int], set[int]] = field(default_factory=dict)  # key -> xids
     xids: set[int] = field(default_factory=set)
@@ -344,10 +356,15 @@ class ReportReader:
 
     def _event(self, e: dict[str, Any]) -> None:
         ev = e.get("ev")
+        ts = e.get("ts")
         if ev == "published":
             self.published.add(int(e["n"]))
+            if isinstance(ts, int | float) and not e.get("recovered"):  # (a recovered line's is the restart's)
+                self.published_at.setdefault(int(e["n"]), float(ts))
         elif ev == "completed":
             self.completed.add(int(e["n"]))
+            if isinstance(ts, int | float):
+                self.completed_at.setdefault(int(e["n"]), float(ts))
         elif ev == "refused":
             self.refused[int(e["n"])] = int(e.get("reason") or 0)
         elif ev == "delivered":
@@ -368,6 +385,29 @@ class ReportReader:
 
     def distinct_of(self, publisher: str) -> set[int]:
         return {n for p, n in self.delivered if p == publisher}
+
+    def order_of(self, publisher: str) -> list[int]:
+        """`publisher`'s message numbers in the order they were first delivered (by delivery number,
+        xid: a recovered line keeps its place). A message delivered again does not move: that is a
+        duplicate, not a reordering (as the reconciliation's `handed_order` takes a first hand-over)."""
+        return [n for (p, n), xids in sorted(self.delivered.items(), key=lambda kx: min(kx[1])) if p == publisher]
+
+    def reversals(self, publisher: str) -> list[int]:
+        """FIFO reversals of `publisher`'s messages here: the numbers first delivered after a higher
+        number of the same publisher (the reconciliation's `fifo_reversals`, with the publisher's
+        numbering as its seq). Empty when its messages came in the order it published them."""
+        return fifo_reversals(self.order_of(publisher))
+
+
+def fifo_reversals(order: list[int]) -> list[int]:
+    """The numbers of `order` that come after a higher one (`spark/reconcile.py`, `fifo_order`:
+    a position whose seq is below the maximum seq handed before it)."""
+    out, top = [], -1
+    for n in order:
+        if n < top:
+            out.append(n)
+        top = max(top, n)
+    return out
 
 
 # ---------------------------------------------------------------------- the connection
@@ -654,10 +694,13 @@ async def amain(args: argparse.Namespace) -> int:
     saved = load_json(state_path) if state_path is not None else None
     if saved is not None:
         core.restore(saved)
-        if isinstance(core, Subscriber) and args.report is not None:
+        if args.report is not None:
             reader = ReportReader(args.report)
             reader.poll()
-            core.recover(reader.xids)
+            if isinstance(core, Subscriber):
+                core.recover(reader.xids)
+            else:
+                core.recover(reader.published | reader.completed)
     report({"ev": "start", "pid": os.getpid(), "kind": args.kind, "client_id": args.client_id,
             "resumed": saved is not None, "next": core.next if isinstance(core, Publisher) else core.xid})
     w = Worker(args, core, report, save)

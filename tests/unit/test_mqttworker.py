@@ -1,5 +1,6 @@
 """The MQTT chaos worker's client-side session state (harness/mqttworker.py): which packets go again
-after a reconnect, what is saved before which packet, and a restart from the saved state."""
+after a reconnect, what is saved before which packet, and a restart from the saved state; what the
+chaos judge reads back: a report's first-delivery order, an AMQP consumer's payload notes."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from oncemesh.harness.mqttworker import (
     Publisher,
     ReportReader,
     Subscriber,
+    fifo_reversals,
     key_of,
     load_json,
     payload_of,
     save_json,
 )
+from oncemesh.harness.worker import BodyReader, _note_bodies, payload_key
 from oncemesh.router.mqtt.packets import Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe
 
 
@@ -199,3 +202,79 @@ def test_state_is_saved_atomically(tmp_path: Path) -> None:
     save_json(path, {"a": 1})
     save_json(path, {"a": 2})
     assert load_json(path) == {"a": 2} and [p.name for p in tmp_path.iterdir()] == ["mqtt-state.json"]
+
+
+def test_fifo_reversals_are_the_numbers_that_come_after_a_higher_one() -> None:
+    assert fifo_reversals([]) == [] and fifo_reversals([0, 1, 2, 5, 9]) == []
+    assert fifo_reversals([0, 2, 1, 3]) == [1]
+    assert fifo_reversals([3, 0, 1, 2, 4]) == [0, 1, 2]  # (each counts: as the reconciliation's fifo_reversals)
+
+
+def test_the_report_reader_orders_first_deliveries_by_delivery_number_and_keeps_the_times(tmp_path: Path) -> None:
+    report = tmp_path / "r.jsonl"
+    lines = [{"ev": "delivered", "p": "pub-0", "n": 0, "xid": 0}, {"ev": "delivered", "p": "pub-1", "n": 0, "xid": 1},
+             {"ev": "delivered", "p": "pub-0", "n": 2, "xid": 3},
+             {"ev": "delivered", "p": "pub-0", "n": 1, "xid": 2, "recovered": True},  # (written late, after a restart)
+             {"ev": "delivered", "p": "pub-0", "n": 0, "xid": 4},  # a duplicate: it does not move 0
+             {"ev": "published", "n": 7, "ts": 5.0}, {"ev": "completed", "n": 7, "ts": 6.0},
+             {"ev": "completed", "n": 7, "ts": 9.0}]
+    report.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    r = ReportReader(report)
+    r.poll()
+    assert r.order_of("pub-0") == [0, 1, 2] and r.reversals("pub-0") == [] and r.order_of("pub-1") == [0]
+    assert r.published_at == {7: 5.0} and r.completed_at == {7: 6.0}
+    with report.open("a") as f:
+        f.write(json.dumps({"ev": "delivered", "p": "pub-1", "n": 3, "xid": 5}) + "\n"
+                + json.dumps({"ev": "delivered", "p": "pub-1", "n": 2, "xid": 6}) + "\n")
+    r.poll()
+    assert r.order_of("pub-1") == [0, 3, 2] and r.reversals("pub-1") == [2]
+
+
+def test_an_amqp_consumer_names_each_message_by_its_payload_whichever_protocol_sent_it(tmp_path: Path) -> None:
+    """`--bodies`: an AMQP publisher's string body and an MQTT publisher's payload (one data section, as
+    router/mqtt/mapping.py makes it) name (publisher, number) alike; the notes read back in order."""
+    from proton import Message
+
+    from oncemesh.clients.subscriber import Delivered
+    from oncemesh.router.mqtt.mapping import MqttContent, to_amqp
+
+    amqp = Delivered("P1:0", Message(body="pub-1:3:xxxx").encode(), "chaos")
+    mqtt = Delivered("M:0", to_amqp("chaos", MqttContent(payload_of("pub-0", 17, 64)), 0), "chaos")
+    other = Delivered("X:0", Message(body={"a": 1}).encode(), "chaos")
+    assert [payload_key(d.body) for d in (amqp, mqtt, other)] == [("pub-1", 3), ("pub-0", 17), None]
+    assert payload_key(b"pub-0:x:") is None and payload_key("no colons") is None
+    path = tmp_path / "sub-1.bodies"
+    with path.open("a") as f:
+        _note_bodies(f, [amqp, mqtt])
+        _note_bodies(f, [other])
+    with path.open("a") as f:
+        f.write('{"g": "torn')
+    b = BodyReader(path)
+    assert b.poll() == 3
+    assert b.handed == [("P1:0", "pub-1", 3), ("M:0", "pub-0", 17), ("X:0", None, None)] and b.malformed == 0
+
+
+def test_a_publisher_killed_between_its_commit_and_its_published_line_reports_it_once(tmp_path: Path) -> None:
+    disk = Disk()
+    pub = publisher(disk)
+    pub.connected(False)
+    a, b = pub.new_message(), pub.new_message()
+    assert a is not None and b is not None and a.packet_id is not None
+    pub.pubrec(Pubrec(a.packet_id))
+    report = tmp_path / "pub-0.report"
+    # the report as a SIGKILL right after the commit of message 1 left it (its `published` line never written)
+    report.write_text("".join(json.dumps({**e, "ts": 10.0}) + "\n" for e in disk.lines[:-1]))
+    reader = ReportReader(report)
+    reader.poll()
+    assert reader.published == {0}
+    disk2 = Disk()
+    again = Publisher("pub-0", "t", 5, 16, disk2.save, disk2.report)
+    again.restore(disk.last)
+    again.recover(reader.published | reader.completed)
+    assert disk2.lines == [{"ev": "published", "n": 1, "recovered": True}]
+    with report.open("a") as f:
+        f.write("".join(json.dumps({**e, "ts": 20.0}) + "\n" for e in disk2.lines))
+    reader.poll()
+    assert reader.published == {0, 1} and reader.published_at == {0: 10.0}  # (no time for a recovered line)
+    again.recover(reader.published)
+    assert len(disk2.lines) == 1  # (reported once)
