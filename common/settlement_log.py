@@ -247,11 +247,18 @@ def compress_segment(path: Path) -> Path:
     return gz
 
 
+# JSON-lines files a router keeps in its state directory that are not settlement logs: the total
+# order's journals (interrouter/orderstate.py, `<router>.order.<topic>.seq.jsonl`)
+NOT_LOGS = re.compile(r"\.order\..+\.seq\.jsonl$")
+
+
 def log_files(directory: Path) -> list[Path]:
     """Every settlement-log file under `directory` (recursively): plain `*.jsonl` and compressed
     `*.jsonl.gz`, without a plain segment whose `.gz` exists (a crash between the two: the `.gz` is
-    the complete one)."""
-    found = sorted(f for f in directory.rglob("*.jsonl*") if f.is_file() and f.name.endswith((PLAIN, COMPRESSED)))
+    the complete one), nor a router's other JSON-lines files (`NOT_LOGS`: a reconciliation of a
+    router's whole state directory counted a total-order journal's lines as malformed)."""
+    found = sorted(f for f in directory.rglob("*.jsonl*") if f.is_file() and f.name.endswith((PLAIN, COMPRESSED))
+                   and not NOT_LOGS.search(f.name))
     names = {str(f) for f in found}
     return [f for f in found if not (f.name.endswith(PLAIN) and str(f) + ".gz" in names)]
 

@@ -554,3 +554,18 @@ def test_the_router_dates_what_it_decided_before_performing_it(monkeypatch: pyte
     fake.core.log.append(("delivered", "g:3", "t", "s", None))
     server.Router.drain(fake)  # type: ignore[arg-type]
     assert written[0] == (1_800_000_000.5, ["delivered"])
+
+
+def test_a_routers_total_order_journal_is_not_taken_for_a_settlement_log(tmp_path: Path) -> None:
+    # (a chaos run of mesh4, whose topic `orders` is in total order: reconcile warned of 22 malformed
+    # lines, the journals' votes, `A.order.orders.seq.jsonl` among the routers' logs)
+    from oncemesh.common.settlement_log import log_files
+
+    (tmp_path / "A").mkdir()
+    (tmp_path / "A" / "A.order.orders.seq.jsonl").write_text('{"base": 0}\n')
+    (tmp_path / "A" / "A.order.a%2Fb.seq.jsonl").write_text('{"base": 0}\n')
+    log = tmp_path / "A" / "A.settlement.1.000001.jsonl"
+    log.write_text("")
+    client = tmp_path / "c1.subscriber.jsonl"
+    client.write_text("")
+    assert log_files(tmp_path) == sorted([log, client])
