@@ -45,6 +45,13 @@ keeping:
   (In a mesh mid-upgrade, a router on the way one version behind cannot carry these messages: the
   router before it drops them, the fetch ends at its timeout without that router's answer, and
   the member session to that router resends them once the way is upgraded.)
+- **A patient fetch**: a router that holds the client's session from a connection that ended may
+  hold an old state of it (the client went on at another router since, and that router's copy is
+  newer). If not every router of the mesh can be asked (one is out of reach: dead, or beyond a
+  partition), the fetch waits for them, asking each as it comes, up to `RESUME_WAIT`; then the
+  router resumes what it holds. Found by the MQTT simulator (line3 seed 17): a subscriber left A
+  for C, took a message there, left C; B died (its keeper, and the way from A to C); at A, whose
+  fetch reached nobody, its old state resumed, and the message came again under a new packet id.
 - **Candidates** (`reachable`, set by the node): the reachable neighbours that speak the keeper's
   protocol version (interrouter/messages.py, KEEPER_VERSION): a session is kept next door, and
   its Puts never cross an older router.
@@ -85,6 +92,7 @@ from .strict import Fields, show
 
 ACK_TIMEOUT = 5.0  # a Put unanswered this long: another keeper
 FETCH_TIMEOUT = 2.0  # a Fetch's answers waited for at most this long
+RESUME_WAIT = 10.0  # a patient Fetch waits at most this long for the routers out of reach
 REFRESH = 60.0  # a home puts each session's image again this often
 KEEP_SLACK = 3 * REFRESH  # a kept image lives its session's expiry and this much since it was last put
 MAX_IMAGE = 4 * 1024 * 1024  # bytes of one image's JSON; larger: refused as malformed
@@ -207,6 +215,7 @@ class _Fetch:
     best: tuple[int, str] | None
     until: float
     asked: set[str] = field(default_factory=set)  # every router asked (those that answered too)
+    patient_until: float = 0.0  # a patient fetch: it waits for the routers out of reach until then
 
 
 class Keeper:
@@ -226,6 +235,7 @@ class Keeper:
         self.reachable: tuple[str, ...] = ()  # the neighbours that may keep a session now (the node says)
         self.fetchable: tuple[str, ...] = ()  # every other router a fetch may ask now (the node says)
         self.ready = True  # the router knows its peers (the node says): fetches may end
+        self.others: frozenset[str] = frozenset()  # every other router of the mesh (the node says)
         self.incarnations: dict[str, str] = {}  # their lives, as the node last said
 
     # ------------------------------------------------------------ at the home
@@ -280,16 +290,24 @@ class Keeper:
         if o.waiting_since is None:  # (the timeout counts from the oldest Put not answered)
             o.waiting_since = now
 
-    def fetch(self, cid: str, now: float) -> None:
-        """A client resumes session `cid`, not held here: ask every reachable router."""
+    def fetch(self, cid: str, now: float, patient: bool = False) -> None:
+        """A client resumes session `cid`, not held here (`patient`: held here from a connection
+        that ended, perhaps older than elsewhere): ask every reachable router."""
         if cid in self.fetches:
             return
         local = self.kept_here.get(cid)
         best = (local.seq, local.image) if local is not None else None
-        f = self.fetches[cid] = _Fetch(set(), best, now + FETCH_TIMEOUT)
+        f = self.fetches[cid] = _Fetch(set(), best, now + FETCH_TIMEOUT,
+                                       patient_until=now + RESUME_WAIT if patient else 0.0)
         self._ask(cid, f, now)
-        if not f.waiting and self.ready:
+        if self._answered(f, now):
             self._fetch_done(cid)
+
+    def _answered(self, f: _Fetch, now: float) -> bool:
+        """A fetch may end: every router asked answered, the router knows its peers, and a patient
+        one asked every router of the mesh (or waited long enough)."""
+        return (not f.waiting and self.ready
+                and (now >= f.patient_until or not (self.others - f.asked)))
 
     def _ask(self, cid: str, f: _Fetch, now: float) -> None:
         """Ask the routers a fetch may ask now and has not asked yet."""
@@ -335,7 +353,7 @@ class Keeper:
             f.waiting.discard(src)
             if msg.image is not None and (f.best is None or msg.seq > f.best[0]):
                 f.best = (msg.seq, msg.image)
-            if not f.waiting and self.ready:
+            if self._answered(f, now):
                 self._fetch_done(msg.cid)
 
     def _kept_put(self, src: str, msg: KeepPut, now: float) -> None:
@@ -375,7 +393,7 @@ class Keeper:
             f.waiting &= askable
             f.asked &= askable  # (one that went and comes back is asked again: it may have restarted)
             self._ask(cid, f, now)
-            if not f.waiting and self.ready:
+            if self._answered(f, now):
                 self._fetch_done(cid)
         for cid, k in sorted(self.kept_here.items()):
             if k.home in self.reachable:
@@ -401,7 +419,7 @@ class Keeper:
         self.ready = True
         for cid, f in sorted(self.fetches.items()):
             f.until = max(f.until, now + FETCH_TIMEOUT)
-            if not f.waiting:
+            if self._answered(f, now):
                 self._fetch_done(cid)
 
     def session_broken(self, peer: str, now: float) -> None:
@@ -428,7 +446,8 @@ class Keeper:
                 o.put_at = now
                 self._send(cid, o, now)
         for cid, f in sorted(self.fetches.items()):
-            if self.ready and (now >= f.until or not f.waiting):
+            if self.ready and ((now >= f.until and (now >= f.patient_until or not (self.others - f.asked)))
+                               or self._answered(f, now)):
                 self._fetch_done(cid)
         for cid, k in list(self.kept_here.items()):
             if now - k.at > k.expiry + KEEP_SLACK:

@@ -346,10 +346,12 @@ class Relay:
                 self._let_go(mid, r, f"shared subscription {sid} moved to router {home}: attach again"
                              if home is not None else f"shared subscription {sid} ended")
 
-    def session_broken(self, home: str, now: float) -> None:
+    def session_broken(self, home: str, now: float, reset: bool = True) -> None:
         """Our session with `home` broke (it is unreachable, restarted, or opened a new session that
-        may have lost messages): our members there attach again (`home` counts them dropped)."""
-        self.sessions.reset(home)
+        may have lost messages): our members there attach again (`home` counts them dropped).
+        `reset`: our session towards it ends too (not when only it opened a new one)."""
+        if reset:
+            self.sessions.reset(home)
         for mid, r in list(self.members.items()):
             if r.home == home:
                 self._let_go(mid, r, f"router {home}, the home of shared subscription {r.join.sid}, was out of "
@@ -471,10 +473,12 @@ class MemberHome:
                 self.sessions.send(relay, Refused(mid, errors.LinkRedirect.condition,
                                                   f"the mesh refused the attach ({refused}): attach again"), now)
 
-    def relay_lost(self, relay: str, now: float) -> None:
+    def relay_lost(self, relay: str, now: float, reset: bool = True) -> None:
         """Our session with `relay` broke: its members' connections count as dropped (what they
-        held waits, in doubt, for them to come back: they join again)."""
-        self.sessions.reset(relay)
+        held waits, in doubt, for them to come back: they join again). `reset`: our session
+        towards it ends too (not when only it opened a new one)."""
+        if reset:
+            self.sessions.reset(relay)
         for mid, link in list(self.remote.items()):
             if link.relay == relay:
                 del self.remote[mid]

@@ -347,8 +347,8 @@ class Mesh:
         self.node.keeper.drop(cid, now)
         self._drain_node()
 
-    def fetch_session(self, cid: str, now: float) -> None:
-        self.node.keeper.fetch(cid, now)
+    def fetch_session(self, cid: str, now: float, patient: bool = False) -> None:
+        self.node.keeper.fetch(cid, now, patient)
         self._drain_node()
 
     def perform_member(self, act: Any) -> bool:

@@ -56,8 +56,9 @@ class MeshPort(Protocol):
     def drop_session(self, cid: str, now: float) -> None:
         """MQTT session `cid` ended here: its keeper forgets it."""
 
-    def fetch_session(self, cid: str, now: float) -> None:
-        """Ask every reachable router for the newest image of MQTT session `cid`."""
+    def fetch_session(self, cid: str, now: float, patient: bool = False) -> None:
+        """Ask every reachable router for the newest image of MQTT session `cid` (`patient`: wait
+        for the routers out of reach too, a while: interrouter/keeper.py, "A patient fetch")."""
 
     def ready_info(self) -> dict[str, Any]:
         """The mesh's part of the router's status file (peers, convergence, inter-router address)."""

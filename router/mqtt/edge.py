@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 Each TCP (or TLS) connection is an `MqttPeer`: it decodes the client's packets (codec.py), hands them
 to its sans-IO `MqttConnection` (session.py), performs what that asks of the router by calling the
-delivery core as the AMQP adapter does (router/server.py), and writes the packets it answers with
+delivery core as the AMQP adapter does (router/server.py), with the decisions about sessions (fetch
+first or not, which session wins, what the core is declared and presented) taken by resume.py, the
+rules the mesh simulator runs too (tests/sim/mqtt_sim.py), and writes the packets it answers with
 once per loop pass, after the settlement log's lines of the pass (the engine's dirty set: the same
 write-ahead rule as for AMQP connections). The core's actions for an MQTT client come here through
 the server (`perform`): a Deliver to a subscription of an MQTT session, an outcome for an MQTT
@@ -31,13 +33,14 @@ from typing import Any, final
 from ...common import errors
 from ...common.amqpmsg import read_to
 from ...common.engine import MAX_PASSWORD_CHECKS, Accepted
-from ...common.ids import publisher_link_id, shared_subscription_id, subscription_id
+from ...common.ids import publisher_link_id
 from ...common.tls import peer_common_name
 from ...common.topics import check_filter, check_name, is_wildcard
 from ...common.vocab import Outcome
 from ..actions import Deliver, DetachLink, DrainCredit, NotifyFinal, SendOutcome, SettleDelivery
 from ..admission import passwords_in_clear
 from ..core import SubscriberAttach
+from . import resume
 from .codec import Decoder, MqttError, encode
 from .mapping import Decoded, NotAMessage, to_amqp
 from .packets import Connect, Publish, Reason
@@ -184,8 +187,7 @@ class MqttEdge:
                        lonely: list[str]) -> None:
         for cid, seq in kept:
             st = self.sessions.get(cid)
-            if st is not None and seq > st.kept:
-                st.kept = seq
+            resume.kept_seq(st, seq)
             peer = self.peers.get(cid)
             if peer is not None and peer.conn.session is st:
                 if not peer.conn.replicate:
@@ -207,10 +209,9 @@ class MqttEdge:
         for cid, image in fetched:
             if image is not None:
                 self.counters["mqtt_sessions_restored"] += 1
-            for peer in self.fetching.pop(cid, []):
-                peer.fetched(image)
+            for peer, answer in resume.fetch_answers(image, self.fetching.pop(cid, [])):
+                peer.fetched(answer)
                 peer.after()
-                image = None  # (a second connection waiting for it finds it held here now)
 
     async def start(self, host: str, port: int) -> None:
         from ...common import engine as amqp
@@ -550,29 +551,25 @@ class MqttPeer(Accepted):
             log.info("mqtt.session_taken_over client=%s old_peer=%s new_peer=%s", cid, old_peer.peer, self.peer)
             old_peer.taken_over()
             st = self.edge.sessions.get(cid)  # (gone if it ended with that connection)
-        if not c.clean_start and r.mesh is not None and self.fetch is None and (
-                st is None or self.edge.peers.get(cid) is None):
+        if resume.needs_fetch(c.clean_start, r.mesh is not None, self.fetch is not None, st is not None,
+                              self.edge.peers.get(cid) is not None):
             # a session this router does not hold, or holds from a connection that ended: its keeper
             # may hold a newer one (its client went on at another router, which is gone now, or
             # not); CONNACK once the routers answered (interrouter/keeper.py, FETCH_TIMEOUT at most)
             self.fetch = (user, assigned)
             self.edge.fetching.setdefault(cid, []).append(self)
             self.client_id = cid
-            r.mesh.fetch_session(cid, time.time())
+            r.mesh.fetch_session(cid, time.time(), resume.patient_fetch(st is not None))
             return
         self.client_id = cid
         expiry = self.conn.session_expiry()
-        present = st is not None and not c.clean_start
-        if st is not None and not present:
+        present, ends = resume.admit(st, c.clean_start)
+        if st is not None and ends:
             self._end_session(st)
             st = None
         if st is None:
-            born = time.time_ns()
-            # (its version starts at the time in microseconds, not 0: a keeper still holding an image
-            # of an older session of this client id (a clean start, or a session begun anew where
-            # none could be found) takes this one's images as the newer, and so does a fetch)
-            st = SessionState(cid, user, f"{born:x}", expiry if expiry > 0 else 0.0, seq=born // 1000)
-            st.kept = st.seq  # (nothing of it depends on a keeper yet)
+            # (its version starts at the time in microseconds, not 0: resume.new_session)
+            st = resume.new_session(cid, user, expiry, time.time_ns())
             self.edge.sessions[cid] = st
         else:
             st.expiry = expiry
@@ -584,16 +581,15 @@ class MqttPeer(Accepted):
             log.info("mqtt.session_restored client=%s seq=%d in=%d out=%d subs=%d", cid, st.seq, len(st.inbound),
                      len(st.outbound), len(st.subs))
         now = time.time()
-        for qos, plid, tags, mark in st.declarations():
-            link = self.links[qos] = PubLink(self, qos)
+        for d in resume.publisher_links(st):
+            link = self.links[d.qos] = PubLink(self, d.qos)
             # (ordered=False: an MQTT client resends what it holds in doubt in its own order, e.g.
             # after a newer message; its messages are ordered as they come, never ended as late)
-            self.core.attach_publisher(link, plid, "", qos == 2, tags, now, mark=mark, client=f"mqtt:{cid}",
-                                       user=user, ordered=False)
-        if present:
-            resubs = tuple(st.subs.values())
-            if resubs:
-                self._attach(0, resubs, tuple(False for _ in resubs))
+            self.core.attach_publisher(link, d.plid, "", d.second, d.in_doubt, now, mark=d.mark,
+                                       client=f"mqtt:{cid}", user=user, ordered=d.ordered)
+        resubs = resume.resubscriptions(st, present)
+        if resubs:
+            self._attach(0, resubs, tuple(False for _ in resubs))
         log.info("mqtt.connected peer=%s client=%s user=%s level=%d present=%s expiry=%s", self.peer, cid,
                  user or "-", c.level, present, "never" if math.isinf(st.expiry) else st.expiry)
 
@@ -605,19 +601,17 @@ class MqttPeer(Accepted):
         c = self.conn.connect
         assert c is not None
         local = self.edge.sessions.get(self.client_id)
-        if image is not None and (local is None or (self.edge.peers.get(self.client_id) is None
-                                                    and int(image.get("seq", 0)) > local.seq)):
-            try:
-                st = SessionState.from_image(self.client_id, image)
-            except (KeyError, TypeError, ValueError) as exc:
-                log.error("mqtt.session_image_unreadable client=%s error=%s", self.client_id, exc)
-            else:
+        try:
+            st = resume.fetched_session(self.client_id, image, local, self.edge.peers.get(self.client_id) is not None,
+                                        time.time())
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("mqtt.session_image_unreadable client=%s error=%s", self.client_id, exc)
+        else:
+            if st is not None:
                 if local is not None:  # (what this router held is older: the client went on elsewhere)
                     log.info("mqtt.session_newer_elsewhere client=%s here=%d there=%d", self.client_id, local.seq,
                              st.seq)
                 self.edge.sessions[self.client_id] = st
-                st.kept = st.seq
-                st.ended_at = time.time()
         self._admit(c, user)
 
     def _end_session(self, st: SessionState) -> None:
@@ -731,15 +725,7 @@ class MqttPeer(Accepted):
         return self.router.grants_for(self.user or "anonymous")
 
     def _attach_args(self, sub: SubState, presented: tuple[str, ...], st: SessionState) -> SubscriberAttach:
-        expiry = math.inf if math.isinf(st.expiry) else st.expiry
-        if sub.group:
-            member = subscription_id(self.client_id, sub.topic_filter, sub.match)
-            sid = shared_subscription_id("", sub.group, sub.match)
-            return SubscriberAttach(sid, sub.match, "", sub.group, expiry, True, list(presented), None, (),
-                                    self.user, "", member, sub.topic_filter)
-        sid = subscription_id(self.client_id, sub.topic_filter, sub.match)
-        return SubscriberAttach(sid, sub.match, self.client_id, sub.topic_filter, expiry, True, list(presented),
-                                None, (), self.user)
+        return resume.attach_args(self.client_id, self.user, sub, st, presented)
 
     def _sub_outcome(self, sid: str, gid: str, outcome: Outcome, settled: bool, error: tuple[str, str] | None) -> None:
         """The client's disposition of a delivery: to the core, or to the relayed member's home."""
@@ -795,7 +781,7 @@ class MqttPeer(Accepted):
                             sub.topic_filter[:80], why)
                 pending.codes[i] = code
                 continue
-            presented = tuple(st.held_for(sub.sid))
+            presented = resume.presented(st, sub)
             att = self._attach_args(sub, presented, st)
             lid = att.member or att.sid
             sub.sid = lid

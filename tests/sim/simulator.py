@@ -76,6 +76,7 @@ from oncemesh.router.drain import ConnView, Dependents, Drain, core_dependents
 from oncemesh.router.subscriptions import SubscriptionTable
 from tests.sim.kernel import Network as KernelNetwork
 from tests.sim.kernel import Scheduler, Violation
+from tests.sim.mqtt_sim import EdgeSim, MqttSim, amqp_data
 from tests.sim.passes import STOP_MODES, Input, SimLoop, Source
 
 TOPIC = "t"
@@ -174,12 +175,15 @@ class SimPublisher:
     transfers: int = 0
     topic: str = TOPIC  # the topic it publishes to
     with_props: bool = False  # its messages are AMQP messages with a `parity` property (`parity_of`)
+    named: bool = False  # its messages are AMQP data sections naming their gid (a run with MQTT clients)
 
     def message(self, gid: str, tag: bytes) -> tuple[bytes, bytes]:
         """(the tag, the bytes) of the transfer of `gid` now: ours resend under the same tag; one
         identified by message-id takes the next tag and carries the id (an AMQP properties section)."""
         if self.with_props:
             return tag, amqp_with_parity(tag)
+        if self.named:
+            return tag, amqp_data(gid)
         if not self.by_id:
             return tag, b"payload:" + tag
         fresh = counter_tag(self.transfers)
@@ -219,6 +223,7 @@ class SimRouter:
         self.drain_waits: dict[Token, set[Token]] = {}  # publisher link -> its deliveries open when it began
         # its loop in passes, when input piles up (stopped, starved): the edge's rules (passes.py)
         self.loop = SimLoop(self, sim.hold_after_stall)
+        self.mqtt: EdgeSim | None = None  # its MQTT listener, in runs with MQTT clients (mqtt_sim.py)
 
     def start(self) -> None:
         sim = self.sim
@@ -243,6 +248,8 @@ class SimRouter:
         self.drain = None
         self.drain_waits.clear()
         self.loop.reset()
+        if sim.mqtt is not None:
+            self.mqtt = sim.mqtt.edge_for(self)
         self.persist()
         inc = self.incarnation
         sim.schedule(0.0, lambda: self.tick(inc))
@@ -292,6 +299,8 @@ class SimRouter:
                 for sid, refused in done:
                     self.attach_done(sid, refused)
             self._relay_outputs()
+            if self.mqtt is not None and self.mqtt.step():
+                continue
             if not self.core.out and not self.node.attach_done:
                 break
         self.persist()
@@ -307,6 +316,8 @@ class SimRouter:
     def perform(self, a: Any, relayed: bool = False) -> None:
         """One action of the core (`relayed`: of the relay, for a member whose home is elsewhere)."""
         sim = self.sim
+        if self.mqtt is not None and not relayed and self.mqtt.perform(a):
+            return
         t = type(a)
         if t is Deliver:
             if not relayed:
@@ -398,6 +409,8 @@ class SimRouter:
     def attach_done(self, sid: str, refused: str | None) -> None:
         """The mesh acknowledged (or refused) subscription `sid`'s announcement: the ATTACHes that
         waited for it (several: members of a shared one, keyed by their own ids) are answered."""
+        if self.mqtt is not None:
+            self.mqtt.attach_done(sid, refused)
         for key in [k for k, e in self.awaiting.items() if e[2].sid == sid]:
             entry = self.awaiting.pop(key, None)
             if entry is not None:
@@ -614,7 +627,8 @@ class Simulation:
     def __init__(self, seed: int, graph: nx.Graph, n_subs: int = 4, n_pubs: int = 3, messages: int = 60,
                  faults: Faults | None = None, duration: float = 20.0, total: bool | str = False,
                  causal: bool = False, hold_after_stall: bool = True, by_id: bool = False,
-                 wildcards: bool = False, selectors: bool = False, shared: bool = False) -> None:
+                 wildcards: bool = False, selectors: bool = False, shared: bool = False,
+                 mqtt: tuple[int, int] | None = None) -> None:
         global _serials
         _serials = itertools.count()
         self.seed = seed
@@ -688,6 +702,16 @@ class Simulation:
         self.heal_at = self.now + duration
         self.healed = False
         self.watch: set[str] | None = None  # ids whose core events go into the log (debugging)
+        # a run with MQTT clients (tests/sim/mqtt_sim.py): `mqtt` = (publishers, subscribers), QoS 2,
+        # topic t; the AMQP publishers' messages are then AMQP data sections naming their gid
+        self.mqtt: MqttSim | None = None
+        if mqtt is not None:
+            assert not (total or causal or wildcards or selectors or shared or by_id), "MQTT: FIFO topic t"
+            assert not (self.faults.freeze or self.faults.partition or self.faults.loss or self.faults.drain
+                        or self.faults.stop or self.faults.starve), "MQTT runs: kill/restart faults only"
+            self.mqtt = MqttSim(self, mqtt[0], mqtt[1], messages)
+            for p in self.pubs:
+                p.named = True
 
     # -- scheduling -------------------------------------------------------------------------
     @property
@@ -725,6 +749,8 @@ class Simulation:
         for p in self.pubs:
             self.schedule(self.rng.uniform(0.5, 2.0), lambda p=p: self.pub_connect(p))
         self.schedule(0.1, self.chaos)
+        if self.mqtt is not None:
+            self.mqtt.start()
         self.k.run(max_steps=max_events, stop=lambda: self.healed and self.now > self.heal_at + 5 and self.quiet())
         self.final_checks()
 
@@ -732,6 +758,8 @@ class Simulation:
         if any(p.in_doubt or p.to_publish for p in self.pubs):
             return False
         if any(r.alive and r.core.records for r in self.routers.values()):
+            return False
+        if self.mqtt is not None and not self.mqtt.quiet():
             return False
         return all(not s.accepted or not s.wants for s in self.subs)
 
@@ -813,11 +841,16 @@ class Simulation:
         for p in self.pubs:
             if p.router is None:
                 self.pub_connect(p)
+        if self.mqtt is not None:
+            self.mqtt.heal()
 
     def may_kill(self, victim: SimRouter) -> bool:
         """The sequencer (total order) assumes at most N - (N//2 + 1) routers crashed or recovering
         at once: more would lose numbers a majority committed (it has no disk), and it stops rather
-        than guess (router/order/sequencer.py, "Amnesia"). Crashes in total-order runs respect that."""
+        than guess (router/order/sequencer.py, "Amnesia"). Crashes in total-order runs respect that.
+        MQTT runs: one crash at a time (mqtt_sim.py, `MqttSim.may_kill`)."""
+        if self.mqtt is not None and not self.mqtt.may_kill(victim):
+            return False
         if not self.total:
             return True
         if self.total == "lamport":
@@ -852,6 +885,8 @@ class Simulation:
             self.client_event(lambda sub=sub, link=link: self.sub_lost(sub, link))
         for tok, pub in list(r.pub_links.items()):
             self.client_event(lambda pub=pub, tok=tok: self.pub_lost(pub, tok))
+        if self.mqtt is not None:
+            self.mqtt.router_died(r)
 
     def drain_router(self, r: SimRouter) -> None:
         """SIGUSR1: the router takes no new work and moves its clients as `Drain` says, then leaves."""
@@ -902,6 +937,8 @@ class Simulation:
             return
         self.note(f"restart {r.id}")
         r.start()
+        if self.mqtt is not None:
+            self.mqtt.restarted()
         for n in self.net.graph.neighbors(r.id):
             self.schedule(0.02, lambda n=n: self.net.try_connect(r.id, n))
 
@@ -1152,7 +1189,8 @@ class Simulation:
                     {gid} | self.deps.get(gid, set()))
             seq = counter_seq(gid)
             last = self.last_seq.get((s.sid, gid[:PLID_LEN]), -1)
-            if seq is not None and seq < last and not self.total and not s.group:
+            if seq is not None and seq < last and not self.total and not s.group and (
+                    self.mqtt is None or not self.mqtt.unordered(gid)):  # (an MQTT client's: as they come)
                 raise Violation(f"FIFO: {gid} (seq {seq}) handed to {s.name} after seq {last} of its publisher")
             self.last_seq[(s.sid, gid[:PLID_LEN])] = max(last, seq if seq is not None else -1)
         rng.shuffle(batch)
@@ -1277,6 +1315,8 @@ class Simulation:
                               and (s.filter == p.topic or matches(s.filter, p.topic))
                               and (not s.selector or owed_by_selector(s.selector, tag))}
             self.published_at[gid] = self.now
+            if self.mqtt is not None:
+                self.mqtt.amqp_published(gid)
             p.in_doubt[gid] = tag
             self._send(p, r, link, gid, tag)
         if not r.loop.busy():
@@ -1311,6 +1351,8 @@ class Simulation:
                 sub = next(s for s in self.subs if s.acct == sid)
                 if self.handed.get((sid, gid), 0) != 1 and sub.ended_at is None:
                     raise Violation(f"false ACCEPTED for {gid} at {rid}: {sub.name} in force, not handed")
+            if self.mqtt is not None:
+                self.mqtt.check_taken(gid, f"false ACCEPTED at {rid}")
         self.outcomes[gid] = outcome
         p.in_doubt.pop(gid, None)
         r = self.routers.get(rid)
@@ -1370,6 +1412,8 @@ class Simulation:
             self.check_total_order()
         if self.causal:
             self.check_causal_order()
+        if self.mqtt is not None:
+            self.mqtt.final_checks()
 
     def check_total_order(self) -> None:
         """Every two subscriptions were handed the messages they both got in the same order."""

@@ -292,3 +292,33 @@ def test_a_router_that_becomes_reachable_during_a_fetch_is_asked_too():
     net.run(1.5)
     a.tick(1.0 + FETCH_TIMEOUT)
     assert a.fetched == [("c1", {"expiry": None, "seq": 9})]
+
+
+def test_a_patient_fetch_waits_for_the_routers_out_of_reach_and_takes_the_newer_copy_behind_them():
+    # A holds the client's session from a connection that ended; C (out of reach now) holds a newer
+    # one (the client went on there): a patient fetch waits for C instead of ending with nothing
+    from oncemesh.interrouter.keeper import RESUME_WAIT
+
+    net = Net("A", "C")
+    net.k["C"].receive("X", KeepPut("c1", 9, '{"expiry": null, "seq": 9}'), 0.0)
+    net.k["C"].sessions.out.clear()
+    a = net.k["A"]
+    a.others = frozenset({"C"})
+    a.set_reachable([], 0.0)
+    a.fetch("c1", 0.0, patient=True)
+    a.tick(FETCH_TIMEOUT + 1.0)
+    assert a.fetched == []  # (not given up at FETCH_TIMEOUT: C is out of reach)
+    a.set_reachable(["C"], 3.0)
+    net.run(3.0)
+    assert a.fetched == [("c1", {"expiry": None, "seq": 9})]
+    # one that never comes: ends at RESUME_WAIT; an impatient one at once
+    a.fetched.clear()
+    a.set_reachable([], 4.0)
+    a.fetch("c2", 4.0, patient=True)
+    a.tick(4.0 + RESUME_WAIT - 0.1)
+    assert a.fetched == []
+    a.tick(4.0 + RESUME_WAIT)
+    assert a.fetched == [("c2", None)]
+    a.fetched.clear()
+    a.fetch("c3", 20.0)
+    assert a.fetched == [("c3", None)]
