@@ -1,9 +1,15 @@
 """`oncemesh audit` beside a live mesh: plain Proton clients publish over line3 (segments closed every
-second), the audit judges every pair from the closed segments as they appear, then a forged closed
-segment says a subscription was handed a message again on a later link and accepted it a second
-time: the audit reports that violation within a segment period or two.
+second), the audit, started once every router has closed a segment past the last outcome, judges
+every pair from the closed segments while the routers go on closing one a second, then a forged
+closed segment says a subscription was handed a message again on a later link and accepted it a
+second time: the audit reports that violation within a segment period or two.
 
     A (sA) --- B (sB) --- C (sC)      plain Proton publisher at A; `Audit` streams over the log dir
+
+The audit starts after the traffic, not before it: its first micro-batch (a cold JVM's) then judges
+every pair, where started first it judged them one or two micro-batches later (up to 80 s each on a
+loaded 2-core machine). The forged segment is still one the audit sees appear, in a micro-batch
+after the ones that judged the pairs (whose events it holds as state).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from oncemesh.harness.procs import wait_for
 from oncemesh.spark.audit import Audit, AuditConfig, start
 from tests.conftest import EXAMPLES
 from tests.helpers import wait_progressing
@@ -39,6 +46,11 @@ def spark_progress(spark: SparkSession, audit: Audit) -> tuple[int, int, int]:
     stages = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
     return (audit.status.batches, max(tracker.getActiveJobsIds(), default=-1),
             sum(st.numCompletedTasks for st in stages if st is not None))
+
+
+def segments(log_dir: Path, node: str) -> list[Path]:
+    """The closed segments of `node`'s settlement log (gzipped, renamed into place whole)."""
+    return list(log_dir.glob(f"{node}.settlement.*.jsonl.gz"))
 
 
 def forge_segment(log_dir: Path, node: str, lines: list[dict[str, Any]]) -> Path:
@@ -65,12 +77,17 @@ def test_the_live_audit_judges_a_running_mesh_and_reports_a_forged_duplicate(
     logs = Path(mesh.log_dir)
     out = tmp_path / "audit"
     cfg = AuditConfig([str(logs)], str(out), trigger=1.0, grace=0.5, router_timeout=60)
+    got = fan_out(urls, "plain", N)  # (its waits are per message: each receive and send, TIMEOUT)
+    assert all(len(v) == N for v in got.values())
+    told = time.time()  # every outcome was logged before its publisher was told: before now
+    # the second segment each router closes from now ends a segment period (1 s) after `told`, past
+    # `told + grace`: with it, the audit's first micro-batch can judge every pair
+    closed = {r: len(segments(logs, r)) for r in urls}
+    wait_for(lambda: all(len(segments(logs, r)) >= closed[r] + 2 for r in urls), 60,
+             "every router closing two segments after the traffic")
     query, audit = start(spark, cfg)
     progress = lambda: spark_progress(spark, audit)  # noqa: E731
     try:
-        got = fan_out(urls, "plain", N)  # (its waits are per message: each receive and send, TIMEOUT)
-        assert all(len(v) == N for v in got.values())
-        told = time.time()  # every outcome was logged before its publisher was told: before now
 
         def all_ok() -> bool:
             with audit.lock:
