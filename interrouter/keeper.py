@@ -297,6 +297,12 @@ class Keeper:
             return
         local = self.kept_here.get(cid)
         best = (local.seq, local.image) if local is not None else None
+        # (a copy kept here whose home went out of reach may be older than one the home put
+        # elsewhere since, at a router it could reach and we cannot: patient too, when a router
+        # besides the home is out of reach. Only the home gone (it died, the common failover):
+        # no other router holds a newer copy, and the fetch ends as soon as the others answered)
+        patient = patient or (local is not None and local.lost
+                              and bool(self.others - set(self.reachable) - set(self.fetchable) - {local.home}))
         f = self.fetches[cid] = _Fetch(set(), best, now + FETCH_TIMEOUT,
                                        patient_until=now + RESUME_WAIT if patient else 0.0)
         self._ask(cid, f, now)

@@ -41,6 +41,7 @@ The state machine here decides every packet's answer and every request to the ro
 
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -121,6 +122,7 @@ class Inbound:
     submitted: bool = False  # published on this connection's link (not only remembered)
     nonce: str = ""  # the life of the session whose publisher link named it (its tag's link)
     restored: bool = False  # from a keeper's image (the router that held it is gone): see `_publish`
+    digest: int = 0  # CRC-32 of the PUBLISH's topic and payload (0: not known, an older router's image)
 
 
 @final
@@ -170,6 +172,8 @@ class SessionState:
                          for x in self.subs.values()],
                 "in": [[i.pid, i.tag.decode("ascii"), i.qos, i.nonce or self.nonce, i.answered, i.reason]
                        for i in self.inbound.values()],
+                # (the digests apart: an older router reads "in" entries of six fields)
+                "ind": [[i.pid, i.digest] for i in self.inbound.values() if i.digest],
                 "out": [[o.pid, o.sid, o.gid, o.qos, o.stage.value, o.final] for o in self.outbound.values()],
                 "rel": [[sid, gid] for sid, gid in self.released]}
 
@@ -181,9 +185,10 @@ class SessionState:
                  seq=int(d["seq"]), restored=True)
         for f, match, qos, sid, group, no_local, sub_id in d["subs"]:
             st.subs[f] = SubState(f, match, int(qos), sid, group, bool(no_local), sub_id)
+        digests = {int(pid): int(dg) for pid, dg in d.get("ind", ())}  # (absent from older routers' images)
         for pid, tag, qos, nonce, answered, reason in d["in"]:
             st.inbound[int(pid)] = Inbound(int(pid), str(tag).encode("ascii"), int(qos), bool(answered), int(reason),
-                                           nonce=str(nonce), restored=True)
+                                           nonce=str(nonce), restored=True, digest=digests.get(int(pid), 0))
         for pid, sid, gid, qos, stage, fin in d["out"]:
             st.add_out(Outbound(int(pid), str(sid), str(gid), int(qos), Stage(stage), bool(fin)))
         for sid, gid in d.get("rel", ()):  # (absent from the images of routers before it)
@@ -351,6 +356,7 @@ class MqttConnection:
         self.held: deque[tuple[int, Any]] = deque()  # (the session's seq it waits for, an Ask or a packet)
         self.dirty = False
         self.early: list[Any] = []  # packets that came after CONNECT, before the router took it
+        self.stale_entries = 0  # resends under a packet id whose entry named another message (`_publish`)
 
     # ------------------------------------------------------------ replication
     def _changed(self) -> None:
@@ -575,6 +581,15 @@ class MqttConnection:
         pid = p.packet_id
         assert pid is not None
         inb = s.inbound.get(pid)
+        digest = zlib.crc32(p.payload, zlib.crc32(p.topic.encode()))
+        if inb is not None and inb.digest and inb.digest != digest:
+            # (not the message this packet id named: the entry is stale, from a copy of the session
+            # older than what the client went on with (a keeper's copy cut off from a newer one);
+            # taking the resend for the old message would answer it with that one's outcome, and
+            # the new message would never be published: it is a new message)
+            self.stale_entries += 1
+            del s.inbound[pid]
+            inb = None
         # (the same packet id before its exchange ended is the same message, DUP or not: MQTT 5 4.3.3;
         # paho-mqtt resends without DUP after a reconnect. An exchange ends (PUBACK, PUBCOMP) only
         # once the keeper knows it ended, so an entry restored from a keeper is never a stale one)
@@ -593,7 +608,7 @@ class MqttConnection:
         # 0x93, but paho-mqtt sends every message it queued at once after a reconnect, whatever the
         # maximum, and would be disconnected again at each: such a client is read more slowly (the
         # core's credit), not refused; the session's map is bounded by the 65,535 packet ids)
-        inb = s.inbound[pid] = Inbound(pid, s.tag(), p.qos, submitted=True, nonce=s.nonce)
+        inb = s.inbound[pid] = Inbound(pid, s.tag(), p.qos, submitted=True, nonce=s.nonce, digest=digest)
         self._changed()  # (its name must be kept elsewhere before the message exists)
         self._emit(PublishMsg(pid, p.qos, inb.tag, p.topic, content, p.retain, inb.nonce))
 

@@ -322,3 +322,41 @@ def test_a_patient_fetch_waits_for_the_routers_out_of_reach_and_takes_the_newer_
     a.fetched.clear()
     a.fetch("c3", 20.0)
     assert a.fetched == [("c3", None)]
+
+
+def test_a_copy_kept_here_whose_home_went_out_of_reach_is_restored_only_patiently():
+    # A kept H's session; A was cut off (H out of reach: the copy is marked lost) and H kept it at C
+    # since: A must not resume its copy before it could ask C (line3 seed 5: a false PUBCOMP)
+    from oncemesh.interrouter.keeper import RESUME_WAIT
+
+    net = Net("A", "C")
+    a = net.k["A"]
+    a.others = frozenset({"C", "H"})
+    a.receive("H", KeepPut("c1", 4, '{"expiry": null, "seq": 4}'), 0.0)
+    net.k["C"].receive("H", KeepPut("c1", 9, '{"expiry": null, "seq": 9}'), 0.0)
+    for k in net.k.values():
+        k.sessions.out.clear()
+    a.set_reachable([], 1.0)  # (H and C out of reach)
+    assert a.kept_here["c1"].lost
+    a.fetch("c1", 1.0)
+    a.tick(1.0 + FETCH_TIMEOUT + 1.0)
+    assert a.fetched == []
+    a.set_reachable(["C"], 5.0)
+    net.run(5.0)
+    a.tick(5.0 + FETCH_TIMEOUT)
+    a.tick(1.0 + RESUME_WAIT)
+    assert a.fetched == [("c1", {"expiry": None, "seq": 9})]
+
+
+def test_a_lost_copy_whose_home_alone_is_gone_is_restored_at_once():
+    # the common failover: the home died, every other router still answers: nobody holds a newer copy
+    net = Net("A", "C")
+    a = net.k["A"]
+    a.others = frozenset({"C", "H"})
+    a.receive("H", KeepPut("c1", 4, '{"expiry": null, "seq": 4}'), 0.0)
+    a.sessions.out.clear()
+    a.set_reachable(["C"], 1.0)  # (H gone)
+    assert a.kept_here["c1"].lost
+    a.fetch("c1", 1.0)
+    net.run(1.0)
+    assert a.fetched == [("c1", {"expiry": None, "seq": 4})]

@@ -622,3 +622,26 @@ def test_the_declarations_name_what_the_client_may_still_send_again_and_the_mark
     assert {m for *_, m in decl} == {st.next_tag + 1} and st.next_tag == 5
     assert decl[0][1] != decl[1][1]  # (one link per QoS)
     assert SessionState.from_image("c1", st.image()).declarations() == decl
+
+
+def test_a_resend_that_is_not_the_message_its_packet_id_named_is_a_new_message():
+    """A session restored from a stale copy (line3 seed 5: a keeper cut off from the newer copy)
+    maps a packet id to an older message, already answered: the client's resend under that id,
+    another message, must be published as new, never answered with the old one's outcome (a PUBREC
+    for a message never published). The digest of topic and payload tells them apart, through the
+    image too; the same message resent is still the same message."""
+    c, st = connected()
+    c.received(pub(9, payload=b"old"), 1.0)
+    old = asks_of(c, PublishMsg)[0]
+    c.outcome(9, 0)  # (PUBREC sent: answered)
+    stale = SessionState.from_image("c1", json.loads(json.dumps(st.image())))  # (the copy as of then)
+    c.lost()
+    c2, _ = connected(state=stale, present=True)
+    c2.received(pub(9, dup=True, payload=b"new"), 2.0)
+    fresh = asks_of(c2, PublishMsg)
+    assert len(fresh) == 1 and fresh[0].tag != old.tag and fresh[0].content.payload == b"new"
+    assert not [p for p in c2.out if type(p) is Pubrec] and c2.stale_entries == 1
+    # the same message resent: answered with its outcome, as before
+    c3, _ = connected(state=SessionState.from_image("c1", json.loads(json.dumps(st.image()))), present=True)
+    c3.received(pub(9, dup=True, payload=b"old"), 3.0)
+    assert [type(p) for p in c3.out] == [Pubrec] and not asks_of(c3, PublishMsg) and c3.stale_entries == 0
