@@ -1436,16 +1436,16 @@ class Router:
         if self.mqtt is not None and (kept or fetched or lonely):
             self.mqtt.keeper_outputs(kept, fetched, lonely)
         if orphaned:
-            from .mqtt.session import SessionState  # (MQTT's modules load only where MQTT is used)
+            from .mqtt.resume import orphan_declarations  # (MQTT's modules load only where MQTT is used)
             now = time.time()
             for cid, image in orphaned:
                 try:
-                    decl = SessionState.from_image(cid, image).declarations()
+                    decl = orphan_declarations(cid, image)
                 except (KeyError, TypeError, ValueError) as exc:
                     log.error("mqtt.session_image_unreadable client=%s error=%s", cid, exc)
                     continue
-                for _qos, plid, tags, mark in decl:
-                    self.core.publisher_gone(plid, tags, mark, now)
+                for d in decl:
+                    self.core.publisher_gone(d.plid, d.in_doubt, d.mark, now)
                 log.info("mqtt.session_orphaned client=%s: its router is out of reach; declared for its "
                          "publisher links what its client holds in doubt", cid)
             self.drain()
