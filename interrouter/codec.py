@@ -5,6 +5,18 @@
                     (an Order's sequencer message, kind "O": `ordercodec`;
                     a LamportOrder's Lamport message, kind "LO": `lamportcodec`)
 
+From protocol version 6 (`messages.COMPACT_VERSION`), to a neighbour that speaks it, the compact forms
+(docs/wire-protocol.md, "Compact frames"): no JSON on the per-message path.
+
+    data frame:     b"d" | u16 header length | header (fields joined by US, 0x1F) | payload
+    control frame:  b"c" | records joined by RS (0x1E): an Acks record "A" US src US dst, then per item
+                    GS (0x1D) gid US sid US state [US condition US description]; a Finals record without
+                    notes "F" US src US dst GS gid US gid ...; any other message "J" + its JSON array
+
+A string that holds one of the three separators cannot go compact: that message (or copy) goes in
+the JSON form, which every version-6 router reads too (JSON escapes every control character, so a
+"J" record never holds a separator). The decoders take both forms whatever was agreed.
+
 A transit router reads only the short header of a data frame and slices the payload out without
 copying its contents into anything else. Unknown message kinds are skipped (forward compatibility);
 a malformed frame raises `FrameError` and the adapter closes that connection.
@@ -63,11 +75,84 @@ def encode_copy_header(origin: str, inc: str, gid: str, topic: str, dests: dict[
     return b"D" + _HDR.pack(len(header)) + header
 
 
-def encode_copy(c: Copy) -> bytes:
-    return encode_copy_header(c.origin, c.inc, c.gid, c.topic, c.dests, c.preds, c.deps, c.by_arrival) + c.payload
+_US, _GS, _RS = "\x1f", "\x1d", "\x1e"
+
+
+def encode_copy_header_compact(origin: str, inc: str, gid: str, topic: str, dests: dict[str, tuple[str, ...]],
+                               preds: tuple[str, ...] = (), deps: tuple[tuple[str, str], ...] = (),
+                               by_arrival: bool = False) -> bytes:
+    """The version-6 header ("d"): [origin, inc, gid, topic, flags, routers, (router, n, sid...)...,
+    and with flag 2: n, pred..., n, (dep gid, dep topic)...] joined by US. Flag 1: by arrival. A
+    field holding US falls back to the JSON form ("D"), which version 6 reads too."""
+    ordered = bool(preds or deps)
+    fields = [origin, inc, gid, topic, "3" if by_arrival and ordered else "2" if ordered else "1" if by_arrival
+              else "0", str(len(dests))]
+    for router, sids in dests.items():
+        fields.append(router)
+        fields.append(str(len(sids)))
+        fields.extend(sids)
+    if ordered:
+        fields.append(str(len(preds)))
+        fields.extend(preds)
+        fields.append(str(len(deps)))
+        for g, t in deps:
+            fields.append(g)
+            fields.append(t)
+    text = _US.join(fields)
+    if text.count(_US) != len(fields) - 1:
+        return encode_copy_header(origin, inc, gid, topic, dests, preds, deps, by_arrival)
+    header = text.encode()
+    if len(header) > 0xFFFF:
+        raise ValueError(f"copy header of {len(header)} bytes exceeds 65535 (too many subscriptions)")
+    return b"d" + _HDR.pack(len(header)) + header
+
+
+def encode_copy(c: Copy, compact: bool = False) -> bytes:
+    enc = encode_copy_header_compact if compact else encode_copy_header
+    return enc(c.origin, c.inc, c.gid, c.topic, c.dests, c.preds, c.deps, c.by_arrival) + c.payload
+
+
+def _decode_compact_copy(frame: bytes) -> Copy:
+    (n,) = _HDR.unpack_from(frame, 1)
+    if len(frame) < 3 + n:
+        raise ValueError("header longer than the frame")
+    f = frame[3:3 + n].decode().split(_US)
+    origin, inc, gid, topic, flags = f[0], f[1], f[2], f[3], int(f[4])
+    if not 0 <= flags <= 3:
+        raise ValueError(f"flags {flags}")
+    dests: dict[str, tuple[str, ...]] = {}
+    k = 6
+    for _ in range(int(f[5])):
+        c = int(f[k + 1])
+        if c < 0 or k + 2 + c > len(f):
+            raise ValueError("destination list past the header")
+        dests[f[k]] = tuple(f[k + 2:k + 2 + c])
+        k += 2 + c
+    preds: tuple[str, ...] = ()
+    deps: tuple[tuple[str, str], ...] = ()
+    if flags & 2:
+        c = int(f[k])
+        if c < 0 or k + 1 + c > len(f):
+            raise ValueError("predecessors past the header")
+        preds = tuple(f[k + 1:k + 1 + c])
+        k += 1 + c
+        c = int(f[k])
+        if c < 0 or k + 1 + 2 * c > len(f):
+            raise ValueError("dependencies past the header")
+        deps = tuple((f[k + 1 + 2 * i], f[k + 2 + 2 * i]) for i in range(c))
+        k += 1 + 2 * c
+    if k != len(f):
+        raise ValueError(f"{len(f) - k} field(s) after the header's last")
+    return Copy(origin, inc, gid, topic, dests, frame[3 + n:], preds, deps, bool(flags & 1))
 
 
 def decode_copy(frame: bytes) -> Copy:
+    """A data frame, either form ("D" JSON, "d" compact)."""
+    if frame[:1] == b"d":
+        try:
+            return _decode_compact_copy(frame)
+        except (struct.error, ValueError, IndexError) as exc:
+            raise FrameError(f"malformed data frame: {exc}") from None
     try:
         (n,) = _HDR.unpack_from(frame, 1)
         origin, inc, gid, topic, dests, *rest = _loads(frame[3:3 + n].decode())
@@ -224,10 +309,77 @@ def encode_control(msgs: list[Control]) -> bytes:
     return b"C" + _dumps([_to_list(m) for m in msgs]).encode()
 
 
+def _compact_record(m: Control) -> str:
+    """One message of a compact control frame: Acks and Finals (without notes) in fields, the rest,
+    and any whose strings hold a separator, as "J" + JSON."""
+    if type(m) is Acks:
+        parts = ["A", _US, m.src, _US, m.dst]
+        us = 2
+        for g, s, st, e in m.items:
+            if e is None:
+                parts += (_GS, g, _US, s, _US, str(st))
+                us += 2
+            else:
+                parts += (_GS, g, _US, s, _US, str(st), _US, e[0], _US, e[1])
+                us += 4
+        text = "".join(parts)
+        if text.count(_US) == us and text.count(_GS) == len(m.items) and _RS not in text:
+            return text
+    elif type(m) is Finals and not m.notes:
+        text = f"F{_US}{m.src}{_US}{m.dst}{_GS}{_US.join(m.gids)}"
+        if text.count(_US) == 1 + len(m.gids) and text.count(_GS) == 1 and _RS not in text:
+            return text
+    return "J" + _dumps(_to_list(m))
+
+
+def encode_control_compact(msgs: list[Control]) -> bytes:
+    """A version-6 control frame ("c"): `msgs` in order, one record each."""
+    return b"c" + _RS.join([_compact_record(m) for m in msgs]).encode()
+
+
+def _decode_compact_control(frame: bytes, order: bool) -> list[Control]:
+    out: list[Control] = []
+    for rec in frame[1:].decode().split(_RS):
+        kind = rec[:1]
+        if kind == "A":
+            head, *items = rec.split(_GS)
+            _, src, dst = head.split(_US)
+            acks: list[tuple[str, str, int, tuple[str, str] | None]] = []
+            for it in items:
+                f = it.split(_US)
+                if len(f) == 3:
+                    acks.append((f[0], f[1], int(f[2]), None))
+                elif len(f) == 5:
+                    acks.append((f[0], f[1], int(f[2]), (f[3], f[4])))
+                else:
+                    raise ValueError(f"an acknowledgement of {len(f)} fields")
+            out.append(Acks(src, dst, acks))
+        elif kind == "F":
+            head, gids = rec.split(_GS)
+            _, src, dst = head.split(_US)
+            out.append(Finals(src, dst, gids.split(_US)))
+        elif kind == "J":
+            x = _loads(rec[1:])
+            if not order and isinstance(x, list) and x[:1] in (["O"], ["LO"]):
+                continue
+            m = _from_list(x)
+            if m is not None:
+                out.append(m)
+        # (any other kind: from a newer version, skipped)
+    return out
+
+
 def decode_control(frame: bytes, order: bool = True) -> list[Control]:
-    """The messages of a control frame. `order` False (a neighbour speaking a protocol version
-    older than `messages.ORDER_VERSION`): its order messages (O, LO) are skipped undecoded, since
-    they have the older layout the strict order codecs refuse."""
+    """The messages of a control frame, either form ("C" JSON, "c" compact). `order` False (a
+    neighbour speaking a protocol version older than `messages.ORDER_VERSION`): its order messages
+    (O, LO) are skipped undecoded, since they have the older layout the strict order codecs refuse."""
+    if frame[:1] == b"c":
+        try:
+            return _decode_compact_control(frame, order)
+        except FrameError:
+            raise
+        except (RecursionError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+            raise FrameError(f"malformed control frame: {exc}") from None
     try:
         items = _loads(frame[1:].decode())
         out = []

@@ -23,6 +23,7 @@ from ..topology.model import Topology, TotalOrder
 from .codec import FrameError
 from .links import Peer, PeerHandler, dial
 from .members import join_of
+from .messages import speaks_version
 from .node import MeshNode
 from .orderstate import OrderStore
 from .routerport import RouterPort
@@ -98,7 +99,8 @@ class Mesh:
                              persist_seq=store.persist_sequencer if store else None)
         self.handler = PeerHandler(self.me, router.incarnation, set(nbrs), self._peer_up, self._on_frame,
                                    self._peer_down, verify_identity=tls is not None,
-                                   credit_window=router.cfg.mesh_link_credit)
+                                   credit_window=router.cfg.mesh_link_credit,
+                                   version=speaks_version(router.cfg.mesh_protocol_version))
         self.peers: dict[str, Peer] = {}
         self.client_urls: dict[str, str] = {}  # router id -> where its clients connect, as it last said
         self.engine: Engine | None = None

@@ -1,4 +1,4 @@
-"""Messages between routers (wire protocol version 4, docs/wire-protocol.md), and the rule by which
+"""Messages between routers (wire protocol version 6, docs/wire-protocol.md), and the rule by which
 routers of different versions talk (`negotiate_version`).
 
 Neighbour-only: Hello, Bye. Flooded: LinkState. Routed (src -> dst, hop by hop along the shortest
@@ -25,7 +25,7 @@ from .members import MemberMsg
 # frames are those of 1; 3: the total-order messages (O, LO) carry compaction (floors, checkpoints).
 # A router and a peer at most VERSION_SPAN apart interoperate: each speaks the lower of the two
 # versions to the other (a rolling upgrade runs one version apart).
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 # The first version whose O and LO messages this router's strict order codecs read: to and from a
 # neighbour speaking an older one, no order message is passed (the order streams treat the routers
 # behind it as cut off until it is upgraded; every other message flows as before).
@@ -39,8 +39,25 @@ MEMBERS_VERSION = 4
 # through one (never through an older router, whose strict decoder would close the connection on the
 # new kinds: the router before it drops them, `MeshNode._route_control`).
 KEEPER_VERSION = 5
+# The first version that reads the compact frames (interrouter/codec.py: "d" data frames, "c" control
+# frames, no JSON on the per-message path): a router sends them only to a neighbour that speaks it,
+# and the JSON forms to an older one (every message flows as in version 5 there).
+COMPACT_VERSION = 6
 VERSION_SPAN = 1
 UNVERSIONED = 1  # what a peer that sends no `oncemesh.version` speaks
+
+
+def speaks_version(setting: int) -> int:
+    """The version a router speaks by its `mesh_protocol_version` setting: 0 is PROTOCOL_VERSION; an
+    older one (at most VERSION_SPAN behind: a router of the older version could not talk to newer
+    neighbours otherwise) makes it speak as a router of that version to every neighbour, for a
+    rolling upgrade's test or a measurement of the older frames. Anything else is a ValueError."""
+    if setting == 0:
+        return PROTOCOL_VERSION
+    if not PROTOCOL_VERSION - VERSION_SPAN <= setting <= PROTOCOL_VERSION:
+        raise ValueError(f"setting mesh_protocol_version must be 0 (the newest, {PROTOCOL_VERSION}) or "
+                         f"{PROTOCOL_VERSION - VERSION_SPAN}..{PROTOCOL_VERSION}, got {setting}")
+    return setting
 
 
 def negotiate_version(ours: int, theirs: object) -> int:

@@ -50,6 +50,7 @@ from .keeper import KEEP_KINDS, Keeper
 from .linkstate import LinkStateDb
 from .members import TO_HOME, MemberHome, MemberMsg, Relay
 from .messages import (
+    COMPACT_VERSION,
     KEEPER_VERSION,
     MEMBERS_VERSION,
     ORDER_VERSION,
@@ -91,18 +92,19 @@ def _runs(items: list[Any]) -> list[list[Any]]:
     return [items] if len(items) <= n else [items[i:i + n] for i in range(0, len(items), n)]
 
 
-def control_frames(msgs: list[Any], limit: int = MAX_CONTROL_FRAME) -> list[bytes]:
+def control_frames(msgs: list[Any], limit: int = MAX_CONTROL_FRAME, compact: bool = False) -> list[bytes]:
     """`msgs` in control frames of at most `limit` bytes each, in order (a single message larger than
     that goes alone). Encoded once when they fit (nearly always below saturation); else split into
-    as many runs as the size asks for, and any run still too large split again."""
-    frame = codec.encode_control(msgs)
+    as many runs as the size asks for, and any run still too large split again. `compact`: the
+    version-6 form (a neighbour speaking `COMPACT_VERSION`)."""
+    frame = (codec.encode_control_compact if compact else codec.encode_control)(msgs)
     if len(frame) <= limit or len(msgs) == 1:
         return [frame]
     parts = min(len(msgs), -(-len(frame) // limit) + 1)
     step = -(-len(msgs) // parts)
     out: list[bytes] = []
     for i in range(0, len(msgs), step):
-        out.extend(control_frames(msgs[i:i + step], limit))
+        out.extend(control_frames(msgs[i:i + step], limit, compact))
     return out
 
 
@@ -274,12 +276,12 @@ class MeshNode:
         self._now = now
         self.hello.touch(peer, now)
         kind = data[:1]
-        if kind == b"D":
+        if kind == b"d" or kind == b"D":
             c = codec.decode_copy(data)
             self.stats["copies_in"] += 1
             self._route_copy(c.origin, c.inc, c.gid, c.topic, c.dests, c.payload, now, c.preds, c.deps,
                              c.by_arrival)
-        elif kind == b"C":
+        elif kind == b"c" or kind == b"C":
             for msg in codec.decode_control(data, self.versions.get(peer, PROTOCOL_VERSION) >= ORDER_VERSION):
                 self._on_control(peer, msg, now)
         else:
@@ -385,8 +387,9 @@ class MeshNode:
             if origin != self.me:
                 self.stats["transit"] += 1
             self.stats["copies_out"] += 1
-            self.sends.append((hop, codec.encode_copy_header(origin, inc, gid, topic, d, preds, deps, by_arrival)
-                               + payload))
+            enc = (codec.encode_copy_header_compact if self.versions.get(hop, PROTOCOL_VERSION) >= COMPACT_VERSION
+                   else codec.encode_copy_header)
+            self.sends.append((hop, enc(origin, inc, gid, topic, d, preds, deps, by_arrival) + payload))
 
     def _route_control(self, msg: Routed) -> None:
         if msg.dst == self.me:
@@ -441,7 +444,7 @@ class MeshNode:
         for hop, msgs in control.items():
             if hop in self.connected:
                 self.stats["control_out"] += len(msgs)
-                for frame in control_frames(msgs):
+                for frame in control_frames(msgs, compact=self.versions.get(hop, PROTOCOL_VERSION) >= COMPACT_VERSION):
                     self.sends.append((hop, frame))
 
     @property

@@ -81,6 +81,9 @@ class RouterConfig:
     # frames each neighbour may send on its link before this router grants more: a link carries at most
     # ~mesh_link_credit / 2 frames per round trip; raise it for long links (docs/performance.md, "WAN links")
     mesh_link_credit: int = 5000
+    # the inter-router protocol version this router speaks (0: its newest, interrouter/messages.py); one
+    # lower makes it talk as a router of that version would, to every neighbour (docs/wire-protocol.md)
+    mesh_protocol_version: int = 0
     # the client listener speaks TLS only (amqps) when tls_cert is set; with tls_verify_clients,
     # clients must present a certificate signed by a CA in tls_ca
     tls_cert: str = ""

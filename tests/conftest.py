@@ -162,5 +162,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="publishers on several topics, subscriptions with wildcard filters, for --sim-seed")
     g.addoption("--sim-shared", action="store_true",
                 help="subscribers as members of two shared subscriptions, for --sim-seed")
+    g.addoption("--sim-upgrade", action="store_true",
+                help="a rolling upgrade: routers one protocol version behind until restarted, for --sim-seed")
     g.addoption("--sim-selectors", action="store_true",
                 help="messages with properties, subscriptions with JMS selectors, for --sim-seed")

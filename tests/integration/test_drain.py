@@ -35,6 +35,7 @@ from oncemesh.harness.procs import Proc, wait_for
 from oncemesh.interrouter.links import Peer, PeerHandler
 from oncemesh.interrouter.messages import PROTOCOL_VERSION
 from oncemesh.topology.launcher import DrainResult, Mesh, RouterState
+from oncemesh.topology.load import with_overrides
 from tests.conftest import EXAMPLES
 from tests.helpers import OrderSummary, log_has
 from tests.integration.rawamqp import (
@@ -332,11 +333,22 @@ def test_a_rolling_restart_under_traffic_loses_duplicates_and_falsely_accepts_no
         mesh_of: Callable[..., Mesh], tmp_path: Path) -> None:
     """Every router of the triangle drained, restarted and rejoined in turn (`oncemesh roll`) while
     two publishers send 80 msg/s each for 20 s to three durable subscribers; judged by the
-    reconciliation of every settlement log. No publisher waits more than a few seconds for an outcome."""
-    mesh = mesh_of("triangle")
+    reconciliation of every settlement log. No publisher waits more than a few seconds for an outcome.
+    The roll is an upgrade of the inter-router protocol too: the routers start speaking the version
+    before the newest (`mesh_protocol_version`, its JSON frames) and each speaks the newest (compact
+    frames) from its restart on, so the mesh carries both while the traffic runs."""
+    older = PROTOCOL_VERSION - 1
+    topo = with_overrides(EXAMPLES / "triangle.toml", tmp_path / "triangle.toml",
+                          defaults={"mesh_protocol_version": older})
+    mesh = mesh_of(topo)
+    seen = {r: _versions_seen(mesh, r) for r in "ABC"}
+    assert all(v == {p: older for p in "ABC" if p != r} for r, v in seen.items()), seen
+    topo.write_text((EXAMPLES / "triangle.toml").read_text())  # what each router reads when it restarts
     per_pub = 1600
     results, pubs = _roll_under_traffic(mesh, tmp_path, per_pub, 80.0)
     assert [r["id"] for r in results] == ["A", "B", "C"]
+    wait_for(lambda: all(_versions_seen(mesh, r) == {p: PROTOCOL_VERSION for p in "ABC" if p != r} for r in "ABC"),
+             30, "every router to speak the newest version to every neighbour")
     assert all(r["outcome"] == "drained" and r["remaining"] == {} for r in results), results
     waits = [p["max_wait_s"] for p in pubs]
     print(f"rolling restart of triangle: drains {[r['seconds'] for r in results]} s, back and converged after "

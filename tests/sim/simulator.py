@@ -38,6 +38,7 @@ holds a record.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,7 @@ from oncemesh.common.topics import matches
 from oncemesh.common.vocab import Outcome
 from oncemesh.interrouter.codec import FrameError
 from oncemesh.interrouter.members import RemoteLink, join_of
+from oncemesh.interrouter.messages import COMPACT_VERSION, PROTOCOL_VERSION
 from oncemesh.interrouter.node import MeshNode
 from oncemesh.router.actions import (
     Deliver,
@@ -224,6 +226,8 @@ class SimRouter:
         # its loop in passes, when input piles up (stopped, starved): the edge's rules (passes.py)
         self.loop = SimLoop(self, sim.hold_after_stall)
         self.mqtt: EdgeSim | None = None  # its MQTT listener, in runs with MQTT clients (mqtt_sim.py)
+        # the inter-router protocol version it speaks (a rolling upgrade: one behind until restarted)
+        self.version = PROTOCOL_VERSION
 
     def start(self) -> None:
         sim = self.sim
@@ -499,6 +503,7 @@ class Network:
         self.up: dict[frozenset[str], bool] = {}
         self.wire = KernelNetwork(sim.k, per_link=True)
         self.loss = 0.0
+        self.kinds: Counter[bytes] = Counter()  # frames sent, by kind (D/d data, C/c control)
 
     @property
     def frames(self) -> int:
@@ -510,6 +515,10 @@ class Network:
     def send(self, frm: str, to: str, frame: bytes) -> None:
         if not self.up.get(self.key(frm, to)):
             return
+        if self.sim.routers[to].version < COMPACT_VERSION and frame[:1] in (b"d", b"c"):
+            raise Violation(f"{frm} sent a compact {frame[:1]!r} frame to {to}, which speaks version "
+                            f"{self.sim.routers[to].version} and cannot read it")
+        self.kinds[frame[:1]] += 1
         at = self.wire.send(frm, to, self.sim.rng.uniform(0.0005, 0.004), self.deliver, frm, to, frame)
         if self.loss and self.sim.rng.random() < self.loss:
             self.sim.schedule_at(at, lambda: self.reset(frm, to))  # a reset: this frame and the rest lost
@@ -567,8 +576,9 @@ class Network:
         if ra.loop.busy() or rb.loop.busy():
             conn = self.wire.connection(a, b)
             for x, y in ((ra, rb), (rb, ra)):
-                def up(x: SimRouter = x, y: str = y.id, inc: str = str(y.incarnation)) -> None:
-                    x.node.peer_up(y, inc, self.sim.now)
+                def up(x: SimRouter = x, y: str = y.id, inc: str = str(y.incarnation),
+                       v: int = min(ra.version, rb.version)) -> None:
+                    x.node.peer_up(y, inc, self.sim.now, v)
 
                 if x.loop.busy():
                     x.loop.arrive(Input(("mesh", y.id, conn), Source.MESH, up))
@@ -576,8 +586,9 @@ class Network:
                     up()
                     x.process()
             return
-        ra.node.peer_up(b, str(rb.incarnation), self.sim.now)
-        rb.node.peer_up(a, str(ra.incarnation), self.sim.now)
+        v = min(ra.version, rb.version)  # (what the two agree on: messages.negotiate_version)
+        ra.node.peer_up(b, str(rb.incarnation), self.sim.now, v)
+        rb.node.peer_up(a, str(ra.incarnation), self.sim.now, v)
         ra.process()
         rb.process()
 
@@ -628,7 +639,7 @@ class Simulation:
                  faults: Faults | None = None, duration: float = 20.0, total: bool | str = False,
                  causal: bool = False, hold_after_stall: bool = True, by_id: bool = False,
                  wildcards: bool = False, selectors: bool = False, shared: bool = False,
-                 mqtt: tuple[int, int] | None = None) -> None:
+                 mqtt: tuple[int, int] | None = None, upgrade: bool = False) -> None:
         global _serials
         _serials = itertools.count()
         self.seed = seed
@@ -661,6 +672,12 @@ class Simulation:
             self.routers[r] = SimRouter(self, r, {n: float(graph[r][n].get("cost", 1)) for n in graph.neighbors(r)})
         self.net = Network(self, graph)
         self.net.loss = self.faults.loss
+        # a rolling upgrade: every router starts one protocol version behind (the JSON frames) and
+        # comes back at the current one when it is restarted; the mesh mixes both meanwhile
+        self.upgrade = upgrade
+        if upgrade:
+            for r in self.routers.values():
+                r.version = COMPACT_VERSION - 1
         names = sorted(self.routers)
         # a run with wildcards: publishers on several topics of a tree, subscriptions with filters
         # that match one, some or all of them (`WILD_TOPICS`, `WILD_FILTERS`)
@@ -936,6 +953,8 @@ class Simulation:
         if r.alive:
             return
         self.note(f"restart {r.id}")
+        if self.upgrade:
+            r.version = PROTOCOL_VERSION
         r.start()
         if self.mqtt is not None:
             self.mqtt.restarted()

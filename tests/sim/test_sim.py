@@ -37,16 +37,17 @@ def graph(name: str) -> nx.Graph:
 def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messages: int = 30,
              total: bool | str = False, causal: bool = False, hold_after_stall: bool = True,
              by_id: bool = False, wildcards: bool = False, selectors: bool = False,
-             shared: bool = False) -> Simulation:
+             shared: bool = False, upgrade: bool = False) -> Simulation:
     sim = Simulation(seed, graph(topology), faults=Faults.parse(faults), duration=duration, messages=messages,
                      total=total, causal=causal, hold_after_stall=hold_after_stall, by_id=by_id,
-                     wildcards=wildcards, selectors=selectors, shared=shared)
+                     wildcards=wildcards, selectors=selectors, shared=shared, upgrade=upgrade)
     cmd = (f"pytest tests/sim -k replay --sim-seed {seed} --sim-topology {topology} "
            f"--sim-faults {faults or 'none'} --sim-duration {duration:g} --sim-messages {messages}"
            + (" --sim-lamport" if total == "lamport" else " --sim-total" if total else "")
            + (" --sim-causal" if causal else "") + ("" if hold_after_stall else " --sim-no-hold")
            + (" --sim-by-id" if by_id else "") + (" --sim-wildcards" if wildcards else "")
-           + (" --sim-selectors" if selectors else "") + (" --sim-shared" if shared else ""))
+           + (" --sim-selectors" if selectors else "") + (" --sim-shared" if shared else "")
+           + (" --sim-upgrade" if upgrade else ""))
     judged(sim.run, what=f"seed {seed} on {topology} with faults [{faults}]", replay=cmd,
            describe=lambda: "last events:\n" + sim.describe())
     return sim
@@ -55,7 +56,7 @@ def simulate(seed: int, topology: str, faults: str, duration: float = 8.0, messa
 # seeds per case: (default run, with -m slow)
 SEEDS = {"mesh": (200, 500), "faults": (120, 300), "total": (40, 100), "lamport": (40, 100), "causal": (40, 100),
          "drain": (40, 300), "stop": (40, 300), "starve": (20, 300), "by_id": (40, 200),
-         "wildcards": (40, 200), "selectors": (30, 200), "shared": (40, 200)}
+         "wildcards": (40, 200), "selectors": (30, 200), "shared": (40, 200), "upgrade": (40, 300)}
 
 
 def seeds(config: pytest.Config, case: str, full: bool = False) -> range:
@@ -84,7 +85,8 @@ def test_replay(pytestconfig: pytest.Config) -> None:
                    "lamport" if pytestconfig.getoption("--sim-lamport") else pytestconfig.getoption("--sim-total"),
                    pytestconfig.getoption("--sim-causal"), not pytestconfig.getoption("--sim-no-hold"),
                    pytestconfig.getoption("--sim-by-id"), pytestconfig.getoption("--sim-wildcards"),
-                   pytestconfig.getoption("--sim-selectors"), pytestconfig.getoption("--sim-shared"))
+                   pytestconfig.getoption("--sim-selectors"), pytestconfig.getoption("--sim-shared"),
+                   pytestconfig.getoption("--sim-upgrade"))
     print(sim.describe())
 
 
@@ -95,6 +97,21 @@ def test_mesh_with_faults(pytestconfig: pytest.Config, faults: str, full: bool =
     for seed in seeds(pytestconfig, "faults", full):
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         simulate(seed, topology, faults, duration=8.0, messages=30)
+
+
+@pytest.mark.parametrize("faults", ["kill", "kill,partition,loss"])
+def test_rolling_upgrade_with_faults(pytestconfig: pytest.Config, faults: str, full: bool = False) -> None:
+    """A rolling upgrade of the inter-router protocol under faults: every router starts one version
+    behind (JSON frames) and speaks the current one (compact frames) from its restart on, so the
+    mesh mixes both. Exactly once throughout, and no router is ever sent a frame its version cannot
+    read (the simulator's network checks every frame)."""
+    mixed = 0
+    for seed in seeds(pytestconfig, "upgrade", full):
+        topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
+        sim = simulate(seed, topology, faults, duration=8.0, messages=30, upgrade=True)
+        kinds = sim.net.kinds
+        mixed += bool(kinds[b"D"] and kinds[b"d"] and kinds[b"C"] and kinds[b"c"])
+    assert mixed or full, "no run carried both versions' frames: the upgrade was not exercised"
 
 
 @pytest.mark.parametrize("faults", ["kill", "kill,freeze,partition,loss"])
@@ -335,7 +352,8 @@ FULL_CASES = [("mesh", "")] + [(case, f) for case in ("faults",) for f in
     [("by_id", f) for f in ["kill", "kill,freeze,partition,loss"]] + \
     [("wildcards", f) for f in ["", "kill", "kill,freeze,partition,loss"]] + \
     [("selectors", f) for f in ["", "kill,freeze,partition,loss"]] + \
-    [("shared", f) for f in ["", "kill", "kill,freeze,partition,loss"]]
+    [("shared", f) for f in ["", "kill", "kill,freeze,partition,loss"]] + \
+    [("upgrade", f) for f in ["kill", "kill,partition,loss"]]
 
 
 @pytest.mark.slow
@@ -355,5 +373,6 @@ def test_more_seeds(pytestconfig: pytest.Config, case: str, faults: str) -> None
                                                                                              full=True),
            "wildcards": lambda: test_wildcard_subscriptions_with_faults(pytestconfig, faults, full=True),
            "selectors": lambda: test_selector_subscriptions_with_faults(pytestconfig, faults, full=True),
-           "shared": lambda: test_shared_subscriptions_with_faults(pytestconfig, faults, full=True)}
+           "shared": lambda: test_shared_subscriptions_with_faults(pytestconfig, faults, full=True),
+           "upgrade": lambda: test_rolling_upgrade_with_faults(pytestconfig, faults, full=True)}
     run[case]()
