@@ -1102,7 +1102,11 @@ class Router:
         if isinstance(ctx, SubLinkCtx) and self.sub_links.get(ctx.sid) is link and not link.local_uninit:
             # (a drain is answered by the core whenever nothing more can be sent: `DrainCredit`)
             self._sub_credit(ctx, max(credit, 0), link.draining)
-            self.drain()
+            # what the credit let go is performed at the end of the pass, with the rest of the
+            # pass's actions (a drain of its own here was one more per credit frame; a later
+            # credit frame of this pass performs them first, above)
+            if not self._drain_scheduled:
+                self._drain_later()
 
     def on_message(self, link: Link, delivery: Any, tag: bytes, payload: bytes, settled: bool) -> None:
         ctx = link.ctx
