@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -375,11 +375,13 @@ class MeshServer(Server):
     kind = "mesh"
 
     def __init__(self, topology: Path, workdir: Path, timeout: float = 90.0, insecure_mesh: bool = False,
-                 wan: Wan | None = None) -> None:
-        """`wan`: every inter-router link runs through a proxy that behaves like a WAN link."""
+                 wan: Wan | None = None, wrap: Callable[[str], list[str]] | None = None) -> None:
+        """`wan`: every inter-router link runs through a proxy that behaves like a WAN link; `wrap`:
+        what each router runs under (callgrind)."""
         from ..topology.launcher import Mesh
 
-        self.mesh = Mesh(topology, workdir, insecure_mesh=insecure_mesh, proxies=wan is not None)
+        self.mesh = Mesh(topology, workdir, insecure_mesh=insecure_mesh, proxies=wan is not None, wrap=wrap)
+        self.stop_timeout = 10.0 if wrap is None else 300.0  # (callgrind writes its counts as the router exits)
         self.graph = self.mesh.topology.graph()
         self.wan = wan
         try:
@@ -424,7 +426,7 @@ class MeshServer(Server):
         return len(nodes)
 
     def stop(self) -> None:
-        self.mesh.down(timeout=10)
+        self.mesh.down(timeout=self.stop_timeout)
 
 
 class ContainerRelay(Server):
@@ -729,6 +731,10 @@ def _start_server(case: Case, workdir: Path, cfg: Settings, rabbit: RabbitMQ | N
             from ..topology.load import with_topic_order
 
             topo = with_topic_order(topo, topics, cfg.order, workdir / f"{Path(topo).stem}-{cfg.order}.toml")
+        if cfg.router_settings:  # (--set: for every router of the topology, over its [defaults])
+            from ..topology.load import with_overrides
+
+            topo = with_overrides(topo, workdir / f"{Path(topo).stem}-set.toml", defaults=cfg.router_settings)
         return MeshServer(topo, workdir / "mesh", insecure_mesh=case.insecure_mesh, wan=case.wan)
     if case.kind == "container":
         return ContainerRelay(workdir)
@@ -1308,7 +1314,24 @@ def scale_out(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[st
         c.label = "line3 A-B-C fan-out: 1 pub at A, subs at A, B, C"
         cases.append(c)
     res = run_suite(cases, cfg, workdir, args.repeat, None, prefix="scale-")
-    return {"placement": args.scale_placement, "cases": res}
+    return {"placement": args.scale_placement, "cases": res, "hop_ratios": hop_ratios(res, "mesh1")}
+
+
+def hop_ratios(cases: dict[str, dict[str, Any]], reference: str) -> dict[str, float | None]:
+    """Each case's CPU per message per hop over the one router's (`reference`), the median of the
+    per-round ratios (a round's cases share its noise): what a mesh hop costs against a local one."""
+    ref = cases.get(reference)
+    out: dict[str, float | None] = {}
+    if ref is None:
+        return out
+    for name, c in cases.items():
+        if name == reference:
+            continue
+        vals = [x for run, base in zip(c["runs"], ref["runs"], strict=False)
+                if run.get("ok") and base.get("ok")
+                and (x := ratio(run.get("server_cpu_us_per_msg_hop"), base.get("server_cpu_us_per_msg_hop"))) is not None]
+        out[name] = round(statistics.median(vals), 2) if vals else None
+    return out
 
 
 def memory_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
@@ -1466,9 +1489,64 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
             return {"error": f"the run of {count} messages failed: {r['errors']}"}
         totals[count] = _callgrind_threads(out)
     loop, workers = ((totals[6 * n][i] - totals[n][i]) / (5 * n) for i in (0, 1))
-    return {"messages": [n, 6 * n], "instructions": [sum(totals[n]), sum(totals[6 * n])],
-            "per_message": round(loop + workers), "per_message_loop": round(loop),
-            "per_message_workers": round(workers), "rate": rate or None}
+    res: dict[str, Any] = {"messages": [n, 6 * n], "instructions": [sum(totals[n]), sum(totals[6 * n])],
+                           "per_message": round(loop + workers), "per_message_loop": round(loop),
+                           "per_message_workers": round(workers), "rate": rate or None}
+    if args.topology is not None:
+        mesh = instructions_mesh(args, cfg, workdir)
+        res["mesh"] = mesh
+        if mesh.get("per_message_hop"):
+            res["mesh_hop_ratio"] = round(mesh["per_message_hop"] / res["per_message"], 2)
+    return res
+
+
+def instructions_mesh(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
+    """`--instructions` with `--topology`: every router of the scenario (its --pub-at, --sub-at)
+    under callgrind, the instructions of all of them per message per hop (the routers each message
+    crosses, as in the throughput table), over N and 6N messages as for the single router; beside
+    it the 1:1 router's, their ratio is the cost of a mesh hop against a local one, repeatable."""
+    assert args.topology is not None
+    n = args.instructions
+    rate = getattr(args, "instructions_rate", 0.0)
+    ids = _topology_ids(args.topology)
+    pub_at = args.pub_at.split(",") if args.pub_at else [ids[0]] * args.publishers
+    sub_at = args.sub_at.split(",") if args.sub_at else list(ids)
+    totals: dict[int, int] = {}
+    hops = 1
+    for count in (n, 6 * n):
+        wd = workdir / f"instructions-mesh-{count}"
+        wd.mkdir(parents=True, exist_ok=True)
+        # (under callgrind a pass takes seconds: neighbours and clients must not take it for silence,
+        # and an origin must not re-send copies whose HELD is merely slow: measured, a 3,000-message
+        # run spiralled into re-sends, 5.8 M instructions per message at the origin)
+        from ..topology.load import with_overrides
+
+        topo = with_overrides(args.topology, wd / "topology.toml", mesh={"dead_after": 600.0},
+                              defaults={**cfg.router_settings, "idle_timeout": 600.0, "copy_retry": 600.0,
+                                        "probe_after": 600.0})
+        outs = {r: wd / f"callgrind.{r}.out" for r in ids}
+
+        def wrap(rid: str, outs: dict[str, Path] = outs) -> list[str]:
+            return ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={outs[rid]}"]
+
+        case = Case.fan("instructions-mesh", "mesh", 0, 0, rate, topology=topo, pub_at=pub_at, sub_at=sub_at)
+        log(f"instructions: {count} messages through {args.topology.name} ({', '.join(ids)}) under callgrind")
+        server = MeshServer(topo, wd / "mesh", timeout=600.0, wrap=wrap)
+        try:
+            hops = server.hops(pub_at[0], sub_at)
+            icfg = dataclasses.replace(cfg, count=count, duration=0.0, warmup=0.0, timeout=max(cfg.timeout, 900.0),
+                                       idle_timeout=600.0, router_settings={})
+            r = run_once(case, icfg, wd, "run", server=server)
+        finally:
+            server.stop()
+        if not r["ok"]:
+            return {"error": f"the mesh run of {count} messages failed: {r['errors']}"}
+        totals[count] = sum(sum(_callgrind_threads(out)) for out in outs.values() if out.parent.exists()
+                            and any(out.parent.glob(out.name + "*")))
+    per_msg = (totals[6 * n] - totals[n]) / (5 * n)
+    return {"messages": [n, 6 * n], "instructions": [totals[n], totals[6 * n]], "hops": hops,
+            "per_message": round(per_msg), "per_message_hop": round(per_msg / hops),
+            "pub_at": pub_at, "sub_at": sub_at, "rate": rate or None}
 
 
 def profile_router(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
@@ -1823,7 +1901,11 @@ def format_report(rep: dict[str, Any]) -> str:
                          _fmt(md["server_cpu_us_per_msg_hop"], 1),
                          _fmt(md["server_cpu_util"] * 100 if md["server_cpu_util"] is not None else None),
                          _ok_text(md)])
-        lines += ["scale-out", _table(rows), ""]
+        lines += ["scale-out", _table(rows)]
+        if so.get("hop_ratios"):
+            lines.append("CPU per message per hop / the 1 router's (median of per-round ratios): " + ", ".join(
+                f"{so['cases'][k]['label'].split(':')[0]} {_fmt(v, 2)}" for k, v in so["hop_ratios"].items()))
+        lines.append("")
     mem = rep.get("memory")
     if mem:
         c = mem.get("connections", {})
@@ -1859,6 +1941,14 @@ def format_report(rep: dict[str, Any]) -> str:
                       + (f" ({ins['per_message_loop']:,} on the event loop's thread, {ins['per_message_workers']:,} "
                          f"on worker threads: the settlement log's compression)" if "per_message_loop" in ins else ""),
                       ""]
+            m = ins.get("mesh")
+            if m and "per_message_hop" in m:
+                lines += [f"mesh instructions per message per hop (every router under callgrind, pubs at "
+                          f"{','.join(m['pub_at'])}, subs at {','.join(m['sub_at'])}, {m['hops']} hops, same runs' "
+                          f"sizes): {m['per_message_hop']:,} ({m['per_message']:,} per message); per hop / 1:1 router: "
+                          f"{ins.get('mesh_hop_ratio')}", ""]
+            elif m:
+                lines += [f"mesh instructions: {m.get('error')}", ""]
         else:
             lines += [f"instructions: {ins.get('error')}", ""]
     if rep.get("topic_match"):
@@ -1931,7 +2021,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "subscribers are separate clients, so no message gets a dependency; total: by the "
                         "sequencer; lamport: total by Lamport clocks; default fifo)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="router setting for the single-router cases (repeatable; a topology brings its own)")
+                   help="router setting for every router of the run (repeatable; on a topology over its "
+                        "[defaults], under each router's own settings)")
     p.add_argument("--scale-out", action="store_true", help="also: 1, 2, 4 routers in a full mesh, and the "
                                                            "line3 fan-out")
     p.add_argument("--scale-placement", choices=("next", "local"), default="next",
@@ -1946,7 +2037,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--instructions", type=int, default=0, metavar="N",
                    help="also: instructions the router executes per message (1:1 exactly-once), counted by "
                         "valgrind's callgrind over N and 6N messages (repeatable on a noisy machine: use it "
-                        "to compare versions; 2000 takes ~2 min)")
+                        "to compare versions; 2000 takes ~2 min); with --topology also every router of that "
+                        "scenario, per message per hop, and its ratio to the 1:1 router (the cost of a mesh hop)")
     p.add_argument("--instructions-rate", type=float, default=0.0, metavar="MSG_S",
                    help="the publisher's rate in the --instructions runs (default 0: as fast as it goes, large "
                         "batches; e.g. 40: about one message per loop pass under callgrind, the moderate-rate regime)")

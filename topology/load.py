@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
 import math
 import re
 import tomllib
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -672,6 +673,48 @@ class _LineIndex:
         else:  # number, boolean, date/time: runs to a delimiter
             while self._peek() not in (",", "]", "}", "\n", "#", ""):
                 self._advance()
+
+
+def with_overrides(path: str | Path, dest: Path, mesh: Mapping[str, Any] | None = None,
+                   defaults: Mapping[str, Any] | None = None) -> Path:
+    """A copy of topology file `path` at `dest` with keys of `[mesh]` (`mesh`: hello_interval,
+    dead_after) and of `[defaults]` (router settings for every router) set to these values, over any
+    the file gives (a router's own `settings` still win over `[defaults]`). For benchmarks and
+    measurements (`oncemesh bench --set` on a topology). Checked like any topology file."""
+    def toml(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        text = str(v)  # (from --set: a number or a yes/no as text goes as that)
+        if re.fullmatch(r"[+-]?\d+(\.\d*)?([eE][+-]?\d+)?", text) or text in ("true", "false"):
+            return text
+        return json.dumps(text)  # (a JSON string is a TOML basic string)
+
+    out: list[str] = []
+    table = None
+    seen: set[str] = set()
+    wanted = {"mesh": dict(mesh or {}), "defaults": dict(defaults or {})}
+    for line in Path(path).read_text().splitlines():
+        head = re.match(r"\s*\[\s*([A-Za-z0-9_.\"-]+)\s*\]\s*(#.*)?$", line)
+        if head or re.match(r"\s*\[\[", line):
+            table = head.group(1) if head else None
+            out.append(line)
+            if table in wanted:
+                seen.add(table)
+                out += [f"{k} = {toml(v)}" for k, v in wanted[table].items()]
+            continue
+        key = re.match(r"\s*([A-Za-z0-9_-]+)\s*=", line)
+        if table in wanted and key and key.group(1) in wanted[table]:
+            continue  # (given above, right under the table's header)
+        out.append(line)
+    for name in ("mesh", "defaults"):
+        if name not in seen and wanted[name]:
+            out += ["", f"[{name}]", *(f"{k} = {toml(v)}" for k, v in wanted[name].items())]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text("\n".join(out) + "\n")
+    load_topology(dest)  # raises TopologyError for an unknown setting or a bad value
+    return dest
 
 
 def with_topic_order(path: str | Path, topics: Iterable[str], order: str, dest: Path) -> Path:
