@@ -359,14 +359,19 @@ def _decode_compact_control(frame: bytes, order: bool) -> list[Control]:
             _, src, dst = head.split(_US)
             out.append(Finals(src, dst, gids.split(_US)))
         elif kind == "J":
-            x = _loads(rec[1:])
-            if not order and isinstance(x, list) and x[:1] in (["O"], ["LO"]):
-                continue
-            m = _from_list(x)
-            if m is not None:
-                out.append(m)
+            _json_item(_loads(rec[1:]), order, out)
         # (any other kind: from a newer version, skipped)
     return out
+
+
+def _json_item(x: Any, order: bool, out: list[Control]) -> None:
+    """One message in its JSON form onto `out`: not an order message from a neighbour too old for
+    them (`order` False), nor a kind from a newer version (skipped)."""
+    if not order and isinstance(x, list) and x[:1] in (["O"], ["LO"]):
+        return
+    m = _from_list(x)
+    if m is not None:
+        out.append(m)
 
 
 def decode_control(frame: bytes, order: bool = True) -> list[Control]:
@@ -381,14 +386,9 @@ def decode_control(frame: bytes, order: bool = True) -> list[Control]:
         except (RecursionError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
             raise FrameError(f"malformed control frame: {exc}") from None
     try:
-        items = _loads(frame[1:].decode())
-        out = []
-        for x in items:
-            if not order and isinstance(x, list) and x[:1] in (["O"], ["LO"]):
-                continue
-            m = _from_list(x)
-            if m is not None:
-                out.append(m)
+        out: list[Control] = []
+        for x in _loads(frame[1:].decode()):
+            _json_item(x, order, out)
         return out
     except FrameError:
         raise

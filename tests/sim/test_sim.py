@@ -1,8 +1,8 @@
 """The whole mesh in one process under a seeded simulator (see simulator.py for what is checked).
 
 Default run (`SEEDS`, first column): 200 seeds without faults, 120 per fault case, 40 per case of
-each ordering mode and per drain case, 40 with stopped routers and 20 with starved ones (1,660
-simulations over the example topologies, ~4 minutes on 2 cores). `pytest
+each ordering mode and per drain case, 40 with stopped routers and 20 with starved ones, 40 per case
+of a rolling protocol upgrade (1,740 simulations over the example topologies, ~4 minutes on 2 cores). `pytest
 tests/sim -m slow` runs the seeds after those up to the second column (3,800 in all, as the default
 run did before it had to fit CI's time), plus 5,000 longer runs with every fault at once. Or
 `pytest tests/sim --sim-seeds N` for seeds 1..N of every case. Replay one: `pytest tests/sim -k replay --sim-seed N
