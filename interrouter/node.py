@@ -41,7 +41,6 @@ from ..router.order import lamport
 from ..router.order.lamport import LamportNode
 from ..router.order.sequencer import Delivered, Journal, Restore, SendTo, SeqState, SequencerNode, Unresolved
 from ..router.order.total import Checkpoint, parse_start
-from ..router.state import HELD
 from ..router.subscriptions import Subscription, SubscriptionTable, SubState, foreign
 from . import codec
 from .channel import Sessions
@@ -84,12 +83,6 @@ from .messages import (
 # that pool at (deliveries alive at once) x (a few KB). docs/operations.md, "What can grow".
 MAX_CONTROL_FRAME = 8192
 MAX_CONTROL_ITEMS = 64
-# How long a destination keeps back its HELD acknowledgement (the copy arrived, not resolved yet):
-# when the subscription resolves within it, as it nearly always does under load, only the resolution
-# travels (one acknowledgement per copy and subscription instead of two). HELD only spares the origin
-# re-sending the copy after `CoreConfig.copy_retry` (2 s): held back for at most this plus one tick
-# (`tick_interval`, 0.5 s), it still arrives well before.
-HELD_DELAY = 0.05
 FLOOR_INTERVAL = 1.0  # seconds between two reports of the total-order floors (and compactions)
 
 
@@ -172,8 +165,6 @@ class MeshNode:
         # per pass
         self._control: dict[str, list[Control]] = {}
         self._acks: dict[str, list[tuple[str, str, int, tuple[str, str] | None]]] = {}
-        # HELD acknowledgements kept back (HELD_DELAY): (origin, gid, sid) -> when; across passes
-        self._held: dict[tuple[str, str, str], float] = {}
         self._finals: dict[str, list[str]] = {}
         self._probes: dict[tuple[str, str], list[str]] = {}
         self._holds: dict[str, list[str]] = {}
@@ -431,8 +422,6 @@ class MeshNode:
         self.member_home.answer(self.attach_pending, self._now)
         self.member_ses.flush_acks()
         self._member_frames()
-        if self._held:
-            self._release_held(self._now - HELD_DELAY)
         for dst, items in self._acks.items():
             for part in _runs(items):
                 self._route_control(Acks(self.me, dst, part))
@@ -458,23 +447,8 @@ class MeshNode:
                 for frame in control_frames(msgs, compact=self.versions.get(hop, PROTOCOL_VERSION) >= COMPACT_VERSION):
                     self.sends.append((hop, frame))
 
-    def _release_held(self, before: float) -> None:
-        """The HELD acknowledgements kept back since `before` or earlier go out (in arrival order)."""
-        held = self._held
-        due = []
-        for key, t in held.items():
-            if t > before:
-                break
-            due.append(key)
-        for key in due:
-            del held[key]
-            to, gid, sid = key
-            self._acks.setdefault(to, []).append((gid, sid, HELD, None))
-
     @property
     def has_pending(self) -> bool:
-        # (not the HELD kept back: a flush would find nothing due, and the adapter, which flushes
-        # while this says so, would spin; `tick` lets them go when due if no pass did before)
         return bool(self._control or self._acks or self._finals or self._probes or self._holds
                     or self._queries or self.member_ses.out)
 
@@ -489,12 +463,7 @@ class MeshNode:
             self._route_copy(self.me, self.inc, act.gid, act.topic, act.dests, act.payload, now, act.preds,
                              act.deps, act.by_arrival)
         elif type(act) is SendAck:
-            if act.state == HELD:
-                self._held.setdefault((act.to, act.gid, act.sid), now)
-                return
             self._acks.setdefault(act.to, []).append((act.gid, act.sid, act.state, act.error))
-            if self._held:
-                self._held.pop((act.to, act.gid, act.sid), None)  # (resolved: its HELD is moot)
         elif type(act) is SendFinal:
             self._finals.setdefault(act.to, []).append(act.gid)
         elif type(act) is SendProbe:
@@ -860,8 +829,6 @@ class MeshNode:
     # ------------------------------------------------------------------ time
     def tick(self, now: float) -> None:
         self._now = now
-        if self._held:
-            self._release_held(now - HELD_DELAY)
         if self.hello.hello_due(now):
             for peer in self.connected:
                 self._control.setdefault(peer, []).append(Hello(self.me, self.inc))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import networkx as nx
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -363,55 +361,3 @@ def test_an_incoming_link_gets_the_configured_credit_window_topped_up_at_half() 
         handler.on_message(link, None, b"", b"f%d" % i, True)  # type: ignore[arg-type]
     assert link.granted == [40, 21] and link.credit == 40 and len(frames) == 21
     assert PeerHandler("A", "1", set(), print, print, print).credit_window == CREDIT_WINDOW == 5000
-
-
-# ---------------------------------------------------------------------- HELD kept back
-
-
-def _node_with_b() -> Any:
-    from oncemesh.interrouter.node import MeshNode
-    from oncemesh.router.core import CoreConfig, DeliveryCore
-
-    table = SubscriptionTable()
-    node = MeshNode("A", "2000", DeliveryCore("A", table, CoreConfig()), table, {"A", "B"}, {"B": 1.0}, 1.0, 3.0, 0.0)
-    node.peer_up("B", "1000", 0.0)
-    node.frame("B", codec.encode_control([LinkState("B", "1000", 1, {"A": 1.0})]), 0.1)
-    node.sends.clear()
-    return node
-
-
-def _acks_sent(node: Any) -> list[tuple[str, str, int, Any]]:
-    out = [i for _, f in node.sends for m in codec.decode_control(f) if isinstance(m, Acks) for i in m.items]
-    node.sends.clear()
-    return out
-
-
-def test_a_held_acknowledgement_waits_and_goes_only_if_nothing_resolved_it() -> None:
-    """A destination keeps its HELD back for HELD_DELAY: a copy accepted within it costs one
-    acknowledgement (the resolution), one still open then gets its HELD (before the origin's
-    copy_retry would re-send it), in the order the copies came."""
-    from oncemesh.interrouter.node import HELD_DELAY
-    from oncemesh.router.actions import SendAck
-    from oncemesh.router.coreconfig import CoreConfig
-    from oncemesh.router.state import HELD
-
-    assert CoreConfig().copy_retry > HELD_DELAY * 10
-    node = _node_with_b()
-    t = 1.0
-    node.perform(SendAck("B", "p:1", "s1", HELD, None), t)
-    node.perform(SendAck("B", "p:2", "s1", HELD, None), t)
-    node.perform(SendAck("B", "p:2", "s2", HELD, None), t)
-    node.flush()
-    # kept back, and no flush asked for (the adapter flushes while `has_pending`: it would spin)
-    assert _acks_sent(node) == [] and not node.has_pending
-    node.perform(SendAck("B", "p:1", "s1", 2, None), t + HELD_DELAY / 2)  # accepted within the delay
-    node.flush()
-    assert _acks_sent(node) == [("p:1", "s1", 2, None)]  # the resolution alone
-    node.perform(SendAck("B", "p:3", "s1", HELD, None), t + HELD_DELAY)  # a later copy
-    node.tick(t + HELD_DELAY + 0.001)  # (a quiet router: no pass since; its tick lets them go)
-    assert node.has_pending
-    node.flush()
-    assert _acks_sent(node) == [("p:2", "s1", HELD, None), ("p:2", "s2", HELD, None)]  # the older ones, in order
-    node.tick(t + 2 * HELD_DELAY + 0.01)
-    node.flush()
-    assert _acks_sent(node) == [("p:3", "s1", HELD, None)] and not node.has_pending
