@@ -341,8 +341,9 @@ def test_a_rolling_restart_under_traffic_loses_duplicates_and_falsely_accepts_no
     topo = with_overrides(EXAMPLES / "triangle.toml", tmp_path / "triangle.toml",
                           defaults={"mesh_protocol_version": older})
     mesh = mesh_of(topo)
-    seen = {r: _versions_seen(mesh, r) for r in "ABC"}
-    assert all(v == {p: older for p in "ABC" if p != r} for r, v in seen.items()), seen
+    # (every link up: a ready file lists a neighbour once that link is; `up` may return before)
+    wait_for(lambda: all(_versions_seen(mesh, r) == {p: older for p in "ABC" if p != r} for r in "ABC"), 30,
+             "every router to speak the older version to every neighbour")
     topo.write_text((EXAMPLES / "triangle.toml").read_text())  # what each router reads when it restarts
     per_pub = 1600
     results, pubs = _roll_under_traffic(mesh, tmp_path, per_pub, 80.0)
