@@ -1148,15 +1148,7 @@ def throughput_cases(args: argparse.Namespace) -> tuple[list[Case], list[Case], 
     if presettled:
         notes.append("router skipped: it refuses pre-settled links (at-most-once); baselines only")
     elif args.topology is not None:
-        from ..topology.load import load_topology
-
-        topo = load_topology(args.topology)
-        ids = sorted(topo.routers)
-        pub_at = args.pub_at.split(",") if args.pub_at else [ids[0]] * args.publishers
-        sub_at = args.sub_at.split(",") if args.sub_at else list(ids)
-        for r in [*pub_at, *sub_at]:
-            if r not in topo.routers:
-                raise SystemExit(f"oncemesh bench: router {r!r} is not in {args.topology} ({', '.join(ids)})")
+        pub_at, sub_at = _placement(args)
         wan = parse_wan(args.wan) if getattr(args, "wan", None) else None
         scen = Case.fan("mesh", "mesh", 0, 0, args.rate, topology=args.topology, pub_at=pub_at, sub_at=sub_at)
         scen.wan = wan
@@ -1435,8 +1427,12 @@ class _CallgrindRouter(RouterProcess):
     def command(self) -> list[str]:
         # (one file per thread, `OUT-01` the event loop's: the settlement log compresses closed
         # segments on a worker thread, which the report shows apart)
-        return ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={self.out}",
-                *super().command()]
+        return [*_callgrind_argv(self.out), *super().command()]
+
+
+def _callgrind_argv(out: Path) -> list[str]:
+    """valgrind's callgrind in front of a process, one output file per thread (`OUT-01`, ...)."""
+    return ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}"]
 
 
 def _callgrind_total(path: Path) -> int:
@@ -1505,12 +1501,13 @@ def instructions_mesh(args: argparse.Namespace, cfg: Settings, workdir: Path) ->
     under callgrind, the instructions of all of them per message per hop (the routers each message
     crosses, as in the throughput table), over N and 6N messages as for the single router; beside
     it the 1:1 router's, their ratio is the cost of a mesh hop against a local one, repeatable."""
+    from ..topology.load import with_overrides
+
     assert args.topology is not None
     n = args.instructions
     rate = getattr(args, "instructions_rate", 0.0)
     ids = _topology_ids(args.topology)
-    pub_at = args.pub_at.split(",") if args.pub_at else [ids[0]] * args.publishers
-    sub_at = args.sub_at.split(",") if args.sub_at else list(ids)
+    pub_at, sub_at = _placement(args)
     totals: dict[int, int] = {}
     hops = 1
     for count in (n, 6 * n):
@@ -1519,15 +1516,13 @@ def instructions_mesh(args: argparse.Namespace, cfg: Settings, workdir: Path) ->
         # (under callgrind a pass takes seconds: neighbours and clients must not take it for silence,
         # and an origin must not re-send copies whose HELD is merely slow: measured, a 3,000-message
         # run spiralled into re-sends, 5.8 M instructions per message at the origin)
-        from ..topology.load import with_overrides
-
         topo = with_overrides(args.topology, wd / "topology.toml", mesh={"dead_after": 600.0},
                               defaults={**cfg.router_settings, "idle_timeout": 600.0, "copy_retry": 600.0,
                                         "probe_after": 600.0})
         outs = {r: wd / f"callgrind.{r}.out" for r in ids}
 
         def wrap(rid: str, outs: dict[str, Path] = outs) -> list[str]:
-            return ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={outs[rid]}"]
+            return _callgrind_argv(outs[rid])
 
         case = Case.fan("instructions-mesh", "mesh", 0, 0, rate, topology=topo, pub_at=pub_at, sub_at=sub_at)
         log(f"instructions: {count} messages through {args.topology.name} ({', '.join(ids)}) under callgrind")
@@ -1541,8 +1536,7 @@ def instructions_mesh(args: argparse.Namespace, cfg: Settings, workdir: Path) ->
             server.stop()
         if not r["ok"]:
             return {"error": f"the mesh run of {count} messages failed: {r['errors']}"}
-        totals[count] = sum(sum(_callgrind_threads(out)) for out in outs.values() if out.parent.exists()
-                            and any(out.parent.glob(out.name + "*")))
+        totals[count] = sum(sum(_callgrind_threads(out)) for out in outs.values())  # (none: BenchError)
     per_msg = (totals[6 * n] - totals[n]) / (5 * n)
     return {"messages": [n, 6 * n], "instructions": [totals[n], totals[6 * n]], "hops": hops,
             "per_message": round(per_msg), "per_message_hop": round(per_msg / hops),
@@ -1722,9 +1716,7 @@ def latency_curve(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dic
     cases = []
     for r in rates:
         if args.topology is not None:
-            ids = _topology_ids(args.topology)
-            pub_at = args.pub_at.split(",") if args.pub_at else [ids[0]] * args.publishers
-            sub_at = args.sub_at.split(",") if args.sub_at else list(ids)
+            pub_at, sub_at = _placement(args)
             c = Case.fan(f"curve@{r:g}", "mesh", 0, 0, r, topology=args.topology, pub_at=pub_at, sub_at=sub_at)
             c.wan = wan
         else:
@@ -1783,6 +1775,18 @@ def _topology_ids(path: Path) -> list[str]:
     from ..topology.load import load_topology
 
     return sorted(load_topology(path).routers)
+
+
+def _placement(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The routers of --topology the publishers and subscribers connect to (--pub-at: default the
+    first router, one per publisher; --sub-at: default every router); a router not in it is an error."""
+    ids = _topology_ids(args.topology)
+    pub_at = args.pub_at.split(",") if args.pub_at else [ids[0]] * args.publishers
+    sub_at = args.sub_at.split(",") if args.sub_at else list(ids)
+    for r in [*pub_at, *sub_at]:
+        if r not in ids:
+            raise SystemExit(f"oncemesh bench: router {r!r} is not in {args.topology} ({', '.join(ids)})")
+    return pub_at, sub_at
 
 
 def _mqtt_text(mq: dict[str, Any], t: dict[str, Any], title: str) -> list[str]:

@@ -387,9 +387,12 @@ class MeshNode:
             if origin != self.me:
                 self.stats["transit"] += 1
             self.stats["copies_out"] += 1
-            enc = (codec.encode_copy_header_compact if self.versions.get(hop, PROTOCOL_VERSION) >= COMPACT_VERSION
-                   else codec.encode_copy_header)
+            enc = codec.encode_copy_header_compact if self._compact(hop) else codec.encode_copy_header
             self.sends.append((hop, enc(origin, inc, gid, topic, d, preds, deps, by_arrival) + payload))
+
+    def _compact(self, hop: str) -> bool:
+        """Does neighbour `hop` read the compact frames (it speaks `COMPACT_VERSION`)?"""
+        return self.versions.get(hop, PROTOCOL_VERSION) >= COMPACT_VERSION
 
     def _route_control(self, msg: Routed) -> None:
         if msg.dst == self.me:
@@ -444,7 +447,7 @@ class MeshNode:
         for hop, msgs in control.items():
             if hop in self.connected:
                 self.stats["control_out"] += len(msgs)
-                for frame in control_frames(msgs, compact=self.versions.get(hop, PROTOCOL_VERSION) >= COMPACT_VERSION):
+                for frame in control_frames(msgs, compact=self._compact(hop)):
                     self.sends.append((hop, frame))
 
     @property

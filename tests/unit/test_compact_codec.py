@@ -35,7 +35,6 @@ def test_copies_round_trip_in_the_compact_form_or_fall_back_to_json(
     every = [origin, inc, gid, topic, *dests, *(s for v in dests.values() for s in v), *preds,
              *(x for d in deps for x in d)]
     assert frame[:1] == (b"D" if any("\x1f" in s for s in every) else b"d")  # (only US separates a header)
-    # (the JSON form drops preds and deps when by_arrival is off and both are empty: the same copy)
     assert back == c
     assert back.payload == payload
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from oncemesh.common import errors
 from oncemesh.common.ids import counter_tag, global_id
 from oncemesh.common.urls import redirect_address, redirect_info
-from oncemesh.interrouter.messages import PROTOCOL_VERSION, negotiate_version
+from oncemesh.interrouter.messages import PROTOCOL_VERSION, VERSION_SPAN, negotiate_version, speaks_version
 from oncemesh.router.actions import GrantCredit
 from oncemesh.router.drain import ConnView, Dependents, Drain, DrainPhase, core_dependents
 from oncemesh.router.readiness import ready_from
@@ -37,6 +37,19 @@ def test_routers_more_than_one_version_apart_are_refused_naming_both(ours: int, 
         negotiate_version(ours, theirs)
     assert e.value.condition == "amqp:not-implemented"
     assert f"version {ours}" in str(e.value) and f"version {theirs}" in str(e.value)
+
+
+def test_a_router_speaks_its_newest_version_or_the_one_before_and_refuses_any_other_setting() -> None:
+    """`mesh_protocol_version`: 0 is the newest; one behind speaks as a router of that version; a
+    setting it could not talk to newer neighbours with (or a version it does not know) stops it at
+    start, naming the range."""
+    assert speaks_version(0) == PROTOCOL_VERSION
+    assert speaks_version(PROTOCOL_VERSION) == PROTOCOL_VERSION
+    assert speaks_version(PROTOCOL_VERSION - VERSION_SPAN) == PROTOCOL_VERSION - VERSION_SPAN
+    for bad in (PROTOCOL_VERSION - VERSION_SPAN - 1, PROTOCOL_VERSION + 1, -1):
+        with pytest.raises(ValueError, match=rf"mesh_protocol_version .*{PROTOCOL_VERSION - VERSION_SPAN}\.\."
+                                             rf"{PROTOCOL_VERSION}, got {bad}"):
+            speaks_version(bad)
 
 
 @pytest.mark.parametrize("theirs", [0, -1, True, "2", 2.0, None])

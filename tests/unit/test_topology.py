@@ -19,6 +19,7 @@ from oncemesh.topology.load import (
     example_path,
     load_topology,
     parse_topology,
+    with_overrides,
 )
 from oncemesh.topology.model import LinkSpec, Order, TopicSpec, TotalOrder
 
@@ -540,3 +541,21 @@ def test_status_table_shows_each_routers_loop_lag() -> None:
     header, a, b = table.splitlines()
     assert "LOOP LAG MAX/P99" in header and "812/3 ms" in a and " - " in b
     assert _lag_of({}) is None
+
+
+def test_overrides_set_mesh_and_default_keys_over_the_files_and_are_checked(tmp_path: Path) -> None:
+    """`with_overrides` (`oncemesh bench --set` on a topology): [mesh] keys and [defaults] settings
+    replace the file's, a [defaults] table is added where the file has none, text that reads as a
+    number stays a number (--set gives text), a router's own settings still win, and the copy is
+    checked like any topology file."""
+    src = tmp_path / "t.toml"
+    src.write_text((EXAMPLES / "line3.toml").read_text() + '\n[routers.B.settings]\nidle_timeout = 7.0\n')
+    t = load_topology(with_overrides(src, tmp_path / "o.toml", mesh={"dead_after": 60.0},
+                                     defaults={"idle_timeout": "30", "mesh_protocol_version": "5"}))
+    assert (t.hello_interval, t.dead_after) == (1.0, 60.0)  # (line3 sets dead_after 3.0: replaced)
+    assert t.router_settings("A") == {"idle_timeout": 30, "mesh_protocol_version": 5}
+    assert t.router_settings("B")["idle_timeout"] == 7.0
+    twice = with_overrides(tmp_path / "o.toml", tmp_path / "p.toml", defaults={"idle_timeout": 9})
+    assert load_topology(twice).router_settings("A")["idle_timeout"] == 9  # (an existing [defaults] key replaced)
+    with pytest.raises(TopologyError, match="no_such_setting"):
+        with_overrides(src, tmp_path / "bad.toml", defaults={"no_such_setting": 1})
