@@ -1453,6 +1453,37 @@ def _callgrind_threads(out: Path) -> tuple[int, int]:
     return main, sum(_callgrind_total(f) for f in files[1:])
 
 
+def _callgrind_calls(path: Path, fn: str) -> int:
+    """How often the profiled thread called the C function `fn` (the sum of its call sites in a
+    callgrind file, which names a function once, `(id) name`, and later by `(id)` alone)."""
+    ids: set[str] = set()
+    calls = 0
+    callee: str | None = None
+    with open(path) as f:
+        for line in f:
+            if line.startswith("cfn="):
+                ident, _, name = line[4:].rstrip("\n").partition(" ")
+                if name == fn:
+                    ids.add(ident)
+                callee = ident
+            elif line.startswith("fn="):
+                ident, _, name = line[3:].rstrip("\n").partition(" ")
+                if name == fn:
+                    ids.add(ident)
+            elif line.startswith("calls=") and callee is not None:
+                if callee in ids:
+                    calls += int(line[6:].split()[0])
+                callee = None
+    return calls
+
+
+def _loop_passes(out: Path) -> int:
+    """Passes of the event loop in a callgrind run: its polls (`select.epoll.poll`, one per pass of
+    asyncio's selector loop), in the event loop's thread's file (`OUT-01`)."""
+    files = sorted(out.parent.glob(out.name + "-*"))
+    return _callgrind_calls(files[0] if files else out, "select_epoll_poll")
+
+
 def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
     """Instructions the router executes per message (1:1 exactly-once), counted by callgrind: the
     one figure this noisy, shared machine repeats exactly, so that two versions of the code can be
@@ -1467,6 +1498,7 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
     rate = getattr(args, "instructions_rate", 0.0)
     case = Case.fan("instructions", "router", 1, 1, rate)
     totals: dict[int, tuple[int, int]] = {}
+    passes: dict[int, int] = {}
     for count in (n, 6 * n):
         wd = workdir / f"instructions-{count}"
         out = wd / "callgrind.out"
@@ -1484,10 +1516,15 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
         if not r["ok"]:
             return {"error": f"the run of {count} messages failed: {r['errors']}"}
         totals[count] = _callgrind_threads(out)
+        passes[count] = _loop_passes(out)
     loop, workers = ((totals[6 * n][i] - totals[n][i]) / (5 * n) for i in (0, 1))
     res: dict[str, Any] = {"messages": [n, 6 * n], "instructions": [sum(totals[n]), sum(totals[6 * n])],
                            "per_message": round(loop + workers), "per_message_loop": round(loop),
-                           "per_message_workers": round(workers), "rate": rate or None}
+                           "per_message_workers": round(workers), "rate": rate or None,
+                           # (how many messages a pass carried: the regime of the count; paced, it
+                           # depends on how fast the machine let the router run under callgrind)
+                           "passes": [passes[n], passes[6 * n]],
+                           "passes_per_message": round((passes[6 * n] - passes[n]) / (5 * n), 2)}
     if args.topology is not None:
         mesh = instructions_mesh(args, cfg, workdir)
         res["mesh"] = mesh
@@ -1943,8 +1980,9 @@ def format_report(rep: dict[str, Any]) -> str:
                       f"{ins['messages'][0]:,} and {ins['messages'][1]:,} messages"
                       + (f" at {ins['rate']:g} msg/s" if ins.get("rate") else "") + f"): {ins['per_message']:,}"
                       + (f" ({ins['per_message_loop']:,} on the event loop's thread, {ins['per_message_workers']:,} "
-                         f"on worker threads: the settlement log's compression)" if "per_message_loop" in ins else ""),
-                      ""]
+                         f"on worker threads: the status file's writer, the settlement log's compression)" if "per_message_loop" in ins else "")
+                      + (f"; {ins['passes_per_message']:g} loop passes per message" if "passes_per_message" in ins
+                         else ""), ""]
             m = ins.get("mesh")
             if m and "per_message_hop" in m:
                 lines += [f"mesh instructions per message per hop (every router under callgrind, pubs at "
