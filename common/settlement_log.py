@@ -841,6 +841,22 @@ class SettlementLog:
         """Bytes held in memory, not yet written (buffered lines and what a full disk refused)."""
         return len(self._pending) + sum(len(line) for line in self._buf) + 20 * self._grouped
 
+    def flush_due(self, now: float | None = None) -> bool:
+        """Would `flush` do anything now: write what is buffered or held, or cut a segment whose
+        time (or size) is up? A caller that gives the flush a loop pass of its own (the router's
+        tick) asks first: an idle log needs no pass. `now`: monotonic."""
+        if self._fd is None:
+            return False
+        if self._groups or self._buf or self._pending:
+            return True
+        p = self.segments
+        if p is None or self._seg_bytes == 0:
+            return False
+        if now is None:
+            now = time.monotonic()
+        return now >= self._rotate_retry_at and bool(
+            (p.max_bytes and self._seg_bytes >= p.max_bytes) or (p.max_seconds and now - self._seg_opened >= p.max_seconds))
+
     def flush(self) -> None:
         """Write everything buffered. On a full disk the bytes are kept (never dropped) and the log
         turns not writable; a writer not in `hold` mode then raises the OSError."""
