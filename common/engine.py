@@ -1,4 +1,4 @@
-"""asyncio <-> Proton engine: one `AmqpConnection` (an asyncio Protocol) per TCP connection.
+"""asyncio <-> Proton engine: one `AmqpConnection` (an asyncio BufferedProtocol) per TCP connection.
 
 Theory of operation
 -------------------
@@ -212,6 +212,11 @@ class Engine:
         # one output buffer for every connection: flushing is synchronous, one at a time
         self.out_buf, self.out_cbuf = F.new_buffer(_READ_CHUNK)
         self.out_view = memoryview(self.out_buf)
+        # one read buffer for every connection: asyncio reads into it (`recv_into`, the connection is
+        # a BufferedProtocol) and the read is pushed into Proton before the next one; what a
+        # connection keeps for later is copied. (A plain Protocol got a new 256 KiB bytes object per
+        # read: an mmap, an mremap and a munmap each, and a page to fault in.)
+        self.in_view = memoryview(bytearray(_READ_CHUNK))
         self._dirty: set[AmqpConnection] = set()
         self._scheduled = False
         self._after_pass: list[Callable[[], None]] = []
@@ -553,7 +558,7 @@ def delivery_key(delivery: Any) -> int:
     return F.ptr_key(delivery)
 
 
-class AmqpConnection(asyncio.Protocol):
+class AmqpConnection(asyncio.BufferedProtocol):
     """One AMQP connection over one TCP connection, driven by the engine directly."""
 
     def __init__(self, engine: Engine, handler: ConnectionHandler, *, server: bool, container_id: str,
@@ -663,7 +668,7 @@ class AmqpConnection(asyncio.Protocol):
         """The names the peer's verified TLS certificate carries (empty without one)."""
         return peer_names(self.sock.get_extra_info("peercert")) if self.sock is not None else set()
 
-    # -- asyncio Protocol ------------------------------------------------------------------------
+    # -- asyncio (Buffered)Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.sock = transport
@@ -678,7 +683,15 @@ class AmqpConnection(asyncio.Protocol):
             data, self._early = self._early, b""
             self.data_received(data)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.engine.in_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self.engine.in_view[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        """Bytes read (`data` may be a view of the engine's read buffer: valid until this returns,
+        so what is kept for later is copied)."""
         if self.closed:
             return
         if self.sock is None:  # (TLS: the application data of the handshake's last flight)
@@ -686,12 +699,12 @@ class AmqpConnection(asyncio.Protocol):
             return
         sasl = self.sasl
         if sasl is not None and (not sasl.done or (isinstance(sasl, SaslServer) and sasl.check is not None)):
-            self._sasl_received(data)
+            self._sasl_received(bytes(data))
             return
         if self.defer_input:
             if self._hold.read(time.monotonic()) is Read.HOLD_FIRST:
                 self.engine.call_after_pass(self._deferred_at_pass_end)
-            self._deferred.append(data)
+            self._deferred.append(bytes(data))
             return
         if self.budget is not None and self.engine._pass_end is not None:
             self._budgeted(data)

@@ -248,3 +248,28 @@ def test_the_engine_tells_a_stall_once_per_pass() -> None:
 
     asyncio.run(main())
     assert told == ["stall", "input late"]
+
+
+def test_input_read_into_the_shared_buffer_is_kept_whole() -> None:
+    """Every connection of an engine reads into one buffer (asyncio's BufferedProtocol: no new
+    object per read); what a connection holds for later is its own copy: a peer's input held to the
+    pass end is intact after a client's read has gone through the same buffer."""
+    order: list[str] = []
+
+    def read(conn: AmqpConnection, data: bytes) -> None:  # (what asyncio does: recv_into, then tell)
+        buf = conn.get_buffer(-1)
+        buf[:len(data)] = data
+        conn.buffer_updated(len(data))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        eng = Engine(loop, pass_end=True)
+        mesh, client = _conn(eng, "mesh", order, defer=True), _conn(eng, "client", order, defer=False)
+        for c, name in ((mesh, "mesh"), (client, "client")):
+            c._push = lambda data, name=name: order.append(f"{name}:{bytes(data).decode()}")  # type: ignore[method-assign]
+        assert mesh.get_buffer(-1) is client.get_buffer(-1)  # (one buffer)
+        loop.call_soon(lambda: (read(mesh, b"copy-1"), read(client, b"accept"), read(mesh, b"copy-2")))
+        await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    assert order == ["client:accept", "mesh:copy-1copy-2"]
