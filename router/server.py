@@ -108,9 +108,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("oncemesh.router")
 
 MAX_CAUSAL_PAST = 10_000  # ids a publisher may present as its causal past
-# seconds between two looks at the status (the ready file): rewritten then if it changed. Twice a
-# second, with the counts changing under any traffic, the status was ~8 % of the loop's Python time
-# at 20 msg/s (its JSON, the thread's write and the handover of the GIL to it)
+# seconds between two looks at the status (the ready file): rewritten then if it changed. It was
+# twice a second, and under any traffic its counts change: ~150,000 instructions of JSON and ~180,000
+# in its writer thread each time (docs/performance.md, "A quiet router (item 2)")
 STATUS_INTERVAL = 1.0
 
 _ACCEPTED = F.ACCEPTED

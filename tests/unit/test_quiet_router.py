@@ -121,3 +121,21 @@ def test_an_idle_router_takes_one_loop_pass_per_tick(tmp_path: Path) -> None:
     assert passes <= ticks + 10, (ticks, passes)
     assert written <= 2, written  # (nothing changed: the status is not rewritten every look)
     assert ready.exists() is False  # (removed at stop)
+
+
+def test_the_status_writer_makes_its_directory_when_it_is_missing(tmp_path: Path) -> None:
+    """(Not before every write any more: only when the write finds no directory.)"""
+    from oncemesh.router.statusfile import StatusFile
+
+    path = tmp_path / "status" / "Q.json"
+    sf = StatusFile(path)
+    sf.write('{"n": 1}')
+    sf.flush()
+    assert path.read_text() == '{"n": 1}'
+    path.unlink()
+    path.parent.rmdir()  # (removed under a running router: made again)
+    sf.write('{"n": 2}')
+    sf.flush()
+    sf.close()
+    assert path.read_text() == '{"n": 2}' and sf.written == 2
+    assert not path.with_suffix(".json.tmp").exists()
