@@ -112,7 +112,12 @@ def encode_copy(c: Copy, compact: bool = False) -> bytes:
     return enc(c.origin, c.inc, c.gid, c.topic, c.dests, c.preds, c.deps, c.by_arrival) + c.payload
 
 
-def _decode_compact_copy(frame: bytes) -> Copy:
+CopyFields = tuple[str, str, str, str, dict[str, tuple[str, ...]], bytes, tuple[str, ...], tuple[tuple[str, str], ...],
+                   bool]
+"""A copy's fields in `Copy`'s order, as a plain tuple (`decode_copy_fields`)."""
+
+
+def _decode_compact_copy(frame: bytes) -> CopyFields:
     (n,) = _HDR.unpack_from(frame, 1)
     if len(frame) < 3 + n:
         raise ValueError("header longer than the frame")
@@ -143,11 +148,12 @@ def _decode_compact_copy(frame: bytes) -> Copy:
         k += 1 + 2 * c
     if k != len(f):
         raise ValueError(f"{len(f) - k} field(s) after the header's last")
-    return Copy(origin, inc, gid, topic, dests, frame[3 + n:], preds, deps, bool(flags & 1))
+    return origin, inc, gid, topic, dests, frame[3 + n:], preds, deps, bool(flags & 1)
 
 
-def decode_copy(frame: bytes) -> Copy:
-    """A data frame, either form ("D" JSON, "d" compact)."""
+def decode_copy_fields(frame: bytes) -> CopyFields:
+    """A data frame, either form ("D" JSON, "d" compact), as `Copy`'s fields in a tuple: what a
+    router reads per copy (the frozen `Copy` costs nine `object.__setattr__` calls to build)."""
     if frame[:1] == b"d":
         try:
             return _decode_compact_copy(frame)
@@ -156,13 +162,18 @@ def decode_copy(frame: bytes) -> Copy:
     try:
         (n,) = _HDR.unpack_from(frame, 1)
         origin, inc, gid, topic, dests, *rest = _loads(frame[3:3 + n].decode())
-        return Copy(str(origin), str(inc), str(gid), str(topic),
-                    {str(k): tuple(str(s) for s in v) for k, v in dests.items()}, frame[3 + n:],
-                    tuple(str(p) for p in rest[0]) if rest and rest[0] else (),
-                    tuple((str(g), str(t)) for g, t in rest[1]) if len(rest) > 1 and rest[1] else (),
-                    len(rest) > 2 and rest[2] == 1)
+        return (str(origin), str(inc), str(gid), str(topic),
+                {str(k): tuple(str(s) for s in v) for k, v in dests.items()}, frame[3 + n:],
+                tuple(str(p) for p in rest[0]) if rest and rest[0] else (),
+                tuple((str(g), str(t)) for g, t in rest[1]) if len(rest) > 1 and rest[1] else (),
+                len(rest) > 2 and rest[2] == 1)
     except (struct.error, ValueError, TypeError, AttributeError) as exc:
         raise FrameError(f"malformed data frame: {exc}") from None
+
+
+def decode_copy(frame: bytes) -> Copy:
+    """A data frame, either form ("D" JSON, "d" compact)."""
+    return Copy(*decode_copy_fields(frame))
 
 
 def _to_list(m: Control) -> list[Any]:

@@ -107,6 +107,7 @@ class Mesh:
         self.server: asyncio.Server | None = None
         self.bound: tuple[str, int] | None = None
         self._flush_scheduled = False
+        self._inputting = False  # within `_after_input`'s drain of the router (which drains the node after it)
         self._dialers: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -262,9 +263,14 @@ class Mesh:
         self._after_input(now)
 
     def _after_input(self, decided: float | None = None) -> None:
-        # performs the core's actions (mesh ones come back through perform()); what the frame made
-        # the core decide is stamped with the time the frame was taken (Router.drain)
-        self.router.drain(decided)
+        # performs the core's actions (mesh ones come back through perform_all(), which leaves the
+        # node's outputs to the one drain here); what the frame made the core decide is stamped with
+        # the time the frame was taken (Router.drain)
+        self._inputting = True
+        try:
+            self.router.drain(decided)
+        finally:
+            self._inputting = False
         self._drain_node()
 
     def _drain_node(self) -> None:
@@ -318,6 +324,14 @@ class Mesh:
     def perform(self, act: MeshAction) -> None:
         self.node.perform(act, time.time())
         self._drain_node()
+
+    def perform_all(self, acts: list[MeshAction]) -> None:
+        node = self.node
+        now = time.time()
+        for act in acts:
+            node.perform(act, now)
+        if not self._inputting:
+            self._drain_node()
 
     def attach_pending(self, sid: str) -> bool:
         return self.node.attach_pending(sid)

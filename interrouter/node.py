@@ -277,10 +277,9 @@ class MeshNode:
         self.hello.touch(peer, now)
         kind = data[:1]
         if kind == b"d" or kind == b"D":
-            c = codec.decode_copy(data)
+            origin, inc, gid, topic, dests, payload, preds, deps, by_arrival = codec.decode_copy_fields(data)
             self.stats["copies_in"] += 1
-            self._route_copy(c.origin, c.inc, c.gid, c.topic, c.dests, c.payload, now, c.preds, c.deps,
-                             c.by_arrival)
+            self._route_copy(origin, inc, gid, topic, dests, payload, now, preds, deps, by_arrival)
         elif kind == b"c" or kind == b"C":
             for msg in codec.decode_control(data, self.versions.get(peer, PROTOCOL_VERSION) >= ORDER_VERSION):
                 self._on_control(peer, msg, now)

@@ -90,17 +90,19 @@ class OldFinals:
         return runs[1][-1] if runs else None
 
     def __contains__(self, gid: str) -> bool:
+        # (`counter_key`, inlined, its regex only when the publisher link has runs: once per copy a
+        # destination receives, where the usual answer is no: the newest of its link)
         if gid in self.loose:
             return True
-        k = counter_key(gid)
-        if k is None:
+        runs = self._runs.get(gid[:PLID_LEN])
+        if runs is None or _COUNTER_GID.fullmatch(gid) is None:
             return False
-        runs = self._runs.get(k[0])
-        if runs is None:
-            return False
+        n = int(gid[PLID_LEN + 1:], 36)
         los, his = runs
-        i = bisect_right(los, k[1]) - 1
-        return i >= 0 and k[1] <= his[i]
+        if not his or n > his[-1]:
+            return False
+        i = bisect_right(los, n) - 1
+        return i >= 0 and n <= his[i]
 
     def add(self, gids: list[str], t: float) -> None:
         """Gids that became final at `t` at the latest (one tick's worth, oldest first). Per gid this

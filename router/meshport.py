@@ -27,6 +27,9 @@ class MeshPort(Protocol):
     def perform(self, act: MeshAction) -> None:
         """Carry out a core action that concerns other routers."""
 
+    def perform_all(self, acts: list[MeshAction]) -> None:
+        """Carry out core actions that concern other routers, in order (one call per batch)."""
+
     def attach_pending(self, sid: str) -> bool:
         """Does the ATTACH of subscription `sid` still wait for the other routers' acknowledgements?"""
         ...

@@ -135,13 +135,17 @@ class MeshSide:
         core = self.core
         core._now = now
         rec = core.records.get(gid)
-        table = core.table
         if rec is None and core.is_final(gid):
             # final already (its publisher settled it through another origin): a late copy
             core.out.append(SendFinal(origin, gid))
             return
-        if rec is None and gid not in core.placeholders and not any(core._local(table.get(s)) for s in sids):
-            return  # none of them is here (any more): their origin re-routes them by its own table
+        # those homed here (`core._local`, once per subscription; the others moved away: the origin
+        # re-routes them by its own table)
+        get = core.table.get
+        me = core.router_id
+        here = [(sid, sub) for sid in sids if (sub := get(sid)) is not None and sub.live and sub.home == me]
+        if rec is None and not here and gid not in core.placeholders:
+            return  # none of them is here (any more)
         if rec is None:
             rec = Record(gid, topic, payload, now)
             if not by_arrival:
@@ -167,11 +171,7 @@ class MeshSide:
         if ts is not None and rec.tnum is None:
             rec.tnum = ts.num.get(gid)
         new_pending = False
-        for sid in sids:
-            sub = table.get(sid)
-            if not core._local(sub):
-                continue  # it moved away: the origin re-routes it by its own table
-            assert sub is not None
+        for sid, sub in here:
             if ts is not None and rec.tnum is not None and rec.owed.get(sid) is None \
                     and not ts.owed(rec.tnum, sid, sub.created):
                 # started after it in the order: not owed (its origin decides alike)

@@ -189,3 +189,16 @@ def test_the_purge_cost_per_tick_stays_flat_with_millions_of_final_gids() -> Non
     assert 600_000 <= remembered <= 660_000, remembered  # (the window: 60 s of gids, give or take a tick)
     early, late = sorted(times[35:55]), sorted(times[65:85])  # (the window full since round 33)
     assert late[len(late) // 2] < 3 * early[len(early) // 2] + 0.002, (early, late)
+
+
+def test_only_a_counter_tag_of_a_link_with_runs_is_looked_up_in_them() -> None:
+    """`OldFinals.__contains__` reads a gid's number only for a link with runs, and only from a
+    plain counter tag: one that names the same number another way (a leading zero, upper case) is
+    another message, and one past the newest run is not final."""
+    old = OldFinals()
+    plid = _PLIDS[0]
+    old.add([f"{plid}:{n:x}" for n in (10, 11, 12)], 1.0)  # (base 36 and hex agree below 36)
+    assert all(f"{plid}:{n:x}" in old for n in (10, 11, 12))
+    assert f"{plid}:d" not in old and f"{plid}:9" not in old  # past the newest, before the oldest
+    assert f"{plid}:0b" not in old and f"{plid}:B" not in old  # the number of "b" written otherwise
+    assert f"{_PLIDS[1]}:b" not in old  # another link: none of its runs
