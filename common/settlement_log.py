@@ -163,6 +163,23 @@ def _gid_groups(gids: list[str]) -> str:
     become one string, the first id whole, the others without that prefix ("p:1 2 3")."""
     if len(gids) == 1:  # (the common case at moderate rates: a message per loop pass)
         return '["' + gids[0] + '"]'
+    # The common case at full rate: one run (one publisher link's ids), found and written by C
+    # string methods instead of a Python step per id (a line per event and subscription, so 2 per
+    # delivery: ~1,000 instructions per id saved). The ids hold no space (`_groupable`): in the ids
+    # joined by spaces, " " + prefix is found only where an id starts; one run when every id after
+    # the first starts so and is longer than the prefix.
+    first = gids[0]
+    pre = first[:GID_PREFIX]
+    joined = " ".join(gids)
+    sp = " " + pre
+    if len(pre) == GID_PREFIX and joined.count(sp) == len(gids) - 1 and sp + " " not in joined \
+            and not joined.endswith(sp):
+        return '["' + first + joined[len(first):].replace(sp, " ") + '"]'
+    return _gid_runs(gids)
+
+
+def _gid_runs(gids: list[str]) -> str:
+    """`_gid_groups`, id by id (the general case: several runs)."""
     runs: list[list[str]] = []
     cur = None
     toks: list[str] = []

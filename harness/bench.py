@@ -1489,23 +1489,50 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
     one figure this noisy, shared machine repeats exactly, so that two versions of the code can be
     compared in different runs. Two runs of N and 6N messages; the difference divided by 5N leaves
     out start-up and shutdown. Under callgrind the router is the bottleneck by far, so its batches
-    are larger than at full speed: compare these figures with each other, not with CPU-us."""
+    are larger than at full speed: compare these figures with each other, not with CPU-us.
+    With `--instructions-fanout K` also a 1 -> K fan-out through one router (K subscribers, each its
+    own durable subscription of the topic), per message and per delivery, beside the 1:1 figure."""
     if shutil.which("valgrind") is None:
         return {"error": "valgrind is not installed (apt-get install valgrind): no instruction count"}
     n = args.instructions
     # (with --instructions-rate the publisher is paced: a message or so per loop pass, the regime of
     # moderate rates whose fixed costs per pass the saturated count hides; docs/performance.md)
     rate = getattr(args, "instructions_rate", 0.0)
-    case = Case.fan("instructions", "router", 1, 1, rate)
+    res = _instructions_router(Case.fan("instructions", "router", 1, 1, rate), n, cfg, workdir / "instructions")
+    if "error" in res:
+        return res
+    res["rate"] = rate or None
+    k = getattr(args, "instructions_fanout", 0)
+    if k:
+        fan = _instructions_router(Case.fan("instructions-fanout", "router", 1, k, rate), n, cfg,
+                                   workdir / "instructions-fanout")
+        res["fanout"] = fan
+        if "per_message" in fan:
+            fan["subscribers"] = k
+            fan["per_delivery"] = round(fan["per_message"] / k)
+            # (1.0: a delivery of the fan-out costs what a whole 1:1 message costs; the once-per-message
+            # work shared by K subscribers brings it below)
+            res["fanout_delivery_ratio"] = round(fan["per_message"] / k / res["per_message"], 3)
+    if args.topology is not None:
+        mesh = instructions_mesh(args, cfg, workdir)
+        res["mesh"] = mesh
+        if mesh.get("per_message_hop"):
+            res["mesh_hop_ratio"] = round(mesh["per_message_hop"] / res["per_message"], 2)
+    return res
+
+
+def _instructions_router(case: Case, n: int, cfg: Settings, base: Path) -> dict[str, Any]:
+    """The case through one router under callgrind, N and 6N messages: its instructions per published
+    message (the event loop's thread and the workers apart), or {"error": ...}."""
     totals: dict[int, tuple[int, int]] = {}
     passes: dict[int, int] = {}
     for count in (n, 6 * n):
-        wd = workdir / f"instructions-{count}"
+        wd = base.with_name(f"{base.name}-{count}")
         out = wd / "callgrind.out"
         # (~50x slower, a pass over a batch of 1,000 messages takes seconds, and the router would take
         # its clients' input, still unread in the socket, for silence: its idle timeout is raised)
         router = _CallgrindRouter(wd / "router", out, {**cfg.router_settings, "idle_timeout": 600})
-        log(f"instructions: {count} messages through a router under callgrind")
+        log(f"instructions: {count} messages through a router under callgrind ({case.shape()})")
         router.start(timeout=300)
         try:
             icfg = dataclasses.replace(cfg, count=count, duration=0.0, warmup=0.0, timeout=max(cfg.timeout, 600.0),
@@ -1514,23 +1541,17 @@ def instructions_suite(args: argparse.Namespace, cfg: Settings, workdir: Path) -
         finally:
             router.stop(300)
         if not r["ok"]:
-            return {"error": f"the run of {count} messages failed: {r['errors']}"}
+            return {"error": f"the run of {count} messages ({case.shape()}) failed: {r['errors']}"}
         totals[count] = _callgrind_threads(out)
         passes[count] = _loop_passes(out)
     loop, workers = ((totals[6 * n][i] - totals[n][i]) / (5 * n) for i in (0, 1))
-    res: dict[str, Any] = {"messages": [n, 6 * n], "instructions": [sum(totals[n]), sum(totals[6 * n])],
-                           "per_message": round(loop + workers), "per_message_loop": round(loop),
-                           "per_message_workers": round(workers), "rate": rate or None,
-                           # (how many messages a pass carried: the regime of the count; paced, it
-                           # depends on how fast the machine let the router run under callgrind)
-                           "passes": [passes[n], passes[6 * n]],
-                           "passes_per_message": round((passes[6 * n] - passes[n]) / (5 * n), 2)}
-    if args.topology is not None:
-        mesh = instructions_mesh(args, cfg, workdir)
-        res["mesh"] = mesh
-        if mesh.get("per_message_hop"):
-            res["mesh_hop_ratio"] = round(mesh["per_message_hop"] / res["per_message"], 2)
-    return res
+    return {"messages": [n, 6 * n], "instructions": [sum(totals[n]), sum(totals[6 * n])],
+            "per_message": round(loop + workers), "per_message_loop": round(loop),
+            "per_message_workers": round(workers),
+            # (how many messages a pass carried: the regime of the count; paced, it depends on how
+            # fast the machine let the router run under callgrind)
+            "passes": [passes[n], passes[6 * n]],
+            "passes_per_message": round((passes[6 * n] - passes[n]) / (5 * n), 2)}
 
 
 def instructions_mesh(args: argparse.Namespace, cfg: Settings, workdir: Path) -> dict[str, Any]:
@@ -1983,6 +2004,13 @@ def format_report(rep: dict[str, Any]) -> str:
                          f"on worker threads: the status file's writer, the settlement log's compression)" if "per_message_loop" in ins else "")
                       + (f"; {ins['passes_per_message']:g} loop passes per message" if "passes_per_message" in ins
                          else ""), ""]
+            f = ins.get("fanout")
+            if f and "per_delivery" in f:
+                lines += [f"router instructions, 1 pub -> router -> {f['subscribers']} subs (each its own durable "
+                          f"subscription, same runs' sizes): {f['per_message']:,} per message, {f['per_delivery']:,} "
+                          f"per delivery; per delivery / 1:1 message: {ins.get('fanout_delivery_ratio')}", ""]
+            elif f:
+                lines += [f"fan-out instructions: {f.get('error')}", ""]
             m = ins.get("mesh")
             if m and "per_message_hop" in m:
                 lines += [f"mesh instructions per message per hop (every router under callgrind, pubs at "
@@ -2081,6 +2109,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "valgrind's callgrind over N and 6N messages (repeatable on a noisy machine: use it "
                         "to compare versions; 2000 takes ~2 min); with --topology also every router of that "
                         "scenario, per message per hop, and its ratio to the 1:1 router (the cost of a mesh hop)")
+    p.add_argument("--instructions-fanout", type=int, default=0, metavar="K",
+                   help="with --instructions: also a 1 -> K fan-out through one router (K subscribers, each its own "
+                        "durable subscription of the topic) under callgrind, its instructions per message and per "
+                        "delivery, and per delivery / the 1:1 message (1.0: a delivery costs a whole message)")
     p.add_argument("--instructions-rate", type=float, default=0.0, metavar="MSG_S",
                    help="the publisher's rate in the --instructions runs (default 0: as fast as it goes, large "
                         "batches; e.g. 40: about one message per loop pass under callgrind, the moderate-rate regime)")
@@ -2118,6 +2150,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     if args.wan and args.topology is None:
         print("oncemesh bench: --wan needs --topology (it shapes the inter-router links)", file=sys.stderr)
+        return 2
+    if args.instructions_fanout and (not args.instructions or args.instructions_fanout < 2):
+        print("oncemesh bench: --instructions-fanout K needs --instructions and K of at least 2", file=sys.stderr)
         return 2
     if args.chart is not None and not args.latency_curve:
         print("oncemesh bench: --chart draws the --latency-curve", file=sys.stderr)

@@ -1522,6 +1522,9 @@ class Router:
         set_state = amqp.set_state
         settle = amqp.settle
         mesh_acts: list[MeshAction] | None = None
+        # a fan-out's deliveries of one message come one after the other: its tag is encoded once
+        tag_of = ""
+        tag = b""
         for act in actions:
             # The commonest first. Not a `match`: a class pattern that fails costs an isinstance miss
             # (~700 instructions), and three of the four actions per message would miss at least once:
@@ -1534,7 +1537,10 @@ class Router:
                     self._elsewhere(act)
                     continue
                 gid = act.gid
-                d = link.send(gid.encode("ascii"), act.payload)
+                if gid is not tag_of:
+                    tag_of = gid
+                    tag = gid.encode("ascii")
+                d = link.send(tag, act.payload)
                 ctx = link.ctx
                 ctx.deliveries[gid] = d
                 ctx.gid_of[d] = gid

@@ -203,15 +203,53 @@ def test_callgrind_total_is_read_from_the_summary_line(tmp_path: Path) -> None:
     assert _callgrind_total(out) == 123456
 
 
-@pytest.mark.slow  # ~55 s under valgrind; the parsing of its output is checked above in the default run
+def test_the_fan_out_instruction_count_is_printed_per_message_and_per_delivery() -> None:
+    """`--instructions-fanout K`: the 1 -> K figure beside the 1:1 one, per delivery and its ratio."""
+    ins = {"messages": [100, 600], "instructions": [1, 2], "per_message": 180_000, "per_message_loop": 179_000,
+           "per_message_workers": 1_000, "rate": None,
+           "fanout": {"messages": [100, 600], "instructions": [1, 3], "per_message": 300_000, "per_message_loop": 0,
+                      "per_message_workers": 0, "subscribers": 3, "per_delivery": 100_000},
+           "fanout_delivery_ratio": 0.556}
+    text = format_report(_bare_report(ins))
+    assert "router instructions per message (callgrind, 1:1 exactly-once" in text and "180,000" in text
+    assert ("1 pub -> router -> 3 subs (each its own durable subscription, same runs' sizes): 300,000 per message, "
+            "100,000 per delivery; per delivery / 1:1 message: 0.556") in text
+    failed = {**ins, "fanout": {"error": "the run of 100 messages (1 pub -> router -> 3 sub) failed: x"}}
+    assert "fan-out instructions: the run of 100 messages" in format_report(_bare_report(failed))
+
+
+def _bare_report(instructions: dict[str, Any]) -> dict[str, Any]:
+    """A report of `oncemesh bench --no-main --instructions ...` (no cases) around `instructions`."""
+    return {"scenario": {"mode": "exactly-once", "size": 100, "count": 0, "duration": 3.0},
+            "machine": {"cpu": "x", "cores": 2, "python": "3.11", "proton": "0.40.0", "kernel": "6",
+                        "loadavg_at_start": 1.0},
+            "clients": "lean", "repeat": 3, "throughput": {}, "latency": {}, "ratios": {},
+            "instructions": instructions}
+
+
+def test_the_fan_out_instruction_count_needs_instructions_and_two_subscribers() -> None:
+    for args in (["--instructions-fanout", "3"], ["--instructions", "100", "--instructions-fanout", "1"]):
+        out = subprocess.run([sys.executable, "-m", "oncemesh", "bench", "--no-main", *args],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "--instructions-fanout K needs --instructions" in out.stderr, out
+
+
+@pytest.mark.slow  # ~2 min under valgrind; the parsing of its output is checked above in the default run
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_bench_counts_the_routers_instructions_per_message_under_callgrind() -> None:
-    rep = bench("--no-main", "--instructions", "100", timeout=400)
+    rep = bench("--no-main", "--instructions", "100", "--instructions-fanout", "2", timeout=800)
     ins = rep["instructions"]
     assert ins["messages"] == [100, 600]
     assert ins["instructions"][1] > ins["instructions"][0] > 0
     # the router's work per message is tens of thousands of instructions to a few million, not start-up
     assert 10_000 < ins["per_message"] < 5_000_000
+    # 1 -> 2 on the same router: a message costs more than at 1:1 (two deliveries), a delivery less than a
+    # whole 1:1 message (the record, the owed set, the publisher's side are done once)
+    fan = ins["fanout"]
+    assert fan["subscribers"] == 2 and fan["messages"] == [100, 600]
+    assert ins["per_message"] < fan["per_message"] < 2 * ins["per_message"]
+    assert fan["per_delivery"] == round(fan["per_message"] / 2)
+    assert 0.5 < ins["fanout_delivery_ratio"] < 1.0
 
 
 @pytest.mark.skipif(RabbitMQ.unavailable() is not None, reason=str(RabbitMQ.unavailable()))

@@ -13,10 +13,43 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oncemesh.common.settlement_log import FIELDS, AcceptedBy, Segments, SettlementLog, SizeCount
+from oncemesh.common.settlement_log import (
+    FIELDS,
+    GID_PREFIX,
+    AcceptedBy,
+    Segments,
+    SettlementLog,
+    SizeCount,
+    _gid_groups,
+    _gid_runs,
+    expand_gids,
+)
 
 ids = st.from_regex(r"[a-z0-9]{1,12}:[a-z0-9]{1,6}", fullmatch=True)
 topics = st.text(min_size=1, max_size=20)  # any text: topics are JSON-escaped
+
+
+# ids of a few publisher links, each prefix of GID_PREFIX characters or a little shorter or longer, and
+# ids that are a prefix themselves: the edges of the one-run shortcut
+_prefixes = st.sampled_from(["abcdefghijkl:", "abcdefghijkl", "abcdefghijk:", "zbcdefghijkl:", "abcdefghijkl:x"])
+_grouped_ids = st.lists(st.builds(lambda p, t: p + t, _prefixes, st.from_regex(r"[a-z0-9:]{0,4}", fullmatch=True)),
+                        min_size=1, max_size=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(gids=_grouped_ids)
+def test_gid_groups_one_run_shortcut_writes_what_the_id_by_id_path_writes(gids: list[str]) -> None:
+    assert len("abcdefghijkl:") == GID_PREFIX
+    text = _gid_groups(gids)
+    assert text == _gid_runs(gids) if len(gids) > 1 else text == json.dumps(gids, separators=(",", ":"))
+    assert expand_gids(json.loads(text)) == gids
+
+
+def test_gid_groups_of_one_publisher_link_are_one_run() -> None:
+    gids = [f"abcdefghijkl:{i}" for i in range(1, 5)]
+    assert _gid_groups(gids) == '["abcdefghijkl:1 2 3 4"]'
+    assert _gid_groups([*gids, "zbcdefghijkl:9", "abcdefghijkl:5"]) == \
+        '["abcdefghijkl:1 2 3 4","zbcdefghijkl:9","abcdefghijkl:5"]'
 
 
 def read(path: Path) -> list[dict]:
