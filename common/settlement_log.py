@@ -812,16 +812,18 @@ class SettlementLog:
             return
         self._keeper.submit(closed)
 
-    def _maybe_rotate(self, now: float | None = None) -> None:
+    def _rotation_due(self, now: float) -> bool:
+        """Is the open segment's size or time up (nothing held, no failed rotation waiting)?"""
         p = self.segments
-        if p is None or self._pending or self._seg_bytes == 0:
-            return
+        if p is None or self._pending or self._seg_bytes == 0 or now < self._rotate_retry_at:
+            return False
+        return bool((p.max_bytes and self._seg_bytes >= p.max_bytes)
+                    or (p.max_seconds and now - self._seg_opened >= p.max_seconds))
+
+    def _maybe_rotate(self, now: float | None = None) -> None:
         if now is None:
             now = time.monotonic()
-        if now < self._rotate_retry_at:
-            return
-        if ((p.max_bytes and self._seg_bytes >= p.max_bytes)
-                or (p.max_seconds and now - self._seg_opened >= p.max_seconds)):
+        if self._rotation_due(now):
             # the new file first (no room for it: the open one stays), then the old one is closed
             old = (self._fd, self.open_segment, self._seg_bytes, self._seg_n, self._t0, self._last_t)
             try:
@@ -866,13 +868,7 @@ class SettlementLog:
             return False
         if self._groups or self._buf or self._pending:
             return True
-        p = self.segments
-        if p is None or self._seg_bytes == 0:
-            return False
-        if now is None:
-            now = time.monotonic()
-        return now >= self._rotate_retry_at and bool(
-            (p.max_bytes and self._seg_bytes >= p.max_bytes) or (p.max_seconds and now - self._seg_opened >= p.max_seconds))
+        return self._rotation_due(time.monotonic() if now is None else now)
 
     def flush(self) -> None:
         """Write everything buffered. On a full disk the bytes are kept (never dropped) and the log

@@ -321,10 +321,6 @@ class Mesh:
         self._drain_node()
 
     # ------------------------------------------------------------------ router hooks
-    def perform(self, act: MeshAction) -> None:
-        self.node.perform(act, time.time())
-        self._drain_node()
-
     def perform_all(self, acts: list[MeshAction]) -> None:
         node = self.node
         now = time.time()

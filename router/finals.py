@@ -90,14 +90,17 @@ class OldFinals:
         return runs[1][-1] if runs else None
 
     def __contains__(self, gid: str) -> bool:
-        # (`counter_key`, inlined, its regex only when the publisher link has runs: once per copy a
-        # destination receives, where the usual answer is no: the newest of its link)
+        # (once per copy a destination receives, where the usual answer is no: `counter_key`'s
+        # regex only when the publisher link has runs, no bisect past its newest)
         if gid in self.loose:
             return True
         runs = self._runs.get(gid[:PLID_LEN])
-        if runs is None or _COUNTER_GID.fullmatch(gid) is None:
+        if runs is None:
             return False
-        n = int(gid[PLID_LEN + 1:], 36)
+        k = counter_key(gid)
+        if k is None:
+            return False
+        n = k[1]
         los, his = runs
         if not his or n > his[-1]:
             return False

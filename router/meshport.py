@@ -24,9 +24,6 @@ class MeshPort(Protocol):
     def tick(self, now: float) -> None:
         """Timers of the mesh; ticks the delivery core too (expiry only while the mesh is whole)."""
 
-    def perform(self, act: MeshAction) -> None:
-        """Carry out a core action that concerns other routers."""
-
     def perform_all(self, acts: list[MeshAction]) -> None:
         """Carry out core actions that concern other routers, in order (one call per batch)."""
 

@@ -139,11 +139,10 @@ class MeshSide:
             # final already (its publisher settled it through another origin): a late copy
             core.out.append(SendFinal(origin, gid))
             return
-        # those homed here (`core._local`, once per subscription; the others moved away: the origin
-        # re-routes them by its own table)
-        get = core.table.get
-        me = core.router_id
-        here = [(sid, sub) for sid in sids if (sub := get(sid)) is not None and sub.live and sub.home == me]
+        # those homed here (looked up once each; the others moved away: the origin re-routes them
+        # by its own table)
+        get, homed_here = core.table.get, core._local
+        here = [(sid, sub) for sid in sids if homed_here(sub := get(sid))]
         if rec is None and not here and gid not in core.placeholders:
             return  # none of them is here (any more)
         if rec is None:
@@ -172,6 +171,7 @@ class MeshSide:
             rec.tnum = ts.num.get(gid)
         new_pending = False
         for sid, sub in here:
+            assert sub is not None  # (`_local`)
             if ts is not None and rec.tnum is not None and rec.owed.get(sid) is None \
                     and not ts.owed(rec.tnum, sid, sub.created):
                 # started after it in the order: not owed (its origin decides alike)
