@@ -17,7 +17,7 @@ import networkx as nx
 import pytest
 
 from tests.sim.kernel import judged
-from tests.sim.simulator import Faults, Simulation
+from tests.sim.simulator import Faults, SimRouter, Simulation
 
 TOPOLOGIES: dict[str, list[tuple[str, str, float]]] = {
     "line3": [("A", "B", 1), ("B", "C", 1)],
@@ -74,6 +74,26 @@ def test_mesh_without_faults(pytestconfig: pytest.Config, full: bool = False) ->
         topology = sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)]
         sim = simulate(seed, topology, "", duration=6.0, messages=30)
         assert sum(len(v) for v in sim.owed.values()) > 0 or seed > 3
+
+
+@pytest.mark.parametrize("faults", ["", "kill,freeze,partition", "drain,kill"])
+def test_a_router_writes_its_table_whenever_it_changed(monkeypatch: pytest.MonkeyPatch, faults: str) -> None:
+    """A simulated router writes its table's snapshot only when the table's version moved (as the real
+    router does): at the end of every pass what it wrote (what a restart reads) is the table as it
+    stands. Fails when a change of the table leaves its version as it was, or the write is skipped
+    wrongly."""
+    passes = []
+    process = SimRouter.process
+
+    def checked(self: SimRouter) -> None:
+        process(self)
+        assert self.snapshot == self.core.table.snapshot(), f"{self.id}: a stale snapshot at {self.sim.now}"
+        passes.append(self.id)
+
+    monkeypatch.setattr(SimRouter, "process", checked)
+    for seed in range(1, 5):
+        simulate(seed, sorted(TOPOLOGIES)[seed % len(TOPOLOGIES)], faults, duration=4.0, messages=15)
+    assert len(passes) > 100
 
 
 def test_replay(pytestconfig: pytest.Config) -> None:
