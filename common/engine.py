@@ -98,6 +98,10 @@ class ConnectionHandler(Protocol):
 
     def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None: ...
 
+    # Optional: `on_delivery_updates(link, updates)`, consecutive updates of deliveries on one
+    # sending link as `(delivery, state, settled)`, in order; a handler that has it gets a run of
+    # them in one call (`Connection._dispatch_events`), one without it a call per update.
+
     def on_link_closed(self, link: Link, closed: bool, condition: tuple[str, str] | None) -> None: ...
 
     def on_connection_closed(self, conn: AmqpConnection, condition: tuple[str, str] | None) -> None: ...
@@ -1032,6 +1036,13 @@ class AmqpConnection(asyncio.BufferedProtocol):
         coll = self.pn_collector
         handler = self.handler
         links = self.links
+        # a sending link's delivery updates that come one after the other go to the handler in one
+        # call when it takes them so (a subscriber's dispositions of a pass: one core call for them);
+        # the run is handed over before any other event is, so the order of what the handler sees
+        # is the collector's
+        batch: Any = getattr(handler, "on_delivery_updates", None)
+        run: list[tuple[Any, int, bool]] = []
+        run_link: Link | None = None
         # endpoint events this pass may still handle (-1: no bound; it never reaches 0), asked of the
         # budget at the first such event: most calls (a read of transfers) have none
         left: int | None = None
@@ -1051,7 +1062,22 @@ class AmqpConnection(asyncio.BufferedProtocol):
                     pass
                 elif link.is_sender:
                     if _dupdated(d):  # (the _Bool functions return Python bools)
-                        handler.on_delivery_update(link, d, _dremote_state(d), _dsettled(d))
+                        if batch is None:
+                            handler.on_delivery_update(link, d, _dremote_state(d), _dsettled(d))
+                        else:
+                            if link is not run_link:
+                                if run_link is not None:
+                                    batch(run_link, run)
+                                    run = []
+                                run_link = link
+                            run.append((d, _dremote_state(d), _dsettled(d)))
+                    _pop(coll)
+                    continue
+                elif run_link is not None:  # (another event: the run first)
+                    batch(run_link, run)
+                    run = []
+                    run_link = None
+                    continue  # (this event again, links as they are now)
                 elif _lcurrent(lptr) == d:
                     self._on_transfer(link, lptr, d)
                 elif _dupdated(d):
@@ -1059,6 +1085,13 @@ class AmqpConnection(asyncio.BufferedProtocol):
                     # still arriving can be aborted, and that one is current: `_on_transfer`. A call
                     # of Proton costs ~600 instructions: none that cannot answer yes)
                     handler.on_delivery_update(link, d, _dremote_state(d), _dsettled(d))
+            elif run_link is not None and (etype == _E_LINK_FLOW or etype in _BUDGETED or etype in _TRANSPORT_ENDS):
+                # (an event the handler sees: the run first, then this event again; one popped
+                # unseen, as PN_TRANSPORT, does not end the run)
+                batch(run_link, run)
+                run = []
+                run_link = None
+                continue
             elif etype == _E_LINK_FLOW:
                 lptr = _elink(ev)
                 if _lis_sender(lptr):
@@ -1081,6 +1114,8 @@ class AmqpConnection(asyncio.BufferedProtocol):
             # sends, settles and flows, one per connection and pass at moderate rates; a call of
             # `_on_endpoint_event` that matched none of its cases cost ~1,500 instructions each)
             _pop(coll)
+        if run_link is not None:
+            batch(run_link, run)
         if start > 0 and left is not None and left != start and budget is not None and pass_end is not None:
             budget.handled(pass_end.clock, start - left)  # (a budget answered and events were handled)
         if self._events_left:

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -151,6 +151,10 @@ def _refusal(sid: str, link: object, holder: Subscription) -> DetachLink:
                       f"subscription {sid} belongs to another identity (made first, at router {holder.home}); "
                       f"attach with the credentials that made it")
 
+
+# a subscriber's disposition as `subscriber_outcome` takes it: (gid, outcome, settled, error,
+# undeliverable); `subscriber_outcomes` takes a list of them, a bare gid for the usual ACCEPTED
+OutcomeItem = tuple[str, Outcome, bool, "tuple[str, str] | None", bool]
 
 # why a life made here for a claim the mesh refused (another identity holds the subscription) ends
 CLAIM_REFUSED = "refused: another identity holds it"
@@ -1492,6 +1496,31 @@ class DeliveryCore:
             return self.fifo
         sub = self.table.get(sid)
         return self.fifo if sub is None else self.orders.get(sub.topic, self.fifo)
+
+    def subscriber_outcomes(self, sid: str, items: Sequence[str | OutcomeItem], now: float) -> None:
+        """A pass's dispositions of subscription `sid`'s current link, in the order they came, in
+        one call: each item is what `subscriber_outcome` takes, `(gid, outcome, settled, error,
+        undeliverable)`, or the gid alone for the usual one (ACCEPTED, not settled). The same as a
+        `subscriber_outcome` call per item, in order (tests/unit/test_outcomes_batch.py holds the
+        two equal); the usual item is taken without that call."""
+        rt = self.subs.get(sid)
+        if rt is None:  # (a member of a shared subscription: item by item)
+            for item in items:
+                if type(item) is str:
+                    self.subscriber_outcome(sid, item, O_ACCEPTED, False, None, False, now)
+                else:
+                    self.subscriber_outcome(sid, *cast(OutcomeItem, item), now)
+            return
+        self._now = now
+        owed = rt.owed
+        resolve = self._resolve
+        for item in items:
+            if type(item) is str:  # (`subscriber_outcome`'s first case, inlined)
+                rec = owed.get(item)
+                if rec is not None:
+                    resolve(rec, sid, S_ACCEPTED, None, now, None)
+            else:
+                self.subscriber_outcome(sid, *cast(OutcomeItem, item), now)
 
     def subscriber_outcome(self, sid: str, gid: str, outcome: Outcome, settled: bool,
                            error: tuple[str, str] | None, undeliverable: bool, now: float) -> None:

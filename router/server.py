@@ -81,7 +81,7 @@ from .actions import (
 )
 from .admission import LoginThrottle, PreAuth, PreAuthLimits, ThrottleLimits
 from .config import RouterConfig, client_url_of, parse_hostport
-from .core import DeliveryCore, SubscriberAttach
+from .core import DeliveryCore, OutcomeItem, SubscriberAttach
 from .drain import ConnView, Dependents, Drain, DrainPhase, core_dependents
 from .groups import GLOBAL, NAME_DELIMITER, SHARED, group_key
 from .heapprobe import HeapProbe, interval_from_env
@@ -1200,6 +1200,46 @@ class Router:
             self.core.publisher_settled(token, now)
         elif ctx.want_received:
             amqp.update(delivery, F.RECEIVED)
+
+    def on_delivery_updates(self, link: Link, updates: list[tuple[Any, int, bool]]) -> None:
+        """Consecutive updates of deliveries on one link, `(delivery, state, settled)` in the order
+        they came (the engine's run of them: common/engine.py): those of a subscriber's current link
+        go to the core in one call, the rest as `on_delivery_update` takes them one by one. (Its
+        reading of a disposition is `on_delivery_update`'s, written out here: a call per item would
+        cost what the run saves; change the two together.)"""
+        ctx = link.ctx
+        if not isinstance(ctx, SubLinkCtx) or ctx.relayed or self.sub_links.get(ctx.sid) is not link:
+            for d, state, settled in updates:
+                self.on_delivery_update(link, d, state, settled)
+            return
+        gid_of = ctx.gid_of
+        items: list[str | OutcomeItem] = []
+        for d, state, settled in updates:
+            gid = gid_of.get(d)
+            if gid is None:
+                if settled:
+                    amqp.settle(d)
+                continue
+            if state == _ACCEPTED and not settled:  # (the usual: accepted, waiting for our settle)
+                items.append(gid)
+                continue
+            outcome = _OUTCOME_OF_STATE.get(state)
+            if outcome is None:
+                if not settled:
+                    continue  # RECEIVED or no state yet: not an outcome
+                outcome = O_RELEASED  # settled without an outcome: try again
+            error = amqp.remote_condition(d) if outcome is O_REJECTED else None
+            undeliverable = outcome is O_MODIFIED and amqp.remote_undeliverable(d)
+            if settled or outcome in (O_RELEASED, O_MODIFIED):
+                del gid_of[d]
+                ctx.deliveries.pop(gid, None)
+                amqp.settle(d)
+                settled = True
+            items.append((gid, outcome, settled, error, undeliverable))
+        if items:
+            self.core.subscriber_outcomes(ctx.sid, items, time.time())
+            if not self._drain_scheduled:
+                self._drain_later()
 
     def on_delivery_update(self, link: Link, delivery: Any, state: int, settled: bool) -> None:
         ctx = link.ctx

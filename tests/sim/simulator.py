@@ -409,6 +409,14 @@ class SimRouter:
         else:
             self.core.subscriber_outcome(sid, gid, Outcome.ACCEPTED, False, None, False, self.sim.now)
 
+    def sub_outcomes(self, sid: str, gids: list[str]) -> None:
+        """ACCEPTEDs of one link that came together: one call of the core (`subscriber_outcomes`)."""
+        if sid in self.relayed:
+            for gid in gids:
+                self.node.relay.disposition(sid, gid, Outcome.ACCEPTED, False, None, False, self.sim.now)
+        else:
+            self.core.subscriber_outcomes(sid, gids, self.sim.now)
+
     def sub_detach(self, link: Token, sid: str, clean: bool = False) -> None:
         if sid in self.relayed:
             self.node.relay.detach(link, sid, False, clean, self.sim.now)
@@ -1225,16 +1233,21 @@ class Simulation:
             # and accepts, the ACCEPTED is lost with the connection (it presents them where it resumes)
             s.accepted.update(batch)
             return
+        now: list[str] = []  # ACCEPTEDs taken at once: one core call for them, as the router's engine does
         for i, gid in enumerate(batch):
             s.accepted.add(gid)
             if rng.random() < 0.03:  # the ACCEPTED is lost with the connection
                 self.note(f"{s.name} loses its connection after handing {gid}")
                 s.accepted.update(batch[i + 1:])  # handed: the store holds them all
+                if now:
+                    r.sub_outcomes(s.sid, now)
                 self.sub_disconnect(s)
                 self.schedule(rng.uniform(0.01, 0.3), lambda: self.sub_connect(s))
                 return
             if not r.take(link, lambda gid=gid: r.on_link(s.sid, link) and r.sub_outcome(s.sid, gid)):
-                r.sub_outcome(s.sid, gid)
+                now.append(gid)
+        if now:
+            r.sub_outcomes(s.sid, now)
         more = rng.randint(0, 10)
         s.credit += more
         if not r.take(link, lambda c=s.credit: r.on_link(s.sid, link) and r.sub_credit(s.sid, c)):
