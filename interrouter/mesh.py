@@ -232,13 +232,15 @@ class Mesh:
 
     # ------------------------------------------------------------------ peers and frames
     def _peer_up(self, peer: Peer) -> None:
+        # what earlier frames of the pass made the core decide goes first, to the connections it
+        # was decided for (as when each frame was drained at once)
+        self._after_input()
         old = self.peers.get(peer.id)
         if old is not None and old is not peer:
             old.conn.close(errors.ConnectionForced.condition, "replaced by a newer connection")
         self.peers[peer.id] = peer
         if peer.client_url:
             self.client_urls[peer.id] = str(peer.client_url)
-        self._after_input()  # (what earlier frames of the pass made the core decide goes first)
         self.node.peer_up(peer.id, peer.inc, time.time(), peer.version)
         log.info("mesh.peer_up peer=%s incarnation=%s", peer.id, peer.inc)
         self._after_input()

@@ -150,6 +150,10 @@ class FrameNode(Node):
         self.seen.append("flush")
         self.has_pending = False
 
+    def peer_down(self, peer: str, now: float) -> None:
+        self.seen.append(("peer_down", peer))
+        self.core.out.append(SendFinal("B", "after " + peer))  # (what the end makes the core decide)
+
 
 def _pass_mesh() -> tuple[Mesh, CountingRouter, FrameNode, PassEngine, list[Any]]:
     engine = PassEngine()
@@ -224,3 +228,16 @@ def test_a_frame_with_more_than_frames_to_send_is_drained_at_once() -> None:
     assert seen == [("log", 1000.0, ["g1", "attach"]), ("mesh", ["g1", "attach"]), "node"]
     engine.end_pass()  # (what was scheduled finds nothing more to do)
     assert r.drains[1:] == [0] and seen[3:] == ["flush", "node"]  # type: ignore[attr-defined]
+
+
+def test_a_peers_end_comes_after_what_its_frames_made_the_core_decide() -> None:
+    """The frames a peer sent before its connection ended wait for the pass's drain; its end
+    drains them first (their actions, to the connections they were decided for), then tells the
+    node, then drains what the end decided."""
+    m, r, node, engine, seen = _pass_mesh()
+    engine.taken = 1000.0
+    m._on_frame(m.peers["C"], b"g1")  # type: ignore[arg-type]
+    m._peer_down(m.peers["C"], None)  # type: ignore[arg-type]
+    assert seen == [("log", 1000.0, ["g1"]), ("mesh", ["g1"]), "node", ("peer_down", "C"),
+                    ("mesh", ["after C"]), "node"]
+    assert "C" not in m.peers
