@@ -107,7 +107,9 @@ class Mesh:
         self.server: asyncio.Server | None = None
         self.bound: tuple[str, int] | None = None
         self._flush_scheduled = False
-        self._inputting = False  # within `_after_input`'s drain of the router (which drains the node after it)
+        # the node's outputs wait for a drain to come (`_pass_end_drain` at the end of a pass that
+        # took frames, or `_after_input`'s after the router's drain): `perform_all` leaves them to it
+        self._drain_due = False
         self._dialers: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -230,6 +232,9 @@ class Mesh:
 
     # ------------------------------------------------------------------ peers and frames
     def _peer_up(self, peer: Peer) -> None:
+        # what earlier frames of the pass made the core decide goes first, to the connections it
+        # was decided for (as when each frame was drained at once)
+        self._after_input()
         old = self.peers.get(peer.id)
         if old is not None and old is not peer:
             old.conn.close(errors.ConnectionForced.condition, "replaced by a newer connection")
@@ -243,34 +248,64 @@ class Mesh:
     def _peer_down(self, peer: Peer | None, conn: AmqpConnection) -> None:
         if peer is None or self.peers.get(peer.id) is not peer:
             return
+        self._after_input()  # (what the frames before its end made the core decide goes first)
         del self.peers[peer.id]
         self.node.peer_down(peer.id, time.time())
         log.info("mesh.peer_down peer=%s", peer.id)
         self._after_input()
 
     def _on_frame(self, peer: Peer, frame: bytes) -> None:
+        """A frame goes into the node at once; what it made the core decide is performed, and the
+        node's frames sent, once at the end of the loop pass, with the rest of the pass's input (a
+        transit or destination router pays a drain per pass, not per copy). Its decisions are dated
+        when its read was taken, not at the drain: a router frozen while it works through its reads
+        decides the rest of them after the freeze, yet from input it had before (`Router.taking`).
+        A frame whose node outputs are more than frames to send (an attach's answer, a peer's end,
+        an event, the relay's or the keepers' outputs, a new view) is drained at once, as every
+        frame was before: the router's after-pass work (answering a subscriber's ATTACH) asks the
+        node about what such a frame decided and must find its outputs performed."""
         if self.peers.get(peer.id) is not peer:
             return  # a replaced connection's leftovers
-        # dated when its read was taken, not now: a router frozen while it works through a read
-        # decides the rest of it after the freeze, yet from input it had before (Router.drain)
-        taken = self.engine.input_time() if self.engine is not None else None
+        engine = self.engine
+        taken = engine.input_time() if engine is not None else None
         now = taken if taken is not None else time.time()
+        self.router.taking(now)
+        node = self.node
         try:
-            self.node.frame(peer.id, frame, now)
+            node.frame(peer.id, frame, now)
         except FrameError as exc:
             log.error("mesh.bad_frame peer=%s error=%s", peer.id, exc)
             peer.conn.close(errors.DecodeError.condition, str(exc))
-        self._after_input(now)
+            self._after_input()
+            return
+        relay = node.relay
+        keeper = node.keeper
+        if (node.attach_done or node.events or node.close or node.view_changed or relay.out or relay.answered
+                or keeper.kept or keeper.fetched or keeper.lonely or keeper.orphaned or engine is None):
+            self._after_input()
+        elif not self._drain_due:
+            self._drain_due = True  # (after the router's drain, which `taking` asked for first)
+            engine.call_after_pass(self._pass_end_drain)
 
-    def _after_input(self, decided: float | None = None) -> None:
+    def _pass_end_drain(self) -> None:
+        # (after the router's drain; the pass's frames are all taken by now, the held input of
+        # every mesh connection ahead of this: the acknowledgements they made are batched here,
+        # not in a round of their own, `_flush`, unless one is on its way already)
+        self._drain_due = False
+        node = self.node
+        if not self._flush_scheduled and node.has_pending:
+            node.flush()
+        self._drain_node()
+
+    def _after_input(self) -> None:
         # performs the core's actions (mesh ones come back through perform_all(), which leaves the
-        # node's outputs to the one drain here); what the frame made the core decide is stamped with
-        # the time the frame was taken (Router.drain)
-        self._inputting = True
+        # node's outputs to the one drain here)
+        due = self._drain_due
+        self._drain_due = True
         try:
-            self.router.drain(decided)
+            self.router.drain()
         finally:
-            self._inputting = False
+            self._drain_due = due
         self._drain_node()
 
     def _drain_node(self) -> None:
@@ -326,7 +361,7 @@ class Mesh:
         now = time.time()
         for act in acts:
             node.perform(act, now)
-        if not self._inputting:
+        if not self._drain_due:
             self._drain_node()
 
     def attach_pending(self, sid: str) -> bool:

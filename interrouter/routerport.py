@@ -49,6 +49,10 @@ class RouterPort(Protocol):
     def drain(self, decided: float | None = None) -> None:
         """Perform the core's actions (`decided`: when the input that made them was taken)."""
 
+    def taking(self, taken: float) -> None:
+        """Input taken at `taken` is about to make the core decide; the router drains it at the end
+        of the pass (what earlier input decided is dated by that input's time)."""
+
     def mesh_attach_done(self, sid: str, refused: str | None) -> None:
         """The other routers acknowledged (or refused) the announcement of subscriber `sid`'s attach."""
 

@@ -287,6 +287,9 @@ class Router:
         self.bound: tuple[str, int] | None = None
         self._saved_version = -1
         self._drain_scheduled = False
+        # when the input whose decisions wait for the pass's drain was taken (a mesh frame's read:
+        # `taking`); None: none waits, the drain stamps with the pass's latest input
+        self._decided: float | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_due = 0.0  # loop time the tick was asked for: how late it runs is the loop's lag
         self.lag = LoopLag(cfg.loop_lag_window, cfg.loop_stall)
@@ -1367,12 +1370,29 @@ class Router:
         self._drain_scheduled = False
         self.drain()
 
+    def taking(self, taken: float) -> None:
+        """Input taken at `taken` (a mesh frame's read) is about to make the core decide; its
+        actions are performed and its log written by one drain at the end of the pass, with the
+        rest of the pass's input (as a client's: `_drain_later`). What the core decided from input
+        taken at another time is written first, stamped with that time: a router frozen between
+        two reads must not date the first one's decisions after the freeze (docs/settlement-log.md,
+        "Times"). (Frames of one read share its time: one comparison per frame.)"""
+        if taken != self._decided:
+            core = self.core
+            if core.log and self._decided is not None:
+                entries, core.log = core.log, []
+                self._write_core_log(self._decided, entries)
+            self._decided = taken
+        if not self._drain_scheduled and self.engine is not None:
+            self._drain_later()
+
     def drain(self, decided: float | None = None) -> None:
         """Perform the core's actions and write its log events.
 
         The events the core had decided when the drain began are written first, stamped with the
-        time this pass's latest input was taken (or `decided`; or the drain's start when the pass
-        took none; the log never dates a line before the one it follows), not after their
+        time the input that made them was taken: `decided`, else the read of the mesh frames that
+        wait for this drain (`taking`), else this pass's latest input (or the drain's start when
+        the pass took none; the log never dates a line before the one it follows), not after their
         actions were performed: a router frozen (SIGSTOP) in between must not date a hand-over it
         decided before the freeze to after it, when its subscriber, gone meanwhile, may have
         accepted the message at another router (docs/settlement-log.md, "Times"). Events the
@@ -1381,8 +1401,11 @@ class Router:
         if core.log:
             entries, core.log = core.log, []
             if decided is None:
-                decided = self.engine.input_time() if self.engine is not None else None
+                decided = self._decided
+                if decided is None and self.engine is not None:
+                    decided = self.engine.input_time()
             self._write_core_log(decided if decided is not None else time.time(), entries)
+        self._decided = None
         while core.out:  # (a mesh action can make more: a number from a one-router sequencer group)
             out, core.out = core.out, []
             self._perform(out)

@@ -565,6 +565,7 @@ def test_the_router_dates_what_it_decided_before_performing_it(monkeypatch: pyte
         table = SimpleNamespace(version=1)
         _saved_version = 1
         engine: Any = None
+        _decided: float | None = None
 
         def _perform(self, out: list[Any]) -> None:
             clock[0] += 3.8  # frozen while the hand-over is performed
@@ -587,6 +588,13 @@ def test_the_router_dates_what_it_decided_before_performing_it(monkeypatch: pyte
     fake.core.log.append(("delivered", "g:3", "t", "s", None))
     server.Router.drain(fake)  # type: ignore[arg-type]
     assert written[0] == (1_800_000_000.5, ["delivered"])
+    # mesh frames taken earlier in the pass wait for this drain (`Router.taking`): dated by their
+    # read, not by a later read of the pass
+    written.clear()
+    fake._decided = 1_800_000_000.2
+    fake.core.log.append(("delivered", "g:4", "t", "s", None))
+    server.Router.drain(fake)  # type: ignore[arg-type]
+    assert written[0] == (1_800_000_000.2, ["delivered"]) and fake._decided is None
 
 
 def test_a_routers_total_order_journal_is_not_taken_for_a_settlement_log(tmp_path: Path) -> None:
