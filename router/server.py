@@ -1207,9 +1207,9 @@ class Router:
     def on_delivery_updates(self, link: Link, updates: list[tuple[Any, int, bool]]) -> None:
         """Consecutive updates of deliveries on one link, `(delivery, state, settled)` in the order
         they came (the engine's run of them: common/engine.py): those of a subscriber's current link
-        go to the core in one call, the rest as `on_delivery_update` takes them one by one. (Its
-        reading of a disposition is `on_delivery_update`'s, written out here: a call per item would
-        cost what the run saves; change the two together.)"""
+        go to the core in one call, the rest as `on_delivery_update` takes them one by one. The
+        usual disposition (ACCEPTED, not settled) is read inline; any other by `_read_outcome`, as
+        `on_delivery_update` reads it."""
         ctx = link.ctx
         if not isinstance(ctx, SubLinkCtx) or ctx.relayed or self.sub_links.get(ctx.sid) is not link:
             for d, state, settled in updates:
@@ -1226,19 +1226,9 @@ class Router:
             if state == _ACCEPTED and not settled:  # (the usual: accepted, waiting for our settle)
                 items.append(gid)
                 continue
-            outcome = _OUTCOME_OF_STATE.get(state)
-            if outcome is None:
-                if not settled:
-                    continue  # RECEIVED or no state yet: not an outcome
-                outcome = O_RELEASED  # settled without an outcome: try again
-            error = amqp.remote_condition(d) if outcome is O_REJECTED else None
-            undeliverable = outcome is O_MODIFIED and amqp.remote_undeliverable(d)
-            if settled or outcome in (O_RELEASED, O_MODIFIED):
-                del gid_of[d]
-                ctx.deliveries.pop(gid, None)
-                amqp.settle(d)
-                settled = True
-            items.append((gid, outcome, settled, error, undeliverable))
+            item = _read_outcome(ctx, d, gid, state, settled)
+            if item is not None:
+                items.append(item)
         if items:
             self.core.subscriber_outcomes(ctx.sid, items, time.time())
             if not self._drain_scheduled:
@@ -1252,29 +1242,18 @@ class Router:
                 if settled:
                     amqp.settle(delivery)
                 return
+            item: OutcomeItem | None
             if state == _ACCEPTED and not settled:  # (the usual: accepted, waiting for our settle)
-                outcome: Outcome = O_ACCEPTED
-                error = None
-                undeliverable = False
+                item = (gid, O_ACCEPTED, False, None, False)
             else:
-                o = _OUTCOME_OF_STATE.get(state)
-                if o is None:
-                    if not settled:
-                        return  # RECEIVED or no state yet: not an outcome
-                    o = O_RELEASED  # settled without an outcome: try again
-                outcome = o
-                error = amqp.remote_condition(delivery) if outcome is O_REJECTED else None
-                undeliverable = outcome is O_MODIFIED and amqp.remote_undeliverable(delivery)
-                if settled or outcome in (O_RELEASED, O_MODIFIED):
-                    del ctx.gid_of[delivery]
-                    ctx.deliveries.pop(gid, None)
-                    amqp.settle(delivery)
-                    settled = True
+                item = _read_outcome(ctx, delivery, gid, state, settled)
+                if item is None:
+                    return
             if self.sub_links.get(ctx.sid) is link:
                 if ctx.relayed and self.mesh is not None:
-                    self.mesh.relay_disposition(ctx.sid, gid, outcome, settled, error, undeliverable, time.time())
+                    self.mesh.relay_disposition(ctx.sid, *item, time.time())
                 else:
-                    self.core.subscriber_outcome(ctx.sid, gid, outcome, settled, error, undeliverable, time.time())
+                    self.core.subscriber_outcome(ctx.sid, *item, time.time())
                 if not self._drain_scheduled:  # (checked here: three times per message)
                     self._drain_later()
         elif isinstance(ctx, PubLinkCtx) and settled and delivery in self.pub_deliveries:
@@ -1706,6 +1685,26 @@ _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 _first = itemgetter(0)
 # Counter.update's C helper: counts an iterable into a mapping
 _count_elements: Callable[[Any, Any], None] = collections._count_elements  # type: ignore[attr-defined]  # typeshed lacks this private helper
+
+
+def _read_outcome(ctx: SubLinkCtx, delivery: Any, gid: str, state: int, settled: bool) -> OutcomeItem | None:
+    """A subscriber's disposition other than the usual one (ACCEPTED, not settled), as the core takes
+    it: `(gid, outcome, settled, error, undeliverable)`; None when it is no outcome yet (RECEIVED, or
+    no state). A delivery the subscriber settled, released or modified is settled here and the link
+    forgets it (it is no longer on the link)."""
+    outcome = _OUTCOME_OF_STATE.get(state)
+    if outcome is None:
+        if not settled:
+            return None  # RECEIVED or no state yet: not an outcome
+        outcome = O_RELEASED  # settled without an outcome: try again
+    error = amqp.remote_condition(delivery) if outcome is O_REJECTED else None
+    undeliverable = outcome is O_MODIFIED and amqp.remote_undeliverable(delivery)
+    if settled or outcome in (O_RELEASED, O_MODIFIED):
+        del ctx.gid_of[delivery]
+        ctx.deliveries.pop(gid, None)
+        amqp.settle(delivery)
+        settled = True
+    return (gid, outcome, settled, error, undeliverable)
 
 
 def _no_secret(user: str) -> ScramSecret | None:

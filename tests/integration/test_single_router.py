@@ -427,3 +427,57 @@ def test_delivery_pools_cut_back_under_traffic_lose_nothing(make_router: Any, tm
     stats = r.stats()
     assert stats["pooled_deliveries_freed"] > 0
     assert stats["c_heap_trims"] > 0 or trimmer() is None  # (the C heap handed back after each cut)
+
+
+def test_a_plain_subscribers_settled_dispositions_each_reach_the_publisher(router: RouterProcess) -> None:
+    """A Proton receiver that settles as it disposes (receiver-settle-mode first, Proton's default):
+    each disposition arrives settled, the router's reading of every outcome other than the usual
+    ACCEPTED-unsettled one (router/server.py, `_read_outcome`, on the engine's runs of updates):
+    REJECTED reaches the publisher as REJECTED, RELEASED and MODIFIED hand the message again on the
+    same link, and the next ACCEPTED reaches the publisher as ACCEPTED."""
+    import threading
+
+    from proton import Disposition, Message
+    from proton.utils import BlockingConnection, SendException
+
+    bodies = ("ok", "rej", "rel", "mod", "ok2")
+    sub_conn = BlockingConnection(router.url, timeout=30)
+    try:
+        rcv = sub_conn.create_receiver("disp/t", name="d", credit=10)
+        outcomes: dict[str, str] = {}
+
+        def publish() -> None:
+            conn = BlockingConnection(router.url, timeout=30)
+            try:
+                snd = conn.create_sender("disp/t")
+                for body in bodies:
+                    try:
+                        snd.send(Message(body=body))  # (waits for the outcome)
+                        outcomes[body] = "ACCEPTED"
+                    except SendException as exc:
+                        outcomes[body] = "REJECTED" if exc.state == Disposition.REJECTED else str(exc.state)
+            finally:
+                conn.close()
+
+        t = threading.Thread(target=publish, daemon=True)
+        t.start()
+        seen: list[str] = []
+        while len([b for b in seen if b in ("ok", "ok2")]) < 2 or "rej" not in seen or seen.count("rel") < 2 \
+                or seen.count("mod") < 2:
+            m = rcv.receive(timeout=30)
+            seen.append(m.body)
+            if m.body == "rej":
+                rcv.reject()
+            elif m.body == "rel" and seen.count("rel") == 1:
+                rcv.release(delivered=False)  # RELEASED
+            elif m.body == "mod" and seen.count("mod") == 1:
+                rcv.release(delivered=True)  # MODIFIED (delivery-failed)
+            else:
+                rcv.accept()
+        t.join(30)
+        assert not t.is_alive()
+    finally:
+        sub_conn.close()
+    assert seen == ["ok", "rej", "rel", "rel", "mod", "mod", "ok2"], seen
+    assert outcomes == {"ok": "ACCEPTED", "rej": "REJECTED", "rel": "ACCEPTED", "mod": "ACCEPTED",
+                        "ok2": "ACCEPTED"}, outcomes
