@@ -278,10 +278,7 @@ class Mesh:
             peer.conn.close(errors.DecodeError.condition, str(exc))
             self._after_input()
             return
-        relay = node.relay
-        keeper = node.keeper
-        if (node.attach_done or node.events or node.close or node.view_changed or relay.out or relay.answered
-                or keeper.kept or keeper.fetched or keeper.lonely or keeper.orphaned or engine is None):
+        if engine is None or node.owes_router():
             self._after_input()
         elif not self._drain_due:
             self._drain_due = True  # (after the router's drain, which `taking` asked for first)

@@ -449,6 +449,15 @@ class MeshNode:
                 for frame in control_frames(msgs, compact=self._compact(hop)):
                     self.sends.append((hop, frame))
 
+    def owes_router(self) -> bool:
+        """Outputs for the router other than frames to send: an ATTACH's answer, events, neighbours
+        to drop, a new view, the relay's and the keepers' outputs (the adapter's `Mesh._drain_node`
+        takes each; a frame that made any of them is drained at once: `Mesh._on_frame`). An output
+        added to the node is added here too."""
+        relay, keeper = self.relay, self.keeper
+        return bool(self.attach_done or self.events or self.close or self.view_changed or relay.out
+                    or relay.answered or keeper.kept or keeper.fetched or keeper.lonely or keeper.orphaned)
+
     @property
     def has_pending(self) -> bool:
         return bool(self._control or self._acks or self._finals or self._probes or self._holds

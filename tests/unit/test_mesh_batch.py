@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from oncemesh.interrouter.mesh import Mesh
+from oncemesh.interrouter.node import MeshNode
 from oncemesh.router.actions import Announce, Forward, MeshAction, SendAck, SendFinal, SettleDelivery
 from oncemesh.router.server import Router
 
@@ -123,6 +124,8 @@ class CountingRouter(Router):
 
 class FrameNode(Node):
     """A node whose frames each make the core decide a hand-over and an acknowledgement."""
+
+    owes_router = MeshNode.owes_router  # (the real node's rule, on this node's outputs)
 
     def __init__(self, core: Any, seen: list[Any]) -> None:
         super().__init__()
